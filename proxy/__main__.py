@@ -1,0 +1,4 @@
+import sys
+from proxy.cli import main
+
+sys.exit(main())

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol
+
+Status = Literal["ok", "denied", "error", "cancelled"]
+
+
+@dataclass(slots=True)
+class AuditRecord:
+    """What happened to one JSON-RPC request. Never a token, a header value or an argument."""
+
+    endpoint: str
+    method: str | None = None
+    request_id: str | None = None
+    principal: str = ""
+    tool: str | None = None
+    status: Status = "ok"
+    denied_reason: str | None = None
+    error_message: str | None = None
+    duration_ms: float = 0.0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    era: str = "legacy"
+    session_hash: str | None = None
+    ts: float = field(default_factory=time.time)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class AuditSink(Protocol):
+    def emit(self, record: AuditRecord) -> None:
+        """Accept a record without blocking; once accepted it is not lost on a clean shutdown."""
+
+    async def close(self) -> None:
+        """Write everything accepted, then stop."""
+
+
+class MemoryAuditSink:
+    """For tests: records in a list, and an event to await a given count without sleeping."""
+
+    def __init__(self) -> None:
+        self.records: list[AuditRecord] = []
+        self._waiters: list[tuple[int, Any]] = []
+
+    def emit(self, record: AuditRecord) -> None:
+        self.records.append(record)
+        for count, fut in list(self._waiters):
+            if len(self.records) >= count and not fut.done():
+                fut.set_result(None)
+
+    async def wait_for(self, count: int, timeout: float = 5.0) -> list[AuditRecord]:
+        import asyncio
+
+        if len(self.records) < count:
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append((count, fut))
+            await asyncio.wait_for(fut, timeout)
+        return self.records
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,60 @@
+"""The policy protocol and the chain that runs policies in their declared order.
+
+Policies see plain objects (`McpMessage`, `CallContext`), never the web framework or the HTTP
+client, so each is tested with plain objects and could run behind another server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+from proxy.auth.principal import Principal
+from proxy.errors import GatewayError, InternalError
+from proxy.jsonrpc import McpMessage
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    principal: Principal
+    endpoint: str
+    upstream_url: str
+    era: str = "legacy"
+    session_hash: str | None = None
+    arguments_size: int = 0
+    headers: tuple[tuple[str, str], ...] = ()
+    clock: Callable[[], float] = field(default=time.monotonic)
+
+
+class Policy(Protocol):
+    name: ClassVar[str]
+    order: ClassVar[int]
+
+    async def check(self, call: McpMessage, ctx: CallContext) -> None:
+        """Return to allow; raise a GatewayError subclass (a PolicyDenied) to deny."""
+
+
+class Chain:
+    """Policies sorted by `order`; two with the same order are a start-up error."""
+
+    def __init__(self, policies: Sequence[Policy]) -> None:
+        ordered = sorted(policies, key=lambda p: p.order)
+        for a, b in zip(ordered, ordered[1:]):
+            if a.order == b.order:
+                raise ValueError(f"policies {a.name!r} and {b.name!r} share order {a.order}")
+        self.policies: tuple[Policy, ...] = tuple(ordered)
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.policies]
+
+    async def run(self, call: McpMessage, ctx: CallContext) -> None:
+        for policy in self.policies:
+            try:
+                await policy.check(call, ctx)
+            except GatewayError:
+                raise
+            except Exception as exc:  # fail closed: a broken policy forwards nothing
+                raise InternalError(f"policy {policy.name} failed: {type(exc).__name__}") from exc

@@ -1,0 +1,204 @@
+"""`tollhouse serve | demo | audit`: the console script."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.config import Config, ConfigError, load
+
+log = logging.getLogger("tollhouse")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tollhouse", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    _config_arg(serve)
+    serve.add_argument("--log-level", default="info",
+                       choices=["debug", "info", "warning", "error"])
+
+    demo = sub.add_parser("demo", help="run a demo MCP server and the gateway in front of it")
+    demo.add_argument("--port", type=int, default=8080, help="the gateway's port (0: any free)")
+    demo.add_argument("--db", default=None,
+                      help="SQLite file for the audit log (default: a temporary directory)")
+    demo.add_argument("--log-level", default="info",
+                      choices=["debug", "info", "warning", "error"])
+
+    audit = sub.add_parser("audit", help="print recent audit records, newest first")
+    _config_arg(audit)
+    audit.add_argument("--status", choices=["ok", "denied", "error", "cancelled"])
+    audit.add_argument("--endpoint")
+    audit.add_argument("--since", help="a duration such as 30s, 15m, 2h, 7d, or an ISO time")
+    audit.add_argument("--limit", type=int, default=50)
+    audit.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "demo":
+            return _demo(args)
+        return _audit(args)
+    except ConfigError as exc:
+        print(f"tollhouse: {exc}", file=sys.stderr)
+        return 2
+
+
+def _config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=os.environ.get("TOLLHOUSE_CONFIG"),
+                   help="path to the TOML config (default: $TOLLHOUSE_CONFIG)")
+
+
+def _load(args: argparse.Namespace) -> tuple[Config, Path]:
+    if not args.config:
+        raise ConfigError("config: no file given: pass --config PATH or set TOLLHOUSE_CONFIG")
+    return load(args.config), Path(args.config).resolve().parent
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    cfg, base_dir = _load(args)
+    _logging(args.log_level)
+    from proxy.app import create_app
+
+    app = create_app(cfg, base_dir=base_dir)
+    log.info("tollhouse listening on %s, endpoints: %s", cfg.server.listen,
+             ", ".join(f"/mcp/{u.name}" for u in cfg.upstreams) or "(none)")
+    try:
+        asyncio.run(_run_hypercorn(app, [cfg.server.listen], cfg.server.shutdown_grace_s))
+    except OSError as exc:
+        print(f"tollhouse: cannot listen on {cfg.server.listen}: {exc.strerror}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _run_hypercorn(app: Any, binds: list[str], grace_s: float,
+                         stop: asyncio.Event | None = None) -> None:
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config as HyperConfig
+
+    hc = HyperConfig()
+    hc.bind = binds
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.graceful_timeout = grace_s
+    hc.keep_alive_timeout = 75
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(app, hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+
+def _demo(args: argparse.Namespace) -> int:
+    _logging(args.log_level)
+    from proxy.app import create_app
+    from proxy.config import from_dict
+    from proxy.demo import demo_app
+
+    demo_sock = socket.socket()
+    demo_sock.bind(("127.0.0.1", 0))
+    demo_sock.listen(128)
+    demo_port = demo_sock.getsockname()[1]
+    db = args.db or os.path.join(tempfile.mkdtemp(prefix="tollhouse-demo-"), "tollhouse.db")
+    gw_sock = socket.socket()
+    gw_sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        gw_sock.bind(("127.0.0.1", args.port))
+    except OSError as exc:
+        print(f"tollhouse: cannot listen on 127.0.0.1:{args.port}: {exc.strerror}",
+              file=sys.stderr)
+        return 1
+    gw_sock.listen(1024)
+    port = gw_sock.getsockname()[1]
+    cfg = from_dict({
+        "server": {"listen": f"127.0.0.1:{port}", "public_url": f"http://127.0.0.1:{port}"},
+        "auth": {"mode": "none"},
+        "database": {"url": f"sqlite:///{db}"},
+        "upstreams": [{"name": "demo", "url": f"http://127.0.0.1:{demo_port}/mcp"}],
+    })
+    app = create_app(cfg)
+    print(f"Tollhouse demo: MCP URL  http://127.0.0.1:{port}/mcp/demo", flush=True)
+    print(f"  audit log: {db}  (tollhouse audit reads it with a config naming this file)",
+          flush=True)
+    print("  Ctrl-C to stop", flush=True)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        await asyncio.gather(
+            _run_hypercorn(demo_app(), [f"fd://{demo_sock.detach()}"], 2.0, stop),
+            _run_hypercorn(app, [f"fd://{gw_sock.detach()}"], 5.0, stop),
+        )
+
+    asyncio.run(run())
+    return 0
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    now = dt.datetime.now(dt.timezone.utc).timestamp() if now is None else now
+    match = _DURATION.match(text.strip())
+    if match:
+        value, unit = float(match.group(1)), match.group(2)
+        return now - value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"--since: '{text}' is neither a duration (30s, 15m, 2h, 7d) nor an "
+                          "ISO time") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return when.timestamp()
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from proxy.audit import query
+
+    cfg, _ = _load(args)
+    since = parse_since(args.since) if args.since else None
+    rows = query(cfg.database.sqlite_path, status=args.status, endpoint=args.endpoint,
+                 since=since, limit=args.limit)
+    out = sys.stdout
+    if args.json:
+        for row in rows:
+            out.write(orjson.dumps(row).decode() + "\n")
+        return 0
+    if not rows:
+        out.write("no audit records\n")
+        return 0
+    out.write(f"{'time (UTC)':<20} {'status':<9} {'endpoint':<14} {'method':<24} "
+              f"{'ms':>8}  principal / reason\n")
+    for r in rows:
+        when = dt.datetime.fromtimestamp(r["ts"], dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        method = r["method"] or "-"
+        if r["tool"]:
+            method = f"{method} {r['tool']}"
+        reason = r["denied_reason"] or r["error_message"] or ""
+        out.write(f"{when:<20} {r['status']:<9} {r['endpoint']:<14} {method[:24]:<24} "
+                  f"{r['duration_ms']:>8.1f}  {r['principal']}"
+                  f"{' / ' + reason if reason else ''}\n")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""The one TOML file that configures a gateway, validated before anything starts.
+
+Every table is a frozen dataclass whose field names are the TOML keys; `load` walks the
+dataclasses, so an unknown key, a wrong type or a bad URL is refused with one line that names
+the key. `${VAR}` inside any string is replaced from the environment, for secrets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import re
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+
+class ConfigError(Exception):
+    """Start-up refused: the message is one line that names the offending key."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    listen: str = "127.0.0.1:8080"
+    public_url: str = "http://127.0.0.1:8080"
+    max_request_bytes: int = 4 * 1024 * 1024
+    allowed_origins: list[str] = field(default_factory=list)
+    session_idle_timeout_s: float = 3600.0
+    max_sessions: int = 100_000
+    shutdown_grace_s: float = 10.0
+
+    @property
+    def host(self) -> str:
+        return self.listen.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+
+@dataclass(frozen=True)
+class IssuerConfig:
+    issuer: str
+    public_key_pem: str = ""
+    hs256_secret: str = ""
+    algorithms: list[str] = field(default_factory=lambda: ["RS256"])
+    audience: str = ""
+    subject_claim: str = "sub"
+    leeway_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    mode: str = "none"
+    issuers: list[IssuerConfig] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    url: str = "sqlite:///tollhouse.db"
+
+    @property
+    def sqlite_path(self) -> str:
+        return self.url.removeprefix("sqlite:///") or ":memory:"
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    name: str
+    url: str
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 30.0
+    total_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    database: DatabaseConfig = field(default_factory=DatabaseConfig)
+    upstreams: list[UpstreamConfig] = field(default_factory=list)
+
+    def upstream(self, name: str) -> UpstreamConfig | None:
+        return next((u for u in self.upstreams if u.name == name), None)
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_AUTH_MODES = ("none", "jwt")
+_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512",
+               "EdDSA", "HS256", "HS384", "HS512")
+
+
+def load(path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = None) -> Config:
+    """Read, substitute and validate the file at `path`; raise ConfigError on the first fault."""
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config: file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
+    return from_dict(raw, os.environ if env is None else env, base_dir=Path(path).parent)
+
+
+def from_dict(raw: dict[str, Any], env: typing.Mapping[str, str] | None = None,
+              base_dir: Path | None = None) -> Config:
+    cfg = _build(Config, raw, "", os.environ if env is None else env)
+    _check(cfg, base_dir or Path.cwd())
+    return cfg
+
+
+def _build(cls: type[Any], raw: Any, where: str, env: typing.Mapping[str, str]) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: {where or 'the file'} must be a table")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in fields:
+            raise ConfigError(f"config: unknown key '{_join(where, key)}'")
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        key = _join(where, name)
+        if name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"config: missing required key '{key}'")
+            continue
+        kwargs[name] = _value(hints[name], raw[name], key, env)
+    return cls(**kwargs)
+
+
+def _value(tp: Any, raw: Any, key: str, env: typing.Mapping[str, str]) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, raw, key, env)  # type: ignore[arg-type]
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if not isinstance(raw, list):
+            raise ConfigError(f"config: '{key}' must be an array, got {_kind(raw)}")
+        return [_value(item, v, f"{key}[{i}]", env) for i, v in enumerate(raw)]
+    if origin is dict:
+        _, item = typing.get_args(tp)
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config: '{key}' must be a table, got {_kind(raw)}")
+        return {str(k): _value(item, v, f"{key}.{k}", env) for k, v in raw.items()}
+    if tp is str:
+        if not isinstance(raw, str):
+            raise ConfigError(f"config: '{key}' must be a string, got {_kind(raw)}")
+        return _substitute(raw, key, env)
+    if tp is bool:
+        if not isinstance(raw, bool):
+            raise ConfigError(f"config: '{key}' must be true or false, got {_kind(raw)}")
+        return raw
+    if tp is int:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise ConfigError(f"config: '{key}' must be an integer, got {_kind(raw)}")
+        return raw
+    if tp is float:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+            raise ConfigError(f"config: '{key}' must be a number, got {_kind(raw)}")
+        return float(raw)
+    if isinstance(tp, types.UnionType):  # pragma: no cover - no optional fields yet
+        raise ConfigError(f"config: '{key}' has an unsupported type")
+    raise ConfigError(f"config: '{key}' has an unsupported type")  # pragma: no cover
+
+
+def _substitute(text: str, key: str, env: typing.Mapping[str, str]) -> str:
+    def repl(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in env:
+            raise ConfigError(f"config: '{key}' refers to ${{{name}}}, which is not set")
+        return env[name]
+
+    return _ENV_REF.sub(repl, text) if "${" in text else text
+
+
+def _check(cfg: Config, base_dir: Path) -> None:
+    server = cfg.server
+    if ":" not in server.listen:
+        raise ConfigError("config: 'server.listen' must be host:port")
+    try:
+        port = server.port
+    except ValueError:
+        raise ConfigError("config: 'server.listen' must end in a port number") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError("config: 'server.listen' port must be between 0 and 65535")
+    _url(server.public_url, "server.public_url")
+    for i, origin in enumerate(server.allowed_origins):
+        _url(origin, f"server.allowed_origins[{i}]")
+    _positive(server.max_request_bytes, "server.max_request_bytes")
+    _positive(server.session_idle_timeout_s, "server.session_idle_timeout_s")
+    _positive(server.max_sessions, "server.max_sessions")
+    if cfg.auth.mode not in _AUTH_MODES:
+        raise ConfigError(f"config: 'auth.mode' must be one of {', '.join(_AUTH_MODES)}")
+    if cfg.auth.mode == "none" and not _is_loopback(server.host):
+        raise ConfigError("config: 'auth.mode' = \"none\" is refused on a non-loopback "
+                          f"listen address ({server.host}); configure auth")
+    if cfg.auth.mode == "jwt" and not cfg.auth.issuers:
+        raise ConfigError("config: 'auth.issuers' must name at least one issuer in jwt mode")
+    for i, iss in enumerate(cfg.auth.issuers):
+        _check_issuer(iss, f"auth.issuers[{i}]", base_dir)
+    if not cfg.database.url.startswith("sqlite:///"):
+        raise ConfigError("config: 'database.url' must be sqlite:///PATH")
+    seen: set[str] = set()
+    for i, up in enumerate(cfg.upstreams):
+        where = f"upstreams[{i}]"
+        if not _NAME.match(up.name):
+            raise ConfigError(f"config: '{where}.name' must be 1-64 letters, digits, '-', '_' "
+                              "or '.', starting with a letter or digit")
+        if up.name in seen:
+            raise ConfigError(f"config: '{where}.name' repeats the upstream name '{up.name}'")
+        seen.add(up.name)
+        _url(up.url, f"{where}.url")
+        _positive(up.timeout_s, f"{where}.timeout_s")
+        _positive(up.total_timeout_s, f"{where}.total_timeout_s")
+        for header in up.headers:
+            if not re.match(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$", header):
+                raise ConfigError(f"config: '{where}.headers' has an invalid header name")
+
+
+def _check_issuer(iss: IssuerConfig, where: str, base_dir: Path) -> None:
+    if not iss.issuer:
+        raise ConfigError(f"config: '{where}.issuer' must not be empty")
+    if bool(iss.public_key_pem) == bool(iss.hs256_secret):
+        raise ConfigError(f"config: '{where}' needs exactly one of public_key_pem or hs256_secret")
+    if not iss.algorithms:
+        raise ConfigError(f"config: '{where}.algorithms' must not be empty")
+    for alg in iss.algorithms:
+        if alg not in _ALGORITHMS:
+            raise ConfigError(f"config: '{where}.algorithms' has an unsupported algorithm "
+                              f"'{alg}' (allowed: {', '.join(_ALGORITHMS)})")
+        if (alg.startswith("HS")) != bool(iss.hs256_secret):
+            raise ConfigError(f"config: '{where}.algorithms' has '{alg}', which does not fit "
+                              "the key type configured")
+    if iss.public_key_pem and "-----BEGIN" not in iss.public_key_pem:
+        pem_path = base_dir / iss.public_key_pem
+        if not pem_path.is_file():
+            raise ConfigError(f"config: '{where}.public_key_pem' names a file that does not "
+                              f"exist: {pem_path}")
+
+
+def _url(value: str, key: str) -> None:
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        raise ConfigError(f"config: '{key}' is not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"config: '{key}' must be an http:// or https:// URL with a host")
+
+
+def _positive(value: float, key: str) -> None:
+    if value <= 0:
+        raise ConfigError(f"config: '{key}' must be greater than 0")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _kind(raw: Any) -> str:
+    return {str: "a string", bool: "a boolean", int: "an integer", float: "a number",
+            list: "an array", dict: "a table"}.get(type(raw), type(raw).__name__)

@@ -1,0 +1,215 @@
+"""Every failure the gateway can answer, and the one function that renders it.
+
+Code anywhere raises one of these; only the edge renders, through `render`. Each class states its
+wire facts as ClassVars (seed 004 is normative for shapes, codes and statuses), and its audit
+facts: whether it is a denial (`status: denied`, `denied_reason`) or an error (`error_message`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import orjson
+
+Surface = Literal["jsonrpc", "plain"]
+AuditStatus = Literal["denied", "error", "cancelled"]
+
+
+class GatewayError(Exception):
+    """Base of every answer that is not the upstream's own."""
+
+    surface: ClassVar[Surface] = "jsonrpc"
+    http_status: ClassVar[int] = 400
+    code: ClassVar[int] = -32600
+    message: ClassVar[str] = "Invalid Request"
+    audit_status: ClassVar[AuditStatus] = "error"
+    expose_detail: ClassVar[bool] = True
+
+    def __init__(self, detail: str | None = None, *, data: dict[str, Any] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail or self.message)
+        self.detail = detail
+        self.data = data
+        self.headers = headers or {}
+
+    @property
+    def wire_message(self) -> str:
+        """The message the client sees; never an upstream body or a secret."""
+        return (self.detail if self.expose_detail else None) or self.message
+
+    @property
+    def audit_reason(self) -> str:
+        """What the audit log records as denied_reason or error_message."""
+        return str(self)
+
+
+# -- answered before any JSON-RPC parsing, HTTP-shaped (seed 004) ------------------------------
+
+class EndpointNotFound(GatewayError):
+    surface = "plain"
+    http_status = 404
+    message = "not found"
+
+
+class SessionNotFound(GatewayError):
+    surface = "plain"
+    http_status = 404
+    message = "session not found"
+    audit_status = "denied"
+
+
+class MethodNotAllowed(GatewayError):
+    surface = "plain"
+    http_status = 405
+    message = "method not allowed"
+
+
+# -- guards, JSON-RPC shaped ---------------------------------------------------------------------
+
+class BodyTooLarge(GatewayError):
+    http_status = 413
+    code = -32600
+    message = "Request body too large"
+    audit_status = "denied"
+
+
+class OriginNotAllowed(GatewayError):
+    http_status = 403
+    code = -32600
+    message = "Forbidden: Origin not allowed"
+    audit_status = "denied"
+
+
+class Unauthenticated(GatewayError):
+    http_status = 401
+    code = -32000
+    message = "Unauthorized"
+    audit_status = "denied"
+
+
+class NotAcceptable(GatewayError):
+    http_status = 406
+    code = -32600
+    message = "Not Acceptable: Accept must include application/json and text/event-stream"
+
+
+class UnsupportedMediaType(GatewayError):
+    http_status = 415
+    code = -32600
+    message = "Unsupported Media Type: Content-Type must be application/json"
+
+
+# -- the message itself ----------------------------------------------------------------------------
+
+class ParseError(GatewayError):
+    code = -32700
+    message = "Parse error"
+
+
+class InvalidRequest(GatewayError):
+    code = -32600
+    message = "Invalid Request"
+
+
+class InvalidParams(GatewayError):
+    code = -32602
+    message = "Invalid params"
+
+
+class MethodNotFound(GatewayError):
+    http_status = 404
+    code = -32601
+    message = "Method not found"
+
+
+class PolicyDenied(GatewayError):
+    """Base for denials raised by policies; `reason` names the policy and the rule."""
+
+    http_status = 403
+    code = -32003
+    message = "Forbidden"
+    audit_status = "denied"
+
+    def __init__(self, reason: str, detail: str | None = None, **kw: Any) -> None:
+        super().__init__(detail, **kw)
+        self.reason = reason
+
+    @property
+    def audit_reason(self) -> str:
+        return self.reason
+
+
+# -- after routing: HTTP 200, the call's own answer (seed 004) -----------------------------------
+
+class UpstreamFailure(GatewayError):
+    """The upstream call failed; the message is short free text with no upstream body."""
+
+    http_status = 200
+    code = -32000
+    message = "upstream failure"
+
+
+class UpstreamUnavailable(UpstreamFailure):
+    message = "upstream unavailable"
+
+
+class UpstreamTimeout(UpstreamFailure):
+    message = "upstream timed out"
+
+
+class UpstreamHTTPError(UpstreamFailure):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"upstream answered HTTP {status}")
+        self.status = status
+
+
+class UpstreamProtocolError(UpstreamFailure):
+    message = "upstream sent an invalid MCP response"
+
+
+class UpstreamStreamCut(UpstreamFailure):
+    message = "upstream stream ended before the response"
+
+
+class Cancelled(GatewayError):
+    http_status = 200
+    code = -32800
+    message = "Request cancelled"
+    audit_status = "cancelled"
+
+
+class InternalError(GatewayError):
+    """A bug or an unexpected failure: fail closed, say nothing about it on the wire."""
+
+    http_status = 500
+    code = -32603
+    message = "Internal error"
+    expose_detail = False
+
+
+def jsonrpc_error_body(code: int, message: str, request_id: Any = None,
+                       data: dict[str, Any] | None = None) -> bytes:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": error})
+
+
+def render(exc: GatewayError, request_id: Any = None) -> tuple[int, dict[str, str], bytes]:
+    """Return (HTTP status, headers, body) for `exc` on the MCP edge."""
+    if exc.surface == "plain":
+        body = orjson.dumps({"error": exc.wire_message})
+    else:
+        body = jsonrpc_error_body(exc.code, exc.wire_message, request_id, exc.data)
+    return exc.http_status, {"Content-Type": "application/json", **exc.headers}, body
+
+
+def sse_event(body: bytes) -> bytes:
+    """One SSE `message` event carrying a JSON-RPC message."""
+    return b"event: message\ndata: " + body + b"\n\n"
+
+
+class BodyTimeout(GatewayError):
+    http_status = 408
+    code = -32600
+    message = "Request body not received in time"

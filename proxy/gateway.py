@@ -1,0 +1,381 @@
+"""The spine: one MCP request from the edge's plain view of it to the answer, top to bottom.
+
+post(): body (size cap) -> Origin -> media types -> identity -> session -> parse -> policy chain
+-> upstream -> answer, and one audit record for every request and every refusal. Nothing here
+imports the web framework: the edge hands in an `EdgeRequest` and turns the `EdgeResponse` into
+its own response object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy import jsonrpc
+from proxy.audit import AuditRecord, AuditSink
+from proxy.auth import Authenticator, Principal
+from proxy.chain import CallContext, Chain
+from proxy.errors import (
+    Cancelled,
+    EndpointNotFound,
+    GatewayError,
+    InternalError,
+    InvalidRequest,
+    NotAcceptable,
+    OriginNotAllowed,
+    SessionNotFound,
+    UnsupportedMediaType,
+    UpstreamHTTPError,
+    UpstreamProtocolError,
+    render,
+)
+from proxy.jsonrpc import McpMessage
+from proxy.relay import StreamRelay
+from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
+from proxy.upstream import UpstreamClient, UpstreamRoute, map_errors
+
+log = logging.getLogger("tollhouse.gateway")
+
+CLIENT_CANCELLED = "cancelled by the client"
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+               "X-Accel-Buffering": "no"}
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+@dataclass(slots=True)
+class EdgeRequest:
+    headers: Mapping[str, str]
+    read_body: Callable[[], Awaitable[bytes]]
+
+
+@dataclass(slots=True)
+class EdgeResponse:
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    stream: AsyncIterator[bytes] | None = None
+
+
+class Gateway:
+    def __init__(self, *, routes: Mapping[str, UpstreamRoute], authenticator: Authenticator,
+                 chain: Chain, sessions: SessionStore, inflight: InFlightRegistry,
+                 upstream: UpstreamClient, audit: AuditSink, allowed_origins: frozenset[str]
+                 ) -> None:
+        self.routes = routes
+        self.auth = authenticator
+        self.chain = chain
+        self.sessions = sessions
+        self.inflight = inflight
+        self.upstream = upstream
+        self.audit = audit
+        self.allowed_origins = allowed_origins
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def route(self, name: str) -> UpstreamRoute:
+        route = self.routes.get(name)
+        if route is None:
+            raise EndpointNotFound()
+        return route
+
+    # -- POST: one JSON-RPC message ----------------------------------------------------------
+
+    async def post(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
+        started = time.perf_counter()
+        record = AuditRecord(endpoint=route.name)
+        body = b""
+        msg: McpMessage | None = None
+        try:
+            body = await req.read_body()
+            record.bytes_in = len(body)
+            self._check_origin(req.headers)
+            _check_media(req.headers)
+            principal = await self.auth.authenticate(req.headers.get("authorization"),
+                                                     route.name)
+            record.principal = principal.subject
+            session = await self._session(req.headers, route, principal)
+            if session is not None:
+                record.session_hash = session.id_hash
+            msg = jsonrpc.parse(body)
+            record.method, record.tool = msg.method, msg.tool
+            if msg.kind == "request":
+                record.request_id = _id_text(msg.id)
+            if msg.kind != "response":
+                ctx = CallContext(principal, route.name, str(route.url),
+                                  session_hash=record.session_hash,
+                                  arguments_size=len(body))
+                await self.chain.run(msg, ctx)
+            if msg.kind == "request":
+                return await self._call(route, req, msg, session, principal, record, started)
+            return await self._one_way(route, req, msg, session, principal, record, started)
+        except GatewayError as exc:
+            request_id = msg.id if msg is not None else _late_id(exc, body)
+            return self._refuse(exc, record, started, request_id)
+        except Exception:
+            log.exception("unexpected failure on /mcp/%s", route.name)
+            return self._refuse(InternalError(), record, started, msg.id if msg else None)
+
+    async def _call(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+                    session: Session | None, principal: Principal, record: AuditRecord,
+                    started: float) -> EdgeResponse:
+        handle = CallHandle()
+        handle.deadline(route.total_timeout_s)
+        key = (route.name, principal.key, session.id if session else "", msg.id)
+        self.inflight.add(key, handle)
+        response = None
+        handed_over = False
+        try:
+            headers = self.upstream.headers(
+                route, req.headers, session.upstream_session_id if session else None)
+            response = await self.upstream.open(route, "POST", headers, msg.body)
+            await self._check_status(response, session)
+            out_headers: dict[str, str]
+            if msg.method == "initialize":
+                session = await self.sessions.create(
+                    route.name, principal.key, response.headers.get("mcp-session-id"),
+                    _protocol_version(msg))
+                record.session_hash = session.id_hash
+            ctype = response.headers.get("content-type", "")
+            if ctype.startswith("text/event-stream"):
+                out_headers = dict(SSE_HEADERS)
+                if session is not None:
+                    out_headers["Mcp-Session-Id"] = session.id
+                relay = StreamRelay(response, request_id=msg.id, handle=handle, record=record,
+                                    started=started, spawn=self.spawn,
+                                    on_done=self._relay_done(route, key, session, msg.id))
+                handed_over = True
+                return EdgeResponse(200, out_headers, stream=relay)
+            if not ctype.startswith("application/json"):
+                raise UpstreamProtocolError("upstream sent an unexpected content type")
+            with map_errors():
+                data = await response.aread()
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                raise UpstreamProtocolError() from None
+            outcome = jsonrpc.response_outcome(obj, msg.id)
+            if outcome is None:
+                raise UpstreamProtocolError()
+            if not outcome[0]:
+                record.status, record.error_message = "error", outcome[1]
+            out_headers = dict(JSON_HEADERS)
+            if session is not None:
+                out_headers["Mcp-Session-Id"] = session.id
+            record.bytes_out = len(data)
+            self._emit(record, started)
+            return EdgeResponse(200, out_headers, data)
+        except asyncio.CancelledError:
+            if not handle.absorb():
+                record.status, record.error_message = "cancelled", "client disconnected"
+                self._emit(record, started)
+                self._notify_cancelled(route, session, msg.id, "client disconnected")
+                raise
+            if handle.reason != CLIENT_CANCELLED:
+                self._notify_cancelled(route, session, msg.id, handle.reason or "")
+            return self._refuse(Cancelled(handle.reason), record, started, msg.id)
+        finally:
+            if not handed_over:
+                handle.close()
+                self.inflight.discard(key, handle)
+                if response is not None:
+                    await response.aclose()
+
+    def _relay_done(self, route: UpstreamRoute, key: tuple[Any, ...], session: Session | None,
+                    request_id: Any) -> Callable[[StreamRelay], Awaitable[None]]:
+        async def done(relay: StreamRelay) -> None:
+            handle = relay.handle
+            if handle is not None:
+                handle.close()
+                self.inflight.discard(key, handle)
+                if handle.reason is not None and handle.reason != CLIENT_CANCELLED:
+                    self._notify_cancelled(route, session, request_id, handle.reason)
+            record = relay.record
+            if relay.disconnected and record is not None:
+                record.status, record.error_message = "cancelled", "client disconnected"
+                self._notify_cancelled(route, session, request_id, "client disconnected")
+            if record is not None:
+                self.audit.emit(record)
+
+        return done
+
+    async def _one_way(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+                       session: Session | None, principal: Principal, record: AuditRecord,
+                       started: float) -> EdgeResponse:
+        """A notification or a response to a server-to-client request: forwarded, 202."""
+        if msg.method == "notifications/cancelled" and msg.params is not None:
+            target = (route.name, principal.key, session.id if session else "",
+                      msg.params.get("requestId"))
+            await self.inflight.cancel(target, CLIENT_CANCELLED)
+        headers = self.upstream.headers(
+            route, req.headers, session.upstream_session_id if session else None)
+        response = await self.upstream.open(route, "POST", headers, msg.body)
+        try:
+            await self._check_status(response, session)
+        finally:
+            await response.aclose()
+        return EdgeResponse(202, {"Mcp-Session-Id": session.id} if session else {})
+
+    async def _check_status(self, response: Any, session: Session | None) -> None:
+        status = response.status_code
+        if status < 300:
+            return
+        await response.aclose()
+        if status == 404 and session is not None and session.upstream_session_id is not None:
+            await self.sessions.delete(session.id)
+            raise SessionNotFound()
+        raise UpstreamHTTPError(status)
+
+    # -- GET: the server-to-client stream; DELETE: end the session ---------------------------
+
+    async def get(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
+        try:
+            session, principal = await self._guard_bodyless(route, req)
+            headers = self.upstream.headers(
+                route, req.headers, session.upstream_session_id if session else None, get=True)
+            response = await self.upstream.open(route, "GET", headers, stream_timeout=True)
+            if response.status_code >= 300:
+                await response.aclose()
+                if response.status_code == 404 and session and session.upstream_session_id:
+                    await self.sessions.delete(session.id)
+                    raise SessionNotFound()
+                return EdgeResponse(response.status_code, _allow(response))
+            if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                await response.aclose()
+                raise UpstreamProtocolError("upstream GET stream is not text/event-stream")
+            out = dict(SSE_HEADERS)
+            if session is not None:
+                out["Mcp-Session-Id"] = session.id
+            return EdgeResponse(200, out, stream=StreamRelay(response, spawn=self.spawn))
+        except GatewayError as exc:
+            return self._refuse(exc, AuditRecord(endpoint=route.name, method="GET"), 0.0, None,
+                                audit=exc.audit_status == "denied")
+
+    async def delete(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
+        try:
+            session, principal = await self._guard_bodyless(route, req)
+            if session is None:
+                raise InvalidRequest("Invalid Request: Mcp-Session-Id header required")
+            if session.upstream_session_id is not None:
+                headers = self.upstream.headers(route, req.headers, session.upstream_session_id)
+                response = await self.upstream.open(route, "DELETE", headers)
+                await response.aclose()
+                if response.status_code == 405:
+                    return EdgeResponse(405, _allow(response))
+                if response.status_code >= 300 and response.status_code != 404:
+                    raise UpstreamHTTPError(response.status_code)
+            await self.sessions.delete(session.id)
+            return EdgeResponse(200)
+        except GatewayError as exc:
+            return self._refuse(exc, AuditRecord(endpoint=route.name, method="DELETE"), 0.0,
+                                None, audit=exc.audit_status == "denied")
+
+    async def _guard_bodyless(self, route: UpstreamRoute, req: EdgeRequest
+                              ) -> tuple[Session | None, Principal]:
+        self._check_origin(req.headers)
+        principal = await self.auth.authenticate(req.headers.get("authorization"), route.name)
+        return await self._session(req.headers, route, principal), principal
+
+    # -- shared steps ------------------------------------------------------------------------
+
+    def _check_origin(self, headers: Mapping[str, str]) -> None:
+        origin = headers.get("origin")
+        if origin is not None and origin.rstrip("/").lower() not in self.allowed_origins:
+            raise OriginNotAllowed()
+
+    async def _session(self, headers: Mapping[str, str], route: UpstreamRoute,
+                       principal: Principal) -> Session | None:
+        session_id = headers.get("mcp-session-id")
+        if session_id is None:
+            return None
+        session = await self.sessions.get(session_id)
+        if (session is None or session.endpoint != route.name
+                or session.principal_key != principal.key):
+            raise SessionNotFound()
+        return session
+
+    def _refuse(self, exc: GatewayError, record: AuditRecord, started: float, request_id: Any,
+                *, audit: bool = True) -> EdgeResponse:
+        record.status = exc.audit_status
+        if exc.audit_status == "denied":
+            record.denied_reason = exc.audit_reason
+        else:
+            record.error_message = exc.audit_reason
+        status, headers, body = render(exc, request_id)
+        record.bytes_out = len(body)
+        if audit and not isinstance(exc, EndpointNotFound):
+            self._emit(record, started)
+        return EdgeResponse(status, headers, body)
+
+    def _emit(self, record: AuditRecord, started: float) -> None:
+        if started:
+            record.duration_ms = (time.perf_counter() - started) * 1000
+        self.audit.emit(record)
+
+    def _notify_cancelled(self, route: UpstreamRoute, session: Session | None, request_id: Any,
+                          reason: str) -> None:
+        """Tell the upstream a call is over (seed 004: a disconnect is a cancellation)."""
+        body = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                             "params": {"requestId": request_id, "reason": reason}})
+        headers = self.upstream.headers(route, {"content-type": "application/json"},
+                                        session.upstream_session_id if session else None)
+        if session is not None and session.protocol_version:
+            headers.append(("mcp-protocol-version", session.protocol_version))
+
+        async def send() -> None:
+            try:
+                response = await self.upstream.open(route, "POST", headers, body)
+                await response.aclose()
+            except GatewayError as exc:
+                log.info("could not tell %s about a cancelled call: %s", route.name, exc)
+
+        self.spawn(send())
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self, timeout: float) -> None:
+        """At shutdown: let background work (cancel notices, stream clean-up) finish."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)
+
+
+def _check_media(headers: Mapping[str, str]) -> None:
+    ctype = headers.get("content-type", "")
+    if not ctype.lower().startswith("application/json"):
+        raise UnsupportedMediaType()
+    accept = headers.get("accept")
+    if accept is None:
+        return
+    accept = accept.lower()
+    if "*/*" in accept:
+        return
+    if "application/json" not in accept or "text/event-stream" not in accept:
+        raise NotAcceptable()
+
+
+def _protocol_version(msg: McpMessage) -> str | None:
+    version = (msg.params or {}).get("protocolVersion")
+    return version if isinstance(version, str) else None
+
+
+def _allow(response: Any) -> dict[str, str]:
+    allow = response.headers.get("allow")
+    return {"Allow": allow} if allow else {}
+
+
+def _id_text(request_id: Any) -> str:
+    return request_id if isinstance(request_id, str) else orjson.dumps(request_id).decode()
+
+
+def _late_id(exc: GatewayError, body: bytes) -> Any:
+    """Errors raised before parsing answer id null (seed 004); later ones echo the id."""
+    if isinstance(exc, InvalidRequest) and body:
+        return jsonrpc.request_id_of(body)
+    return None

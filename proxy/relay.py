@@ -1,0 +1,166 @@
+"""Relaying an upstream SSE stream to the client, whole event by whole event, as it arrives.
+
+A `StreamRelay` is the body of a streamed response. It follows the call it carries: it reads
+each event's data to see the response to the client's request (for the audit record), turns an
+upstream failure or a deliberate cancellation into one last JSON-RPC error event, and on a
+client disconnect closes the upstream request and tells the upstream the call is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
+
+import httpx
+import orjson
+
+from proxy.audit import AuditRecord
+from proxy.errors import (
+    Cancelled,
+    GatewayError,
+    UpstreamProtocolError,
+    UpstreamStreamCut,
+    jsonrpc_error_body,
+    sse_event,
+)
+from proxy.jsonrpc import response_outcome
+from proxy.sse import EventSplitter, event_data
+from proxy.state import CallHandle
+from proxy.upstream import map_errors
+
+log = logging.getLogger("tollhouse.relay")
+
+NO_REQUEST = object()
+
+
+class StreamRelay:
+    """Async iterator of bytes for the client; `aclose` is always safe to call again."""
+
+    def __init__(
+        self,
+        response: httpx.Response,
+        *,
+        request_id: Any = NO_REQUEST,
+        handle: CallHandle | None = None,
+        record: AuditRecord | None = None,
+        started: float = 0.0,
+        on_done: Callable[[StreamRelay], Awaitable[None]] | None = None,
+        spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
+    ) -> None:
+        self.response = response
+        self.request_id = request_id
+        self.handle = handle
+        self.record = record
+        self.started = started
+        self.answered = False
+        self.disconnected = False
+        self._on_done = on_done
+        self._spawn = spawn
+        self._chunks: AsyncIterator[bytes] = response.aiter_bytes()
+        self._splitter = EventSplitter()
+        self._finished = False
+        self._closed = False
+        if handle is not None and handle.task is not None:
+            # If the response is dropped before its body is iterated (a disconnect in that
+            # window), nothing calls aclose: the task's end does it instead.
+            handle.task.add_done_callback(self._task_done)
+
+    def __aiter__(self) -> StreamRelay:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._finished:
+            await self.aclose()
+            raise StopAsyncIteration
+        try:
+            while True:
+                with map_errors():
+                    try:
+                        chunk = await self._chunks.__anext__()
+                    except StopAsyncIteration:
+                        return self._end_of_stream()
+                events = self._splitter.feed(chunk)
+                if events:
+                    return self._inspect(events)
+        except asyncio.CancelledError:
+            if self.handle is not None and self.handle.absorb():
+                return self._fail(Cancelled(self.handle.reason))
+            self.disconnected = True
+            await self.aclose()
+            raise
+        except GatewayError as exc:
+            return self._fail(exc)
+        except ValueError:
+            return self._fail(UpstreamProtocolError("upstream SSE event too large"))
+
+    def _inspect(self, events: list[bytes]) -> bytes:
+        if self.request_id is not NO_REQUEST and not self.answered:
+            for event in events:
+                data = event_data(event)
+                if not data:
+                    continue
+                try:
+                    obj = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    return self._fail(UpstreamProtocolError())
+                outcome = response_outcome(obj, self.request_id)
+                if outcome is not None:
+                    self.answered = True
+                    ok, error = outcome
+                    if self.record is not None and not ok:
+                        self.record.status = "error"
+                        self.record.error_message = error
+        out = b"".join(events)
+        if self.record is not None:
+            self.record.bytes_out += len(out)
+        return out
+
+    def _end_of_stream(self) -> bytes:
+        if self.request_id is NO_REQUEST or self.answered:
+            self._finished = True
+            if self.handle is not None:
+                self.handle.close()
+            raise StopAsyncIteration
+        return self._fail(UpstreamStreamCut())
+
+    def _fail(self, exc: GatewayError) -> bytes:
+        """The last event of the stream: the failure as a JSON-RPC error for this request."""
+        self._finished = True
+        if self.handle is not None:
+            self.handle.close()
+        if self.record is not None:
+            self.record.status = exc.audit_status
+            if exc.audit_status == "denied":
+                self.record.denied_reason = exc.audit_reason
+            else:
+                self.record.error_message = exc.audit_reason
+        if self.request_id is NO_REQUEST:
+            return b""
+        out = sse_event(jsonrpc_error_body(exc.code, exc.wire_message, self.request_id, exc.data))
+        if self.record is not None:
+            self.record.bytes_out += len(out)
+        return out
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.handle is not None and self.handle.task is not None:
+            self.handle.task.remove_done_callback(self._task_done)
+        try:
+            await self.response.aclose()
+        except Exception:  # a broken connection is closed either way  # noqa: BLE001
+            log.debug("closing the upstream stream failed", exc_info=True)
+        finally:
+            if self.record is not None:
+                self.record.duration_ms = (time.perf_counter() - self.started) * 1000
+            if self._on_done is not None:
+                await self._on_done(self)
+
+    def _task_done(self, _task: object) -> None:
+        if not self._closed and self._spawn is not None:
+            self.disconnected = not self._finished
+            self._spawn(self.aclose())

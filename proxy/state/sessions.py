@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from cachetools import TTLCache
+
+
+@dataclass(slots=True)
+class Session:
+    """A gateway session: the client sees `id`, the upstream sees `upstream_session_id`."""
+
+    id: str
+    endpoint: str
+    principal_key: str
+    upstream_session_id: str | None
+    protocol_version: str | None = None
+    created_at: float = field(default_factory=time.time)
+    id_hash: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id_hash:
+            self.id_hash = session_hash(self.id)
+
+
+def session_hash(session_id: str) -> str:
+    """What the audit log keeps instead of a session id (which is a bearer-like secret)."""
+    return hashlib.sha256(session_id.encode()).hexdigest()[:16]
+
+
+class SessionStore(Protocol):
+    async def create(self, endpoint: str, principal_key: str, upstream_session_id: str | None,
+                     protocol_version: str | None) -> Session: ...
+
+    async def get(self, session_id: str) -> Session | None:
+        """The live session with that id, its idle timer restarted; None if dead or unknown."""
+
+    async def delete(self, session_id: str) -> None: ...
+
+
+class MemorySessionStore:
+    """Sessions in one process, expiring after `idle_timeout_s` without use."""
+
+    def __init__(self, idle_timeout_s: float, max_sessions: int,
+                 clock: "type[time.monotonic] | None" = None) -> None:
+        self._sessions: TTLCache[str, Session] = TTLCache(
+            maxsize=max_sessions, ttl=idle_timeout_s, timer=clock or time.monotonic)
+
+    async def create(self, endpoint: str, principal_key: str, upstream_session_id: str | None,
+                     protocol_version: str | None) -> Session:
+        session = Session(secrets.token_urlsafe(24), endpoint, principal_key,
+                          upstream_session_id, protocol_version)
+        self._sessions[session.id] = session
+        return session
+
+    async def get(self, session_id: str) -> Session | None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            self._sessions[session_id] = session  # restart the idle timer
+        return session
+
+    async def delete(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    def __len__(self) -> int:
+        return len(self._sessions)

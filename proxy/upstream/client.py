@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import httpx
+
+from proxy.config import UpstreamConfig
+from proxy.errors import (
+    UpstreamFailure,
+    UpstreamStreamCut,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+
+# What a client's request may carry upstream. Everything else (the client's Authorization,
+# cookies, hop-by-hop headers, the client's session id) stays at the gateway.
+FORWARDED_REQUEST_HEADERS = ("content-type", "mcp-protocol-version", "last-event-id")
+POST_ACCEPT = ("accept", "application/json, text/event-stream")
+GET_ACCEPT = ("accept", "text/event-stream")
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamRoute:
+    """One upstream, prepared once at start-up so the hot path parses nothing."""
+
+    name: str
+    url: httpx.URL
+    static_headers: tuple[tuple[str, str], ...]
+    call_timeout: httpx.Timeout
+    stream_timeout: httpx.Timeout
+    total_timeout_s: float
+
+    @classmethod
+    def from_config(cls, cfg: UpstreamConfig) -> UpstreamRoute:
+        t = cfg.timeout_s
+        return cls(
+            name=cfg.name,
+            url=httpx.URL(cfg.url),
+            static_headers=tuple((k.lower(), v) for k, v in cfg.headers.items()),
+            call_timeout=httpx.Timeout(t, connect=t, read=t, write=t, pool=t),
+            # a GET stream is idle by design; only connecting is bounded
+            stream_timeout=httpx.Timeout(t, connect=t, read=None, write=t, pool=t),
+            total_timeout_s=cfg.total_timeout_s,
+        )
+
+
+@contextlib.contextmanager
+def map_errors() -> Iterator[None]:
+    """httpx exceptions never escape: each becomes the UpstreamFailure that names it."""
+    try:
+        yield
+    except httpx.TimeoutException:
+        raise UpstreamTimeout() from None
+    except (httpx.ConnectError, httpx.UnsupportedProtocol, httpx.ProxyError):
+        raise UpstreamUnavailable() from None
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.StreamError):
+        raise UpstreamStreamCut("upstream connection broke") from None
+    except httpx.HTTPError:
+        raise UpstreamFailure() from None
+
+
+def build_transport() -> httpx.AsyncBaseTransport:
+    """The transport under the shared client, chosen by measurement (bench/README.md)."""
+    return httpx.AsyncHTTPTransport(
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256,
+                            keepalive_expiry=30.0),
+    )
+
+
+class UpstreamClient:
+    """The one AsyncClient every call shares; it lives as long as the app is serving."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.http = httpx.AsyncClient(transport=transport or build_transport(),
+                                      follow_redirects=False, trust_env=False)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    def headers(self, route: UpstreamRoute, inbound: Mapping[str, str],
+                upstream_session_id: str | None, *, get: bool = False) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = [GET_ACCEPT if get else POST_ACCEPT]
+        for name in FORWARDED_REQUEST_HEADERS:
+            value = inbound.get(name)
+            if value is not None:
+                out.append((name, value))
+        out.extend(route.static_headers)
+        if upstream_session_id is not None:
+            out.append(("mcp-session-id", upstream_session_id))
+        return out
+
+    async def open(self, route: UpstreamRoute, method: str, headers: list[tuple[str, str]],
+                   body: bytes | None = None, *, stream_timeout: bool = False) -> httpx.Response:
+        """Send and return once the response headers are in; the caller reads and closes."""
+        request = self.http.build_request(
+            method, route.url, headers=headers, content=body,
+            timeout=route.stream_timeout if stream_timeout else route.call_timeout)
+        with map_errors():
+            return await self.http.send(request, stream=True)
