@@ -63,10 +63,9 @@ def map_errors() -> Iterator[None]:
 
 def build_transport() -> httpx.AsyncBaseTransport:
     """The transport under the shared client, chosen by measurement (bench/README.md)."""
-    return httpx.AsyncHTTPTransport(
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256,
-                            keepalive_expiry=30.0),
-    )
+    from proxy.upstream.transport import AiohttpTransport
+
+    return AiohttpTransport()
 
 
 class UpstreamClient:

@@ -1,0 +1,177 @@
+"""The three ways a call ends early: the client's notifications/cancelled, the total-timeout
+ceiling, and a client that goes away. Each answers or cleans up, tells the upstream, audits
+`cancelled`, and leaves no in-flight entry, task or open upstream stream behind."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import orjson
+import respx
+
+from tests.conftest import MCP_HEADERS, make_config, running_gateway
+
+DEADLINE = 5.0
+
+
+class Upstream:
+    """A respx upstream whose calls hang until cancelled, and which records notifications."""
+
+    def __init__(self, *, stream: bool = False) -> None:
+        self.stream = stream
+        self.started = asyncio.Event()
+        self.notified = asyncio.Event()
+        self.notifications: list[dict] = []
+        self.streams: list[Hanging] = []
+        router = respx.Router()
+        router.post("http://upstream.test/mcp").mock(side_effect=self.answer)
+        self.transport = httpx.MockTransport(router.async_handler)
+
+    async def answer(self, request: httpx.Request) -> httpx.Response:
+        msg = orjson.loads(request.content)
+        if "id" not in msg:
+            self.notifications.append(msg)
+            self.notified.set()
+            return httpx.Response(202)
+        self.started.set()
+        if self.stream:
+            body = Hanging()
+            self.streams.append(body)
+            return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                                  stream=body)
+        await asyncio.Event().wait()  # hangs until the gateway gives up on it
+        raise AssertionError("unreachable")
+
+
+class Hanging(httpx.AsyncByteStream):
+    def __init__(self) -> None:
+        self.closed = asyncio.Event()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        progress = {"jsonrpc": "2.0", "method": "notifications/progress",
+                    "params": {"progressToken": 9, "progress": 1}}
+        yield b"event: message\ndata: " + orjson.dumps(progress) + b"\n\n"
+        await asyncio.Event().wait()
+
+    async def aclose(self) -> None:
+        self.closed.set()
+
+
+def call(request_id: int = 9) -> dict:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+            "params": {"name": "wait", "arguments": {}}}
+
+
+CANCEL = {"jsonrpc": "2.0", "method": "notifications/cancelled",
+          "params": {"requestId": 9, "reason": "user pressed stop"}}
+
+
+async def assert_nothing_left(gw) -> None:
+    await gw.gateway.drain(DEADLINE)
+    assert len(gw.gateway.inflight) == 0
+    assert not gw.gateway._tasks
+
+
+async def test_client_cancel_answers_32800_and_forwards_the_notice() -> None:
+    up = Upstream()
+    async with running_gateway(make_config(), up.transport) as gw:
+        pending = asyncio.create_task(gw.post(call()))
+        await asyncio.wait_for(up.started.wait(), DEADLINE)
+        note = await gw.post(CANCEL)
+        assert note.status_code == 202
+        response = await asyncio.wait_for(pending, DEADLINE)
+        assert response.status_code == 200
+        assert response.json() == {"jsonrpc": "2.0", "id": 9, "error": {
+            "code": -32800, "message": "cancelled by the client"}}
+        await asyncio.wait_for(up.notified.wait(), DEADLINE)
+        assert up.notifications == [CANCEL]  # forwarded as sent, and only once
+        (record,) = await gw.audit.wait_for(1)
+        assert (record.status, record.error_message) == ("cancelled", "cancelled by the client")
+        await assert_nothing_left(gw)
+
+
+async def test_client_cancel_on_a_stream_is_its_last_event() -> None:
+    up = Upstream(stream=True)
+    async with running_gateway(make_config(), up.transport) as gw:
+        async with gw.client.stream("POST", gw.endpoint(), content=orjson.dumps(call()),
+                                    headers=MCP_HEADERS) as response:
+            chunks = response.aiter_bytes()
+            first = await asyncio.wait_for(chunks.__anext__(), DEADLINE)
+            assert b"notifications/progress" in first
+            assert (await gw.post(CANCEL)).status_code == 202
+            rest = b"".join([c async for c in chunks])
+        last = orjson.loads(rest.split(b"data: ", 1)[1])
+        assert last["error"] == {"code": -32800, "message": "cancelled by the client"}
+        await asyncio.wait_for(up.streams[0].closed.wait(), DEADLINE)
+        await asyncio.wait_for(up.notified.wait(), DEADLINE)
+        (record,) = await gw.audit.wait_for(1)
+        assert record.status == "cancelled"
+        await assert_nothing_left(gw)
+
+
+async def test_total_timeout_cancels_and_tells_the_upstream() -> None:
+    up = Upstream()
+    cfg = make_config(upstreams=[{"name": "e", "url": "http://upstream.test/mcp",
+                                  "total_timeout_s": 0.2}])
+    async with running_gateway(cfg, up.transport) as gw:
+        response = await asyncio.wait_for(gw.post(call()), DEADLINE)
+        assert response.json()["error"] == {"code": -32800, "message": "total timeout reached"}
+        await asyncio.wait_for(up.notified.wait(), DEADLINE)
+        assert up.notifications[0]["params"]["requestId"] == 9
+        (record,) = await gw.audit.wait_for(1)
+        assert (record.status, record.error_message) == ("cancelled", "total timeout reached")
+        await assert_nothing_left(gw)
+
+
+async def test_total_timeout_on_a_stream() -> None:
+    up = Upstream(stream=True)
+    cfg = make_config(upstreams=[{"name": "e", "url": "http://upstream.test/mcp",
+                                  "total_timeout_s": 0.2}])
+    async with running_gateway(cfg, up.transport) as gw:
+        response = await asyncio.wait_for(gw.post(call()), DEADLINE)
+        last = orjson.loads(response.content.rsplit(b"data: ", 1)[1])
+        assert last["error"]["code"] == -32800
+        await asyncio.wait_for(up.notified.wait(), DEADLINE)
+        await asyncio.wait_for(up.streams[0].closed.wait(), DEADLINE)
+        await assert_nothing_left(gw)
+
+
+async def test_client_disconnect_mid_stream_cancels_upstream() -> None:
+    up = Upstream(stream=True)
+    async with running_gateway(make_config(), up.transport) as gw:
+        async with httpx.AsyncClient() as own:
+            async with own.stream("POST", gw.endpoint(), content=orjson.dumps(call()),
+                                  headers=MCP_HEADERS) as response:
+                await asyncio.wait_for(response.aiter_bytes().__anext__(), DEADLINE)
+        # the connection is gone: the gateway closes the upstream stream and says so
+        await asyncio.wait_for(up.streams[0].closed.wait(), DEADLINE)
+        await asyncio.wait_for(up.notified.wait(), DEADLINE)
+        assert up.notifications[0]["params"] == {"requestId": 9, "reason": "client disconnected"}
+        (record,) = await gw.audit.wait_for(1)
+        assert (record.status, record.error_message) == ("cancelled", "client disconnected")
+        await assert_nothing_left(gw)
+
+
+async def test_client_disconnect_while_waiting_for_json() -> None:
+    up = Upstream()
+    async with running_gateway(make_config(), up.transport) as gw:
+        async with httpx.AsyncClient() as own:
+            pending = asyncio.create_task(own.post(gw.endpoint(), content=orjson.dumps(call()),
+                                                   headers=MCP_HEADERS))
+            await asyncio.wait_for(up.started.wait(), DEADLINE)
+            pending.cancel()
+        await asyncio.wait_for(up.notified.wait(), DEADLINE)
+        (record,) = await gw.audit.wait_for(1)
+        assert (record.status, record.error_message) == ("cancelled", "client disconnected")
+        await assert_nothing_left(gw)
+
+
+async def test_cancel_for_an_unknown_request_is_harmless() -> None:
+    up = Upstream()
+    async with running_gateway(make_config(), up.transport) as gw:
+        note = await gw.post({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                              "params": {"requestId": 12345}})
+        assert note.status_code == 202
+        await assert_nothing_left(gw)

@@ -1,0 +1,91 @@
+from pathlib import Path
+
+import pytest
+
+from proxy.config import ConfigError, from_dict, load
+
+MINIMAL = {"upstreams": [{"name": "everything", "url": "http://127.0.0.1:3001/mcp"}]}
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    cfg = from_dict(MINIMAL)
+    assert cfg.server.listen == "127.0.0.1:8080"
+    assert cfg.server.max_request_bytes == 4194304
+    assert cfg.server.allowed_origins == []
+    assert cfg.auth.mode == "none"
+    assert cfg.database.url == "sqlite:///tollhouse.db"
+    up = cfg.upstream("everything")
+    assert up is not None and up.timeout_s == 30 and up.total_timeout_s == 300
+
+
+def test_example_config_loads(tmp_path: Path) -> None:
+    example = Path(__file__).parents[2] / "config.example.toml"
+    cfg = load(example, env={"EVERYTHING_TOKEN": "t0ken"})
+    assert cfg.upstreams[0].headers["Authorization"] == "Bearer t0ken"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"server": {"lisen": "x"}}, "unknown key 'server.lisen'"),
+        ({"server": {"max_request_bytes": "big"}},
+         "'server.max_request_bytes' must be an integer, got a string"),
+        ({"server": {"max_request_bytes": 0}}, "'server.max_request_bytes' must be greater than 0"),
+        ({"server": {"listen": "nowhere"}}, "'server.listen' must be host:port"),
+        ({"server": {"public_url": "ftp://x"}}, "'server.public_url' must be an http://"),
+        ({"server": {"allowed_origins": "http://a"}}, "'server.allowed_origins' must be an array"),
+        ({"upstreams": [{"name": "a", "url": "not a url"}]}, "'upstreams[0].url' must be an http"),
+        ({"upstreams": [{"name": "a", "url": "http://h:99999/"}]},
+         "'upstreams[0].url' is not a valid URL"),
+        ({"upstreams": [{"url": "http://h/"}]}, "missing required key 'upstreams[0].name'"),
+        ({"upstreams": [{"name": "a", "url": "http://h/", "timeout": 3}]},
+         "unknown key 'upstreams[0].timeout'"),
+        ({"upstreams": [{"name": "a/b", "url": "http://h/"}]}, "'upstreams[0].name' must be"),
+        ({"upstreams": [{"name": "a", "url": "http://h/"}, {"name": "a", "url": "http://h/"}]},
+         "repeats the upstream name 'a'"),
+        ({"upstreams": [{"name": "a", "url": "http://h/", "headers": {"X": 1}}]},
+         "'upstreams[0].headers.X' must be a string"),
+        ({"auth": {"mode": "magic"}}, "'auth.mode' must be one of none, jwt"),
+        ({"auth": {"mode": "jwt"}}, "'auth.issuers' must name at least one issuer"),
+        ({"server": {"listen": "0.0.0.0:8080"}}, "refused on a non-loopback listen address"),
+        ({"auth": {"mode": "jwt", "issuers": [{"issuer": "i", "hs256_secret": "s",
+                                                "algorithms": ["RS256"]}]}},
+         "does not fit the key type"),
+        ({"auth": {"mode": "jwt", "issuers": [{"issuer": "i", "hs256_secret": "s",
+                                                "algorithms": ["none"]}]}},
+         "unsupported algorithm 'none'"),
+        ({"database": {"url": "mysql://x"}}, "'database.url' must be sqlite:///PATH"),
+        ({"upstreams": [{"name": "a", "url": "http://h/", "headers": {"A": "${NOPE_NOT_SET}"}}]},
+         "'upstreams[0].headers.A' refers to ${NOPE_NOT_SET}, which is not set"),
+    ],
+)
+def test_bad_config_names_the_key(raw: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_dict(raw, env={})
+    text = str(info.value)
+    assert message in text
+    assert "\n" not in text
+
+
+def test_env_substitution_does_not_leak_value_in_errors() -> None:
+    cfg = from_dict({"upstreams": [{"name": "a", "url": "http://h/",
+                                    "headers": {"Authorization": "Bearer ${TOK}"}}]},
+                    env={"TOK": "s3cret"})
+    assert cfg.upstreams[0].headers["Authorization"] == "Bearer s3cret"
+
+
+def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load(bad)
+    with pytest.raises(ConfigError, match="file not found"):
+        load(tmp_path / "missing.toml")
+
+
+def test_jwt_public_key_file_must_exist(tmp_path: Path) -> None:
+    raw = {"auth": {"mode": "jwt", "issuers": [{"issuer": "i", "public_key_pem": "k.pem"}]}}
+    with pytest.raises(ConfigError, match="names a file that does not exist"):
+        from_dict(raw, base_dir=tmp_path)
+    (tmp_path / "k.pem").write_text("-----BEGIN PUBLIC KEY-----\n")
+    assert from_dict(raw, base_dir=tmp_path).auth.issuers[0].public_key_pem == "k.pem"

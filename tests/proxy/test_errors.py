@@ -1,0 +1,47 @@
+import orjson
+import pytest
+
+import proxy.errors as errors
+from proxy.errors import GatewayError, render
+
+
+def all_subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(all_subclasses(sub))
+    return out
+
+
+SEED_004_CODES = {-32700, -32600, -32602, -32601, -32020, -32022, -32000, -32800, -32003, -32603}
+
+
+@pytest.mark.parametrize("cls", all_subclasses(GatewayError), ids=lambda c: c.__name__)
+def test_every_error_renders_in_a_documented_shape(cls: type) -> None:
+    exc = cls(404) if cls is errors.UpstreamHTTPError else (
+        cls("policy: rule") if issubclass(cls, errors.PolicyDenied) else cls())
+    status, headers, body = render(exc, request_id=9)
+    obj = orjson.loads(body)
+    assert headers["Content-Type"] == "application/json"
+    if cls.surface == "plain":
+        assert set(obj) == {"error"} and 400 <= status < 500
+    else:
+        assert obj["jsonrpc"] == "2.0" and obj["id"] == 9
+        assert obj["error"]["code"] in SEED_004_CODES
+        assert isinstance(obj["error"]["message"], str) and obj["error"]["message"]
+    assert cls.audit_status in ("denied", "error", "cancelled")
+
+
+def test_seed_004_statuses() -> None:
+    assert errors.UpstreamFailure.http_status == 200 and errors.UpstreamFailure.code == -32000
+    assert errors.Cancelled.http_status == 200 and errors.Cancelled.code == -32800
+    assert (errors.BodyTooLarge.http_status, errors.BodyTooLarge.code) == (413, -32600)
+    assert (errors.ParseError.http_status, errors.ParseError.code) == (400, -32700)
+    assert (errors.MethodNotFound.http_status, errors.MethodNotFound.code) == (404, -32601)
+    assert render(errors.EndpointNotFound())[2] == b'{"error":"not found"}'
+    assert render(errors.SessionNotFound())[2] == b'{"error":"session not found"}'
+
+
+def test_upstream_http_error_names_status_only() -> None:
+    exc = errors.UpstreamHTTPError(503)
+    assert exc.wire_message == "upstream answered HTTP 503"

@@ -1,0 +1,161 @@
+"""Upstream failures become JSON-RPC -32000 with HTTP 200 and a short message with no upstream
+body (seed 004); on a stream, the failure is the last event. respx injects the faults."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import orjson
+import pytest
+import respx
+
+from tests.conftest import make_config, running_gateway
+
+CALL = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"text": "hi"}}}
+SECRET = "sk-upstream-s3cret"
+
+
+class Chunks(httpx.AsyncByteStream):
+    """An upstream body that yields the given chunks, then raises or ends."""
+
+    def __init__(self, chunks: list[bytes], fail: Exception | None = None) -> None:
+        self.chunks = chunks
+        self.fail = fail
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+        if self.fail is not None:
+            raise self.fail
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def sse(*messages: dict) -> list[bytes]:
+    return [b"event: message\r\ndata: " + orjson.dumps(m) + b"\r\n\r\n" for m in messages]
+
+
+PROGRESS = {"jsonrpc": "2.0", "method": "notifications/progress",
+            "params": {"progressToken": 2, "progress": 1}}
+RESULT = {"jsonrpc": "2.0", "id": 2, "result": {"content": []}}
+
+
+def route(side_effect: object) -> httpx.MockTransport:
+    router = respx.Router()
+    router.post("http://upstream.test/mcp").mock(side_effect=side_effect)
+    return httpx.MockTransport(router.async_handler)
+
+
+def sse_response(body: Chunks) -> httpx.Response:
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=body)
+
+
+@pytest.mark.parametrize(
+    ("effect", "message"),
+    [
+        (httpx.ConnectError("refused"), "upstream unavailable"),
+        (httpx.ConnectTimeout("slow dns"), "upstream timed out"),
+        (httpx.ReadTimeout("idle"), "upstream timed out"),
+        (httpx.RemoteProtocolError("garbage"), "upstream connection broke"),
+        (httpx.Response(500, text=f"Traceback ... token={SECRET}"), "upstream answered HTTP 500"),
+        (httpx.Response(401, text=SECRET), "upstream answered HTTP 401"),
+        (httpx.Response(429), "upstream answered HTTP 429"),
+        (httpx.Response(202), "upstream sent an unexpected content type"),
+        (httpx.Response(200, text=f"<html>{SECRET}</html>",
+                        headers={"content-type": "text/html"}),
+         "upstream sent an unexpected content type"),
+        (httpx.Response(200, text=f"not json {SECRET}",
+                        headers={"content-type": "application/json"}),
+         "upstream sent an invalid MCP response"),
+        (httpx.Response(200, json={"jsonrpc": "2.0", "id": 99, "result": {}}),
+         "upstream sent an invalid MCP response"),
+        (httpx.Response(200, json=[1, 2]), "upstream sent an invalid MCP response"),
+    ],
+)
+async def test_upstream_failure_is_32000_with_http_200(effect: object, message: str) -> None:
+    async with running_gateway(make_config(), route(effect)) as gw:
+        response = await gw.post(CALL)
+        assert response.status_code == 200
+        assert response.json() == {"jsonrpc": "2.0", "id": 2,
+                                   "error": {"code": -32000, "message": message}}
+        assert SECRET not in response.text
+        (record,) = await gw.audit.wait_for(1)
+        assert (record.status, record.error_message, record.tool) == ("error", message, "echo")
+
+
+async def test_upstream_jsonrpc_error_is_relayed_and_audited_as_error() -> None:
+    error = {"jsonrpc": "2.0", "id": 2, "error": {"code": -32602, "message": "Unknown tool"}}
+    async with running_gateway(make_config(), route(httpx.Response(200, json=error))) as gw:
+        response = await gw.post(CALL)
+        assert response.json() == error
+        (record,) = await gw.audit.wait_for(1)
+        assert (record.status, record.error_message) == ("error", "upstream error -32602")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (Chunks(sse(PROGRESS), httpx.ReadError("reset")), "upstream connection broke"),
+        (Chunks(sse(PROGRESS)), "upstream stream ended before the response"),
+        (Chunks([*sse(PROGRESS), b"data: {not json\n\n"]), "upstream sent an invalid MCP response"),
+        (Chunks([*sse(PROGRESS), b"event: message\ndata: {\"jsonrpc\""]),
+         "upstream stream ended before the response"),
+    ],
+)
+async def test_a_stream_cut_mid_call_ends_with_one_error_event(body: Chunks, message: str
+                                                               ) -> None:
+    async with running_gateway(make_config(), route(sse_response(body))) as gw:
+        response = await gw.post(CALL)
+        assert response.status_code == 200
+        events = [e for e in response.text.replace("\r\n", "\n").split("\n\n") if e]
+        assert orjson.loads(events[0].split("data: ", 1)[1]) == PROGRESS
+        last = orjson.loads(events[-1].split("data: ", 1)[1])
+        assert last == {"jsonrpc": "2.0", "id": 2, "error": {"code": -32000, "message": message}}
+        assert body.closed
+        (record,) = await gw.audit.wait_for(1)
+        assert (record.status, record.error_message) == ("error", message)
+        assert len(gw.gateway.inflight) == 0  # type: ignore[arg-type]
+
+
+async def test_a_whole_stream_is_relayed_event_by_event() -> None:
+    body = Chunks([b"id: 7\r\nevent: message\r\n", *sse(PROGRESS), *sse(RESULT)])
+    async with running_gateway(make_config(), route(sse_response(body))) as gw:
+        response = await gw.post(CALL)
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.content == b"".join(body.chunks)  # ids, fields, CRLFs untouched
+        (record,) = await gw.audit.wait_for(1)
+        assert record.status == "ok" and record.bytes_out == len(response.content)
+
+
+async def test_client_credentials_and_hop_by_hop_headers_stay_at_the_gateway() -> None:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"jsonrpc": "2.0", "id": 2, "result": {}})
+
+    cfg = make_config(upstreams=[{"name": "e", "url": "http://upstream.test/mcp",
+                                  "headers": {"Authorization": "Bearer upstream-cred",
+                                              "X-Tenant": "t1"}}])
+    async with running_gateway(cfg, route(answer)) as gw:
+        await gw.post(CALL, headers={
+            "Authorization": "Bearer client-token", "Cookie": "sid=1",
+            "Proxy-Authorization": "Basic x", "Connection": "keep-alive, X-Foo", "X-Foo": "1",
+            "TE": "trailers", "Upgrade": "h2c", "Forwarded": "for=1.2.3.4",
+            "X-Api-Key": "client-key"})
+        (request,) = seen
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        assert headers["authorization"] == "Bearer upstream-cred"
+        assert headers["x-tenant"] == "t1"
+        for name in ("cookie", "proxy-authorization", "x-foo", "te", "upgrade", "forwarded",
+                     "x-api-key"):
+            assert name not in headers
+        assert headers["mcp-protocol-version"] == "2025-11-25"
+        assert headers["accept"] == "application/json, text/event-stream"
+        (record,) = await gw.audit.wait_for(1)
+        assert "client-token" not in repr(record) and "upstream-cred" not in repr(record)
