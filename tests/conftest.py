@@ -1,10 +1,7 @@
-"""Builders and a real-server fixture: Hypercorn on a loopback socket that is listening before
-the server starts, so connections queue from the first moment and no test polls or sleeps."""
+"""Builders (make_config) and a running gateway over an injected upstream transport."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -12,38 +9,16 @@ from typing import Any
 
 import httpx
 import pytest
-from hypercorn.asyncio import serve as hypercorn_serve
-from hypercorn.config import Config as HyperConfig
 
 from proxy.app import State, create_app
 from proxy.audit import MemoryAuditSink
 from proxy.config import Config, from_dict
 from proxy.gateway import Gateway
+from tests.servers import serve
 
 MCP_HEADERS = {"Content-Type": "application/json",
                "Accept": "application/json, text/event-stream",
                "MCP-Protocol-Version": "2025-11-25"}
-
-
-@asynccontextmanager
-async def serve(app: Any) -> AsyncIterator[str]:
-    """Run an ASGI app on Hypercorn at a free loopback port; yield its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    cfg = HyperConfig()
-    cfg.bind = [f"fd://{sock.detach()}"]
-    cfg.accesslog = None
-    cfg.errorlog = None
-    cfg.graceful_timeout = 5
-    stop = asyncio.Event()
-    task = asyncio.create_task(hypercorn_serve(app, cfg, shutdown_trigger=stop.wait))
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 def make_config(upstream_url: str = "http://upstream.test/mcp", **sections: Any) -> Config:

@@ -18,7 +18,7 @@ _COLUMNS = ("ts", "request_id", "principal", "endpoint", "method", "tool", "stat
             "denied_reason", "error_message", "duration_ms", "bytes_in", "bytes_out", "era",
             "session_hash")
 
-SCHEMA = f"""
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS audit (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     ts REAL NOT NULL,

@@ -72,11 +72,16 @@ class UpstreamClient:
     """The one AsyncClient every call shares; it lives as long as the app is serving."""
 
     def __init__(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self.http = httpx.AsyncClient(transport=transport or build_transport(),
-                                      follow_redirects=False, trust_env=False)
+        self._transport = transport or build_transport()
+        self.http = httpx.AsyncClient(transport=self._transport, follow_redirects=False,
+                                      trust_env=False)
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+    def connections_in_use(self) -> int:
+        """Upstream responses not yet closed (each holds a pooled connection); 0 when idle."""
+        return int(getattr(self._transport, "open_responses", 0))
 
     def headers(self, route: UpstreamRoute, inbound: Mapping[str, str],
                 upstream_session_id: str | None, *, get: bool = False) -> list[tuple[str, str]]:

@@ -41,9 +41,13 @@ def _mapped(request: httpx.Request) -> Iterator[None]:
 
 
 class _Body(httpx.AsyncByteStream):
-    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request,
+                 transport: AiohttpTransport) -> None:
         self._response = response
         self._request = request
+        self._transport = transport
+        self._open = True
+        transport.open_responses += 1
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         content = self._response.content
@@ -61,6 +65,9 @@ class _Body(httpx.AsyncByteStream):
             self._response.release()
         else:
             self._response.close()
+        if self._open:
+            self._open = False
+            self._transport.open_responses -= 1
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
@@ -70,6 +77,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         self._max_connections = max_connections
         self._keepalive_expiry = keepalive_expiry
         self._session: aiohttp.ClientSession | None = None
+        self.open_responses = 0  # responses not yet closed: each holds a connection
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -92,7 +100,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                                               sock_connect=timeout.get("connect"),
                                               sock_read=timeout.get("read")))
         return httpx.Response(response.status, headers=list(response.raw_headers),
-                              stream=_Body(response, request), request=request,
+                              stream=_Body(response, request, self), request=request,
                               extensions={"http_version": b"HTTP/1.1"})
 
     async def aclose(self) -> None:

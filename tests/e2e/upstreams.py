@@ -56,17 +56,15 @@ Hypercorn drives the ASGI lifespan, which runs the SDK's ``session_manager.run()
 
 from __future__ import annotations
 
+from tests.servers import serve
+
 import asyncio
-import contextlib
 import json
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from hypercorn.asyncio import serve as hypercorn_serve
-from hypercorn.config import Config as HypercornConfig
 from mcp import types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
@@ -417,81 +415,5 @@ def stateless_json_app(**kwargs: Any) -> tuple[ASGIApp, UpstreamProbe]:
     return build_app(stateless=True, json_response=True, **kwargs)
 
 
-@contextlib.asynccontextmanager
-async def serve_asgi(
-    app: ASGIApp,
-    *,
-    shutdown_timeout: float = 10.0,
-    graceful_timeout: float = 1.0,
-) -> AsyncIterator[str]:
-    """Serve `app` with Hypercorn on 127.0.0.1:<ephemeral> in this event loop; yield the base URL.
-
-    The socket is bound and listening before Hypercorn starts, so the URL is connectable as
-    soon as it is yielded (startup - including the ASGI lifespan that starts the SDK session
-    manager - is still awaited before yielding). On exit Hypercorn shuts down gracefully:
-    connections still open after ``graceful_timeout`` (e.g. a GET SSE stream) are cancelled.
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(128)
-        port = sock.getsockname()[1]
-    except BaseException:
-        sock.close()
-        raise
-
-    config = HypercornConfig()
-    config.bind = [f"fd://{sock.detach()}"]
-    config.accesslog = None
-    config.errorlog = None
-    config.graceful_timeout = graceful_timeout
-
-    started = asyncio.Event()
-    startup_failed: list[str] = []
-    stop = asyncio.Event()
-
-    # Hypercorn has no "started" callback; a lifespan.startup.complete passing through the
-    # app wrapper tells us the session manager is running.
-    async def app_with_startup_signal(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "lifespan":
-            await app(scope, receive, send)
-            return
-
-        async def snd(message: Message) -> None:
-            await send(message)
-            if message["type"] == "lifespan.startup.failed":
-                startup_failed.append(str(message.get("message", "")))
-            if message["type"] in ("lifespan.startup.complete", "lifespan.startup.failed"):
-                started.set()
-
-        try:
-            await app(scope, receive, snd)
-        finally:
-            started.set()  # an app without lifespan support raises here; Hypercorn carries on
-
-    task = asyncio.create_task(
-        hypercorn_serve(app_with_startup_signal, config, shutdown_trigger=stop.wait, mode="asgi"),  # type: ignore[arg-type]
-        name=f"hypercorn-upstream-{port}",
-    )
-    try:
-        started_waiter = asyncio.ensure_future(started.wait())
-        done, _ = await asyncio.wait({task, started_waiter}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
-        if started_waiter not in done:
-            started_waiter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await started_waiter
-            if task in done:
-                task.result()  # re-raise the startup failure
-            raise RuntimeError("upstream server did not start within 10s")
-        if startup_failed:
-            raise RuntimeError(f"upstream lifespan startup failed: {startup_failed[0]}")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(task), shutdown_timeout)
-        except asyncio.TimeoutError:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+# The same loopback Hypercorn fixture as every other real-server test.
+serve_asgi = serve

@@ -3,7 +3,6 @@ body (seed 004); on a stream, the failure is the last event. respx injects the f
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import httpx

@@ -1,0 +1,66 @@
+"""A stack per test: an official-SDK upstream on Hypercorn, the gateway on Hypercorn in front
+of it with its real transport and a real SQLite audit log, and the official SDK client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.app import State, create_app
+from proxy.audit import AuditSink, SqliteAuditSink
+from proxy.config import Config, from_dict
+from proxy.gateway import Gateway
+from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app, stateless_json_app
+from tests.servers import serve
+
+
+@dataclass
+class Stack:
+    upstream_url: str
+    gateway_url: str
+    probe: UpstreamProbe
+    state: State
+    db_path: str
+
+    @property
+    def gateway(self) -> Gateway:
+        assert self.state.gateway is not None
+        return self.state.gateway
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.gateway_url}/mcp/up"
+
+
+def stack_config(upstream_url: str, db_path: str, **upstream: Any) -> Config:
+    return from_dict({
+        "database": {"url": f"sqlite:///{db_path}"},
+        "upstreams": [{"name": "up", "url": f"{upstream_url}/mcp", **upstream}],
+    }, env={})
+
+
+@asynccontextmanager
+async def open_stack(tmp_path: Path, make_upstream: Callable[..., Any], *,
+                     audit: AuditSink | None = None, **upstream: Any) -> AsyncIterator[Stack]:
+    app, probe = make_upstream()
+    db_path = str(tmp_path / "audit.db")
+    async with serve(app, graceful_timeout=1) as upstream_url:
+        cfg = stack_config(upstream_url, db_path, **upstream)
+        gateway_app = create_app(cfg, audit_sink=audit)
+        async with serve(gateway_app, graceful_timeout=1) as gateway_url:
+            yield Stack(upstream_url, gateway_url, probe, gateway_app.extensions["tollhouse"],
+                        db_path)
+
+
+@pytest.fixture(params=["stateful_sse", "stateless_json"])
+def upstream_kind(request: pytest.FixtureRequest) -> Callable[..., Any]:
+    return {"stateful_sse": stateful_sse_app, "stateless_json": stateless_json_app}[
+        request.param]
+
+
+__all__ = ["SqliteAuditSink", "Stack", "open_stack"]
