@@ -1,0 +1,77 @@
+"""The SQLite audit log: written off the request path, nothing accepted lost on close."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import orjson
+
+from proxy.audit import AuditRecord, SqliteAuditSink, query
+from proxy.cli import main, parse_since
+
+
+def record(i: int, **kw: object) -> AuditRecord:
+    kw.setdefault("ts", 1_000_000.0 + i)
+    return AuditRecord(endpoint=kw.pop("endpoint", "e"), method="tools/call", request_id=str(i),
+                       principal="alice", tool="echo", **kw)  # type: ignore[arg-type]
+
+
+async def test_every_accepted_record_is_written_by_close(tmp_path: Path) -> None:
+    db = str(tmp_path / "a.db")
+    sink = SqliteAuditSink(db, batch_size=7)
+    for i in range(1000):
+        sink.emit(record(i))
+    await sink.close()
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT count(*) FROM audit").fetchone() == (1000,)
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+async def test_filters_newest_first(tmp_path: Path) -> None:
+    db = str(tmp_path / "a.db")
+    sink = SqliteAuditSink(db)
+    sink.emit(record(1, status="ok"))
+    sink.emit(record(2, status="denied", denied_reason="auth: expired", endpoint="f"))
+    sink.emit(record(3, status="error", error_message="upstream timed out"))
+    await sink.close()
+    assert [r["request_id"] for r in query(db)] == ["3", "2", "1"]
+    assert [r["request_id"] for r in query(db, status="denied")] == ["2"]
+    assert [r["request_id"] for r in query(db, endpoint="e")] == ["3", "1"]
+    assert [r["request_id"] for r in query(db, since=1_000_002.0)] == ["3", "2"]
+    assert query(str(tmp_path / "missing.db")) == []
+
+
+async def test_unwritable_database_falls_back_to_a_file(tmp_path: Path) -> None:
+    db = str(tmp_path / "a.db")
+    sink = SqliteAuditSink(db)
+    sink._conn.execute("DROP TABLE audit")  # every insert now fails
+    sink.emit(record(1))
+    await sink.close()
+    lines = Path(db + ".audit-fallback.jsonl").read_bytes().splitlines()
+    assert [orjson.loads(line)["request_id"] for line in lines] == ["1"]
+
+
+async def test_cli_audit(tmp_path: Path, capsys) -> None:
+    db = tmp_path / "a.db"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[database]\nurl = "sqlite:///{db}"\n')
+    sink = SqliteAuditSink(str(db))
+    sink.emit(record(1, ts=time.time(), status="denied", denied_reason="auth: expired"))
+    sink.emit(record(2, ts=time.time()))
+    await sink.close()
+    assert main(["audit", "--config", str(cfg), "--json", "--status", "denied"]) == 0
+    rows = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["request_id"], r["denied_reason"]) for r in rows] == [("1", "auth: expired")]
+    assert main(["audit", "--config", str(cfg), "--since", "1h"]) == 0
+    table = capsys.readouterr().out
+    assert "denied" in table and "auth: expired" in table and "tools/call echo" in table
+    assert main(["audit", "--config", str(cfg), "--since", "yesterday"]) == 2
+    assert "--since" in capsys.readouterr().err
+
+
+def test_parse_since() -> None:
+    assert parse_since("90s", now=1000.0) == 910.0
+    assert parse_since("2h", now=10_000.0) == 2800.0
+    assert parse_since("2026-01-01T00:00:00Z") == 1767225600.0
