@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
     audit = sub.add_parser("audit", help="print recent audit records, newest first")
     _config_arg(audit)
+    audit.add_argument("--db", help="the SQLite audit database to read, instead of the one "
+                                    "the config names")
     audit.add_argument("--status", choices=["ok", "denied", "error", "cancelled"])
     audit.add_argument("--endpoint")
     audit.add_argument("--since", help="a duration such as 30s, 15m, 2h, 7d, or an ISO time")
@@ -137,8 +139,7 @@ def _demo(args: argparse.Namespace) -> int:
     })
     app = create_app(cfg)
     print(f"Tollhouse demo: MCP URL  http://127.0.0.1:{port}/mcp/demo", flush=True)
-    print(f"  audit log: {db}  (tollhouse audit reads it with a config naming this file)",
-          flush=True)
+    print(f"  audit log: tollhouse audit --db {db}", flush=True)
     print("  Ctrl-C to stop", flush=True)
 
     async def run() -> None:
@@ -174,9 +175,9 @@ def parse_since(text: str, now: float | None = None) -> float:
 def _audit(args: argparse.Namespace) -> int:
     from proxy.audit import query
 
-    cfg, _ = _load(args)
+    path = args.db if args.db else _load(args)[0].database.sqlite_path
     since = parse_since(args.since) if args.since else None
-    rows = query(cfg.database.sqlite_path, status=args.status, endpoint=args.endpoint,
+    rows = query(path, status=args.status, endpoint=args.endpoint,
                  since=since, limit=args.limit)
     out = sys.stdout
     if args.json:

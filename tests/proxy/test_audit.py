@@ -64,7 +64,7 @@ async def test_cli_audit(tmp_path: Path, capsys) -> None:
     assert main(["audit", "--config", str(cfg), "--json", "--status", "denied"]) == 0
     rows = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["request_id"], r["denied_reason"]) for r in rows] == [("1", "auth: expired")]
-    assert main(["audit", "--config", str(cfg), "--since", "1h"]) == 0
+    assert main(["audit", "--db", str(db), "--since", "1h"]) == 0
     table = capsys.readouterr().out
     assert "denied" in table and "auth: expired" in table and "tools/call echo" in table
     assert main(["audit", "--config", str(cfg), "--since", "yesterday"]) == 2
