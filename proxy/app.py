@@ -51,7 +51,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     state = State()
     app.extensions["tollhouse"] = state
 
-    @app.while_serving
+    @app.while_serving  # type: ignore[type-var]
     async def lifespan() -> AsyncIterator[None]:
         upstream = UpstreamClient(upstream_transport)
         audit = audit_sink or SqliteAuditSink(cfg.database.sqlite_path)

@@ -6,6 +6,7 @@ client, so each is tested with plain objects and could run behind another server
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ class Chain:
 
     def __init__(self, policies: Sequence[Policy]) -> None:
         ordered = sorted(policies, key=lambda p: p.order)
-        for a, b in zip(ordered, ordered[1:]):
+        for a, b in itertools.pairwise(ordered):
             if a.order == b.order:
                 raise ValueError(f"policies {a.name!r} and {b.name!r} share order {a.order}")
         self.policies: tuple[Policy, ...] = tuple(ordered)

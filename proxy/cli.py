@@ -107,7 +107,7 @@ async def _run_hypercorn(app: Any, binds: list[str], grace_s: float,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await serve(app, hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+    await serve(app, hc, shutdown_trigger=stop.wait)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -157,7 +157,7 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 
 
 def parse_since(text: str, now: float | None = None) -> float:
-    now = dt.datetime.now(dt.timezone.utc).timestamp() if now is None else now
+    now = dt.datetime.now(dt.UTC).timestamp() if now is None else now
     match = _DURATION.match(text.strip())
     if match:
         value, unit = float(match.group(1)), match.group(2)
@@ -168,7 +168,7 @@ def parse_since(text: str, now: float | None = None) -> float:
         raise ConfigError(f"--since: '{text}' is neither a duration (30s, 15m, 2h, 7d) nor an "
                           "ISO time") from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
+        when = when.replace(tzinfo=dt.UTC)
     return when.timestamp()
 
 
@@ -190,7 +190,7 @@ def _audit(args: argparse.Namespace) -> int:
     out.write(f"{'time (UTC)':<20} {'status':<9} {'endpoint':<14} {'method':<24} "
               f"{'ms':>8}  principal / reason\n")
     for r in rows:
-        when = dt.datetime.fromtimestamp(r["ts"], dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        when = dt.datetime.fromtimestamp(r["ts"], dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
         method = r["method"] or "-"
         if r["tool"]:
             method = f"{method} {r['tool']}"

@@ -111,7 +111,7 @@ def load(path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = No
 
 def from_dict(raw: dict[str, Any], env: typing.Mapping[str, str] | None = None,
               base_dir: Path | None = None) -> Config:
-    cfg = _build(Config, raw, "", os.environ if env is None else env)
+    cfg: Config = _build(Config, raw, "", os.environ if env is None else env)
     _check(cfg, base_dir or Path.cwd())
     return cfg
 

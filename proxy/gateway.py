@@ -234,7 +234,7 @@ class Gateway:
 
     async def get(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
         try:
-            session, principal = await self._guard_bodyless(route, req)
+            session = await self._guard_bodyless(route, req)
             headers = self.upstream.headers(
                 route, req.headers, session.upstream_session_id if session else None, get=True)
             response = await self.upstream.open(route, "GET", headers, stream_timeout=True)
@@ -257,7 +257,7 @@ class Gateway:
 
     async def delete(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
         try:
-            session, principal = await self._guard_bodyless(route, req)
+            session = await self._guard_bodyless(route, req)
             if session is None:
                 raise InvalidRequest("Invalid Request: Mcp-Session-Id header required")
             if session.upstream_session_id is not None:
@@ -274,11 +274,11 @@ class Gateway:
             return self._refuse(exc, AuditRecord(endpoint=route.name, method="DELETE"), 0.0,
                                 None, audit=exc.audit_status == "denied")
 
-    async def _guard_bodyless(self, route: UpstreamRoute, req: EdgeRequest
-                              ) -> tuple[Session | None, Principal]:
+    async def _guard_bodyless(self, route: UpstreamRoute, req: EdgeRequest) -> Session | None:
+        """GET and DELETE: Origin, identity and session, as for a POST."""
         self._check_origin(req.headers)
         principal = await self.auth.authenticate(req.headers.get("authorization"), route.name)
-        return await self._session(req.headers, route, principal), principal
+        return await self._session(req.headers, route, principal)
 
     # -- shared steps ------------------------------------------------------------------------
 

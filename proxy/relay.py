@@ -152,7 +152,7 @@ class StreamRelay:
             self.handle.task.remove_done_callback(self._task_done)
         try:
             await self.response.aclose()
-        except Exception:  # a broken connection is closed either way  # noqa: BLE001
+        except Exception:  # a broken connection is closed either way
             log.debug("closing the upstream stream failed", exc_info=True)
         finally:
             if self.record is not None:

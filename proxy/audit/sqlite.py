@@ -60,9 +60,12 @@ class SqliteAuditSink:
     inserts them in batches. `close` drains the queue; if the database cannot be written,
     the records go to a JSON-lines file beside it rather than being dropped."""
 
-    def __init__(self, path: str, batch_size: int = 500) -> None:
+    def __init__(self, path: str, batch_size: int = 500, linger_s: float = 0.05,
+                 retry_backoff_s: float = 0.05) -> None:
         self._path = path
+        self._retry_backoff_s = retry_backoff_s
         self._batch_size = batch_size
+        self._linger_s = linger_s
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._conn = connect(path)
         self._thread = threading.Thread(target=self._run, name="tollhouse-audit", daemon=True)
@@ -82,6 +85,9 @@ class SqliteAuditSink:
         stop = False
         while not stop:
             item = self._queue.get()
+            if item is not _STOP and self._linger_s and self._queue.qsize() < self._batch_size:
+                # let a batch gather: one wake-up (and one GIL hand-off) per batch, not per record
+                time.sleep(self._linger_s)
             batch: list[AuditRecord] = []
             while True:
                 if item is _STOP:
@@ -108,7 +114,7 @@ class SqliteAuditSink:
                 return
             except sqlite3.Error as exc:
                 log.warning("audit write failed (attempt %d): %s", attempt + 1, exc)
-                time.sleep(0.05 * 2**attempt)
+                time.sleep(self._retry_backoff_s * 2**attempt)
         fallback = Path(self._path + ".audit-fallback.jsonl")
         with fallback.open("ab") as fh:
             for record in batch:
@@ -130,7 +136,8 @@ def query(path: str, *, status: str | None = None, endpoint: str | None = None,
         return []
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     try:
-        clauses, args = [], []
+        clauses: list[str] = []
+        args: list[object] = []
         if status:
             clauses.append("status = ?")
             args.append(status)

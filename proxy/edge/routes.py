@@ -36,7 +36,10 @@ def register(app: Quart, gateway: Callable[[], Gateway], body_timeout_s: float) 
             route = gw.route(endpoint)
         except GatewayError as exc:
             return _plain(exc)
-        req = EdgeRequest(request.headers, read_body)  # type: ignore[arg-type]
+        # ASGI header names are lower case already: one pass builds the map every later
+        # step reads (werkzeug's Headers.get scans the list on every lookup).
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
+        req = EdgeRequest(headers, read_body)
         method = request.method
         if method == "POST":
             result = await gw.post(route, req)
@@ -45,8 +48,7 @@ def register(app: Quart, gateway: Callable[[], Gateway], body_timeout_s: float) 
         elif method == "DELETE":
             result = await gw.delete(route, req)
         else:
-            exc = MethodNotAllowed(headers={"Allow": "GET, POST, DELETE"})
-            return _plain(exc)
+            return _plain(MethodNotAllowed(headers={"Allow": "GET, POST, DELETE"}))
         return _to_quart(result)
 
     @app.route("/healthz")

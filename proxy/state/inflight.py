@@ -11,7 +11,7 @@ class CallHandle:
     when it catches the CancelledError, that this was a deliberate cancellation to answer
     with -32800 rather than a client disconnect to clean up after."""
 
-    __slots__ = ("task", "reason", "_timer")
+    __slots__ = ("_timer", "reason", "task")
 
     def __init__(self, task: asyncio.Task[object] | None = None) -> None:
         self.task = task or asyncio.current_task()

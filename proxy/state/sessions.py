@@ -3,6 +3,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -45,7 +46,7 @@ class MemorySessionStore:
     """Sessions in one process, expiring after `idle_timeout_s` without use."""
 
     def __init__(self, idle_timeout_s: float, max_sessions: int,
-                 clock: "type[time.monotonic] | None" = None) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self._sessions: TTLCache[str, Session] = TTLCache(
             maxsize=max_sessions, ttl=idle_timeout_s, timer=clock or time.monotonic)
 

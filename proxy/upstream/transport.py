@@ -10,7 +10,6 @@ the upstream is a ReadError, not a timeout, and the gateway's wire message depen
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
@@ -25,7 +24,7 @@ def _mapped(request: httpx.Request) -> Iterator[None]:
     """aiohttp's exceptions, as the httpx exceptions that mean the same thing."""
     try:
         yield
-    except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         if isinstance(exc, aiohttp.ConnectionTimeoutError):
             raise httpx.ConnectTimeout(str(exc), request=request) from exc
         raise httpx.ReadTimeout(str(exc) or "read timed out", request=request) from exc

@@ -292,7 +292,7 @@ async def connect_in_task(url: str, **kwargs: Any) -> AsyncIterator[SdkClient]:
             ready.cancel()
         try:
             await asyncio.wait_for(asyncio.shield(task), 10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

@@ -56,8 +56,6 @@ Hypercorn drives the ASGI lifespan, which runs the SDK's ``session_manager.run()
 
 from __future__ import annotations
 
-from tests.servers import serve
-
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -65,12 +63,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from mcp import types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 from pydantic import BaseModel
+
+from tests.servers import serve
 
 __all__ = [
     "ASGIApp",
@@ -209,7 +210,7 @@ def _build_server(probe: UpstreamProbe, name: str) -> MCPServer:
         record("slow_progress", {"steps": steps}, ctx)
         for i in range(1, steps + 1):
             await ctx.report_progress(i, steps, f"step {i}/{steps}")
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
         return "done"
 
     @server.tool()

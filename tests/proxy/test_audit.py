@@ -45,7 +45,7 @@ async def test_filters_newest_first(tmp_path: Path) -> None:
 
 async def test_unwritable_database_falls_back_to_a_file(tmp_path: Path) -> None:
     db = str(tmp_path / "a.db")
-    sink = SqliteAuditSink(db)
+    sink = SqliteAuditSink(db, retry_backoff_s=0.001)
     sink._conn.execute("DROP TABLE audit")  # every insert now fails
     sink.emit(record(1))
     await sink.close()

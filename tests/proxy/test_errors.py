@@ -1,7 +1,7 @@
 import orjson
 import pytest
 
-import proxy.errors as errors
+from proxy import errors
 from proxy.errors import GatewayError, render
 
 
