@@ -190,8 +190,13 @@ async def _settled(stack) -> None:
     gateway = stack.gateway
     await gateway.drain(DEADLINE)
 
+    def ours() -> list[asyncio.Task]:
+        return [t for t in asyncio.all_tasks()
+                if t.get_coro().__qualname__.startswith(("Gateway", "StreamRelay"))]
+
     async def quiet() -> None:
-        while len(gateway.inflight) or gateway._tasks or gateway.upstream.connections_in_use():
+        while (len(gateway.inflight) or gateway._tasks or ours()
+               or gateway.upstream.connections_in_use()):
             await asyncio.sleep(0.01)
 
     await asyncio.wait_for(quiet(), DEADLINE)

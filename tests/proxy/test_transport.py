@@ -52,6 +52,12 @@ async def test_connection_refused_is_connect_error() -> None:
             await c.post(url, content=b"{}")
 
 
+async def test_a_name_that_does_not_resolve_is_connect_error() -> None:
+    async with client() as (c, _):
+        with pytest.raises(UpstreamUnavailable), map_errors():
+            await c.post("http://no-such-upstream.invalid/mcp", content=b"{}")
+
+
 async def test_a_silent_upstream_is_a_read_timeout() -> None:
     done = asyncio.Event()
 
