@@ -25,6 +25,8 @@ class CallContext:
     era: str = "legacy"
     session_hash: str | None = None
     arguments_size: int = 0
+    api_key_id: str | None = None
+    peer_ip: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
     clock: Callable[[], float] = field(default=time.monotonic)
 

@@ -7,6 +7,7 @@ facts: whether it is a denial (`status: denied`, `denied_reason`) or an error (`
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Literal
 
 import orjson
@@ -137,6 +138,19 @@ class PolicyDenied(GatewayError):
     @property
     def audit_reason(self) -> str:
         return self.reason
+
+
+class RateLimited(PolicyDenied):
+    """Seed 000's body at HTTP 429; Retry-After says when the caller may try again."""
+
+    http_status = 429
+    code = -32000
+    message = "Too many requests"
+
+    def __init__(self, reason: str, retry_after_s: float) -> None:
+        seconds = max(1, math.ceil(retry_after_s))
+        super().__init__(reason, headers={"Retry-After": str(seconds)})
+        self.retry_after_s = retry_after_s
 
 
 # -- after routing: HTTP 200, the call's own answer (seed 004) -----------------------------------
