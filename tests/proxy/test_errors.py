@@ -18,8 +18,15 @@ SEED_004_CODES = {-32700, -32600, -32602, -32601, -32020, -32022, -32000, -32800
 
 @pytest.mark.parametrize("cls", all_subclasses(GatewayError), ids=lambda c: c.__name__)
 def test_every_error_renders_in_a_documented_shape(cls: type) -> None:
-    exc = cls(404) if cls is errors.UpstreamHTTPError else (
-        cls("policy: rule") if issubclass(cls, errors.PolicyDenied) else cls())
+    if cls is errors.UpstreamHTTPError:
+        exc = cls(404)
+    elif cls is errors.RateLimited:
+        exc = cls("rate_limit: calls-per-user", 1.2)
+        assert exc.headers["Retry-After"] == "2"
+    elif issubclass(cls, errors.PolicyDenied):
+        exc = cls("policy: rule")
+    else:
+        exc = cls()
     status, headers, body = render(exc, request_id=9)
     obj = orjson.loads(body)
     assert headers["Content-Type"] == "application/json"
