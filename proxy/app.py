@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -11,14 +12,17 @@ import httpx
 from quart import Quart
 
 from policies import default_policies
-from proxy import edge
+from proxy import edge, metadata
 from proxy.audit import AuditSink, SqliteAuditSink
-from proxy.auth import build_authenticator
+from proxy.auth import Authenticator, BearerAuth, NoAuth
+from proxy.auth.keys import KeyIndex
+from proxy.auth.lockout import MemoryLockoutStore
 from proxy.chain import Chain
 from proxy.config import Config
 from proxy.gateway import Gateway
 from proxy.state import MemoryInFlight, MemorySessionStore
 from proxy.upstream import UpstreamClient, UpstreamRoute
+from proxy.upstream.identity import IdentityForwarder
 
 log = logging.getLogger("tollhouse")
 
@@ -32,7 +36,8 @@ class State:
 
 
 def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None,
-               audit_sink: AuditSink | None = None, base_dir: Path | None = None) -> Quart:
+               audit_sink: AuditSink | None = None, base_dir: Path | None = None,
+               clock: Callable[[], float] = time.monotonic) -> Quart:
     app = Quart("tollhouse")
     app.config.update(
         MAX_CONTENT_LENGTH=cfg.server.max_request_bytes,
@@ -41,8 +46,10 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
     routes = {u.name: UpstreamRoute.from_config(u) for u in cfg.upstreams}
-    authenticator = build_authenticator(cfg, base_dir or Path.cwd())
+    base_dir = base_dir or Path.cwd()
     chain = Chain(default_policies(cfg))
+    identity = IdentityForwarder(cfg, base_dir)
+    lockouts = MemoryLockoutStore(cfg.auth.lockout, clock)
     sessions = MemorySessionStore(cfg.server.session_idle_timeout_s, cfg.server.max_sessions)
     inflight = MemoryInFlight()
     origins = {o.rstrip("/").lower() for o in cfg.server.allowed_origins}
@@ -55,20 +62,28 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     async def lifespan() -> AsyncIterator[None]:
         upstream = UpstreamClient(upstream_transport)
         audit = audit_sink or SqliteAuditSink(cfg.database.sqlite_path)
+        keys = None
+        authenticator: Authenticator = NoAuth()
+        if cfg.auth.mode == "jwt":
+            keys = KeyIndex(cfg.database.sqlite_path)
+            authenticator = BearerAuth(cfg, base_dir, upstream.http, keys, lockouts, clock)
         state.gateway = Gateway(
             routes=routes, authenticator=authenticator, chain=chain, sessions=sessions,
             inflight=inflight, upstream=upstream, audit=audit,
-            allowed_origins=frozenset(origins))
+            allowed_origins=frozenset(origins), identity=identity)
         try:
             yield
         finally:
             await state.gateway.drain(cfg.server.shutdown_grace_s)
             await upstream.aclose()
             await audit.close()
+            if keys is not None:
+                keys.close()
 
     def gateway() -> Gateway:
         assert state.gateway is not None, "the gateway is built when the app starts serving"
         return state.gateway
 
     edge.register(app, gateway, BODY_TIMEOUT_S)
+    metadata.register(app, cfg, identity)
     return app

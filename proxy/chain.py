@@ -10,11 +10,13 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from proxy.auth.principal import Principal
 from proxy.errors import GatewayError, InternalError
 from proxy.jsonrpc import McpMessage
+
+Rewrite = Callable[[dict[str, Any]], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +50,27 @@ class Chain:
             if a.order == b.order:
                 raise ValueError(f"policies {a.name!r} and {b.name!r} share order {a.order}")
         self.policies: tuple[Policy, ...] = tuple(ordered)
+        self._rewriters = tuple(p for p in ordered if hasattr(p, "rewriter"))
 
     @property
     def names(self) -> list[str]:
         return [p.name for p in self.policies]
+
+    def rewriter(self, call: McpMessage, ctx: CallContext) -> Rewrite | None:
+        """Response-side work for this call (hiding what the caller may not use in a */list
+        result): one function that edits a result in place and says whether it changed it,
+        or None when no policy has anything to do, which is the common case."""
+        found: list[Rewrite] = [f for p in self._rewriters
+                                if (f := getattr(p, "rewriter")(call, ctx)) is not None]
+        if not found:
+            return None
+        if len(found) == 1:
+            return found[0]
+
+        def all_of(result: dict[str, Any]) -> bool:
+            return any([f(result) for f in found])
+
+        return all_of
 
     async def run(self, call: McpMessage, ctx: CallContext) -> None:
         for policy in self.policies:

@@ -46,18 +46,62 @@ class ServerConfig:
 @dataclass(frozen=True)
 class IssuerConfig:
     issuer: str
+    jwks_url: str = ""
     public_key_pem: str = ""
     hs256_secret: str = ""
     algorithms: list[str] = field(default_factory=lambda: ["RS256"])
     audience: str = ""
     subject_claim: str = "sub"
+    groups_claim: str = "groups"
+    scopes_claim: str = "scope"
+    name_claim: str = "name"
     leeway_s: float = 30.0
+    jwks_refresh_s: float = 3600.0
+    jwks_min_refetch_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class LockoutConfig:
+    max_failures: int = 10
+    window_s: float = 60.0
+    lockout_s: float = 300.0
+    max_tracked: int = 100_000
 
 
 @dataclass(frozen=True)
 class AuthConfig:
     mode: str = "none"
     issuers: list[IssuerConfig] = field(default_factory=list)
+    authorization_servers: list[str] = field(default_factory=list)
+    scopes_supported: list[str] = field(default_factory=list)
+    signing_key_pem: str = ""
+    lockout: LockoutConfig = field(default_factory=LockoutConfig)
+
+
+@dataclass(frozen=True)
+class ToolProfile:
+    tools_allow: list[str] = field(default_factory=list)
+    tools_deny: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AccessConfig:
+    allow_subjects: list[str] = field(default_factory=list)
+    allow_groups: list[str] = field(default_factory=list)
+    allow_scopes: list[str] = field(default_factory=list)
+    allow_keys: list[str] = field(default_factory=list)
+    tools_allow: list[str] = field(default_factory=list)
+    tools_deny: list[str] = field(default_factory=list)
+    group_tools: dict[str, ToolProfile] = field(default_factory=dict)
+    prompts_allow: list[str] = field(default_factory=list)
+    prompts_deny: list[str] = field(default_factory=list)
+    resources_allow: list[str] = field(default_factory=list)
+    resources_deny: list[str] = field(default_factory=list)
+
+    @property
+    def restricts_callers(self) -> bool:
+        return bool(self.allow_subjects or self.allow_groups or self.allow_scopes
+                    or self.allow_keys)
 
 
 @dataclass(frozen=True)
@@ -76,6 +120,9 @@ class UpstreamConfig:
     headers: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 30.0
     total_timeout_s: float = 300.0
+    access: AccessConfig = field(default_factory=AccessConfig)
+    identity: str = "none"
+    identity_audience: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,6 +139,7 @@ class Config:
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _AUTH_MODES = ("none", "jwt")
+_IDENTITY_MODES = ("none", "headers", "jwt")
 _ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512",
                "EdDSA", "HS256", "HS384", "HS512")
 
@@ -201,10 +249,15 @@ def _check(cfg: Config, base_dir: Path) -> None:
     if cfg.auth.mode == "none" and not _is_loopback(server.host):
         raise ConfigError("config: 'auth.mode' = \"none\" is refused on a non-loopback "
                           f"listen address ({server.host}); configure auth")
-    if cfg.auth.mode == "jwt" and not cfg.auth.issuers:
-        raise ConfigError("config: 'auth.issuers' must name at least one issuer in jwt mode")
     for i, iss in enumerate(cfg.auth.issuers):
         _check_issuer(iss, f"auth.issuers[{i}]", base_dir)
+    for i, server_url in enumerate(cfg.auth.authorization_servers):
+        _url(server_url, f"auth.authorization_servers[{i}]")
+    lock = cfg.auth.lockout
+    _positive(lock.max_failures, "auth.lockout.max_failures")
+    _positive(lock.window_s, "auth.lockout.window_s")
+    _positive(lock.lockout_s, "auth.lockout.lockout_s")
+    _positive(lock.max_tracked, "auth.lockout.max_tracked")
     if not cfg.database.url.startswith("sqlite:///"):
         raise ConfigError("config: 'database.url' must be sqlite:///PATH")
     seen: set[str] = set()
@@ -222,13 +275,22 @@ def _check(cfg: Config, base_dir: Path) -> None:
         for header in up.headers:
             if not re.match(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$", header):
                 raise ConfigError(f"config: '{where}.headers' has an invalid header name")
+        if up.identity not in _IDENTITY_MODES:
+            raise ConfigError(f"config: '{where}.identity' must be one of "
+                              f"{', '.join(_IDENTITY_MODES)}")
+        if up.access.restricts_callers and cfg.auth.mode == "none":
+            raise ConfigError(f"config: '{where}.access' restricts callers, which needs "
+                              "auth.mode = \"jwt\" (every caller is anonymous in mode none)")
 
 
 def _check_issuer(iss: IssuerConfig, where: str, base_dir: Path) -> None:
     if not iss.issuer:
         raise ConfigError(f"config: '{where}.issuer' must not be empty")
-    if bool(iss.public_key_pem) == bool(iss.hs256_secret):
-        raise ConfigError(f"config: '{where}' needs exactly one of public_key_pem or hs256_secret")
+    if sum(map(bool, (iss.jwks_url, iss.public_key_pem, iss.hs256_secret))) != 1:
+        raise ConfigError(f"config: '{where}' needs exactly one of jwks_url, public_key_pem or "
+                          "hs256_secret")
+    if iss.jwks_url:
+        _url(iss.jwks_url, f"{where}.jwks_url")
     if not iss.algorithms:
         raise ConfigError(f"config: '{where}.algorithms' must not be empty")
     for alg in iss.algorithms:

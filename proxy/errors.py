@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 
 import orjson
 
-Surface = Literal["jsonrpc", "plain"]
+Surface = Literal["jsonrpc", "plain", "oauth"]
 AuditStatus = Literal["denied", "error", "cancelled"]
 
 
@@ -25,6 +25,7 @@ class GatewayError(Exception):
     message: ClassVar[str] = "Invalid Request"
     audit_status: ClassVar[AuditStatus] = "error"
     expose_detail: ClassVar[bool] = True
+    oauth_error: ClassVar[str] = "invalid_request"
 
     def __init__(self, detail: str | None = None, *, data: dict[str, Any] | None = None,
                  headers: dict[str, str] | None = None) -> None:
@@ -82,10 +83,40 @@ class OriginNotAllowed(GatewayError):
 
 
 class Unauthenticated(GatewayError):
+    """No, or a bad, credential. The wire never says which check failed; the audit does."""
+
     http_status = 401
     code = -32000
     message = "Unauthorized"
     audit_status = "denied"
+    expose_detail = False
+
+
+class Forbidden(GatewayError):
+    """A valid credential without the right to this endpoint or operation."""
+
+    http_status = 403
+    code = -32000
+    message = "Forbidden"
+    audit_status = "denied"
+    expose_detail = False
+
+
+class LockedOut(GatewayError):
+    """Too many failed credentials: seed 004 answers in the OAuth shape with Retry-After."""
+
+    surface = "oauth"
+    http_status = 429
+    message = "too many failed authentication attempts; try again later"
+    oauth_error = "too_many_requests"
+    audit_status = "denied"
+
+    def __init__(self, reason: str, retry_after_s: float) -> None:
+        super().__init__(reason, headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))})
+
+    @property
+    def wire_message(self) -> str:
+        return self.message
 
 
 class NotAcceptable(GatewayError):
@@ -138,6 +169,16 @@ class PolicyDenied(GatewayError):
     @property
     def audit_reason(self) -> str:
         return self.reason
+
+
+class HiddenTool(PolicyDenied):
+    """A tool the caller may not use answers exactly as an unknown tool would (seed 003)."""
+
+    http_status = 400
+    code = -32602
+
+    def __init__(self, reason: str, tool: str) -> None:
+        super().__init__(reason, f"Unknown tool: {tool}")
 
 
 class RateLimited(PolicyDenied):
@@ -213,6 +254,8 @@ def render(exc: GatewayError, request_id: Any = None) -> tuple[int, dict[str, st
     """Return (HTTP status, headers, body) for `exc` on the MCP edge."""
     if exc.surface == "plain":
         body = orjson.dumps({"error": exc.wire_message})
+    elif exc.surface == "oauth":
+        body = orjson.dumps({"error": exc.oauth_error, "error_description": exc.wire_message})
     else:
         body = jsonrpc_error_body(exc.code, exc.wire_message, request_id, exc.data)
     return exc.http_status, {"Content-Type": "application/json", **exc.headers}, body

@@ -39,6 +39,7 @@ from proxy.jsonrpc import McpMessage
 from proxy.relay import StreamRelay
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
 from proxy.upstream import UpstreamClient, UpstreamRoute, map_errors
+from proxy.upstream.identity import IdentityForwarder
 
 log = logging.getLogger("tollhouse.gateway")
 
@@ -52,6 +53,7 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 class EdgeRequest:
     headers: Mapping[str, str]
     read_body: Callable[[], Awaitable[bytes]]
+    peer: str | None = None
 
 
 @dataclass(slots=True)
@@ -65,8 +67,8 @@ class EdgeResponse:
 class Gateway:
     def __init__(self, *, routes: Mapping[str, UpstreamRoute], authenticator: Authenticator,
                  chain: Chain, sessions: SessionStore, inflight: InFlightRegistry,
-                 upstream: UpstreamClient, audit: AuditSink, allowed_origins: frozenset[str]
-                 ) -> None:
+                 upstream: UpstreamClient, audit: AuditSink, allowed_origins: frozenset[str],
+                 identity: IdentityForwarder | None = None) -> None:
         self.routes = routes
         self.auth = authenticator
         self.chain = chain
@@ -75,6 +77,7 @@ class Gateway:
         self.upstream = upstream
         self.audit = audit
         self.allowed_origins = allowed_origins
+        self.identity = identity or IdentityForwarder.none()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def route(self, name: str) -> UpstreamRoute:
@@ -96,7 +99,7 @@ class Gateway:
             self._check_origin(req.headers)
             _check_media(req.headers)
             principal = await self.auth.authenticate(req.headers.get("authorization"),
-                                                     route.name)
+                                                     route.name, req.peer)
             record.principal = principal.subject
             session = await self._session(req.headers, route, principal)
             if session is not None:
@@ -105,13 +108,13 @@ class Gateway:
             record.method, record.tool = msg.method, msg.tool
             if msg.kind == "request":
                 record.request_id = _id_text(msg.id)
+            ctx = CallContext(principal, route.name, str(route.url),
+                              session_hash=record.session_hash, arguments_size=len(body),
+                              api_key_id=principal.api_key_id, peer_ip=req.peer)
             if msg.kind != "response":
-                ctx = CallContext(principal, route.name, str(route.url),
-                                  session_hash=record.session_hash,
-                                  arguments_size=len(body))
                 await self.chain.run(msg, ctx)
             if msg.kind == "request":
-                return await self._call(route, req, msg, session, principal, record, started)
+                return await self._call(route, req, msg, session, ctx, record, started)
             return await self._one_way(route, req, msg, session, principal, record, started)
         except GatewayError as exc:
             request_id = msg.id if msg is not None else _late_id(exc, body)
@@ -121,8 +124,10 @@ class Gateway:
             return self._refuse(InternalError(), record, started, msg.id if msg else None)
 
     async def _call(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
-                    session: Session | None, principal: Principal, record: AuditRecord,
+                    session: Session | None, ctx: CallContext, record: AuditRecord,
                     started: float) -> EdgeResponse:
+        principal = ctx.principal
+        rewrite = self.chain.rewriter(msg, ctx)
         handle = CallHandle()
         handle.deadline(route.total_timeout_s)
         key = (route.name, principal.key, session.id if session else "", msg.id)
@@ -131,7 +136,8 @@ class Gateway:
         handed_over = False
         try:
             headers = self.upstream.headers(
-                route, req.headers, session.upstream_session_id if session else None)
+                route, req.headers, session.upstream_session_id if session else None,
+                extra=self.identity.headers(route, principal))
             response = await self.upstream.open(route, "POST", headers, msg.body)
             await self._check_status(response, session)
             out_headers: dict[str, str]
@@ -146,7 +152,7 @@ class Gateway:
                 if session is not None:
                     out_headers["Mcp-Session-Id"] = session.id
                 relay = StreamRelay(response, request_id=msg.id, handle=handle, record=record,
-                                    started=started, spawn=self.spawn,
+                                    started=started, spawn=self.spawn, rewrite=rewrite,
                                     on_done=self._relay_done(route, key, session, msg.id))
                 handed_over = True
                 return EdgeResponse(200, out_headers, stream=relay)
@@ -163,6 +169,9 @@ class Gateway:
                 raise UpstreamProtocolError()
             if not outcome[0]:
                 record.status, record.error_message = "error", outcome[1]
+            elif rewrite is not None and isinstance(obj.get("result"), dict) \
+                    and rewrite(obj["result"]):
+                data = orjson.dumps(obj)
             out_headers = dict(JSON_HEADERS)
             if session is not None:
                 out_headers["Mcp-Session-Id"] = session.id
@@ -277,7 +286,8 @@ class Gateway:
     async def _guard_bodyless(self, route: UpstreamRoute, req: EdgeRequest) -> Session | None:
         """GET and DELETE: Origin, identity and session, as for a POST."""
         self._check_origin(req.headers)
-        principal = await self.auth.authenticate(req.headers.get("authorization"), route.name)
+        principal = await self.auth.authenticate(req.headers.get("authorization"), route.name,
+                                                 req.peer)
         return await self._session(req.headers, route, principal)
 
     # -- shared steps ------------------------------------------------------------------------

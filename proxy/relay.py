@@ -27,7 +27,7 @@ from proxy.errors import (
     sse_event,
 )
 from proxy.jsonrpc import response_outcome
-from proxy.sse import EventSplitter, event_data
+from proxy.sse import EventSplitter, event_data, with_data
 from proxy.state import CallHandle
 from proxy.upstream import map_errors
 
@@ -49,6 +49,7 @@ class StreamRelay:
         started: float = 0.0,
         on_done: Callable[[StreamRelay], Awaitable[None]] | None = None,
         spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
+        rewrite: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
         self.response = response
         self.request_id = request_id
@@ -59,6 +60,7 @@ class StreamRelay:
         self.disconnected = False
         self._on_done = on_done
         self._spawn = spawn
+        self._rewrite = rewrite
         self._chunks: AsyncIterator[bytes] = response.aiter_bytes()
         self._splitter = EventSplitter()
         self._finished = False
@@ -98,7 +100,7 @@ class StreamRelay:
 
     def _inspect(self, events: list[bytes]) -> bytes:
         if self.request_id is not NO_REQUEST and not self.answered:
-            for event in events:
+            for i, event in enumerate(events):
                 data = event_data(event)
                 if not data:
                     continue
@@ -113,6 +115,9 @@ class StreamRelay:
                     if self.record is not None and not ok:
                         self.record.status = "error"
                         self.record.error_message = error
+                    elif self._rewrite is not None and isinstance(obj.get("result"), dict) \
+                            and self._rewrite(obj["result"]):
+                        events[i] = with_data(event, orjson.dumps(obj))
         out = b"".join(events)
         if self.record is not None:
             self.record.bytes_out += len(out)

@@ -37,6 +37,12 @@ class EventSplitter:
         return self._buf
 
 
+def with_data(event: bytes, data: bytes) -> bytes:
+    """The same event (its id and other fields kept) carrying `data` instead."""
+    kept = [line for line in event.splitlines() if line and not line.startswith(b"data:")]
+    return b"\n".join([*kept, b"data: " + data]) + b"\n\n"
+
+
 def event_data(event: bytes) -> bytes:
     """The `data` of one event, its lines joined with LF; b"" when it has none."""
     parts: list[bytes] = []

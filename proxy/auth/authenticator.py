@@ -1,100 +1,202 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import httpx
 import jwt
 from cachetools import TTLCache
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
+from proxy.auth import keys as api_keys
+from proxy.auth.jwks import JwksCache, kty_for
+from proxy.auth.lockout import LockoutStore
 from proxy.auth.principal import ANONYMOUS, Principal
 from proxy.config import Config, IssuerConfig
-from proxy.errors import Unauthenticated
+from proxy.errors import Forbidden, LockedOut, Unauthenticated
 
 
 class Authenticator(Protocol):
-    async def authenticate(self, authorization: str | None, endpoint: str) -> Principal: ...
+    async def authenticate(self, authorization: str | None, endpoint: str,
+                           peer: str | None = None) -> Principal: ...
 
 
 class NoAuth:
     """`auth.mode = "none"`: every caller is one anonymous principal (loopback only)."""
 
-    async def authenticate(self, authorization: str | None, endpoint: str) -> Principal:
+    async def authenticate(self, authorization: str | None, endpoint: str,
+                           peer: str | None = None) -> Principal:
         return ANONYMOUS
 
 
 @dataclass(frozen=True)
 class _Issuer:
     cfg: IssuerConfig
-    key: Any
+    static_key: Any = None
+    jwks: JwksCache | None = None
 
 
-class JwtAuth:
-    """Bearer JWTs from the configured issuers, verified with pyjwt against static keys.
+class Failed(Exception):
+    """A credential was presented and did not hold; `reason` is for the audit log only."""
 
-    Verified tokens are cached by their exact text until shortly before they expire, so a
-    client that sends the same token on every call costs one signature check, not one per call.
+    def __init__(self, reason: str, credential: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.credential = credential
+
+
+class BearerAuth:
+    """Bearer credentials: JWTs from the configured issuers, or Tollhouse API keys.
+
+    Verified JWTs are cached by their exact text until they expire, so a client that sends the
+    same token on every call costs one signature check, not one per call. API keys are looked up
+    in memory on every call (revocation takes effect on the next request). Presented credentials
+    that fail count towards a lockout of the client address and of the credential itself.
     """
 
-    def __init__(self, cfg: Config, base_dir: Path) -> None:
+    def __init__(self, cfg: Config, base_dir: Path, http: httpx.AsyncClient,
+                 keys: api_keys.KeyIndex | None, lockouts: LockoutStore,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._issuers: dict[str, _Issuer] = {}
         for iss in cfg.auth.issuers:
-            if iss.hs256_secret:
-                key: Any = iss.hs256_secret
-            else:
-                pem = iss.public_key_pem
-                if "-----BEGIN" not in pem:
-                    pem = (base_dir / pem).read_text(encoding="utf-8")
-                key = pem
-            self._issuers[iss.issuer] = _Issuer(iss, key)
+            self._issuers[iss.issuer] = _Issuer(
+                iss, static_key=_static_key(iss, base_dir),
+                jwks=JwksCache(iss.jwks_url, http, refresh_s=iss.jwks_refresh_s,
+                               min_refetch_s=iss.jwks_min_refetch_s, clock=clock)
+                if iss.jwks_url else None)
         self._public_url = cfg.server.public_url.rstrip("/")
+        self._keys = keys
+        self._lockouts = lockouts
+        self._clock = clock
         self._cache: TTLCache[tuple[str, str], tuple[Principal, float]] = TTLCache(
             maxsize=50_000, ttl=300)
-        self._challenge = f'Bearer resource_metadata="{self._public_url}/.well-known/oauth-protected-resource"'
+        self._challenges = {u.name: self._challenge(u.name) for u in cfg.upstreams}
 
-    async def authenticate(self, authorization: str | None, endpoint: str) -> Principal:
+    def _challenge(self, endpoint: str) -> str:
+        meta = f"{self._public_url}/.well-known/oauth-protected-resource/mcp/{endpoint}"
+        return f'Bearer resource_metadata="{meta}"'
+
+    def challenge(self, endpoint: str, error: str | None = None) -> dict[str, str]:
+        value = self._challenges.get(endpoint) or self._challenge(endpoint)
+        if error:
+            value += f', error="{error}"'
+        return {"WWW-Authenticate": value}
+
+    async def authenticate(self, authorization: str | None, endpoint: str,
+                           peer: str | None = None) -> Principal:
         token = _bearer(authorization)
         if token is None:
-            raise Unauthenticated("Unauthorized: bearer token required", headers=self._www())
+            raise Unauthenticated("auth: no bearer credential", headers=self.challenge(endpoint))
+        now = self._clock()
+        watch = [f"ip:{peer}"] if peer else []
+        key_id = api_keys.key_id_of(token) if api_keys.looks_like_key(token) else None
+        if key_id is not None:
+            watch.append(f"key:{key_id}")
+        retry = await self._lockouts.locked(watch, now)
+        if retry is not None:
+            raise LockedOut("auth: locked out after repeated failures", retry)
+        try:
+            if api_keys.looks_like_key(token):
+                return await self._api_key(token, endpoint)
+            return await self._jwt(token, endpoint)
+        except Failed as failure:
+            if failure.credential:
+                watch.append(failure.credential)
+            await self._lockouts.failed(watch, now)
+            raise Unauthenticated(f"auth: {failure.reason}",
+                                  headers=self.challenge(endpoint, "invalid_token")) from None
+
+    async def _api_key(self, token: str, endpoint: str) -> Principal:
+        key = await self._keys.lookup(token) if self._keys is not None else None
+        if key is None:
+            raise Failed("unknown, revoked or expired API key")
+        if key.endpoints and endpoint not in key.endpoints:
+            raise Forbidden(f"auth: API key {key.id} is not valid for endpoint {endpoint}")
+        return Principal(subject=f"key:{key.id}", issuer="tollhouse:api-key",
+                         display_name=key.name, kind="api_key", api_key_id=key.id,
+                         key_endpoints=key.endpoints, role=key.role)
+
+    async def _jwt(self, token: str, endpoint: str) -> Principal:
         cached = self._cache.get((token, endpoint))
-        if cached is not None:
-            principal, exp = cached
-            if exp > time.time():
-                return principal
-        principal, exp = self._verify(token, endpoint)
-        self._cache[(token, endpoint)] = (principal, exp)
+        if cached is not None and cached[1] > time.time():
+            return cached[0]
+        principal, expires = await self._verify(token, endpoint)
+        self._cache[(token, endpoint)] = (principal, expires)
         return principal
 
-    def _verify(self, token: str, endpoint: str) -> tuple[Principal, float]:
+    async def _verify(self, token: str, endpoint: str) -> tuple[Principal, float]:
         try:
+            header = jwt.get_unverified_header(token)
             unverified = jwt.decode(token, options={"verify_signature": False})
         except jwt.PyJWTError:
-            raise Unauthenticated("Unauthorized: malformed token", headers=self._www()) from None
+            raise Failed("malformed token") from None
+        credential = _subject_key(unverified)
         issuer = self._issuers.get(str(unverified.get("iss", "")))
         if issuer is None:
-            raise Unauthenticated("Unauthorized: untrusted issuer", headers=self._www())
+            raise Failed("untrusted issuer", credential)
         cfg = issuer.cfg
+        alg = header.get("alg")
+        if not isinstance(alg, str) or alg not in cfg.algorithms:
+            raise Failed(f"algorithm {str(alg)[:16]!r} not allowed for this issuer", credential)
+        key: Any = issuer.static_key
+        if issuer.jwks is not None:
+            kid = header.get("kid")
+            if not isinstance(kid, str) or kty_for(alg) is None:
+                raise Failed("token names no usable key id", credential)
+            key = await issuer.jwks.key(kid, alg)
+            if key is None:
+                raise Failed("unknown key id", credential)
         audience = cfg.audience or f"{self._public_url}/mcp/{endpoint}"
         try:
-            claims = jwt.decode(
-                token, issuer.key, algorithms=cfg.algorithms, audience=audience,
-                issuer=cfg.issuer, leeway=cfg.leeway_s,
-                options={"require": ["exp", "iss", "aud"]},
-            )
+            claims = jwt.decode(token, key, algorithms=[alg], audience=audience,
+                                issuer=cfg.issuer, leeway=cfg.leeway_s,
+                                options={"require": ["exp", "iss", "aud"]})
         except jwt.ExpiredSignatureError:
-            raise Unauthenticated("Unauthorized: token expired", headers=self._www()) from None
-        except jwt.PyJWTError:
-            raise Unauthenticated("Unauthorized: invalid token", headers=self._www()) from None
+            raise Failed("token expired", credential) from None
+        except jwt.ImmatureSignatureError:
+            raise Failed("token not yet valid", credential) from None
+        except jwt.InvalidAudienceError:
+            raise Failed("wrong audience", credential) from None
+        except jwt.PyJWTError as exc:
+            raise Failed(f"invalid token ({type(exc).__name__})", credential) from None
         subject = claims.get(cfg.subject_claim)
         if not isinstance(subject, str) or not subject:
-            raise Unauthenticated("Unauthorized: token has no subject", headers=self._www())
-        principal = Principal(subject=subject, issuer=cfg.issuer,
-                              display_name=str(claims.get("name", "")))
+            raise Failed("token has no subject", credential)
+        principal = Principal(
+            subject=subject, issuer=cfg.issuer, display_name=str(claims.get(cfg.name_claim, "")),
+            groups=_names(claims.get(cfg.groups_claim)),
+            scopes=_names(claims.get(cfg.scopes_claim)), kind="jwt")
         return principal, float(claims["exp"]) + cfg.leeway_s
 
-    def _www(self) -> dict[str, str]:
-        return {"WWW-Authenticate": self._challenge}
+
+def _static_key(iss: IssuerConfig, base_dir: Path) -> Any:
+    if iss.hs256_secret:
+        return iss.hs256_secret
+    if iss.public_key_pem:
+        pem = iss.public_key_pem
+        if "-----BEGIN" not in pem:
+            pem = (base_dir / pem).read_text(encoding="utf-8")
+        return load_pem_public_key(pem.encode())  # parsed once, not on every verification
+    return None
+
+
+def _names(value: object) -> frozenset[str]:
+    """A claim holding names: a list, or one space- or comma-separated string (OAuth scope)."""
+    if isinstance(value, str):
+        return frozenset(v for v in value.replace(",", " ").split() if v)
+    if isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
+        return frozenset(str(v) for v in value if isinstance(v, (str, int)))
+    return frozenset()
+
+
+def _subject_key(claims: dict[str, Any]) -> str | None:
+    sub, iss = claims.get("sub"), claims.get("iss")
+    if isinstance(sub, str) and sub and isinstance(iss, str):
+        return f"sub:{iss[:100]}|{sub[:100]}"
+    return None
 
 
 def _bearer(authorization: str | None) -> str | None:
@@ -105,9 +207,3 @@ def _bearer(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer" or not token:
         return None
     return token
-
-
-def build_authenticator(cfg: Config, base_dir: Path) -> Authenticator:
-    if cfg.auth.mode == "jwt":
-        return JwtAuth(cfg, base_dir)
-    return NoAuth()

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+Kind = Literal["anonymous", "jwt", "api_key"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,7 +15,14 @@ class Principal:
     display_name: str = ""
     groups: frozenset[str] = field(default_factory=frozenset)
     scopes: frozenset[str] = field(default_factory=frozenset)
-    authenticated: bool = True
+    kind: Kind = "jwt"
+    api_key_id: str | None = None
+    key_endpoints: frozenset[str] = field(default_factory=frozenset)  # empty: every endpoint
+    role: str = ""
+
+    @property
+    def authenticated(self) -> bool:
+        return self.kind != "anonymous"
 
     @property
     def key(self) -> str:
@@ -20,4 +30,4 @@ class Principal:
         return f"{self.issuer}|{self.subject}"
 
 
-ANONYMOUS = Principal(subject="anonymous", authenticated=False)
+ANONYMOUS = Principal(subject="anonymous", kind="anonymous")

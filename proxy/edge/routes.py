@@ -39,7 +39,8 @@ def register(app: Quart, gateway: Callable[[], Gateway], body_timeout_s: float) 
         # ASGI header names are lower case already: one pass builds the map every later
         # step reads (werkzeug's Headers.get scans the list on every lookup).
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
-        req = EdgeRequest(headers, read_body)
+        client = request.scope.get("client")
+        req = EdgeRequest(headers, read_body, client[0] if client else None)
         method = request.method
         if method == "POST":
             result = await gw.post(route, req)

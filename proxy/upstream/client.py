@@ -84,13 +84,16 @@ class UpstreamClient:
         return int(getattr(self._transport, "open_responses", 0))
 
     def headers(self, route: UpstreamRoute, inbound: Mapping[str, str],
-                upstream_session_id: str | None, *, get: bool = False) -> list[tuple[str, str]]:
+                upstream_session_id: str | None, *, get: bool = False,
+                extra: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = [GET_ACCEPT if get else POST_ACCEPT]
         for name in FORWARDED_REQUEST_HEADERS:
             value = inbound.get(name)
             if value is not None:
                 out.append((name, value))
         out.extend(route.static_headers)
+        if extra:
+            out.extend(extra)
         if upstream_session_id is not None:
             out.append(("mcp-session-id", upstream_session_id))
         return out

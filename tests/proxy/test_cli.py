@@ -35,10 +35,10 @@ def test_serve_without_a_config(monkeypatch, capsys) -> None:
 
 def test_console_script_reads_tollhouse_config(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[auth]\nmode = "jwt"\n')
+    cfg.write_text('[auth]\nmode = "magic"\n')
     result = subprocess.run([sys.executable, "-m", "proxy", "serve"], capture_output=True,
                             text=True, env={"TOLLHOUSE_CONFIG": str(cfg), "PATH": ""},
                             timeout=30)
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "tollhouse: config: 'auth.issuers' must name at least one issuer in jwt mode")
+        "tollhouse: config: 'auth.mode' must be one of none, jwt")

@@ -20,6 +20,11 @@ SEED_004_CODES = {-32700, -32600, -32602, -32601, -32020, -32022, -32000, -32800
 def test_every_error_renders_in_a_documented_shape(cls: type) -> None:
     if cls is errors.UpstreamHTTPError:
         exc = cls(404)
+    elif cls is errors.HiddenTool:
+        exc = cls("access: tool x hidden", "x")
+        assert exc.wire_message == "Unknown tool: x"
+    elif cls is errors.LockedOut:
+        exc = cls("auth: locked", 30)
     elif cls is errors.RateLimited:
         exc = cls("rate_limit: calls-per-user", 1.2)
         assert exc.headers["Retry-After"] == "2"
@@ -32,6 +37,8 @@ def test_every_error_renders_in_a_documented_shape(cls: type) -> None:
     assert headers["Content-Type"] == "application/json"
     if cls.surface == "plain":
         assert set(obj) == {"error"} and 400 <= status < 500
+    elif cls.surface == "oauth":
+        assert set(obj) == {"error", "error_description"} and status in (400, 401, 413, 429)
     else:
         assert obj["jsonrpc"] == "2.0" and obj["id"] == 9
         assert obj["error"]["code"] in SEED_004_CODES

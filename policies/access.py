@@ -1,0 +1,166 @@
+"""Who may use an endpoint, and which of its tools, prompts and resources they may see and use.
+
+Caller rules (`allow_subjects`, `allow_groups`, `allow_scopes`, `allow_keys`) admit a caller
+that matches any of them; all empty admits anyone authenticated. A tool profile is an
+allowlist and a denylist of glob patterns: the endpoint's own plus those of `group_tools` for
+each group the caller is in. An empty allowlist allows every name; a deny always wins. A name
+the caller may not use is hidden from `*/list` results and answers exactly as an unknown name.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from proxy.auth.principal import Principal
+from proxy.chain import CallContext
+from proxy.config import AccessConfig, Config
+from proxy.errors import Forbidden, HiddenTool
+from proxy.jsonrpc import McpMessage
+
+
+@dataclass(frozen=True)
+class Profile:
+    allow: tuple[str, ...]
+    deny: tuple[str, ...]
+
+    def denial(self, name: str) -> str | None:
+        """None when `name` may be used, else the rule that hides it."""
+        for pattern in self.deny:
+            if fnmatch.fnmatchcase(name, pattern):
+                return f"deny '{pattern}'"
+        if self.allow and not any(fnmatch.fnmatchcase(name, p) for p in self.allow):
+            return "not in the allowlist"
+        return None
+
+
+@dataclass(frozen=True)
+class _Rules:
+    subjects: frozenset[str]
+    groups: frozenset[str]
+    scopes: frozenset[str]
+    keys: frozenset[str]
+    tools: Profile
+    group_tools: dict[str, Profile]
+    prompts: Profile
+    resources: Profile
+
+    @property
+    def restricts(self) -> bool:
+        return bool(self.subjects or self.groups or self.scopes or self.keys)
+
+    def tool_profile(self, principal: Principal) -> Profile:
+        extra = [self.group_tools[g] for g in principal.groups if g in self.group_tools]
+        if not extra:
+            return self.tools
+        return Profile(self.tools.allow + tuple(p for e in extra for p in e.allow),
+                       self.tools.deny + tuple(p for e in extra for p in e.deny))
+
+    @property
+    def filters(self) -> bool:
+        return bool(self.tools.allow or self.tools.deny or self.group_tools or self.prompts.allow
+                    or self.prompts.deny or self.resources.allow or self.resources.deny)
+
+
+def _compile(access: AccessConfig) -> _Rules:
+    return _Rules(
+        frozenset(access.allow_subjects), frozenset(access.allow_groups),
+        frozenset(access.allow_scopes), frozenset(access.allow_keys),
+        Profile(tuple(access.tools_allow), tuple(access.tools_deny)),
+        {g: Profile(tuple(p.tools_allow), tuple(p.tools_deny))
+         for g, p in access.group_tools.items()},
+        Profile(tuple(access.prompts_allow), tuple(access.prompts_deny)),
+        Profile(tuple(access.resources_allow), tuple(access.resources_deny)))
+
+
+# list method -> (key in the result holding the list, field naming each item, which profile)
+_LISTS = {"tools/list": ("tools", "name", "tools"), "prompts/list": ("prompts", "name", "prompts"),
+          "resources/list": ("resources", "uri", "resources"),
+          "resources/templates/list": ("resourceTemplates", "uriTemplate", "resources")}
+_USES = {"tools/call": ("name", "tools", "tool"), "prompts/get": ("name", "prompts", "prompt"),
+         "resources/read": ("uri", "resources", "resource")}
+_SAFE = re.compile(r"[^A-Za-z0-9_./:*?\[\]-]")
+
+
+class Access:
+    name: ClassVar[str] = "access"
+    order: ClassVar[int] = 100
+
+    def __init__(self, cfg: Config) -> None:
+        self._rules = {u.name: _compile(u.access) for u in cfg.upstreams}
+        self._public_url = cfg.server.public_url.rstrip("/")
+
+    @classmethod
+    def wanted(cls, cfg: Config) -> bool:
+        return any(u.access != AccessConfig() for u in cfg.upstreams)
+
+    async def check(self, call: McpMessage, ctx: CallContext) -> None:
+        rules = self._rules.get(ctx.endpoint)
+        if rules is None:
+            return
+        principal = ctx.principal
+        if rules.restricts and not _admitted(rules, principal):
+            headers = None
+            if rules.scopes and not (principal.scopes & rules.scopes):
+                scope = " ".join(sorted(rules.scopes))
+                headers = {"WWW-Authenticate":
+                           f'Bearer error="insufficient_scope", scope="{scope}", '
+                           f'resource_metadata="{self._public_url}/.well-known/'
+                           f'oauth-protected-resource/mcp/{ctx.endpoint}"'}
+            raise Forbidden(f"access: caller not allowed on endpoint {ctx.endpoint}",
+                            headers=headers)
+        use = _USES.get(call.method or "")
+        if use is None or call.params is None:
+            return
+        field, kind, noun = use
+        name = call.params.get(field)
+        if not isinstance(name, str):
+            return  # malformed: the upstream answers it
+        profile = rules.tool_profile(principal) if kind == "tools" else getattr(rules, kind)
+        denial = profile.denial(name)
+        if denial is not None:
+            shown = _SAFE.sub("?", name[:100])
+            raise HiddenTool(f"access: {noun} {shown} hidden by {kind}_{denial}", name) \
+                if kind == "tools" else _hidden(noun, shown, kind, denial, name)
+
+    def rewriter(self, call: McpMessage, ctx: CallContext
+                 ) -> Callable[[dict[str, Any]], bool] | None:
+        """For a */list call on an endpoint with a profile: a function that removes what the
+        caller may not use from the result, in place. None where there is nothing to hide."""
+        listing = _LISTS.get(call.method or "")
+        rules = self._rules.get(ctx.endpoint)
+        if listing is None or rules is None or not rules.filters:
+            return None
+        key, field, kind = listing
+        profile = rules.tool_profile(ctx.principal) if kind == "tools" else getattr(rules, kind)
+        if not profile.allow and not profile.deny:
+            return None
+
+        def rewrite(result: dict[str, Any]) -> bool:
+            items = result.get(key)
+            if not isinstance(items, list):
+                return False
+            kept = [i for i in items if isinstance(i, dict) and isinstance(i.get(field), str)
+                    and profile.denial(i[field]) is None]
+            if len(kept) == len(items):
+                return False
+            result[key] = kept
+            return True
+
+        return rewrite
+
+
+def _admitted(rules: _Rules, principal: Principal) -> bool:
+    return (principal.subject in rules.subjects or bool(principal.groups & rules.groups)
+            or bool(principal.scopes & rules.scopes)
+            or (principal.api_key_id is not None and principal.api_key_id in rules.keys))
+
+
+def _hidden(noun: str, shown: str, kind: str, denial: str, name: str) -> HiddenTool:
+    exc = HiddenTool(f"access: {noun} {shown} hidden by {kind}_{denial}", name)
+    exc.detail = f"Unknown {noun}: {name}" if noun == "prompt" else f"Resource not found: {name}"
+    return exc
+
