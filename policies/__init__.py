@@ -4,15 +4,25 @@ egress 300, metering 500: last, so that a call denied by anything else is never 
 
 from __future__ import annotations
 
-from policies.access import Access
-from proxy.chain import Policy
-from proxy.config import Config
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from proxy.chain import Policy
+    from proxy.config import Config
 
 
 def default_policies(cfg: Config) -> list[Policy]:
     """The policies this config asks for; a policy with nothing to decide is left out, so it
-    costs nothing on the hot path."""
+    costs nothing on the hot path. The imports are here, not at the top, because proxy.config
+    embeds policy rules (policies.rate_limit): loading this package must not import the config
+    back."""
+    from policies.access import Access
+    from policies.rate_limit import RateLimit
+    from proxy.state.ratelimit import MemoryRateLimitStore
+
     policies: list[Policy] = []
     if Access.wanted(cfg):
         policies.append(Access(cfg))
+    if cfg.rate_limits:
+        policies.append(RateLimit(cfg.rate_limits, MemoryRateLimitStore(max_keys=100_000)))
     return policies

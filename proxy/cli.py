@@ -48,12 +48,31 @@ def main(argv: list[str] | None = None) -> int:
     audit.add_argument("--limit", type=int, default=50)
     audit.add_argument("--json", action="store_true", help="one JSON object per line")
 
+    keys = sub.add_parser("keys", help="create, list and revoke API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="create a key; its secret is shown once")
+    _config_arg(create)
+    create.add_argument("--name", required=True)
+    create.add_argument("--endpoint", action="append", default=[],
+                        help="limit the key to this endpoint (repeatable; default: all)")
+    create.add_argument("--role", choices=["admin"], default="")
+    create.add_argument("--expires-in", type=float, metavar="DAYS")
+    create.add_argument("--json", action="store_true")
+    listing = keys_sub.add_parser("list", help="list keys (never their secrets)")
+    _config_arg(listing)
+    listing.add_argument("--json", action="store_true")
+    revoke = keys_sub.add_parser("revoke", help="revoke a key; it fails on its next request")
+    _config_arg(revoke)
+    revoke.add_argument("id")
+
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
             return _serve(args)
         if args.command == "demo":
             return _demo(args)
+        if args.command == "keys":
+            return _keys(args)
         return _audit(args)
     except ConfigError as exc:
         print(f"tollhouse: {exc}", file=sys.stderr)
@@ -151,6 +170,49 @@ def _demo(args: argparse.Namespace) -> int:
 
     asyncio.run(run())
     return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from proxy.auth import keys
+
+    cfg, _ = _load(args)
+    path = cfg.database.sqlite_path
+    out = sys.stdout
+    if args.keys_command == "create":
+        unknown = [e for e in args.endpoint if cfg.upstream(e) is None]
+        if unknown:
+            print(f"tollhouse: keys create: no endpoint named {', '.join(unknown)} in the config",
+                  file=sys.stderr)
+            return 2
+        if args.expires_in is not None and args.expires_in <= 0:
+            print("tollhouse: keys create: --expires-in must be a positive number of days",
+                  file=sys.stderr)
+            return 2
+        key, secret = keys.create(path, args.name, args.endpoint, args.role, args.expires_in)
+        if args.json:
+            out.write(orjson.dumps({"id": key.id, "key": secret, "name": key.name}).decode()
+                      + "\n")
+        else:
+            scope = ", ".join(sorted(key.endpoints)) or "every endpoint"
+            out.write(f"created API key {key.id} ({key.name}) for {scope}; "
+                      "the secret below is shown once:\n")
+            out.write(secret + "\n")
+        return 0
+    if args.keys_command == "list":
+        rows = [k.public() for k in keys.list_keys(path)]
+        if args.json:
+            for row in rows:
+                out.write(orjson.dumps(row).decode() + "\n")
+            return 0
+        for row in rows:
+            out.write(f"{row['id']}  {row['status']:<8} {row['name']:<24} "
+                      f"{','.join(row['endpoints']) or '*'}  {row['role']}\n")
+        return 0
+    if keys.revoke(path, args.id):
+        out.write(f"revoked API key {args.id}\n")
+        return 0
+    print(f"tollhouse: keys revoke: no active key with id {args.id}", file=sys.stderr)
+    return 1
 
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")

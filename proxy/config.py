@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from policies.rate_limit import RateLimitRule, validate_rules
+
 
 class ConfigError(Exception):
     """Start-up refused: the message is one line that names the offending key."""
@@ -131,6 +133,7 @@ class Config:
     auth: AuthConfig = field(default_factory=AuthConfig)
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     upstreams: list[UpstreamConfig] = field(default_factory=list)
+    rate_limits: list[RateLimitRule] = field(default_factory=list)
 
     def upstream(self, name: str) -> UpstreamConfig | None:
         return next((u for u in self.upstreams if u.name == name), None)
@@ -161,6 +164,7 @@ def from_dict(raw: dict[str, Any], env: typing.Mapping[str, str] | None = None,
               base_dir: Path | None = None) -> Config:
     cfg: Config = _build(Config, raw, "", os.environ if env is None else env)
     _check(cfg, base_dir or Path.cwd())
+    _check_policies(cfg)
     return cfg
 
 
@@ -281,6 +285,13 @@ def _check(cfg: Config, base_dir: Path) -> None:
         if up.access.restricts_callers and cfg.auth.mode == "none":
             raise ConfigError(f"config: '{where}.access' restricts callers, which needs "
                               "auth.mode = \"jwt\" (every caller is anonymous in mode none)")
+
+
+def _check_policies(cfg: Config) -> None:
+    try:
+        validate_rules(cfg.rate_limits, known_endpoints={u.name for u in cfg.upstreams})
+    except ValueError as exc:
+        raise ConfigError(f"config: {exc}") from None
 
 
 def _check_issuer(iss: IssuerConfig, where: str, base_dir: Path) -> None:

@@ -78,7 +78,7 @@ def demo_app() -> Callable[[Scope, Receive, Send], Awaitable[None]]:
                       "serverInfo": {"name": "tollhouse-demo", "version": "1.0"}}
             return await _respond(send, 200, _result(msg["id"], result),
                                   [(b"mcp-session-id", session.encode())])
-        if session not in sessions:
+        if session is not None and session not in sessions:
             return await _respond(send, 404, _error(msg["id"], -32001, "Session not found"))
         await _dispatch(msg, send)
 

@@ -61,3 +61,12 @@ def test_duplicate_orders_fail_at_start_up() -> None:
 def test_default_policies_for_a_plain_config() -> None:
     cfg = from_dict({"upstreams": [{"name": "a", "url": "http://h/"}]})
     assert Chain(default_policies(cfg)).names == []
+
+
+def test_default_policies_in_chain_order() -> None:
+    cfg = from_dict({
+        "auth": {"mode": "jwt", "issuers": [{"issuer": "i", "hs256_secret": "s" * 32,
+                                              "algorithms": ["HS256"]}]},
+        "rate_limits": [{"name": "per-user", "rate": "5/s"}],
+        "upstreams": [{"name": "a", "url": "http://h/", "access": {"tools_deny": ["x*"]}}]})
+    assert Chain(default_policies(cfg)).names == ["access", "rate_limit"]

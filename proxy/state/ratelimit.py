@@ -1,0 +1,81 @@
+"""Rate-limit state: one theoretical arrival time (GCRA) per bucket key, behind one operation.
+
+`take` decides and updates every bucket a call touches in one step, so that a store shared by
+several gateway processes can do the same with one Redis Lua script: GET each key, refuse if any
+is ahead of its tolerance, otherwise SET each new value with PEXPIRE = new value - now. Nothing
+reads a bucket in one step and writes it in another, which is where concurrent calls would lose
+or double-count tokens.
+
+Times are integer microseconds, so boundary decisions are exact (a burst of 100 admits 100
+calls, never 99 through rounding) and fit the 2^53 integers of Lua numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+from cachetools import TLRUCache
+
+US = 1_000_000
+
+
+class Limit(NamedTuple):
+    """One bucket a call takes from: GCRA's emission interval (the time one call 'costs') and
+    tolerance (how far ahead of now the bucket may run: (burst - 1) intervals)."""
+
+    key: str
+    interval_us: int
+    tolerance_us: int
+
+
+class Refused(NamedTuple):
+    """The call was refused: `position` is the limit that holds it back longest, and after
+    `retry_after_s` every limit would admit it (absent other traffic)."""
+
+    position: int
+    retry_after_s: float
+
+
+class RateLimitStore(Protocol):
+    async def take(self, limits: Sequence[Limit], now_us: int) -> Refused | None:
+        """Admit the call at `now_us` against every limit, or refuse it and change nothing.
+
+        All or nothing: a limit that refuses means no other limit is charged either. A shared
+        store may use its own clock for `now_us` so that all processes agree."""
+
+
+class MemoryRateLimitStore:
+    """Buckets in one process, at most `max_keys` of them.
+
+    `take` has no await, so within one event loop it runs whole before any other call's
+    `take`: that is what makes it atomic. Each entry expires at its own arrival time, the moment
+    from which it admits as much as a missing entry would; when `max_keys` live entries exist,
+    the least recently used is forgotten (its caller gets a fresh burst), so size it well
+    above the number of active callers."""
+
+    def __init__(self, max_keys: int = 100_000) -> None:
+        if max_keys < 1:
+            raise ValueError("max_keys must be at least 1")
+        self._now = 0
+        self._tats: TLRUCache[str, int, int] = TLRUCache(
+            maxsize=max_keys, ttu=lambda _key, tat, _now: tat, timer=lambda: self._now)
+
+    async def take(self, limits: Sequence[Limit], now_us: int) -> Refused | None:
+        self._now = now_us = max(self._now, now_us)  # the cache's clock never runs backwards
+        new_tats: list[int] = []
+        refused: Refused | None = None
+        for i, (key, interval_us, tolerance_us) in enumerate(limits):
+            tat = max(self._tats.get(key, now_us), now_us)
+            wait_us = tat - tolerance_us - now_us
+            if wait_us > 0 and (refused is None or wait_us / US > refused.retry_after_s):
+                refused = Refused(i, wait_us / US)
+            new_tats.append(tat + interval_us)
+        if refused is not None:
+            return refused
+        for (key, _, _), tat in zip(limits, new_tats, strict=True):
+            self._tats[key] = tat
+        return None
+
+    def __len__(self) -> int:
+        return len(self._tats)

@@ -1,0 +1,36 @@
+"""A rate-limited call on the wire: 429, Retry-After, seed 000's body, audited, never forwarded."""
+
+from __future__ import annotations
+
+import httpx
+import respx
+
+from tests.conftest import make_config, running_gateway
+
+CALL = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "t"}}
+
+
+async def test_limited_call_is_429_with_retry_after_and_never_forwarded() -> None:
+    forwarded: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        forwarded.append(request)
+        return httpx.Response(200, json={"jsonrpc": "2.0", "id": 3, "result": {}})
+
+    router = respx.Router()
+    router.post("http://upstream.test/mcp").mock(side_effect=answer)
+    cfg = make_config(rate_limits=[{"name": "calls-per-user", "rate": "2/h"}])
+    async with running_gateway(cfg, httpx.MockTransport(router.async_handler)) as gw:
+        assert [(await gw.post(CALL)).status_code for _ in range(2)] == [200, 200]
+        limited = await gw.post(CALL)
+        assert limited.status_code == 429
+        assert limited.headers["retry-after"] == "1800"
+        assert limited.json() == {"jsonrpc": "2.0", "id": 3, "error": {
+            "code": -32000, "message": "Too many requests"}}
+        # protocol chatter is not limited by a tools/call rule
+        ping = await gw.post({"jsonrpc": "2.0", "id": 4, "method": "ping"})
+        assert ping.status_code == 200
+        assert len(forwarded) == 3
+        records = await gw.audit.wait_for(4)
+        assert (records[2].status, records[2].denied_reason) == (
+            "denied", "rate_limit: calls-per-user")

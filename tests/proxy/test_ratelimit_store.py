@@ -1,0 +1,88 @@
+import asyncio
+
+import pytest
+
+from proxy.state.ratelimit import Limit, MemoryRateLimitStore, Refused
+
+SECOND = 1_000_000
+
+
+def per_second(key: str, count: int, burst: int) -> Limit:
+    interval = SECOND // count
+    return Limit(key, interval, (burst - 1) * interval)
+
+
+async def admitted(store: MemoryRateLimitStore, limits: list[Limit], now: int, n: int) -> int:
+    return sum([await store.take(limits, now) is None for _ in range(n)])
+
+
+async def test_a_burst_is_admitted_then_the_wait_is_one_interval() -> None:
+    store = MemoryRateLimitStore()
+    limit = per_second("k", 10, 3)
+    assert await admitted(store, [limit], 0, 3) == 3
+    assert await store.take([limit], 0) == Refused(0, 0.1)
+    assert await store.take([limit], SECOND // 10 - 1) is not None
+    assert await store.take([limit], SECOND // 10) is None  # exactly one interval later
+
+
+async def test_a_refusal_charges_no_limit() -> None:
+    store = MemoryRateLimitStore()
+    roomy, tight = per_second("roomy", 1, 5), per_second("tight", 1, 1)
+    assert await store.take([roomy, tight], 0) is None
+    for _ in range(50):
+        assert await store.take([roomy, tight], 0) == Refused(1, 1.0)
+    assert await admitted(store, [roomy], 0, 10) == 4  # 5 - the one call that passed
+
+
+async def test_a_refusal_creates_no_entry() -> None:
+    store = MemoryRateLimitStore()
+    tight = per_second("tight", 1, 1)
+    await store.take([tight], 0)
+    assert await store.take([per_second("new", 1, 1), tight], 0) is not None
+    assert len(store) == 1
+
+
+async def test_the_refusal_names_the_longest_wait_and_retry_after_covers_all() -> None:
+    store = MemoryRateLimitStore()
+    short, long = per_second("short", 10, 1), per_second("long", 1, 1)
+    await store.take([short, long], 0)
+    assert await store.take([short, long], 0) == Refused(1, 1.0)
+    assert await store.take([short, long], SECOND) is None
+
+
+async def test_entries_expire_when_they_no_longer_constrain() -> None:
+    store = MemoryRateLimitStore()
+    await store.take([per_second("a", 10, 1)], 0)  # a's arrival time is 0.1 s
+    assert len(store) == 1
+    await store.take([per_second("b", 10, 1)], SECOND // 10 - 1)
+    assert len(store) == 2
+    await store.take([per_second("c", 10, 1)], SECOND // 10)
+    assert len(store) == 2  # a is gone: from now on it would admit like a missing entry
+
+
+async def test_the_number_of_keys_is_bounded_least_recently_used_first() -> None:
+    store = MemoryRateLimitStore(max_keys=3)
+    for key in "abcd":
+        await store.take([per_second(key, 1, 1)], 0)
+    assert len(store) == 3
+    assert await store.take([per_second("a", 1, 1)], 0) is None  # a was forgotten
+    assert await store.take([per_second("d", 1, 1)], 0) is not None
+
+
+async def test_time_never_runs_backwards() -> None:
+    store = MemoryRateLimitStore()
+    limit = per_second("k", 1, 1)
+    await store.take([limit], 10 * SECOND)
+    assert await store.take([limit], 0) == Refused(0, 1.0)
+
+
+async def test_concurrent_takes_admit_exactly_the_burst() -> None:
+    store = MemoryRateLimitStore()
+    limits = [per_second("a", 10, 100), per_second("b", 3, 250)]
+    results = await asyncio.gather(*(store.take(limits, 0) for _ in range(1000)))
+    assert sum(r is None for r in results) == 100
+
+
+def test_max_keys_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_keys"):
+        MemoryRateLimitStore(max_keys=0)
