@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -73,8 +74,11 @@ class UpstreamClient:
 
     def __init__(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._transport = transport or build_transport()
+        # One client serves every caller, so it must keep no cookies: an upstream's Set-Cookie
+        # for one person's call would otherwise ride along on the next person's call.
+        no_cookies = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
         self.http = httpx.AsyncClient(transport=self._transport, follow_redirects=False,
-                                      trust_env=False)
+                                      trust_env=False, cookies=no_cookies)
 
     async def aclose(self) -> None:
         await self.http.aclose()

@@ -158,3 +158,18 @@ async def test_client_credentials_and_hop_by_hop_headers_stay_at_the_gateway() -
         assert headers["accept"] == "application/json, text/event-stream"
         (record,) = await gw.audit.wait_for(1)
         assert "client-token" not in repr(record) and "upstream-cred" not in repr(record)
+
+
+async def test_upstream_cookies_never_carry_over_between_calls() -> None:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"jsonrpc": "2.0", "id": 2, "result": {}},
+                              headers={"set-cookie": "upstream=alice-secret; Path=/"})
+
+    async with running_gateway(make_config(), route(answer)) as gw:
+        first = await gw.post(CALL)
+        await gw.post(CALL)
+        assert "set-cookie" not in first.headers
+        assert [r.headers.get("cookie") for r in seen] == [None, None]
