@@ -31,9 +31,9 @@ class Profile:
         """None when `name` may be used, else the rule that hides it."""
         for pattern in self.deny:
             if fnmatch.fnmatchcase(name, pattern):
-                return f"deny '{pattern}'"
+                return f"matches deny pattern '{pattern}'"
         if self.allow and not any(fnmatch.fnmatchcase(name, p) for p in self.allow):
-            return "not in the allowlist"
+            return "matches no allow pattern"
         return None
 
 
@@ -123,8 +123,8 @@ class Access:
         denial = profile.denial(name)
         if denial is not None:
             shown = _SAFE.sub("?", name[:100])
-            raise HiddenTool(f"access: {noun} {shown} hidden by {kind}_{denial}", name) \
-                if kind == "tools" else _hidden(noun, shown, kind, denial, name)
+            raise HiddenTool(f"access: {noun} {shown} {denial}", name) \
+                if kind == "tools" else _hidden(noun, shown, denial, name)
 
     def rewriter(self, call: McpMessage, ctx: CallContext
                  ) -> Callable[[dict[str, Any]], bool] | None:
@@ -159,8 +159,8 @@ def _admitted(rules: _Rules, principal: Principal) -> bool:
             or (principal.api_key_id is not None and principal.api_key_id in rules.keys))
 
 
-def _hidden(noun: str, shown: str, kind: str, denial: str, name: str) -> HiddenTool:
-    exc = HiddenTool(f"access: {noun} {shown} hidden by {kind}_{denial}", name)
+def _hidden(noun: str, shown: str, denial: str, name: str) -> HiddenTool:
+    exc = HiddenTool(f"access: {noun} {shown} {denial}", name)
     exc.detail = f"Unknown {noun}: {name}" if noun == "prompt" else f"Resource not found: {name}"
     return exc
 

@@ -1,0 +1,110 @@
+"""The access policy with plain objects: caller rules, tool profiles per group, prompts and
+resources, and the */list rewriter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from policies.access import Access
+from proxy.auth.principal import Principal
+from proxy.chain import CallContext
+from proxy.config import from_dict
+from proxy.errors import Forbidden, HiddenTool
+from proxy.jsonrpc import parse
+
+ACCESS = {"allow_groups": ["eng"], "allow_subjects": ["root"], "allow_keys": ["k1"],
+          "tools_allow": ["get_*", "search_*"], "tools_deny": ["*_secret"],
+          "group_tools": {"ops": {"tools_allow": ["deploy"], "tools_deny": ["search_*"]}},
+          "prompts_deny": ["internal-*"], "resources_allow": ["file:///public/*"]}
+POLICY = Access(from_dict({
+    "auth": {"mode": "jwt", "issuers": [{"issuer": "i", "hs256_secret": "s" * 32,
+                                          "algorithms": ["HS256"]}]},
+    "upstreams": [{"name": "e", "url": "http://u/", "access": ACCESS},
+                  {"name": "open", "url": "http://u/"}]}, env={}))
+
+
+def who(subject: str = "alice", groups: tuple[str, ...] = ("eng",), key: str | None = None
+        ) -> Principal:
+    return Principal(subject=subject, issuer="i", groups=frozenset(groups), api_key_id=key)
+
+
+def ctx(principal: Principal, endpoint: str = "e") -> CallContext:
+    return CallContext(principal=principal, endpoint=endpoint, upstream_url="http://u/")
+
+
+def msg(method: str, **params: Any) -> Any:
+    return parse(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+
+
+@pytest.mark.parametrize(
+    ("principal", "admitted"),
+    [(who(), True), (who("root", ()), True), (who("bob", ("sales",)), False),
+     (who("bot", (), key="k1"), True), (who("bot", (), key="k2"), False)],
+)
+async def test_caller_rules(principal: Principal, admitted: bool) -> None:
+    call = msg("tools/list")
+    if admitted:
+        await POLICY.check(call, ctx(principal))
+    else:
+        with pytest.raises(Forbidden) as info:
+            await POLICY.check(call, ctx(principal))
+        assert info.value.audit_reason == "access: caller not allowed on endpoint e"
+    await POLICY.check(call, ctx(principal, "open"))  # an endpoint without rules admits all
+
+
+@pytest.mark.parametrize(
+    ("groups", "tool", "denial"),
+    [(("eng",), "get_user", None), (("eng",), "search_all", None),
+     (("eng",), "delete_user", "access: tool delete_user matches no allow pattern"),
+     (("eng",), "get_secret", "access: tool get_secret matches deny pattern '*_secret'"),
+     (("eng", "ops"), "deploy", None),
+     (("eng", "ops"), "search_all", "access: tool search_all matches deny pattern 'search_*'"),
+     (("eng",), "deploy", "access: tool deploy matches no allow pattern")],
+)
+async def test_tool_profiles(groups: tuple[str, ...], tool: str, denial: str | None) -> None:
+    call = msg("tools/call", name=tool, arguments={})
+    if denial is None:
+        await POLICY.check(call, ctx(who(groups=groups)))
+        return
+    with pytest.raises(HiddenTool) as info:
+        await POLICY.check(call, ctx(who(groups=groups)))
+    assert info.value.audit_reason == denial
+    assert (info.value.code, info.value.wire_message) == (-32602, f"Unknown tool: {tool}")
+
+
+async def test_prompts_and_resources() -> None:
+    await POLICY.check(msg("prompts/get", name="summary"), ctx(who()))
+    with pytest.raises(HiddenTool) as info:
+        await POLICY.check(msg("prompts/get", name="internal-x"), ctx(who()))
+    assert info.value.wire_message == "Unknown prompt: internal-x"
+    await POLICY.check(msg("resources/read", uri="file:///public/a"), ctx(who()))
+    with pytest.raises(HiddenTool) as info:
+        await POLICY.check(msg("resources/read", uri="file:///etc/passwd"), ctx(who()))
+    assert info.value.wire_message == "Resource not found: file:///etc/passwd"
+
+
+def test_list_rewriter_filters_per_caller() -> None:
+    tools = {"tools": [{"name": n} for n in ("get_a", "search_b", "deploy", "get_secret", "x")],
+             "nextCursor": "c"}
+    rewrite = POLICY.rewriter(msg("tools/list"), ctx(who()))
+    assert rewrite is not None and rewrite(tools)
+    assert tools == {"tools": [{"name": "get_a"}, {"name": "search_b"}], "nextCursor": "c"}
+    ops = {"tools": [{"name": n} for n in ("get_a", "search_b", "deploy")]}
+    ops_rewrite = POLICY.rewriter(msg("tools/list"), ctx(who(groups=("eng", "ops"))))
+    assert ops_rewrite is not None and ops_rewrite(ops)
+    assert [t["name"] for t in ops["tools"]] == ["get_a", "deploy"]
+    templates = {"resourceTemplates": [{"uriTemplate": "file:///public/{x}"},
+                                       {"uriTemplate": "file:///private/{x}"}]}
+    rewrite_t = POLICY.rewriter(msg("resources/templates/list"), ctx(who()))
+    assert rewrite_t is not None and rewrite_t(templates)
+    assert templates == {"resourceTemplates": [{"uriTemplate": "file:///public/{x}"}]}
+    untouched = {"tools": [{"name": "get_a"}]}
+    assert rewrite is not None and not rewrite(untouched)
+
+
+def test_no_rewriter_where_nothing_is_hidden() -> None:
+    assert POLICY.rewriter(msg("tools/list"), ctx(who(), "open")) is None
+    assert POLICY.rewriter(msg("tools/call", name="x"), ctx(who())) is None
