@@ -216,9 +216,9 @@ class Gateway:
                        session: Session | None, principal: Principal, record: AuditRecord,
                        started: float) -> EdgeResponse:
         """A notification or a response to a server-to-client request: forwarded, 202."""
-        if msg.method == "notifications/cancelled" and msg.params is not None:
-            target = (route.name, principal.key, session.id if session else "",
-                      msg.params.get("requestId"))
+        target_id = msg.params.get("requestId") if msg.params is not None else None
+        if msg.method == "notifications/cancelled" and isinstance(target_id, (str, int)):
+            target = (route.name, principal.key, session.id if session else "", target_id)
             await self.inflight.cancel(target, CLIENT_CANCELLED)
         headers = self.upstream.headers(
             route, req.headers, session.upstream_session_id if session else None)

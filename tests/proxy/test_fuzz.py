@@ -29,6 +29,9 @@ messages = st.fixed_dictionaries(
 bodies = st.one_of(st.binary(max_size=200), messages.map(orjson.dumps),
                    st.just(b'{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"x"}'),
                    st.just(b"[" * 5000 + b"]" * 5000),
+                   json_values.map(lambda v: orjson.dumps(
+                       {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                        "params": {"requestId": v}})),
                    st.lists(messages, max_size=3).map(orjson.dumps))
 header_text = st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), min_size=1,
                       max_size=40)
