@@ -84,6 +84,9 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         assert state.gateway is not None, "the gateway is built when the app starts serving"
         return state.gateway
 
-    edge.register(app, gateway, BODY_TIMEOUT_S)
+    edge.register(app)
+    app.asgi_app = edge.McpEdge(app.asgi_app, gateway,  # type: ignore[method-assign,assignment,arg-type]
+                                max_body=cfg.server.max_request_bytes,
+                                body_timeout_s=BODY_TIMEOUT_S)
     metadata.register(app, cfg, identity)
     return app
