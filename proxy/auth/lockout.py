@@ -22,7 +22,7 @@ class LockoutStore(Protocol):
 
 
 class _Entry:
-    __slots__ = ("count", "window_start", "locked_until")
+    __slots__ = ("count", "locked_until", "window_start")
 
     def __init__(self, now: float) -> None:
         self.count = 0

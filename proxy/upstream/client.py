@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 import contextlib
-from http.cookiejar import CookieJar, DefaultCookiePolicy
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 
