@@ -145,8 +145,11 @@ class Access:
                 return False
             kept = [i for i in items if isinstance(i, dict) and isinstance(i.get(field), str)
                     and profile.denial(i[field]) is None]
+            private = result.get("cacheScope") == "public"
+            if private:  # filtered per caller: no shared cache may serve it to another one
+                result["cacheScope"] = "private"
             if len(kept) == len(items):
-                return False
+                return private
             result[key] = kept
             return True
 

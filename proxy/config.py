@@ -125,6 +125,7 @@ class UpstreamConfig:
     access: AccessConfig = field(default_factory=AccessConfig)
     identity: str = "none"
     identity_audience: str = ""
+    era: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -279,6 +280,8 @@ def _check(cfg: Config, base_dir: Path) -> None:
         for header in up.headers:
             if not re.match(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$", header):
                 raise ConfigError(f"config: '{where}.headers' has an invalid header name")
+        if up.era not in ("auto", "legacy", "modern"):
+            raise ConfigError(f"config: '{where}.era' must be one of auto, legacy, modern")
         if up.identity not in _IDENTITY_MODES:
             raise ConfigError(f"config: '{where}.identity' must be one of "
                               f"{', '.join(_IDENTITY_MODES)}")

@@ -154,6 +154,23 @@ class MethodNotFound(GatewayError):
     message = "Method not found"
 
 
+class HeaderMismatch(GatewayError):
+    """A 2026-07-28 request whose mirrored header is missing, duplicated or disagrees."""
+
+    code = -32020
+    message = "Header mismatch"
+
+
+class UnsupportedVersion(GatewayError):
+    code = -32022
+    message = "Unsupported protocol version"
+
+
+class InvalidEnvelope(GatewayError):
+    code = -32602
+    message = "Invalid _meta envelope"
+
+
 class PolicyDenied(GatewayError):
     """Base for denials raised by policies; `reason` names the policy and the rule."""
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from proxy import jsonrpc
+from proxy import bridge, eras, jsonrpc
 from proxy.audit import AuditRecord, AuditSink
 from proxy.auth import Authenticator, Principal
 from proxy.chain import CallContext, Chain
@@ -27,6 +27,8 @@ from proxy.errors import (
     GatewayError,
     InternalError,
     InvalidRequest,
+    MethodNotAllowed,
+    MethodNotFound,
     NotAcceptable,
     OriginNotAllowed,
     SessionNotFound,
@@ -36,6 +38,7 @@ from proxy.errors import (
     render,
 )
 from proxy.jsonrpc import McpMessage
+from proxy.bridge import Bridge
 from proxy.relay import StreamRelay
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
 from proxy.upstream import UpstreamClient, UpstreamRoute, map_errors
@@ -54,6 +57,20 @@ class EdgeRequest:
     headers: Mapping[str, str]
     read_body: Callable[[], Awaitable[bytes]]
     peer: str | None = None
+    duplicated: frozenset[str] = frozenset()  # header names sent more than once
+
+
+@dataclass(slots=True)
+class Leg:
+    """How one call reaches its upstream: the headers, the upstream session (if any), and
+    whether the gateway bridges a 2026-07-28 caller onto a legacy upstream."""
+
+    headers: list[tuple[str, str]]
+    upstream_session_id: str | None = None
+    protocol_version: str | None = None
+    bridged: bool = False
+    notify: bool = True  # a legacy upstream learns of a cancellation by notification
+    local: dict[str, Any] | None = None  # a result the gateway answers itself
 
 
 @dataclass(slots=True)
@@ -78,6 +95,7 @@ class Gateway:
         self.audit = audit
         self.allowed_origins = allowed_origins
         self.identity = identity or IdentityForwarder.none()
+        self.bridge = Bridge(upstream, {name: r.era for name, r in routes.items()})
         self._tasks: set[asyncio.Task[None]] = set()
 
     def route(self, name: str) -> UpstreamRoute:
@@ -101,20 +119,29 @@ class Gateway:
             principal = await self.auth.authenticate(req.headers.get("authorization"),
                                                      route.name, req.peer)
             record.principal = principal.subject
-            session = await self._session(req.headers, route, principal)
+            session = None
+            if not eras.claims_modern(req.headers.get("mcp-protocol-version")):
+                session = await self._session(req.headers, route, principal)
             if session is not None:
                 record.session_hash = session.id_hash
             msg = jsonrpc.parse(body)
             record.method, record.tool = msg.method, msg.tool
             if msg.kind == "request":
                 record.request_id = _id_text(msg.id)
-            ctx = CallContext(principal, route.name, str(route.url),
+            era = eras.classify(msg, req.headers)
+            if era == "modern":
+                record.era = "modern"
+                eras.validate(msg, req.headers, req.duplicated)
+                record.client_name = eras.client_name(msg)
+            ctx = CallContext(principal, route.name, str(route.url), era=era,
                               session_hash=record.session_hash, arguments_size=len(body),
                               api_key_id=principal.api_key_id, peer_ip=req.peer)
             if msg.kind != "response":
                 await self.chain.run(msg, ctx)
             if msg.kind == "request":
                 return await self._call(route, req, msg, session, ctx, record, started)
+            if era == "modern":
+                return await self._modern_notification(route, msg, principal)
             return await self._one_way(route, req, msg, session, principal, record, started)
         except GatewayError as exc:
             request_id = msg.id if msg is not None else _late_id(exc, body)
@@ -129,16 +156,30 @@ class Gateway:
         principal = ctx.principal
         rewrite = self.chain.rewriter(msg, ctx)
         handle = CallHandle()
-        handle.deadline(route.total_timeout_s)
+        if msg.method != "subscriptions/listen":  # a listen stream lasts as long as the client
+            handle.deadline(route.total_timeout_s)
         key = (route.name, principal.key, session.id if session else "", msg.id)
         self.inflight.add(key, handle)
         response = None
         handed_over = False
+        leg = Leg([], session.upstream_session_id if session else None,
+                  session.protocol_version if session else None)
         try:
-            headers = self.upstream.headers(
-                route, req.headers, session.upstream_session_id if session else None,
-                extra=self.identity.headers(route, principal))
-            response = await self.upstream.open(route, "POST", headers, msg.body)
+            leg = await self._leg(route, req, msg, session, ctx)
+            if leg.local is not None:
+                data = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "result": leg.local})
+                record.bytes_out = len(data)
+                self._emit(record, started)
+                return EdgeResponse(200, dict(JSON_HEADERS), data)
+            if leg.bridged:
+                rewrite = _with_completion(rewrite, msg.method)
+            response = await self.upstream.open(route, "POST", leg.headers, msg.body)
+            if leg.bridged and response.status_code == 404:
+                # the upstream forgot the session the gateway holds for this caller: reopen once
+                await response.aclose()
+                self.bridge.forget(route, principal.key)
+                leg = await self._leg(route, req, msg, session, ctx)
+                response = await self.upstream.open(route, "POST", leg.headers, msg.body)
             await self._check_status(response, session)
             out_headers: dict[str, str]
             if msg.method == "initialize":
@@ -153,7 +194,8 @@ class Gateway:
                     out_headers["Mcp-Session-Id"] = session.id
                 relay = StreamRelay(response, request_id=msg.id, handle=handle, record=record,
                                     started=started, spawn=self.spawn, rewrite=rewrite,
-                                    on_done=self._relay_done(route, key, session, msg.id))
+                                    refuse_requests=leg.bridged,
+                                    on_done=self._relay_done(route, key, leg, msg.id))
                 handed_over = True
                 return EdgeResponse(200, out_headers, stream=relay)
             if not ctype.startswith("application/json"):
@@ -182,10 +224,10 @@ class Gateway:
             if not handle.absorb():
                 record.status, record.error_message = "cancelled", "client disconnected"
                 self._emit(record, started)
-                self._notify_cancelled(route, session, msg.id, "client disconnected")
+                self._notify_cancelled(route, leg, msg.id, "client disconnected")
                 raise
-            if handle.reason != CLIENT_CANCELLED:
-                self._notify_cancelled(route, session, msg.id, handle.reason or "")
+            if handle.reason != CLIENT_CANCELLED or ctx.era == "modern":
+                self._notify_cancelled(route, leg, msg.id, handle.reason or "")
             return self._refuse(Cancelled(handle.reason), record, started, msg.id)
         finally:
             if not handed_over:
@@ -194,23 +236,59 @@ class Gateway:
                 if response is not None:
                     await response.aclose()
 
-    def _relay_done(self, route: UpstreamRoute, key: tuple[Any, ...], session: Session | None,
+    def _relay_done(self, route: UpstreamRoute, key: tuple[Any, ...], leg: Leg,
                     request_id: Any) -> Callable[[StreamRelay], Awaitable[None]]:
         async def done(relay: StreamRelay) -> None:
             handle = relay.handle
             if handle is not None:
                 handle.close()
                 self.inflight.discard(key, handle)
-                if handle.reason is not None and handle.reason != CLIENT_CANCELLED:
-                    self._notify_cancelled(route, session, request_id, handle.reason)
+                if handle.reason is not None and (handle.reason != CLIENT_CANCELLED
+                                                  or leg.bridged):
+                    self._notify_cancelled(route, leg, request_id, handle.reason)
             record = relay.record
+            if relay.refused is not None:
+                self._notify_cancelled(route, leg, request_id, relay.refused)
             if relay.disconnected and record is not None:
                 record.status, record.error_message = "cancelled", "client disconnected"
-                self._notify_cancelled(route, session, request_id, "client disconnected")
+                self._notify_cancelled(route, leg, request_id, "client disconnected")
             if record is not None:
                 self.audit.emit(record)
 
         return done
+
+    async def _leg(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+                   session: Session | None, ctx: CallContext) -> Leg:
+        identity = self.identity.headers(route, ctx.principal)
+        if ctx.era == "legacy":
+            usid = session.upstream_session_id if session else None
+            return Leg(self.upstream.headers(route, req.headers, usid, extra=identity), usid,
+                       session.protocol_version if session else None)
+        if await self.bridge.era(route) == "modern":
+            return Leg(self.upstream.headers(route, req.headers, None, extra=identity,
+                                             modern=True), notify=False)
+        # a 2026-07-28 caller on a legacy upstream: the gateway's session for this caller
+        if msg.method == "subscriptions/listen":
+            raise MethodNotFound(data={"method": msg.method})
+        usid = await self.bridge.session(route, ctx.principal.key, identity)
+        if msg.method == "server/discover":
+            init = self.bridge.initialize_result(route) or {}
+            return Leg([], local=eras.discover_from_initialize(init, route.name))
+        headers = self.upstream.headers(route, {"content-type": "application/json"}, usid,
+                                        extra=identity)
+        headers.append(("mcp-protocol-version", bridge.LEGACY_VERSION))
+        return Leg(headers, usid, bridge.LEGACY_VERSION, bridged=True)
+
+    async def _modern_notification(self, route: UpstreamRoute, msg: McpMessage,
+                                   principal: Principal) -> EdgeResponse:
+        """A 2026-07-28 notification is answered here: a cancel naming one of this caller's
+        calls in flight ends it (and closes its upstream request); anything else is
+        acknowledged and changes nothing."""
+        target_id = msg.params.get("requestId") if msg.params is not None else None
+        if msg.method == "notifications/cancelled" and isinstance(target_id, (str, int)):
+            await self.inflight.cancel((route.name, principal.key, "", target_id),
+                                       CLIENT_CANCELLED)
+        return EdgeResponse(202)
 
     async def _one_way(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
                        session: Session | None, principal: Principal, record: AuditRecord,
@@ -284,8 +362,11 @@ class Gateway:
                                 None, audit=exc.audit_status == "denied")
 
     async def _guard_bodyless(self, route: UpstreamRoute, req: EdgeRequest) -> Session | None:
-        """GET and DELETE: Origin, identity and session, as for a POST."""
+        """GET and DELETE: Origin, identity and session, as for a POST. Neither exists in the
+        2026-07-28 era: one that claims it is 405."""
         self._check_origin(req.headers)
+        if eras.claims_modern(req.headers.get("mcp-protocol-version")):
+            raise MethodNotAllowed(headers={"Allow": "POST"})
         principal = await self.auth.authenticate(req.headers.get("authorization"), route.name,
                                                  req.peer)
         return await self._session(req.headers, route, principal)
@@ -326,15 +407,18 @@ class Gateway:
             record.duration_ms = (time.perf_counter() - started) * 1000
         self.audit.emit(record)
 
-    def _notify_cancelled(self, route: UpstreamRoute, session: Session | None, request_id: Any,
+    def _notify_cancelled(self, route: UpstreamRoute, leg: Leg, request_id: Any,
                           reason: str) -> None:
-        """Tell the upstream a call is over (seed 004: a disconnect is a cancellation)."""
+        """Tell a legacy upstream a call is over (seed 004: a disconnect is a cancellation).
+        A 2026-07-28 upstream learns it from the closed request alone."""
+        if not leg.notify:
+            return
         body = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
                              "params": {"requestId": request_id, "reason": reason}})
         headers = self.upstream.headers(route, {"content-type": "application/json"},
-                                        session.upstream_session_id if session else None)
-        if session is not None and session.protocol_version:
-            headers.append(("mcp-protocol-version", session.protocol_version))
+                                        leg.upstream_session_id)
+        if leg.protocol_version:
+            headers.append(("mcp-protocol-version", leg.protocol_version))
 
         async def send() -> None:
             try:
@@ -354,6 +438,16 @@ class Gateway:
         """At shutdown: let background work (cancel notices, stream clean-up) finish."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout)
+
+
+def _with_completion(rewrite: Callable[[dict[str, Any]], bool] | None, method: str | None
+                     ) -> Callable[[dict[str, Any]], bool]:
+    def complete(result: dict[str, Any]) -> bool:
+        if rewrite is not None:
+            rewrite(result)
+        return bridge.complete(result, method)
+
+    return complete
 
 
 def _check_media(headers: Mapping[str, str]) -> None:

@@ -21,6 +21,7 @@ from proxy.audit import AuditRecord
 from proxy.errors import (
     Cancelled,
     GatewayError,
+    UpstreamFailure,
     UpstreamProtocolError,
     UpstreamStreamCut,
     jsonrpc_error_body,
@@ -50,6 +51,7 @@ class StreamRelay:
         on_done: Callable[[StreamRelay], Awaitable[None]] | None = None,
         spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
         rewrite: Callable[[dict[str, Any]], bool] | None = None,
+        refuse_requests: bool = False,
     ) -> None:
         self.response = response
         self.request_id = request_id
@@ -61,6 +63,8 @@ class StreamRelay:
         self._on_done = on_done
         self._spawn = spawn
         self._rewrite = rewrite
+        self._refuse_requests = refuse_requests
+        self.refused: str | None = None  # why the gateway ended the call itself
         self._chunks: AsyncIterator[bytes] = response.aiter_bytes()
         self._splitter = EventSplitter()
         self._finished = False
@@ -108,6 +112,13 @@ class StreamRelay:
                     obj = orjson.loads(data)
                 except orjson.JSONDecodeError:
                     return self._fail(UpstreamProtocolError())
+                if self._refuse_requests and isinstance(obj, dict) and "method" in obj \
+                        and "id" in obj:
+                    # a legacy upstream asking a 2026-07-28 caller for sampling, elicitation or
+                    # roots: nothing can carry the question, so the call ends, rather than hang
+                    method = str(obj["method"])[:64]
+                    self.refused = f"upstream sent {method}, which cannot reach this client"
+                    return self._fail(UpstreamFailure(self.refused))
                 outcome = response_outcome(obj, self.request_id)
                 if outcome is not None:
                     self.answered = True

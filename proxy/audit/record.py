@@ -24,6 +24,7 @@ class AuditRecord:
     bytes_out: int = 0
     era: str = "legacy"
     session_hash: str | None = None
+    client_name: str | None = None  # modern requests' clientInfo.name: display only
     ts: float = field(default_factory=time.time)
 
     def as_dict(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ log = logging.getLogger("tollhouse.audit")
 
 _COLUMNS = ("ts", "request_id", "principal", "endpoint", "method", "tool", "status",
             "denied_reason", "error_message", "duration_ms", "bytes_in", "bytes_out", "era",
-            "session_hash")
+            "session_hash", "client_name")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS audit (
@@ -34,7 +34,8 @@ CREATE TABLE IF NOT EXISTS audit (
     bytes_in INTEGER NOT NULL,
     bytes_out INTEGER NOT NULL,
     era TEXT NOT NULL,
-    session_hash TEXT
+    session_hash TEXT,
+    client_name TEXT
 );
 CREATE INDEX IF NOT EXISTS audit_ts ON audit (ts);
 CREATE INDEX IF NOT EXISTS audit_status_ts ON audit (status, ts);
@@ -52,6 +53,9 @@ def connect(path: str) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.executescript(SCHEMA)
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(audit)")}
+    if "client_name" not in columns:  # a log written before modern requests were audited
+        conn.execute("ALTER TABLE audit ADD COLUMN client_name TEXT")
     return conn
 
 
@@ -126,7 +130,7 @@ class SqliteAuditSink:
 def _row(r: AuditRecord) -> tuple[Any, ...]:
     return (r.ts, r.request_id, r.principal, r.endpoint, r.method, r.tool, r.status,
             r.denied_reason, r.error_message, round(r.duration_ms, 3), r.bytes_in, r.bytes_out,
-            r.era, r.session_hash)
+            r.era, r.session_hash, r.client_name)
 
 
 def query(path: str, *, status: str | None = None, endpoint: str | None = None,

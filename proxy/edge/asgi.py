@@ -48,13 +48,19 @@ class McpEdge:
         if method not in ("POST", "GET", "DELETE"):
             return await _send(send, _rendered(MethodNotAllowed(headers=ALLOW)))
         # ASGI header names are lower case already: one pass builds the map every step reads
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        raw = scope["headers"]
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in raw}
+        duplicated: frozenset[str] = frozenset()
+        if len(headers) != len(raw):
+            seen: set[str] = set()
+            duplicated = frozenset(n for n in (k.decode("latin-1") for k, _ in raw)
+                                   if n in seen or seen.add(n))  # type: ignore[func-returns-value]
         client = scope.get("client")
         # The body is read inside post(), whose first check is the size cap; the disconnect
         # watcher starts once the body is in, when receive() is free for it.
         body = _Body(receive, headers.get("content-length"), self.max_body, self.body_timeout_s,
                      watch=method == "POST")
-        request = EdgeRequest(headers, body.read, client[0] if client else None)
+        request = EdgeRequest(headers, body.read, client[0] if client else None, duplicated)
         try:
             if method == "POST":
                 result = await gateway.post(route, request)

@@ -32,6 +32,7 @@ class UpstreamRoute:
     call_timeout: httpx.Timeout
     stream_timeout: httpx.Timeout
     total_timeout_s: float
+    era: str
     call_timeout_ext: dict[str, float | None]
     stream_timeout_ext: dict[str, float | None]
 
@@ -47,6 +48,7 @@ class UpstreamRoute:
             call_timeout=call,
             stream_timeout=stream,
             total_timeout_s=cfg.total_timeout_s,
+            era=cfg.era,
             call_timeout_ext=call.as_dict(),
             stream_timeout_ext=stream.as_dict(),
         )
@@ -93,13 +95,16 @@ class UpstreamClient:
         return int(getattr(self._transport, "open_responses", 0))
 
     def headers(self, route: UpstreamRoute, inbound: Mapping[str, str],
-                upstream_session_id: str | None, *, get: bool = False,
+                upstream_session_id: str | None, *, get: bool = False, modern: bool = False,
                 extra: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = [GET_ACCEPT if get else POST_ACCEPT]
         for name in FORWARDED_REQUEST_HEADERS:
             value = inbound.get(name)
             if value is not None:
                 out.append((name, value))
+        if modern:  # the mirrored routing headers, Mcp-Param-* untouched
+            out.extend((k, v) for k, v in inbound.items()
+                       if k in ("mcp-method", "mcp-name") or k.startswith("mcp-param-"))
         out.extend(route.static_headers)
         if extra:
             out.extend(extra)

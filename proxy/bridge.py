@@ -1,0 +1,182 @@
+"""What the gateway knows about each upstream's era, and the legacy sessions it holds so that a
+2026-07-28 (sessionless) client can reach a 2025-11-25 upstream.
+
+Each upstream's era is learned on first contact (a `server/discover` probe; anything but a
+2026-07-28 DiscoverResult means legacy) and kept. For a modern caller on a legacy upstream the
+gateway opens an upstream session per (endpoint, principal) on demand, never shared between
+principals, and re-opens it when the upstream forgets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import orjson
+from cachetools import TTLCache
+
+from proxy import __version__, eras
+from proxy.errors import GatewayError, UpstreamProtocolError
+from proxy.sse import EventSplitter, event_data
+from proxy.upstream import UpstreamClient, UpstreamRoute, map_errors
+
+log = logging.getLogger("tollhouse.bridge")
+
+LEGACY_VERSION = "2025-11-25"
+CLIENT_INFO = {"name": "tollhouse", "version": __version__}
+JSON_TYPES = ("content-type", "application/json")
+
+
+class Bridge:
+    def __init__(self, upstream: UpstreamClient, configured: dict[str, str],
+                 session_ttl_s: float = 1800.0) -> None:
+        self._upstream = upstream
+        self._verdicts: dict[str, eras.Era] = {
+            name: era for name, era in configured.items() if era in ("legacy", "modern")}  # type: ignore[misc]
+        self._probes: dict[str, asyncio.Future[eras.Era]] = {}
+        self._sessions: TTLCache[tuple[str, str], tuple[str | None, dict[str, Any]]] = TTLCache(
+            maxsize=100_000, ttl=session_ttl_s)
+        self._opening: dict[tuple[str, str], asyncio.Future[tuple[str | None, dict[str, Any]]]] = {}
+        self._init_results: dict[str, dict[str, Any]] = {}
+
+    async def era(self, route: UpstreamRoute) -> eras.Era:
+        known = self._verdicts.get(route.name)
+        if known is not None:
+            return known
+        pending = self._probes.get(route.name)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[eras.Era] = asyncio.get_running_loop().create_future()
+        self._probes[route.name] = future
+        try:
+            verdict = await self._probe(route)
+            self._verdicts[route.name] = verdict
+            future.set_result(verdict)
+            log.info("upstream %s speaks the %s era", route.name, verdict)
+            return verdict
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: a failed probe is retried on the next call
+            raise
+        finally:
+            del self._probes[route.name]
+
+    async def _probe(self, route: UpstreamRoute) -> eras.Era:
+        body = orjson.dumps({"jsonrpc": "2.0", "id": "tollhouse-discover",
+                             "method": "server/discover", "params": {"_meta": {
+                                 eras.PV: eras.MODERN_VERSIONS[0], eras.CLIENT_CAPS: {},
+                                 eras.CLIENT_INFO: CLIENT_INFO}}})
+        headers = self._upstream.headers(route, {}, None, extra=[
+            JSON_TYPES, ("mcp-protocol-version", eras.MODERN_VERSIONS[0]),
+            ("mcp-method", "server/discover")])
+        obj = await self._exchange(route, headers, body, "tollhouse-discover", check=False)
+        result = obj.get("result") if obj else None
+        versions = result.get("supportedVersions") if isinstance(result, dict) else None
+        if isinstance(versions, list) and eras.MODERN_VERSIONS[0] in versions:
+            return "modern"
+        return "legacy"
+
+    async def session(self, route: UpstreamRoute, principal_key: str,
+                      extra: list[tuple[str, str]] | None) -> str | None:
+        """The upstream session id held for this principal at this upstream (None when the
+        upstream is stateless), opening one if there is none."""
+        key = (route.name, principal_key)
+        held = self._sessions.get(key)
+        if held is not None:
+            self._sessions[key] = held  # restart the idle timer
+            return held[0]
+        pending = self._opening.get(key)
+        if pending is not None:
+            return (await asyncio.shield(pending))[0]
+        future: asyncio.Future[tuple[str | None, dict[str, Any]]] = (
+            asyncio.get_running_loop().create_future())
+        self._opening[key] = future
+        try:
+            opened = await self._open(route, extra)
+            self._sessions[key] = opened
+            self._init_results[route.name] = opened[1]
+            future.set_result(opened)
+            return opened[0]
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()
+            raise
+        finally:
+            del self._opening[key]
+
+    def forget(self, route: UpstreamRoute, principal_key: str) -> None:
+        self._sessions.pop((route.name, principal_key), None)
+
+    def initialize_result(self, route: UpstreamRoute) -> dict[str, Any] | None:
+        return self._init_results.get(route.name)
+
+    async def _open(self, route: UpstreamRoute, extra: list[tuple[str, str]] | None
+                    ) -> tuple[str | None, dict[str, Any]]:
+        body = orjson.dumps({"jsonrpc": "2.0", "id": "tollhouse-bridge", "method": "initialize",
+                             "params": {"protocolVersion": LEGACY_VERSION, "capabilities": {},
+                                        "clientInfo": CLIENT_INFO}})
+        headers = self._upstream.headers(route, {}, None, extra=[JSON_TYPES, *(extra or [])])
+        response = await self._upstream.open(route, "POST", headers, body)
+        session_id = response.headers.get("mcp-session-id")
+        obj = await self._read(response, "tollhouse-bridge")
+        result = obj.get("result")
+        if not isinstance(result, dict):
+            raise UpstreamProtocolError("upstream refused to open a session")
+        version = result.get("protocolVersion")
+        note = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        headers = self._upstream.headers(route, {}, session_id, extra=[
+            JSON_TYPES, ("mcp-protocol-version", str(version or LEGACY_VERSION)),
+            *(extra or [])])
+        done = await self._upstream.open(route, "POST", headers, note)
+        await done.aclose()
+        return session_id, result
+
+    async def _exchange(self, route: UpstreamRoute, headers: list[tuple[str, str]], body: bytes,
+                        request_id: str, *, check: bool = True) -> dict[str, Any] | None:
+        response = await self._upstream.open(route, "POST", headers, body)
+        if response.status_code >= 300 and not check:
+            await response.aclose()
+            return None
+        try:
+            return await self._read(response, request_id)
+        except GatewayError:
+            if check:
+                raise
+            return None
+
+    async def _read(self, response: Any, request_id: str) -> dict[str, Any]:
+        """The JSON-RPC response to `request_id` from a JSON or SSE answer."""
+        try:
+            with map_errors():
+                data = await response.aread()
+        finally:
+            await response.aclose()
+        if response.status_code >= 300:
+            raise UpstreamProtocolError(f"upstream answered HTTP {response.status_code}")
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            for event in EventSplitter().feed(data + b"\n\n"):
+                obj = _loads(event_data(event))
+                if isinstance(obj, dict) and obj.get("id") == request_id:
+                    return obj
+            raise UpstreamProtocolError()
+        obj = _loads(data)
+        if not isinstance(obj, dict):
+            raise UpstreamProtocolError()
+        return obj
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return orjson.loads(data) if data else None
+    except orjson.JSONDecodeError:
+        return None
+
+
+def complete(result: dict[str, Any], method: str | None) -> bool:
+    """A legacy result as a 2026-07-28 client expects it; the relay's rewrite hook."""
+    result.setdefault("resultType", "complete")
+    if method in eras.CACHEABLE:
+        result.setdefault("ttlMs", 0)
+        result.setdefault("cacheScope", "private")
+    return True

@@ -1,0 +1,151 @@
+"""The two protocol eras on one endpoint: which one a request belongs to, and the checks a
+2026-07-28 (sessionless) request must pass before anything is forwarded or used for policy.
+
+Legacy (2025-11-25 and earlier): `initialize`, sessions, the GET stream. Modern (2026-07-28): every
+request carries a `params._meta` envelope mirrored by `MCP-Protocol-Version`, `Mcp-Method` and
+`Mcp-Name` headers, so an intermediary can route without a session. The answers are seed 003's
+validation table, with seed 004's codes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Collection, Mapping
+from typing import Any, Literal
+
+from proxy.errors import (
+    GatewayError,
+    HeaderMismatch,
+    InvalidEnvelope,
+    InvalidRequest,
+    MethodNotFound,
+    UnsupportedVersion,
+)
+from proxy.jsonrpc import McpMessage
+
+Era = Literal["legacy", "modern"]
+
+MODERN_VERSIONS = ("2026-07-28",)
+LEGACY_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+PV = "io.modelcontextprotocol/protocolVersion"
+CLIENT_INFO = "io.modelcontextprotocol/clientInfo"
+CLIENT_CAPS = "io.modelcontextprotocol/clientCapabilities"
+SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+
+# methods of the 2026-07-28 revision; anything else is 404 -32601 on the modern leg
+MODERN_METHODS = frozenset({
+    "server/discover", "tools/list", "tools/call", "prompts/list", "prompts/get",
+    "resources/list", "resources/templates/list", "resources/read", "completion/complete",
+    "subscriptions/listen"})
+# methods whose target is mirrored in Mcp-Name, and the params field it mirrors
+NAMED = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+CACHEABLE = frozenset({"server/discover", "tools/list", "prompts/list", "resources/list",
+                       "resources/templates/list", "resources/read"})
+
+
+def claims_modern(version: str | None) -> bool:
+    """A header value naming a revision newer than the handshake era."""
+    return version is not None and version not in LEGACY_VERSIONS
+
+
+def classify(msg: McpMessage, headers: Mapping[str, str]) -> Era:
+    """Body first, cross-checked with the header; `initialize` is always a legacy opening."""
+    if msg.method == "initialize":
+        return "legacy"
+    meta = (msg.params or {}).get("_meta")
+    if isinstance(meta, dict) and PV in meta:
+        return "modern"
+    return "modern" if claims_modern(headers.get("mcp-protocol-version")) else "legacy"
+
+
+def validate(msg: McpMessage, headers: Mapping[str, str], duplicated: Collection[str]) -> None:
+    """Raise the first failed check of a modern request; return when it may proceed."""
+    if "mcp-session-id" in headers:
+        raise InvalidRequest("Invalid Request: Mcp-Session-Id is not used with protocol "
+                             "version 2026-07-28")
+    if msg.kind == "response":
+        raise InvalidRequest("Invalid Request: a 2026-07-28 client sends no responses")
+    version = _envelope(msg)
+    header_version = headers.get("mcp-protocol-version")
+    for requested in (version, header_version):
+        if requested is not None and requested not in MODERN_VERSIONS:
+            raise UnsupportedVersion(data={"supported": list(MODERN_VERSIONS),
+                                           "requested": requested})
+    if header_version != version or "mcp-protocol-version" in duplicated:
+        raise _mismatch("MCP-Protocol-Version")
+    if msg.kind == "notification":
+        return
+    if headers.get("mcp-method") != msg.method or "mcp-method" in duplicated:
+        raise _mismatch("Mcp-Method")
+    field = NAMED.get(msg.method or "")
+    if field is not None:
+        target = (msg.params or {}).get(field)
+        sent = decode_header(headers.get("mcp-name"))
+        if not isinstance(target, str) or sent != target or "mcp-name" in duplicated:
+            raise _mismatch("Mcp-Name")
+    if msg.method not in MODERN_METHODS:
+        raise MethodNotFound(data={"method": msg.method})
+
+
+def _envelope(msg: McpMessage) -> str:
+    """The envelope's protocol version, after checking the envelope's shape."""
+    meta = (msg.params or {}).get("_meta")
+    if not isinstance(meta, dict):
+        raise InvalidEnvelope()
+    version = meta.get(PV)
+    caps = meta.get(CLIENT_CAPS)
+    info = meta.get(CLIENT_INFO)
+    if not isinstance(version, str) or not isinstance(caps, dict):
+        raise InvalidEnvelope()
+    if info is not None and not (isinstance(info, dict) and isinstance(info.get("name"), str)
+                                 and isinstance(info.get("version"), str)):
+        raise InvalidEnvelope()
+    return version
+
+
+def _mismatch(header: str) -> GatewayError:
+    return HeaderMismatch(f"Header mismatch: {header}", data={"mismatch": header})
+
+
+def decode_header(value: str | None) -> str | None:
+    """`=?base64?<standard base64 of UTF-8>?=` decoded; a plain value as it is. A malformed or
+    non-canonical encoding decodes to None, so it can never match."""
+    if value is None or not (value.startswith("=?base64?") and value.endswith("?=")):
+        return value
+    payload = value[9:-2]
+    try:
+        raw = base64.b64decode(payload, validate=True)
+        if base64.b64encode(raw).decode("ascii") != payload:
+            return None
+        return raw.decode("utf-8")
+    except (binascii.Error, ValueError):
+        return None
+
+
+def client_name(msg: McpMessage) -> str | None:
+    """clientInfo.name, for display in the audit log only (never for a decision)."""
+    meta = (msg.params or {}).get("_meta")
+    info = meta.get(CLIENT_INFO) if isinstance(meta, dict) else None
+    name = info.get("name") if isinstance(info, dict) else None
+    return name[:100] if isinstance(name, str) else None
+
+
+def discover_from_initialize(result: dict[str, Any], endpoint: str) -> dict[str, Any]:
+    """A DiscoverResult for a legacy upstream, built from its initialize result."""
+    caps = {k: v for k, v in (result.get("capabilities") or {}).items()
+            if k in ("prompts", "resources", "tools", "logging", "completions", "experimental")}
+    # list_changed and subscribe need subscriptions/listen, which a legacy upstream can't feed
+    for key in ("prompts", "resources", "tools"):
+        if isinstance(caps.get(key), dict):
+            caps[key] = {k: v for k, v in caps[key].items()
+                         if k not in ("listChanged", "subscribe")}
+    info = result.get("serverInfo")
+    if not isinstance(info, dict):
+        info = {"name": endpoint, "version": ""}
+    out: dict[str, Any] = {"supportedVersions": list(MODERN_VERSIONS), "capabilities": caps,
+                           "resultType": "complete", "ttlMs": 0, "cacheScope": "private",
+                           "_meta": {SERVER_INFO: info}}
+    if isinstance(result.get("instructions"), str):
+        out["instructions"] = result["instructions"]
+    return out

@@ -1,0 +1,244 @@
+"""Both protocol eras on one endpoint: the official SDK client in 2026-07-28, auto and legacy
+modes, through the gateway, to the official SDK server as a modern upstream and as a
+legacy one (the gateway forced to treat it so, to exercise the bridge), stateful or stateless."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from proxy.app import create_app
+from proxy.audit import query
+from proxy.config import from_dict
+from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app, stateless_json_app
+from tests.servers import serve
+
+DEADLINE = 10.0
+MODERN = "2026-07-28"
+
+
+@asynccontextmanager
+async def stack(tmp_path: Path, make: Any, era: str, **extra: Any
+                ) -> AsyncIterator[tuple[str, UpstreamProbe, str]]:
+    app, probe = make()
+    db = str(tmp_path / "a.db")
+    async with serve(app, graceful_timeout=1) as upstream_url:
+        cfg = from_dict({"database": {"url": f"sqlite:///{db}"}, **extra,
+                         "upstreams": [{"name": "up", "url": f"{upstream_url}/mcp",
+                                        "era": era, "total_timeout_s": 5}]}, env={})
+        async with serve(create_app(cfg), graceful_timeout=1) as url:
+            yield f"{url}/mcp/up", probe, db
+
+
+UPSTREAMS = {"stateful-modern": (stateful_sse_app, "auto"),
+             "stateless-modern": (stateless_json_app, "auto"),
+             "stateful-legacy": (stateful_sse_app, "legacy"),
+             "stateless-legacy": (stateless_json_app, "legacy")}
+
+
+@pytest.mark.parametrize("mode", [MODERN, "auto", "legacy"])
+@pytest.mark.parametrize("upstream", list(UPSTREAMS))
+async def test_every_client_era_reaches_every_upstream_era(tmp_path: Path, mode: str,
+                                                            upstream: str) -> None:
+    make, era = UPSTREAMS[upstream]
+    async with stack(tmp_path, make, era) as (endpoint, probe, db):
+        async with Client(endpoint, mode=mode) as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert {"echo", "boom"} <= names
+            result = await client.call_tool("echo", {"text": f"{mode} via {upstream}"})
+            assert result.content[0].text == f"{mode} via {upstream}"
+            assert (await client.call_tool("boom", {})).is_error
+    modern_client = mode != "legacy"
+    records = [r for r in query(db, limit=100) if r["tool"] == "echo"]
+    assert [r["era"] for r in records] == ["modern" if modern_client else "legacy"]
+    assert records[0]["status"] == "ok"
+    if modern_client:
+        assert records[0]["client_name"]
+        if era == "legacy":  # bridged: the upstream saw a session the gateway opened
+            echo = probe.tool_calls("echo")[0]
+            assert echo.headers.get("mcp-protocol-version") == "2025-11-25"
+
+
+def envelope(**extra: Any) -> dict[str, Any]:
+    return {"io.modelcontextprotocol/protocolVersion": MODERN,
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"}, **extra}
+
+
+def modern_request(method: str, params: dict[str, Any] | None = None, request_id: Any = 1,
+                   **headers: str) -> tuple[bytes, dict[str, str]]:
+    p = {"_meta": envelope(), **(params or {})}
+    body = orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": p})
+    h = {"content-type": "application/json", "accept": "application/json, text/event-stream",
+         "mcp-protocol-version": MODERN, "mcp-method": method}
+    if method in ("tools/call", "prompts/get"):
+        h["mcp-name"] = str((params or {}).get("name"))
+    h.update({k.replace("_", "-"): v for k, v in headers.items()})
+    return body, h
+
+
+ECHO = {"name": "echo", "arguments": {"text": "hi"}}
+
+
+def case(body: bytes, headers: dict[str, str]) -> tuple[bytes, list[tuple[str, str]]]:
+    return body, list(headers.items())
+
+
+VALIDATION = {
+    "unsupported version in envelope and header": (
+        lambda: case(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {
+            "_meta": {**envelope(), "io.modelcontextprotocol/protocolVersion": "2099-01-01"}}}),
+            {**modern_request("tools/list")[1], "mcp-protocol-version": "2099-01-01"}),
+        400, -32022, {"supported": [MODERN], "requested": "2099-01-01"}),
+    "header version disagrees with envelope": (
+        lambda: case(*modern_request("tools/list", **{"mcp_protocol_version": "2099-01-01"})),
+        400, -32022, {"supported": [MODERN], "requested": "2099-01-01"}),
+    "MCP-Protocol-Version missing": (
+        lambda: case(modern_request("tools/list")[0],
+                     {k: v for k, v in modern_request("tools/list")[1].items()
+                      if k != "mcp-protocol-version"}),
+        400, -32020, {"mismatch": "MCP-Protocol-Version"}),
+    "Mcp-Method missing": (
+        lambda: case(modern_request("tools/list")[0],
+                     {k: v for k, v in modern_request("tools/list")[1].items()
+                      if k != "mcp-method"}),
+        400, -32020, {"mismatch": "Mcp-Method"}),
+    "Mcp-Method disagrees (case-sensitive)": (
+        lambda: case(*modern_request("tools/list", mcp_method="Tools/List")),
+        400, -32020, {"mismatch": "Mcp-Method"}),
+    "Mcp-Name disagrees": (
+        lambda: case(*modern_request("tools/call", ECHO, mcp_name="boom")),
+        400, -32020, {"mismatch": "Mcp-Name"}),
+    "Mcp-Name duplicated": (
+        lambda: (modern_request("tools/call", ECHO)[0],
+                 [*modern_request("tools/call", ECHO)[1].items(), ("mcp-name", "echo")]),
+        400, -32020, {"mismatch": "Mcp-Name"}),
+    "Mcp-Name base64 of the name": (
+        lambda: case(*modern_request("tools/call", ECHO, mcp_name="=?base64?ZWNobw==?=")),
+        200, None, None),
+    "Mcp-Name non-canonical base64": (
+        lambda: case(*modern_request("tools/call", ECHO, mcp_name="=?base64?ZWNobw?=")),
+        400, -32020, {"mismatch": "Mcp-Name"}),
+    "modern header without an envelope": (
+        lambda: case(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+                     modern_request("tools/list")[1]),
+        400, -32602, None),
+    "malformed clientInfo": (
+        lambda: case(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {
+            "_meta": {**envelope(), "io.modelcontextprotocol/clientInfo": "me"}}}),
+            modern_request("tools/list")[1]),
+        400, -32602, None),
+    "clientCapabilities missing": (
+        lambda: case(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {
+            "_meta": {"io.modelcontextprotocol/protocolVersion": MODERN}}}),
+            modern_request("tools/list")[1]),
+        400, -32602, None),
+    "Mcp-Session-Id on a modern request": (
+        lambda: case(*modern_request("tools/list", mcp_session_id="abc")),
+        400, -32600, None),
+    "batch with a modern request": (
+        lambda: case(b"[" + modern_request("tools/list")[0] + b"]", modern_request("tools/list")[1]),
+        400, -32600, None),
+    "unknown method": (
+        lambda: case(*modern_request("tools/frobnicate")),
+        404, -32601, {"method": "tools/frobnicate"}),
+    "ping is not a 2026-07-28 method": (
+        lambda: case(*modern_request("ping")),
+        404, -32601, {"method": "ping"}),
+}
+
+
+@pytest.mark.parametrize("row", list(VALIDATION))
+async def test_validation_table(tmp_path: Path, row: str) -> None:
+    build, status, code, data = VALIDATION[row]
+    async with stack(tmp_path, stateless_json_app, "auto") as (endpoint, probe, _):
+        body, headers = build()
+        async with httpx.AsyncClient() as raw:
+            response = await raw.post(endpoint, content=body, headers=headers)
+        assert response.status_code == status, response.text
+        if code is None:
+            assert response.json()["result"]["resultType"] == "complete"
+            return
+        error = response.json()["error"]
+        assert error["code"] == code
+        assert error.get("data") == data
+        assert probe.tool_calls("echo") == []  # nothing invalid was forwarded
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+async def test_get_and_delete_claiming_modern_are_405(tmp_path: Path, method: str) -> None:
+    async with stack(tmp_path, stateful_sse_app, "auto") as (endpoint, _, _db):
+        async with httpx.AsyncClient() as raw:
+            response = await raw.request(method, endpoint,
+                                         headers={"mcp-protocol-version": MODERN})
+        assert response.status_code == 405 and response.headers["allow"] == "POST"
+
+
+async def test_discover_built_from_a_legacy_upstream(tmp_path: Path) -> None:
+    async with stack(tmp_path, stateful_sse_app, "legacy") as (endpoint, _, _db):
+        body, headers = modern_request("server/discover")
+        async with httpx.AsyncClient() as raw:
+            result = (await raw.post(endpoint, content=body, headers=headers)).json()["result"]
+        assert result["supportedVersions"] == [MODERN]
+        assert result["resultType"] == "complete" and result["cacheScope"] == "private"
+        assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"]
+        assert "tools" in result["capabilities"]
+
+
+async def test_bridged_server_request_ends_the_call_clearly(tmp_path: Path) -> None:
+    async with stack(tmp_path, stateful_sse_app, "legacy") as (endpoint, probe, db):
+        body, headers = modern_request("tools/call", {"name": "ask_sampling",
+                                                      "arguments": {"prompt": "x"}})
+        async with httpx.AsyncClient(timeout=DEADLINE) as raw:
+            response = await raw.post(endpoint, content=body, headers=headers)
+        last = orjson.loads(response.content.rsplit(b"data: ", 1)[1])
+        assert last["error"]["code"] == -32000
+        assert "sampling/createMessage" in last["error"]["message"]
+    (record,) = [r for r in query(db) if r["tool"] == "ask_sampling"]
+    assert record["status"] == "error" and "sampling/createMessage" in record["error_message"]
+
+
+async def test_modern_disconnect_cancels_the_upstream_call(tmp_path: Path) -> None:
+    async with stack(tmp_path, stateful_sse_app, "auto") as (endpoint, probe, db):
+        body, headers = modern_request("tools/call", {"name": "wait_forever", "arguments": {}})
+        async with httpx.AsyncClient() as doomed:
+            pending = asyncio.create_task(doomed.post(endpoint, content=body, headers=headers))
+            await asyncio.wait_for(probe.started.wait(), DEADLINE)
+            pending.cancel()
+        await asyncio.wait_for(probe.cancelled.wait(), DEADLINE)
+
+
+async def test_modern_cancel_request_ends_only_the_callers_own_call(tmp_path: Path) -> None:
+    async with stack(tmp_path, stateful_sse_app, "auto") as (endpoint, probe, db):
+        body, headers = modern_request("tools/call", {"name": "wait_forever", "arguments": {}},
+                                       request_id="call-7")
+        async with httpx.AsyncClient(timeout=DEADLINE) as raw:
+            pending = asyncio.create_task(raw.post(endpoint, content=body, headers=headers))
+            await asyncio.wait_for(probe.started.wait(), DEADLINE)
+            other = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                  "params": {"requestId": "someone-else",
+                                             "_meta": envelope()}})
+            note_headers = {**headers, "mcp-method": "notifications/cancelled"}
+            note_headers.pop("mcp-name")
+            assert (await raw.post(endpoint, content=other, headers=note_headers)
+                    ).status_code == 202
+            assert not pending.done()
+            mine = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                 "params": {"requestId": "call-7", "_meta": envelope()}})
+            assert (await raw.post(endpoint, content=mine, headers=note_headers)
+                    ).status_code == 202
+            response = await asyncio.wait_for(pending, DEADLINE)
+        last = orjson.loads(response.content.rsplit(b"data: ", 1)[-1].split(b"\r\n")[0]
+                            if response.headers["content-type"].startswith("text/event-stream")
+                            else response.content)
+        assert last["error"]["code"] == -32800
+        await asyncio.wait_for(probe.cancelled.wait(), DEADLINE)
