@@ -108,7 +108,9 @@ class Gateway:
 
     async def post(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
         started = time.perf_counter()
-        record = AuditRecord(endpoint=route.name)
+        # the header's claim until the body says otherwise, so refusals before parsing name it
+        record = AuditRecord(endpoint=route.name, era="modern" if eras.claims_modern(
+            req.headers.get("mcp-protocol-version")) else "legacy")
         body = b""
         msg: McpMessage | None = None
         try:
@@ -128,9 +130,8 @@ class Gateway:
             record.method, record.tool = msg.method, msg.tool
             if msg.kind == "request":
                 record.request_id = _id_text(msg.id)
-            era = eras.classify(msg, req.headers)
+            era = record.era = eras.classify(msg, req.headers)
             if era == "modern":
-                record.era = "modern"
                 eras.validate(msg, req.headers, req.duplicated)
                 record.client_name = eras.client_name(msg)
             ctx = CallContext(principal, route.name, str(route.url), era=era,
