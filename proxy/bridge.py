@@ -10,14 +10,16 @@ principals, and re-opens it when the upstream forgets it.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
+import re
 from typing import Any
 
 import orjson
 from cachetools import TTLCache
 
 from proxy import __version__, eras
-from proxy.errors import GatewayError, UpstreamProtocolError
+from proxy.errors import GatewayError, UpstreamFailure, UpstreamProtocolError
 from proxy.sse import EventSplitter, event_data
 from proxy.upstream import UpstreamClient, UpstreamRoute, map_errors
 
@@ -39,6 +41,26 @@ class Bridge:
             maxsize=100_000, ttl=session_ttl_s)
         self._opening: dict[tuple[str, str], asyncio.Future[tuple[str | None, dict[str, Any]]]] = {}
         self._init_results: dict[str, dict[str, Any]] = {}
+        self._discovered: dict[str, dict[str, Any]] = {}
+        # upstreams that speak only 2026-07-28: configured so, or learned when one refused a
+        # legacy initialize after answering server/discover
+        self._modern_only = {name for name, era in configured.items() if era == "modern"}
+
+    def modern_only(self, route: UpstreamRoute) -> bool:
+        return route.name in self._modern_only
+
+    def mark_modern_only(self, route: UpstreamRoute) -> None:
+        self._modern_only.add(route.name)
+
+    async def discover(self, route: UpstreamRoute) -> dict[str, Any]:
+        """The upstream's DiscoverResult (probed once and kept)."""
+        if route.name not in self._discovered:
+            self._verdicts.pop(route.name, None)
+            await self.era(route)
+        result = self._discovered.get(route.name)
+        if result is None:
+            raise UpstreamProtocolError("upstream answered no server/discover")
+        return result
 
     async def era(self, route: UpstreamRoute) -> eras.Era:
         known = self._verdicts.get(route.name)
@@ -74,6 +96,7 @@ class Bridge:
         result = obj.get("result") if obj else None
         versions = result.get("supportedVersions") if isinstance(result, dict) else None
         if isinstance(versions, list) and eras.MODERN_VERSIONS[0] in versions:
+            self._discovered[route.name] = result  # type: ignore[assignment]
             return "modern"
         return "legacy"
 
@@ -171,6 +194,55 @@ def _loads(data: bytes) -> Any:
         return orjson.loads(data) if data else None
     except orjson.JSONDecodeError:
         return None
+
+
+def envelope_for(session_envelope: dict[str, Any]) -> dict[str, Any]:
+    return {eras.PV: eras.MODERN_VERSIONS[0], **session_envelope}
+
+
+def initialize_from_discover(discover: dict[str, Any], requested: Any,
+                             endpoint: str) -> dict[str, Any]:
+    """The gateway's own answer to a legacy `initialize` for a 2026-07-28-only upstream."""
+    caps = {k: v for k, v in (discover.get("capabilities") or {}).items() if k != "extensions"}
+    for key in ("prompts", "resources", "tools"):
+        if isinstance(caps.get(key), dict):  # no listen stream is bridged onto the session
+            caps[key] = {k: v for k, v in caps[key].items()
+                         if k not in ("listChanged", "subscribe")}
+    meta = discover.get("_meta")
+    info = meta.get(eras.SERVER_INFO) if isinstance(meta, dict) else None
+    if not isinstance(info, dict):
+        info = {"name": endpoint, "version": ""}
+    version = requested if requested in eras.LEGACY_VERSIONS else LEGACY_VERSION
+    out: dict[str, Any] = {"protocolVersion": version, "capabilities": caps, "serverInfo": info}
+    if isinstance(discover.get("instructions"), str):
+        out["instructions"] = discover["instructions"]
+    return out
+
+
+def with_envelope(msg_body: bytes, envelope: dict[str, Any]) -> bytes:
+    """A legacy client's request as a 2026-07-28 upstream requires it: the envelope added."""
+    obj = orjson.loads(msg_body)
+    params = obj.get("params")
+    if not isinstance(params, dict):
+        params = obj["params"] = {}
+    meta = params.get("_meta")
+    params["_meta"] = {**(meta if isinstance(meta, dict) else {}), **envelope}
+    return orjson.dumps(obj)
+
+
+def encode_header(value: str) -> str:
+    """The `=?base64?...?=` form for a value that is not plain visible ASCII."""
+    if re.fullmatch(r"[\x20-\x7E]*", value) and value == value.strip() \
+            and not (value.startswith("=?base64?") and value.endswith("?=")):
+        return value
+    return "=?base64?" + base64.b64encode(value.encode()).decode() + "?="
+
+
+def refuse_input_required(result: dict[str, Any]) -> bool:
+    if result.get("resultType") == "input_required":
+        raise UpstreamFailure("upstream asked for input, which this 2025-11-25 client cannot "
+                              "give through the gateway")
+    return False
 
 
 def complete(result: dict[str, Any], method: str | None) -> bool:

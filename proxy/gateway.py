@@ -71,6 +71,8 @@ class Leg:
     bridged: bool = False
     notify: bool = True  # a legacy upstream learns of a cancellation by notification
     local: dict[str, Any] | None = None  # a result the gateway answers itself
+    body: bytes | None = None  # the request as the upstream needs it, when not as sent
+    to_legacy_client: bool = False  # a legacy client bridged onto a 2026-07-28-only upstream
 
 
 @dataclass(slots=True)
@@ -141,8 +143,8 @@ class Gateway:
                 await self.chain.run(msg, ctx)
             if msg.kind == "request":
                 return await self._call(route, req, msg, session, ctx, record, started)
-            if era == "modern":
-                return await self._modern_notification(route, msg, principal)
+            if era == "modern" or (session is not None and session.bridged_envelope is not None):
+                return await self._modern_notification(route, msg, principal, session)
             return await self._one_way(route, req, msg, session, principal, record, started)
         except GatewayError as exc:
             request_id = msg.id if msg is not None else _late_id(exc, body)
@@ -167,20 +169,28 @@ class Gateway:
                   session.protocol_version if session else None)
         try:
             leg = await self._leg(route, req, msg, session, ctx)
+            if leg.local is None:
+                if leg.bridged:
+                    rewrite = _with_completion(rewrite, msg.method)
+                if leg.to_legacy_client:
+                    rewrite = _refusing_input(rewrite)
+                response = await self.upstream.open(route, "POST", leg.headers,
+                                                    leg.body or msg.body)
+                if leg.bridged and response.status_code == 404:
+                    # the upstream forgot the session the gateway holds for this caller
+                    await response.aclose()
+                    self.bridge.forget(route, principal.key)
+                    leg = await self._leg(route, req, msg, session, ctx)
+                    response = await self.upstream.open(route, "POST", leg.headers, msg.body)
+                elif (msg.method == "initialize" and response.status_code >= 400
+                      and await self._modern_only(route)):
+                    # a 2026-07-28-only upstream refused a legacy opening: bridge it
+                    await response.aclose()
+                    response = None
+                    leg = await self._leg(route, req, msg, session, ctx)
             if leg.local is not None:
-                data = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "result": leg.local})
-                record.bytes_out = len(data)
-                self._emit(record, started)
-                return EdgeResponse(200, dict(JSON_HEADERS), data)
-            if leg.bridged:
-                rewrite = _with_completion(rewrite, msg.method)
-            response = await self.upstream.open(route, "POST", leg.headers, msg.body)
-            if leg.bridged and response.status_code == 404:
-                # the upstream forgot the session the gateway holds for this caller: reopen once
-                await response.aclose()
-                self.bridge.forget(route, principal.key)
-                leg = await self._leg(route, req, msg, session, ctx)
-                response = await self.upstream.open(route, "POST", leg.headers, msg.body)
+                return await self._answer_here(route, msg, leg.local, ctx, record, started)
+            assert response is not None
             await self._check_status(response, session)
             out_headers: dict[str, str]
             if msg.method == "initialize":
@@ -262,6 +272,12 @@ class Gateway:
                    session: Session | None, ctx: CallContext) -> Leg:
         identity = self.identity.headers(route, ctx.principal)
         if ctx.era == "legacy":
+            if msg.method == "initialize" and self.bridge.modern_only(route):
+                discover = await self.bridge.discover(route)
+                return Leg([], local=bridge.initialize_from_discover(
+                    discover, (msg.params or {}).get("protocolVersion"), route.name))
+            if session is not None and session.bridged_envelope is not None:
+                return self._to_modern(route, msg, session, identity)
             usid = session.upstream_session_id if session else None
             return Leg(self.upstream.headers(route, req.headers, usid, extra=identity), usid,
                        session.protocol_version if session else None)
@@ -280,16 +296,66 @@ class Gateway:
         headers.append(("mcp-protocol-version", bridge.LEGACY_VERSION))
         return Leg(headers, usid, bridge.LEGACY_VERSION, bridged=True)
 
+    def _to_modern(self, route: UpstreamRoute, msg: McpMessage, session: Session,
+                   identity: list[tuple[str, str]] | None) -> Leg:
+        """A legacy client's request, sent on as a 2026-07-28 request: envelope and headers."""
+        if msg.method == "ping":
+            return Leg([], local={})
+        assert session.bridged_envelope is not None
+        extra = [("mcp-protocol-version", eras.MODERN_VERSIONS[0]),
+                 ("mcp-method", msg.method or "")]
+        named = eras.NAMED.get(msg.method or "")
+        target = (msg.params or {}).get(named) if named else None
+        if isinstance(target, str):
+            extra.append(("mcp-name", bridge.encode_header(target)))
+        headers = self.upstream.headers(route, {"content-type": "application/json"}, None,
+                                        extra=[*extra, *(identity or [])])
+        body = bridge.with_envelope(msg.body, bridge.envelope_for(session.bridged_envelope))
+        return Leg(headers, notify=False, body=body, to_legacy_client=True)
+
+    async def _modern_only(self, route: UpstreamRoute) -> bool:
+        try:
+            if await self.bridge.era(route) != "modern":
+                return False
+        except GatewayError:
+            return False
+        self.bridge.mark_modern_only(route)
+        return True
+
+    async def _answer_here(self, route: UpstreamRoute, msg: McpMessage, result: dict[str, Any],
+                           ctx: CallContext, record: AuditRecord, started: float) -> EdgeResponse:
+        """A result the gateway gives itself: discover or initialize built for a bridge."""
+        headers = dict(JSON_HEADERS)
+        if msg.method == "initialize":
+            params = msg.params or {}
+            caps = params.get("capabilities")
+            info = params.get("clientInfo")
+            envelope: dict[str, Any] = {eras.CLIENT_CAPS: caps if isinstance(caps, dict) else {}}
+            if isinstance(info, dict) and isinstance(info.get("name"), str) \
+                    and isinstance(info.get("version"), str):
+                envelope[eras.CLIENT_INFO] = {"name": info["name"], "version": info["version"]}
+            session = await self.sessions.create(route.name, ctx.principal.key, None,
+                                                 result.get("protocolVersion"), envelope)
+            record.session_hash = session.id_hash
+            headers["Mcp-Session-Id"] = session.id
+        data = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "result": result})
+        record.bytes_out = len(data)
+        self._emit(record, started)
+        return EdgeResponse(200, headers, data)
+
     async def _modern_notification(self, route: UpstreamRoute, msg: McpMessage,
-                                   principal: Principal) -> EdgeResponse:
-        """A 2026-07-28 notification is answered here: a cancel naming one of this caller's
-        calls in flight ends it (and closes its upstream request); anything else is
-        acknowledged and changes nothing."""
+                                   principal: Principal, session: Session | None
+                                   ) -> EdgeResponse:
+        """A notification bound for a 2026-07-28 upstream is answered here, which has no use
+        for one: a cancel naming one of this caller's calls in flight ends it (and closes its
+        upstream request); anything else is acknowledged and changes nothing."""
         target_id = msg.params.get("requestId") if msg.params is not None else None
         if msg.method == "notifications/cancelled" and isinstance(target_id, (str, int)):
-            await self.inflight.cancel((route.name, principal.key, "", target_id),
-                                       CLIENT_CANCELLED)
-        return EdgeResponse(202)
+            await self.inflight.cancel(
+                (route.name, principal.key, session.id if session else "", target_id),
+                CLIENT_CANCELLED)
+        headers = {"Mcp-Session-Id": session.id} if session is not None else {}
+        return EdgeResponse(202, headers)
 
     async def _one_way(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
                        session: Session | None, principal: Principal, record: AuditRecord,
@@ -323,6 +389,9 @@ class Gateway:
     async def get(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
         try:
             session = await self._guard_bodyless(route, req)
+            if session is not None and session.bridged_envelope is not None:
+                # a 2026-07-28 upstream has no server-to-client stream to offer
+                return EdgeResponse(405, {"Allow": "POST, DELETE"})
             headers = self.upstream.headers(
                 route, req.headers, session.upstream_session_id if session else None, get=True)
             response = await self.upstream.open(route, "GET", headers, stream_timeout=True)
@@ -439,6 +508,15 @@ class Gateway:
         """At shutdown: let background work (cancel notices, stream clean-up) finish."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout)
+
+
+def _refusing_input(rewrite: Callable[[dict[str, Any]], bool] | None
+                    ) -> Callable[[dict[str, Any]], bool]:
+    def refuse(result: dict[str, Any]) -> bool:
+        bridge.refuse_input_required(result)
+        return rewrite(result) if rewrite is not None else False
+
+    return refuse
 
 
 def _with_completion(rewrite: Callable[[dict[str, Any]], bool] | None, method: str | None

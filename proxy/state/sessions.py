@@ -5,6 +5,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 from typing import Protocol
 
 from cachetools import TTLCache
@@ -21,6 +22,9 @@ class Session:
     protocol_version: str | None = None
     created_at: float = field(default_factory=time.time)
     id_hash: str = ""
+    # set when a legacy client is bridged onto a 2026-07-28-only upstream: what the client
+    # declared at initialize, stamped into the envelope of each request the gateway forwards
+    bridged_envelope: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.id_hash:
@@ -34,7 +38,8 @@ def session_hash(session_id: str) -> str:
 
 class SessionStore(Protocol):
     async def create(self, endpoint: str, principal_key: str, upstream_session_id: str | None,
-                     protocol_version: str | None) -> Session: ...
+                     protocol_version: str | None,
+                     bridged_envelope: dict[str, Any] | None = None) -> Session: ...
 
     async def get(self, session_id: str) -> Session | None:
         """The live session with that id, its idle timer restarted; None if dead or unknown."""
@@ -51,9 +56,11 @@ class MemorySessionStore:
             maxsize=max_sessions, ttl=idle_timeout_s, timer=clock or time.monotonic)
 
     async def create(self, endpoint: str, principal_key: str, upstream_session_id: str | None,
-                     protocol_version: str | None) -> Session:
+                     protocol_version: str | None,
+                     bridged_envelope: dict[str, Any] | None = None) -> Session:
         session = Session(secrets.token_urlsafe(24), endpoint, principal_key,
-                          upstream_session_id, protocol_version)
+                          upstream_session_id, protocol_version,
+                          bridged_envelope=bridged_envelope)
         self._sessions[session.id] = session
         return session
 

@@ -242,3 +242,34 @@ async def test_modern_cancel_request_ends_only_the_callers_own_call(tmp_path: Pa
                             else response.content)
         assert last["error"]["code"] == -32800
         await asyncio.wait_for(probe.cancelled.wait(), DEADLINE)
+
+
+@pytest.mark.parametrize("make", [stateful_sse_app, stateless_json_app],
+                         ids=["stateful", "stateless"])
+async def test_legacy_client_on_a_modern_only_upstream(tmp_path: Path, make: Any) -> None:
+    from tests.e2e.sdk_client import connect
+
+    async with stack(tmp_path, make, "modern") as (endpoint, probe, db):
+        progress: list[float] = []
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            progress.append(value)
+
+        async with connect(endpoint, terminate_on_close=False) as client:
+            assert client.session_id is not None  # the gateway's own session
+            assert client.initialize_result.server_info.name
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert {"echo", "slow_progress"} <= names
+            assert (await client.call_tool("echo", {"text": "bridged"})).content[0].text \
+                == "bridged"
+            await client.call_tool("slow_progress", {"steps": 2}, progress_callback=on_progress)
+            assert await client.terminate() == 200
+        # every request reached the upstream as a 2026-07-28 request, enveloped and mirrored
+        echo = probe.tool_calls("echo")[0]
+        assert echo.headers["mcp-protocol-version"] == MODERN
+        assert echo.headers["mcp-name"] == "echo" and echo.headers["mcp-method"] == "tools/call"
+        assert not any(ex.rpc_method == "initialize" for ex in probe.exchanges)
+        if make is stateful_sse_app:
+            assert progress == [1, 2]
+    eras_seen = {r["era"] for r in query(db, limit=50)}
+    assert eras_seen == {"legacy"}
