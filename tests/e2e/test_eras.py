@@ -273,3 +273,27 @@ async def test_legacy_client_on_a_modern_only_upstream(tmp_path: Path, make: Any
             assert progress == [1, 2]
     eras_seen = {r["era"] for r in query(db, limit=50)}
     assert eras_seen == {"legacy"}
+
+
+async def test_listen_is_a_long_lived_stream_on_a_modern_upstream(tmp_path: Path) -> None:
+    async with stack(tmp_path, stateful_sse_app, "auto") as (endpoint, _, _db):
+        body, headers = modern_request("subscriptions/listen",
+                                       {"notifications": {"toolsListChanged": True}},
+                                       request_id="listen-1")
+        async with httpx.AsyncClient(timeout=DEADLINE) as raw:
+            async with raw.stream("POST", endpoint, content=body, headers=headers) as response:
+                assert response.headers["content-type"].startswith("text/event-stream")
+                first = await asyncio.wait_for(response.aiter_bytes().__anext__(), DEADLINE)
+        ack = orjson.loads(first.split(b"data: ", 1)[1].split(b"\r\n")[0])
+        assert ack["method"] == "notifications/subscriptions/acknowledged"
+        assert ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "listen-1"
+
+
+async def test_listen_on_a_legacy_upstream_is_404(tmp_path: Path) -> None:
+    async with stack(tmp_path, stateful_sse_app, "legacy") as (endpoint, _, _db):
+        body, headers = modern_request("subscriptions/listen", {"notifications": {}})
+        async with httpx.AsyncClient(timeout=DEADLINE) as raw:
+            response = await raw.post(endpoint, content=body, headers=headers)
+        assert response.status_code == 404
+        assert response.json()["error"] == {"code": -32601, "message": "Method not found",
+                                             "data": {"method": "subscriptions/listen"}}

@@ -108,3 +108,11 @@ def test_list_rewriter_filters_per_caller() -> None:
 def test_no_rewriter_where_nothing_is_hidden() -> None:
     assert POLICY.rewriter(msg("tools/list"), ctx(who(), "open")) is None
     assert POLICY.rewriter(msg("tools/call", name="x"), ctx(who())) is None
+
+
+def test_a_list_filtered_per_caller_is_never_publicly_cacheable() -> None:
+    result = {"tools": [{"name": "get_a"}], "resultType": "complete", "ttlMs": 60000,
+              "cacheScope": "public"}
+    rewrite = POLICY.rewriter(msg("tools/list"), ctx(who()))
+    assert rewrite is not None and rewrite(result)
+    assert result["cacheScope"] == "private" and result["ttlMs"] == 60000
