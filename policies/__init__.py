@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from policies.metering import MeteringBackend
     from proxy.chain import Policy
     from proxy.config import Config
 
 
-def default_policies(cfg: Config) -> list[Policy]:
+def default_policies(cfg: Config, metering: MeteringBackend | None = None) -> list[Policy]:
     """The policies this config asks for; a policy with nothing to decide is left out, so it
     costs nothing on the hot path. The imports are here, not at the top, because proxy.config
     embeds policy rules (policies.rate_limit): loading this package must not import the config
@@ -25,4 +26,8 @@ def default_policies(cfg: Config) -> list[Policy]:
         policies.append(Access(cfg))
     if cfg.rate_limits:
         policies.append(RateLimit(cfg.rate_limits, MemoryRateLimitStore(max_keys=100_000)))
+    if metering is not None:
+        from policies.metering import Metering
+
+        policies.append(Metering(cfg.metering, metering))
     return policies

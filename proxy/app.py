@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,6 +21,7 @@ from proxy.auth.lockout import MemoryLockoutStore
 from proxy.chain import Chain
 from proxy.config import Config
 from proxy.gateway import Gateway
+from proxy.metering import OutboxWorker, build_backend
 from proxy.state import MemoryInFlight, MemorySessionStore
 from proxy.upstream import UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
@@ -33,6 +35,7 @@ class State:
     """What the app holds while serving; tests reach sessions and in-flight calls here."""
 
     gateway: Gateway | None = None
+    outbox: OutboxWorker | None = None
 
 
 def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None,
@@ -47,7 +50,6 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     )
     routes = {u.name: UpstreamRoute.from_config(u) for u in cfg.upstreams}
     base_dir = base_dir or Path.cwd()
-    chain = Chain(default_policies(cfg))
     identity = IdentityForwarder(cfg, base_dir)
     lockouts = MemoryLockoutStore(cfg.auth.lockout, clock)
     sessions = MemorySessionStore(cfg.server.session_idle_timeout_s, cfg.server.max_sessions)
@@ -62,6 +64,16 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     async def lifespan() -> AsyncIterator[None]:
         upstream = UpstreamClient(upstream_transport)
         audit = audit_sink or SqliteAuditSink(cfg.database.sqlite_path)
+        backend = worker = worker_task = None
+        if cfg.metering.enabled:
+            backend = build_backend(cfg.metering, upstream.http)
+            if isinstance(audit, SqliteAuditSink):
+                worker = OutboxWorker(cfg.database.sqlite_path, backend,
+                                      cfg.metering.retry_max_s)
+                audit.on_outbox = worker.wake_threadsafe
+                worker_task = asyncio.get_running_loop().create_task(worker.run())
+        chain = Chain(default_policies(cfg, metering=backend))
+        state.outbox = worker
         keys = None
         authenticator: Authenticator = NoAuth()
         if cfg.auth.mode == "jwt":
@@ -75,8 +87,11 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
             yield
         finally:
             await state.gateway.drain(cfg.server.shutdown_grace_s)
+            await audit.close()  # every accepted record and usage event is on disk now
+            if worker_task is not None:
+                worker_task.cancel()  # undelivered events wait in the outbox for the next start
+                await asyncio.gather(worker_task, return_exceptions=True)
             await upstream.aclose()
-            await audit.close()
             if keys is not None:
                 keys.close()
 

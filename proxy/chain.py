@@ -29,6 +29,7 @@ class CallContext:
     arguments_size: int = 0
     api_key_id: str | None = None
     peer_ip: str | None = None
+    notes: dict[str, str] = field(default_factory=dict)  # what policies tell the audit step
     headers: tuple[tuple[str, str], ...] = ()
     clock: Callable[[], float] = field(default=time.monotonic)
 

@@ -129,12 +129,28 @@ class UpstreamConfig:
 
 
 @dataclass(frozen=True)
+class MeteringConfig:
+    hook: str = ""        # "module:object" with async authorize(request) and record(event)
+    url: str = ""         # or the HTTP webhook
+    secret: str = ""      # HMAC-SHA256 key for the webhook's X-Tollhouse-Signature
+    timeout_ms: int = 500
+    on_error: str = "deny"
+    methods: list[str] = field(default_factory=lambda: ["tools/call"])
+    retry_max_s: float = 300.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.hook or self.url)
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     upstreams: list[UpstreamConfig] = field(default_factory=list)
     rate_limits: list[RateLimitRule] = field(default_factory=list)
+    metering: MeteringConfig = field(default_factory=MeteringConfig)
 
     def upstream(self, name: str) -> UpstreamConfig | None:
         return next((u for u in self.upstreams if u.name == name), None)
@@ -290,7 +306,25 @@ def _check(cfg: Config, base_dir: Path) -> None:
                               "auth.mode = \"jwt\" (every caller is anonymous in mode none)")
 
 
+def _check_metering(m: MeteringConfig) -> None:
+    if m.hook and m.url:
+        raise ConfigError("config: 'metering' takes hook or url, not both")
+    if m.hook and not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", m.hook):
+        raise ConfigError("config: 'metering.hook' must be module.path:object")
+    if m.url:
+        _url(m.url, "metering.url")
+        if not m.secret:
+            raise ConfigError("config: 'metering.secret' is required with metering.url")
+    if m.on_error not in ("deny", "allow"):
+        raise ConfigError("config: 'metering.on_error' must be deny or allow")
+    _positive(m.timeout_ms, "metering.timeout_ms")
+    _positive(m.retry_max_s, "metering.retry_max_s")
+    if not m.methods:
+        raise ConfigError("config: 'metering.methods' must name at least one method")
+
+
 def _check_policies(cfg: Config) -> None:
+    _check_metering(cfg.metering)
     try:
         validate_rules(cfg.rate_limits, known_endpoints={u.name for u in cfg.upstreams})
     except ValueError as exc:

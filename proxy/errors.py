@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 
 import orjson
 
-Surface = Literal["jsonrpc", "plain", "oauth"]
+Surface = Literal["jsonrpc", "plain", "oauth", "tool_result"]
 AuditStatus = Literal["denied", "error", "cancelled"]
 
 
@@ -211,6 +211,36 @@ class RateLimited(PolicyDenied):
         self.retry_after_s = retry_after_s
 
 
+class MeteringDenied(PolicyDenied):
+    """The metering hook refused the call without a message for the person: seed 004 answers
+    -32000 at HTTP 200 with the hook's reason verbatim, and audits the same string."""
+
+    http_status = 200
+    code = -32000
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, reason[:500])
+
+
+# seed 001's closed registry for denials a person should read: code -> retryable
+TOOL_ERROR_CODES = {"gateway.metering.denied": False, "gateway.metering.unavailable": True,
+                    "gateway.internal": True}
+
+
+class ToolResultDenial(PolicyDenied):
+    """A tools/call refusal a person should read: a tool result with isError and seed 001's
+    structured content (error_id, code, message, retryable, trace_id, details, created_at)."""
+
+    surface = "tool_result"
+    http_status = 200
+
+    def __init__(self, reason: str, user_message: str, code: str,
+                 retry_after_ms: int | None = None) -> None:
+        super().__init__(reason, user_message[:500])
+        self.tool_code = code
+        self.retry_after_ms = retry_after_ms
+
+
 # -- after routing: HTTP 200, the call's own answer (seed 004) -----------------------------------
 
 class UpstreamFailure(GatewayError):
@@ -273,9 +303,31 @@ def render(exc: GatewayError, request_id: Any = None) -> tuple[int, dict[str, st
         body = orjson.dumps({"error": exc.wire_message})
     elif exc.surface == "oauth":
         body = orjson.dumps({"error": exc.oauth_error, "error_description": exc.wire_message})
+    elif isinstance(exc, ToolResultDenial):
+        body = orjson.dumps({"jsonrpc": "2.0", "id": request_id,
+                             "result": tool_error_result(exc)})
     else:
         body = jsonrpc_error_body(exc.code, exc.wire_message, request_id, exc.data)
     return exc.http_status, {"Content-Type": "application/json", **exc.headers}, body
+
+
+def tool_error_result(exc: ToolResultDenial) -> dict[str, Any]:
+    import datetime as dt
+    import secrets
+
+    structured: dict[str, Any] = {
+        "error_id": f"err_{secrets.token_hex(10)}",
+        "code": exc.tool_code,
+        "message": exc.wire_message,
+        "retryable": TOOL_ERROR_CODES.get(exc.tool_code, False),
+        "trace_id": f"trc_{secrets.token_hex(10)}",
+        "details": {},
+        "created_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if exc.retry_after_ms is not None:
+        structured["retry_after_ms"] = exc.retry_after_ms
+    return {"content": [{"type": "text", "text": exc.wire_message}], "isError": True,
+            "structuredContent": structured}
 
 
 def sse_event(body: bytes) -> bytes:

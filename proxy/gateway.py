@@ -141,6 +141,9 @@ class Gateway:
                               api_key_id=principal.api_key_id, peer_ip=req.peer)
             if msg.kind != "response":
                 await self.chain.run(msg, ctx)
+                if ctx.notes:
+                    record.call_id = ctx.notes.get("call_id")
+                    record.note = ctx.notes.get("metering")
             if msg.kind == "request":
                 return await self._call(route, req, msg, session, ctx, record, started)
             if era == "modern" or (session is not None and session.bridged_envelope is not None):

@@ -25,10 +25,20 @@ class AuditRecord:
     era: str = "legacy"
     session_hash: str | None = None
     client_name: str | None = None  # modern requests' clientInfo.name: display only
+    call_id: str | None = None  # set on metered calls: the usage event's idempotency key
+    note: str | None = None  # e.g. a metering hook that failed and on_error allowed the call
     ts: float = field(default_factory=time.time)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def usage_event(self) -> dict[str, Any]:
+        """The webhook's fixed `usage` shape."""
+        return {"type": "usage", "call_id": self.call_id, "principal": self.principal,
+                "endpoint": self.endpoint, "tool": self.tool, "status": self.status,
+                "duration_ms": round(self.duration_ms, 3), "bytes_in": self.bytes_in,
+                "bytes_out": self.bytes_out,
+                "error": self.error_message or self.denied_reason, "at": self.ts}
 
 
 class AuditSink(Protocol):

@@ -5,6 +5,7 @@ import queue
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ log = logging.getLogger("tollhouse.audit")
 
 _COLUMNS = ("ts", "request_id", "principal", "endpoint", "method", "tool", "status",
             "denied_reason", "error_message", "duration_ms", "bytes_in", "bytes_out", "era",
-            "session_hash", "client_name")
+            "session_hash", "client_name", "call_id", "note")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS audit (
@@ -35,12 +36,25 @@ CREATE TABLE IF NOT EXISTS audit (
     bytes_out INTEGER NOT NULL,
     era TEXT NOT NULL,
     session_hash TEXT,
-    client_name TEXT
+    client_name TEXT,
+    call_id TEXT,
+    note TEXT
 );
 CREATE INDEX IF NOT EXISTS audit_ts ON audit (ts);
 CREATE INDEX IF NOT EXISTS audit_status_ts ON audit (status, ts);
 CREATE INDEX IF NOT EXISTS audit_endpoint_ts ON audit (endpoint, ts);
+CREATE TABLE IF NOT EXISTS usage_outbox (
+    call_id TEXT PRIMARY KEY,
+    event TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL,
+    delivered_at REAL
+);
+CREATE INDEX IF NOT EXISTS usage_outbox_due ON usage_outbox (delivered_at, next_attempt_at);
 """
+_OUTBOX = ("INSERT OR IGNORE INTO usage_outbox (call_id, event, created_at, next_attempt_at) "
+           "VALUES (?, ?, ?, ?)")
 _INSERT = (f"INSERT INTO audit ({', '.join(_COLUMNS)}) "
            f"VALUES ({', '.join('?' for _ in _COLUMNS)})")
 _STOP = object()
@@ -54,8 +68,9 @@ def connect(path: str) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.executescript(SCHEMA)
     columns = {row[1] for row in conn.execute("PRAGMA table_info(audit)")}
-    if "client_name" not in columns:  # a log written before modern requests were audited
-        conn.execute("ALTER TABLE audit ADD COLUMN client_name TEXT")
+    for column in ("client_name", "call_id", "note"):  # logs written by earlier versions
+        if column not in columns:
+            conn.execute(f"ALTER TABLE audit ADD COLUMN {column} TEXT")
     return conn
 
 
@@ -65,8 +80,10 @@ class SqliteAuditSink:
     the records go to a JSON-lines file beside it rather than being dropped."""
 
     def __init__(self, path: str, batch_size: int = 500, linger_s: float = 0.05,
-                 retry_backoff_s: float = 0.05) -> None:
+                 retry_backoff_s: float = 0.05,
+                 on_outbox: Callable[[], None] | None = None) -> None:
         self._path = path
+        self.on_outbox = on_outbox  # called (from the writer thread) after usage events land
         self._retry_backoff_s = retry_backoff_s
         self._batch_size = batch_size
         self._linger_s = linger_s
@@ -110,11 +127,17 @@ class SqliteAuditSink:
 
     def _write(self, batch: list[AuditRecord], final: bool) -> None:
         rows = [_row(r) for r in batch]
+        usage = [(r.call_id, orjson.dumps(r.usage_event()).decode(), r.ts, r.ts)
+                 for r in batch if r.call_id]
         for attempt in range(5):
             try:
-                with self._conn:
+                with self._conn:  # the audit rows and their usage events in one transaction
                     self._conn.executemany(_INSERT, rows)
+                    if usage:
+                        self._conn.executemany(_OUTBOX, usage)
                 self.written += len(rows)
+                if usage and self.on_outbox is not None:
+                    self.on_outbox()
                 return
             except sqlite3.Error as exc:
                 log.warning("audit write failed (attempt %d): %s", attempt + 1, exc)
@@ -130,7 +153,7 @@ class SqliteAuditSink:
 def _row(r: AuditRecord) -> tuple[Any, ...]:
     return (r.ts, r.request_id, r.principal, r.endpoint, r.method, r.tool, r.status,
             r.denied_reason, r.error_message, round(r.duration_ms, 3), r.bytes_in, r.bytes_out,
-            r.era, r.session_hash, r.client_name)
+            r.era, r.session_hash, r.client_name, r.call_id, r.note)
 
 
 def query(path: str, *, status: str | None = None, endpoint: str | None = None,

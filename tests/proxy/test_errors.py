@@ -23,6 +23,8 @@ def test_every_error_renders_in_a_documented_shape(cls: type) -> None:
     elif cls is errors.HiddenTool:
         exc = cls("access: tool x hidden", "x")
         assert exc.wire_message == "Unknown tool: x"
+    elif cls is errors.ToolResultDenial:
+        exc = cls("metering: no credits", "You are out of credits.", "gateway.metering.denied")
     elif cls is errors.LockedOut:
         exc = cls("auth: locked", 30)
     elif cls is errors.RateLimited:
@@ -37,6 +39,15 @@ def test_every_error_renders_in_a_documented_shape(cls: type) -> None:
     assert headers["Content-Type"] == "application/json"
     if cls.surface == "plain":
         assert set(obj) == {"error"} and 400 <= status < 500
+    elif cls.surface == "tool_result":
+        result = obj["result"]
+        assert status == 200 and obj["id"] == 9 and result["isError"] is True
+        assert result["content"] == [{"type": "text", "text": "You are out of credits."}]
+        structured = result["structuredContent"]
+        assert set(structured) == {"error_id", "code", "message", "retryable", "trace_id",
+                                   "details", "created_at"}
+        assert structured["code"] in errors.TOOL_ERROR_CODES
+        assert structured["retryable"] is errors.TOOL_ERROR_CODES[structured["code"]]
     elif cls.surface == "oauth":
         assert set(obj) == {"error", "error_description"} and status in (400, 401, 413, 429)
     else:

@@ -1,0 +1,78 @@
+"""The metering hook, last in the chain so that a call denied by anything else is never billed.
+
+Before a metered call is forwarded, the hook is asked to authorize it; it may allow, or deny with
+a `reason` and optionally a `user_message` for the person. A hook that cannot answer within
+`timeout_ms` refuses the call (fail closed), or allows it with `on_error = "allow"`; both are
+audited. After the call, the gateway records one usage event through a durable outbox (the
+call id set here is its idempotency key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from proxy.errors import MeteringDenied, ToolResultDenial
+
+if TYPE_CHECKING:
+    from proxy.chain import CallContext
+    from proxy.config import MeteringConfig
+    from proxy.jsonrpc import McpMessage
+
+
+class MeteringBackend(Protocol):
+    async def authorize(self, request: dict[str, Any]) -> dict[str, Any]:
+        """{"allow": true} or {"allow": false, "reason": "...", "user_message": "..."}."""
+
+    async def record(self, event: dict[str, Any]) -> None:
+        """Deliver one usage event; raise to have it retried."""
+
+
+class Metering:
+    name: ClassVar[str] = "metering"
+    order: ClassVar[int] = 500
+
+    def __init__(self, cfg: MeteringConfig, backend: MeteringBackend) -> None:
+        self._methods = frozenset(cfg.methods)
+        self._timeout_s = cfg.timeout_ms / 1000
+        self._fail_open = cfg.on_error == "allow"
+        self._backend = backend
+
+    async def check(self, call: McpMessage, ctx: CallContext) -> None:
+        if call.method not in self._methods or call.kind != "request":
+            return
+        call_id = secrets.token_hex(12)
+        request = {"call_id": call_id, "principal": ctx.principal.subject,
+                   "endpoint": ctx.endpoint, "tool": call.tool,
+                   "arguments_bytes": ctx.arguments_size, "at": time.time()}
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                decision = await self._backend.authorize(request)
+            allow = decision.get("allow")
+            if not isinstance(allow, bool):
+                raise ValueError("the hook's answer has no boolean 'allow'")
+        except (Exception, TimeoutError) as exc:  # noqa: BLE001 - any hook failure is one case
+            what = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
+            if not self._fail_open:
+                self._deny_unavailable(call, what)
+            ctx.notes["metering"] = f"metering: authorize {what}; allowed by on_error"
+            ctx.notes["call_id"] = call_id
+            return
+        if allow:
+            ctx.notes["call_id"] = call_id
+            return
+        reason = decision.get("reason")
+        reason = reason if isinstance(reason, str) and reason else "denied by the metering hook"
+        user_message = decision.get("user_message")
+        if isinstance(user_message, str) and user_message and call.method == "tools/call":
+            raise ToolResultDenial(reason, user_message, "gateway.metering.denied")
+        raise MeteringDenied(reason)
+
+    def _deny_unavailable(self, call: McpMessage, what: str) -> None:
+        reason = f"metering: authorize {what}"
+        if call.method == "tools/call":
+            raise ToolResultDenial(reason, "The call could not be authorized for billing; "
+                                   "try again shortly.", "gateway.metering.unavailable")
+        raise MeteringDenied("metering unavailable")
