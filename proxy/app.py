@@ -90,7 +90,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
             await audit.close()  # every accepted record and usage event is on disk now
             if worker_task is not None:
                 worker_task.cancel()  # undelivered events wait in the outbox for the next start
-                await asyncio.gather(worker_task, return_exceptions=True)
+                await asyncio.wait({worker_task}, timeout=5)
             await upstream.aclose()
             if keys is not None:
                 keys.close()

@@ -17,7 +17,8 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import httpx
 import orjson
@@ -26,6 +27,7 @@ from policies.metering import MeteringBackend
 from proxy.config import MeteringConfig
 
 log = logging.getLogger("tollhouse.metering")
+T = TypeVar("T")
 
 
 class PythonHook:
@@ -84,7 +86,8 @@ def build_backend(cfg: MeteringConfig, http: httpx.AsyncClient) -> MeteringBacke
 
 class OutboxWorker:
     """Delivers due usage events; woken when new ones land, otherwise when the next retry is
-    due. Every database step runs in a worker thread."""
+    due. Every database step runs on one dedicated thread, in order: a step still running
+    when the worker is cancelled finishes before the connection is closed."""
 
     def __init__(self, path: str, backend: MeteringBackend, retry_max_s: float,
                  clock: Callable[[], float] = time.time) -> None:
@@ -94,17 +97,21 @@ class OutboxWorker:
         self._clock = clock
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-outbox")
         self.delivered = 0
+
+    async def _in_db(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._loop.run_in_executor(self._db, fn, *args)
 
     def wake_threadsafe(self) -> None:
         self._loop.call_soon_threadsafe(self._wake.set)
 
     async def run(self) -> None:
-        conn = await asyncio.to_thread(self._connect)
+        conn = await self._in_db(self._connect)
         try:
             while True:
                 self._wake.clear()
-                due, next_at = await asyncio.to_thread(self._due, conn, self._clock())
+                due, next_at = await self._in_db(self._due, conn, self._clock())
                 for call_id, event, attempts in due:
                     await self._deliver(conn, call_id, event, attempts)
                 if due:
@@ -115,7 +122,9 @@ class OutboxWorker:
                 except TimeoutError:
                     pass
         finally:
-            await asyncio.to_thread(conn.close)
+            # queued behind any step still running on the thread, whatever cancelled us
+            self._db.submit(conn.close)
+            self._db.shutdown(wait=False)
 
     def _connect(self) -> sqlite3.Connection:
         from proxy.audit.sqlite import connect
@@ -140,14 +149,14 @@ class OutboxWorker:
             delay = min(self._retry_max_s, 0.5 * 2 ** attempts)
             log.info("usage event %s not delivered (%s); retry in %.1fs", call_id,
                      type(exc).__name__, delay)
-            await asyncio.to_thread(self._update, conn,
-                                    "UPDATE usage_outbox SET attempts = attempts + 1, "
-                                    "next_attempt_at = ? WHERE call_id = ?",
-                                    (self._clock() + delay, call_id))
+            await self._in_db(self._update, conn,
+                              "UPDATE usage_outbox SET attempts = attempts + 1, "
+                              "next_attempt_at = ? WHERE call_id = ?",
+                              (self._clock() + delay, call_id))
             return
-        await asyncio.to_thread(self._update, conn,
-                                "UPDATE usage_outbox SET delivered_at = ? WHERE call_id = ?",
-                                (self._clock(), call_id))
+        await self._in_db(self._update, conn,
+                          "UPDATE usage_outbox SET delivered_at = ? WHERE call_id = ?",
+                          (self._clock(), call_id))
         self.delivered += 1
 
     @staticmethod

@@ -1,0 +1,96 @@
+"""The metering policy with plain objects and a fake backend."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from policies.metering import Metering
+from proxy.auth.principal import Principal
+from proxy.chain import CallContext
+from proxy.config import MeteringConfig
+from proxy.errors import MeteringDenied, ToolResultDenial
+from proxy.jsonrpc import parse
+
+CALL = parse(b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}')
+LIST = parse(b'{"jsonrpc":"2.0","id":2,"method":"tools/list"}')
+
+
+class Backend:
+    def __init__(self, answer: Any = None, hang: bool = False) -> None:
+        self.answer = answer if answer is not None else {"allow": True}
+        self.hang = hang
+        self.requests: list[dict[str, Any]] = []
+
+    async def authorize(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append(request)
+        if self.hang:
+            await asyncio.Event().wait()
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer  # type: ignore[no-any-return]
+
+    async def record(self, event: dict[str, Any]) -> None:
+        return None
+
+
+def ctx() -> CallContext:
+    return CallContext(principal=Principal(subject="alice"), endpoint="e",
+                       upstream_url="http://u/", arguments_size=42)
+
+
+def policy(backend: Backend, **cfg: Any) -> Metering:
+    return Metering(MeteringConfig(hook="x:y", timeout_ms=cfg.pop("timeout_ms", 50), **cfg),
+                    backend)
+
+
+async def test_allowed_call_gets_a_call_id_and_the_hook_sees_the_call() -> None:
+    backend, c = Backend(), ctx()
+    await policy(backend).check(CALL, c)
+    (request,) = backend.requests
+    assert request["call_id"] == c.notes["call_id"] and len(request["call_id"]) == 24
+    assert (request["principal"], request["endpoint"], request["tool"],
+            request["arguments_bytes"]) == ("alice", "e", "t", 42)
+
+
+async def test_methods_not_metered_pass_without_asking() -> None:
+    backend = Backend()
+    await policy(backend).check(LIST, ctx())
+    assert backend.requests == []
+
+
+async def test_deny_without_user_message_is_32000_with_the_reason() -> None:
+    with pytest.raises(MeteringDenied) as info:
+        await policy(Backend({"allow": False, "reason": "insufficient_credits"})).check(CALL,
+                                                                                       ctx())
+    assert (info.value.code, info.value.http_status) == (-32000, 200)
+    assert info.value.wire_message == "insufficient_credits"
+    assert info.value.audit_reason == "insufficient_credits"
+
+
+async def test_deny_with_user_message_is_a_tool_result() -> None:
+    backend = Backend({"allow": False, "reason": "no_credits", "user_message": "Top up first."})
+    with pytest.raises(ToolResultDenial) as info:
+        await policy(backend).check(CALL, ctx())
+    assert info.value.wire_message == "Top up first."
+    assert info.value.tool_code == "gateway.metering.denied"
+    assert info.value.audit_reason == "no_credits"
+
+
+@pytest.mark.parametrize("backend", [Backend(hang=True), Backend(ValueError("boom")),
+                                     Backend({"allow": "yes"})],
+                         ids=["timeout", "error", "bad answer"])
+async def test_a_hook_that_cannot_answer_fails_closed(backend: Backend) -> None:
+    with pytest.raises(ToolResultDenial) as info:
+        await policy(backend).check(CALL, ctx())
+    assert info.value.tool_code == "gateway.metering.unavailable"
+    assert info.value.audit_reason.startswith("metering: authorize")
+
+
+async def test_on_error_allow_lets_it_through_and_says_so() -> None:
+    c = ctx()
+    await policy(Backend(hang=True), on_error="allow").check(CALL, c)
+    assert c.notes["metering"] == "metering: authorize timed out; allowed by on_error"
+    assert c.notes["call_id"]
