@@ -1,0 +1,19 @@
+-- wrk script: POST one MCP tools/call JSON-RPC request per call.
+-- done() prints one machine-readable line for bench/loadgen.py.
+wrk.method = "POST"
+wrk.body = '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Accept"] = "application/json, text/event-stream"
+wrk.headers["MCP-Protocol-Version"] = "2025-11-25"
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    "BENCH_JSON {\"requests\":%d,\"duration_us\":%d,\"bytes\":%d," ..
+    "\"connect\":%d,\"read\":%d,\"write\":%d,\"status\":%d,\"timeout\":%d," ..
+    "\"p50_us\":%d,\"p90_us\":%d,\"p99_us\":%d,\"mean_us\":%.1f,\"max_us\":%d}\n",
+    summary.requests, summary.duration, summary.bytes,
+    e.connect, e.read, e.write, e.status, e.timeout,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency.mean, latency.max))
+end
