@@ -48,6 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     audit.add_argument("--limit", type=int, default=50)
     audit.add_argument("--json", action="store_true", help="one JSON object per line")
 
+    usage = sub.add_parser("usage", help="calls per principal, endpoint and tool over a period")
+    _config_arg(usage)
+    usage.add_argument("--db", help="the SQLite database to read, instead of the config's")
+    usage.add_argument("--since", default="24h",
+                       help="a duration such as 30m, 24h, 7d, or an ISO time (default 24h)")
+    usage.add_argument("--json", action="store_true", help="one JSON object per line")
+
     keys = sub.add_parser("keys", help="create, list and revoke API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     create = keys_sub.add_parser("create", help="create a key; its secret is shown once")
@@ -73,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             return _demo(args)
         if args.command == "keys":
             return _keys(args)
+        if args.command == "usage":
+            return _usage(args)
         return _audit(args)
     except ConfigError as exc:
         print(f"tollhouse: {exc}", file=sys.stderr)
@@ -169,6 +178,28 @@ def _demo(args: argparse.Namespace) -> int:
         )
 
     asyncio.run(run())
+    return 0
+
+
+def _usage(args: argparse.Namespace) -> int:
+    from proxy.audit.sqlite import usage
+
+    path = args.db if args.db else _load(args)[0].database.sqlite_path
+    rows = usage(path, since=parse_since(args.since))
+    out = sys.stdout
+    if args.json:
+        for row in rows:
+            out.write(orjson.dumps(row).decode() + "\n")
+        return 0
+    if not rows:
+        out.write("no calls in that period\n")
+        return 0
+    out.write(f"{'principal':<28} {'endpoint':<14} {'tool':<24} {'calls':>6} {'ok':>6} "
+              f"{'denied':>6} {'error':>6} {'bytes in':>10} {'bytes out':>10}\n")
+    for r in rows:
+        out.write(f"{r['principal'][:28]:<28} {r['endpoint'][:14]:<14} "
+                  f"{(r['tool'] or '-')[:24]:<24} {r['calls']:>6} {r['ok']:>6} "
+                  f"{r['denied']:>6} {r['error']:>6} {r['bytes_in']:>10} {r['bytes_out']:>10}\n")
     return 0
 
 

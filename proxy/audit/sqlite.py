@@ -184,3 +184,25 @@ def query(path: str, *, status: str | None = None, endpoint: str | None = None,
         return [dict(zip(_COLUMNS, row)) for row in cur.fetchall()]
     finally:
         conn.close()
+
+
+def usage(path: str, *, since: float) -> list[dict[str, Any]]:
+    """tools/call totals per principal, endpoint and tool since `since`, busiest first."""
+    if path != ":memory:" and not Path(path).exists():
+        return []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        cur = conn.execute(
+            "SELECT principal, endpoint, tool, count(*), "
+            "sum(status = 'ok'), sum(status = 'denied'), sum(status = 'error'), "
+            "sum(status = 'cancelled'), sum(bytes_in), sum(bytes_out), "
+            "round(sum(duration_ms), 3) FROM audit "
+            "WHERE method = 'tools/call' AND ts >= ? "
+            "GROUP BY principal, endpoint, tool ORDER BY count(*) DESC, principal", (since,))
+        names = ("principal", "endpoint", "tool", "calls", "ok", "denied", "error",
+                 "cancelled", "bytes_in", "bytes_out", "duration_ms")
+        return [dict(zip(names, row)) for row in cur.fetchall()]
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        conn.close()

@@ -75,3 +75,20 @@ def test_parse_since() -> None:
     assert parse_since("90s", now=1000.0) == 910.0
     assert parse_since("2h", now=10_000.0) == 2800.0
     assert parse_since("2026-01-01T00:00:00Z") == 1767225600.0
+
+
+async def test_cli_usage_totals(tmp_path: Path, capsys) -> None:
+    db = tmp_path / "a.db"
+    sink = SqliteAuditSink(str(db))
+    now = time.time()
+    for i, status in enumerate(["ok", "ok", "denied", "error"]):
+        sink.emit(record(i, ts=now, status=status, bytes_in=10, bytes_out=100))
+    sink.emit(record(9, ts=now, endpoint="f", bytes_in=1, bytes_out=1))
+    sink.emit(record(10, ts=now - 7 * 86400))  # outside the period
+    await sink.close()
+    assert main(["usage", "--db", str(db), "--since", "1d", "--json"]) == 0
+    rows = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["endpoint"], r["calls"], r["ok"], r["denied"], r["error"], r["bytes_out"])
+            for r in rows] == [("e", 4, 2, 1, 1, 400), ("f", 1, 1, 0, 0, 1)]
+    assert main(["usage", "--db", str(db)]) == 0
+    assert "alice" in capsys.readouterr().out
