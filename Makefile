@@ -20,4 +20,5 @@ test: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest
 
 bench: $(VENV)/.installed
+	$(VENV)/bin/pip install --quiet -e '.[test,bench]'
 	$(VENV)/bin/python bench/run.py
