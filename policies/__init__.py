@@ -7,12 +7,25 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from policies.egress import Egress
     from policies.metering import MeteringBackend
+    from proxy.egress import Resolver
     from proxy.chain import Policy
     from proxy.config import Config
 
 
-def default_policies(cfg: Config, metering: MeteringBackend | None = None) -> list[Policy]:
+def build_egress(cfg: Config, resolver: Resolver | None = None) -> Egress:
+    """Always on: the zone and metadata-address rules hold even without an [egress] table."""
+    from policies.egress import Egress, SystemResolver, UpstreamEgress
+
+    return Egress(cfg.egress,
+                  [UpstreamEgress.from_url(u.name, u.url, u.zones, u.collections)
+                   for u in cfg.upstreams],
+                  resolver or SystemResolver(), cfg.server.trusted_proxies)
+
+
+def default_policies(cfg: Config, metering: MeteringBackend | None = None,
+                     egress: Egress | None = None) -> list[Policy]:
     """The policies this config asks for; a policy with nothing to decide is left out, so it
     costs nothing on the hot path. The imports are here, not at the top, because proxy.config
     embeds policy rules (policies.rate_limit): loading this package must not import the config
@@ -26,6 +39,8 @@ def default_policies(cfg: Config, metering: MeteringBackend | None = None) -> li
         policies.append(Access(cfg))
     if cfg.rate_limits:
         policies.append(RateLimit(cfg.rate_limits, MemoryRateLimitStore(max_keys=100_000)))
+    if egress is not None:
+        policies.append(egress)
     if metering is not None:
         from policies.metering import Metering
 

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import httpx
 from quart import Quart
 
-from policies import default_policies
+from policies import build_egress, default_policies
 from proxy import edge, metadata
 from proxy.audit import AuditSink, SqliteAuditSink
 from proxy.auth import Authenticator, BearerAuth, NoAuth
@@ -20,6 +20,7 @@ from proxy.auth.keys import KeyIndex
 from proxy.auth.lockout import MemoryLockoutStore
 from proxy.chain import Chain
 from proxy.config import Config
+from proxy.egress import Resolver
 from proxy.gateway import Gateway
 from proxy.metering import OutboxWorker, build_backend
 from proxy.state import MemoryInFlight, MemorySessionStore
@@ -40,7 +41,8 @@ class State:
 
 def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None,
                audit_sink: AuditSink | None = None, base_dir: Path | None = None,
-               clock: Callable[[], float] = time.monotonic) -> Quart:
+               clock: Callable[[], float] = time.monotonic,
+               resolver: Resolver | None = None) -> Quart:
     app = Quart("tollhouse")
     app.config.update(
         MAX_CONTENT_LENGTH=cfg.server.max_request_bytes,
@@ -62,7 +64,8 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
 
     @app.while_serving  # type: ignore[type-var]
     async def lifespan() -> AsyncIterator[None]:
-        upstream = UpstreamClient(upstream_transport)
+        egress = build_egress(cfg, resolver)
+        upstream = UpstreamClient(upstream_transport, destinations=egress.destinations)
         audit = audit_sink or SqliteAuditSink(cfg.database.sqlite_path)
         backend = worker = worker_task = None
         if cfg.metering.enabled:
@@ -72,7 +75,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                                       cfg.metering.retry_max_s)
                 audit.on_outbox = worker.wake_threadsafe
                 worker_task = asyncio.get_running_loop().create_task(worker.run())
-        chain = Chain(default_policies(cfg, metering=backend))
+        chain = Chain(default_policies(cfg, metering=backend, egress=egress))
         state.outbox = worker
         keys = None
         authenticator: Authenticator = NoAuth()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from policies.egress import ZONES, EgressConfig, validate_egress
 from policies.rate_limit import RateLimitRule, validate_rules
 
 
@@ -35,6 +36,7 @@ class ServerConfig:
     session_idle_timeout_s: float = 3600.0
     max_sessions: int = 100_000
     shutdown_grace_s: float = 10.0
+    trusted_proxies: list[str] = field(default_factory=list)
 
     @property
     def host(self) -> str:
@@ -126,6 +128,8 @@ class UpstreamConfig:
     identity: str = "none"
     identity_audience: str = ""
     era: str = "auto"
+    zones: list[str] = field(default_factory=lambda: list(ZONES))
+    collections: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,7 @@ class Config:
     upstreams: list[UpstreamConfig] = field(default_factory=list)
     rate_limits: list[RateLimitRule] = field(default_factory=list)
     metering: MeteringConfig = field(default_factory=MeteringConfig)
+    egress: EgressConfig = field(default_factory=EgressConfig)
 
     def upstream(self, name: str) -> UpstreamConfig | None:
         return next((u for u in self.upstreams if u.name == name), None)
@@ -327,6 +332,9 @@ def _check_policies(cfg: Config) -> None:
     _check_metering(cfg.metering)
     try:
         validate_rules(cfg.rate_limits, known_endpoints={u.name for u in cfg.upstreams})
+        validate_egress(cfg.egress,
+                        [(u.name, u.url, u.zones, u.collections) for u in cfg.upstreams],
+                        cfg.server.trusted_proxies)
     except ValueError as exc:
         raise ConfigError(f"config: {exc}") from None
 

@@ -125,8 +125,8 @@ class EgressDestinationDenied(UpstreamFailure):
     message = "upstream not reachable under the egress policy"
     expose_detail = False
 
-    def __init__(self, upstream: str, why: str) -> None:
-        super().__init__(f"egress: upstream {upstream}: {why}")
+    def __init__(self, detail: str | None = None, *, upstream: str = "") -> None:
+        super().__init__(detail)
         self.upstream = upstream
 
     @property
@@ -207,7 +207,7 @@ class Destinations:
         self._pins.pop(name, None)  # a refused or failed check leaves nothing to dial
         upstream = self._upstreams.get(name)
         if upstream is None:
-            raise EgressDestinationDenied(name, "no egress entry for this upstream")
+            raise _denied(name, "no egress entry for this upstream")
         literal = upstream.literal
         if literal is not None:
             addresses = [upstream.host]
@@ -228,13 +228,17 @@ class Destinations:
         try:
             ip = ipaddress.ip_address(text)
         except ValueError:
-            raise EgressDestinationDenied(upstream.name, f"{text!r} is not an address") from None
+            raise _denied(upstream.name, f"{text!r} is not an address") from None
         zone = classify(ip)
         if zone not in upstream.zones:
-            raise EgressDestinationDenied(
-                upstream.name, f"{text} is in zone {zone}, outside {', '.join(upstream.zones)}")
+            raise _denied(upstream.name,
+                          f"{text} is in zone {zone}, outside {', '.join(upstream.zones)}")
         if unwrap(ip) in self._metadata and ip != literal:
-            raise EgressDestinationDenied(upstream.name, f"{text} is a metadata address")
+            raise _denied(upstream.name, f"{text} is a metadata address")
+
+
+def _denied(upstream: str, why: str) -> EgressDestinationDenied:
+    return EgressDestinationDenied(f"egress: upstream {upstream}: {why}", upstream=upstream)
 
 
 # -- the transport side: dial the pin, never resolve -------------------------------------------

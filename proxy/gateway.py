@@ -58,6 +58,7 @@ class EdgeRequest:
     read_body: Callable[[], Awaitable[bytes]]
     peer: str | None = None
     duplicated: frozenset[str] = frozenset()  # header names sent more than once
+    forwarded: tuple[tuple[str, str], ...] = ()  # every X-Forwarded-For / Forwarded line
 
 
 @dataclass(slots=True)
@@ -138,7 +139,8 @@ class Gateway:
                 record.client_name = eras.client_name(msg)
             ctx = CallContext(principal, route.name, str(route.url), era=era,
                               session_hash=record.session_hash, arguments_size=len(body),
-                              api_key_id=principal.api_key_id, peer_ip=req.peer)
+                              api_key_id=principal.api_key_id, peer_ip=req.peer,
+                              headers=req.forwarded)
             if msg.kind != "response":
                 await self.chain.run(msg, ctx)
                 if ctx.notes:
@@ -465,6 +467,8 @@ class Gateway:
     def _refuse(self, exc: GatewayError, record: AuditRecord, started: float, request_id: Any,
                 *, audit: bool = True) -> EdgeResponse:
         record.status = exc.audit_status
+        if exc.data and isinstance(exc.data.get("audit"), dict):  # an egress denial's object
+            record.egress = exc.data["audit"]
         if exc.audit_status == "denied":
             record.denied_reason = exc.audit_reason
         else:

@@ -50,11 +50,19 @@ class RunningGateway:
                                       headers={**MCP_HEADERS, **(headers or {})})
 
 
+class FakeResolver:
+    """Made-up upstream hosts (upstream.test) resolve to a documentation address."""
+
+    async def resolve(self, host: str, port: int) -> list[str]:
+        return ["192.0.2.10"]
+
+
 @asynccontextmanager
 async def running_gateway(cfg: Config, transport: httpx.AsyncBaseTransport | None = None
                           ) -> AsyncIterator[RunningGateway]:
     audit = MemoryAuditSink()
-    app = create_app(cfg, upstream_transport=transport, audit_sink=audit)
+    app = create_app(cfg, upstream_transport=transport, audit_sink=audit,
+                     resolver=FakeResolver())
     state: State = app.extensions["tollhouse"]
     async with serve(app) as url, httpx.AsyncClient(timeout=10) as client:
         yield RunningGateway(url, audit, state, client)

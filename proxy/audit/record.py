@@ -27,6 +27,7 @@ class AuditRecord:
     client_name: str | None = None  # modern requests' clientInfo.name: display only
     call_id: str | None = None  # set on metered calls: the usage event's idempotency key
     note: str | None = None  # e.g. a metering hook that failed and on_error allowed the call
+    egress: dict[str, Any] | None = None  # an egress denial's audit object (seed 000)
     ts: float = field(default_factory=time.time)
 
     def as_dict(self) -> dict[str, Any]:

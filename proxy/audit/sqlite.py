@@ -17,7 +17,7 @@ log = logging.getLogger("tollhouse.audit")
 
 _COLUMNS = ("ts", "request_id", "principal", "endpoint", "method", "tool", "status",
             "denied_reason", "error_message", "duration_ms", "bytes_in", "bytes_out", "era",
-            "session_hash", "client_name", "call_id", "note")
+            "session_hash", "client_name", "call_id", "note", "egress")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS audit (
@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS audit (
     session_hash TEXT,
     client_name TEXT,
     call_id TEXT,
-    note TEXT
+    note TEXT,
+    egress TEXT
 );
 CREATE INDEX IF NOT EXISTS audit_ts ON audit (ts);
 CREATE INDEX IF NOT EXISTS audit_status_ts ON audit (status, ts);
@@ -68,7 +69,7 @@ def connect(path: str) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.executescript(SCHEMA)
     columns = {row[1] for row in conn.execute("PRAGMA table_info(audit)")}
-    for column in ("client_name", "call_id", "note"):  # logs written by earlier versions
+    for column in ("client_name", "call_id", "note", "egress"):  # logs of earlier versions
         if column not in columns:
             conn.execute(f"ALTER TABLE audit ADD COLUMN {column} TEXT")
     return conn
@@ -153,7 +154,8 @@ class SqliteAuditSink:
 def _row(r: AuditRecord) -> tuple[Any, ...]:
     return (r.ts, r.request_id, r.principal, r.endpoint, r.method, r.tool, r.status,
             r.denied_reason, r.error_message, round(r.duration_ms, 3), r.bytes_in, r.bytes_out,
-            r.era, r.session_hash, r.client_name, r.call_id, r.note)
+            r.era, r.session_hash, r.client_name, r.call_id, r.note,
+            orjson.dumps(r.egress).decode() if r.egress else None)
 
 
 def query(path: str, *, status: str | None = None, endpoint: str | None = None,

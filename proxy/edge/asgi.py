@@ -60,7 +60,12 @@ class McpEdge:
         # watcher starts once the body is in, when receive() is free for it.
         body = _Body(receive, headers.get("content-length"), self.max_body, self.body_timeout_s,
                      watch=method == "POST")
-        request = EdgeRequest(headers, body.read, client[0] if client else None, duplicated)
+        forwarded: tuple[tuple[str, str], ...] = ()
+        if "x-forwarded-for" in headers or "forwarded" in headers:
+            forwarded = tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in raw
+                              if k in (b"x-forwarded-for", b"forwarded"))
+        request = EdgeRequest(headers, body.read, client[0] if client else None, duplicated,
+                              forwarded)
         try:
             if method == "POST":
                 result = await gateway.post(route, request)

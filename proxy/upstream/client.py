@@ -8,6 +8,7 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 import httpx
 
 from proxy.config import UpstreamConfig
+from proxy.egress import Destinations, dialling
 from proxy.errors import (
     UpstreamFailure,
     UpstreamStreamCut,
@@ -69,26 +70,33 @@ def map_errors() -> Iterator[None]:
         raise UpstreamFailure() from None
 
 
-def build_transport() -> httpx.AsyncBaseTransport:
-    """The transport under the shared client, chosen by measurement (bench/README.md)."""
+def build_transport(*, pinned: bool = False) -> httpx.AsyncBaseTransport:
+    """The transport under the shared client, chosen by measurement (bench/README.md).
+    `pinned`: connections go only to the addresses the egress check admitted."""
     from proxy.upstream.transport import AiohttpTransport
 
-    return AiohttpTransport()
+    return AiohttpTransport(pinned=pinned)
 
 
 class UpstreamClient:
     """The one AsyncClient every call shares; it lives as long as the app is serving."""
 
-    def __init__(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self._transport = transport or build_transport()
+    def __init__(self, transport: httpx.AsyncBaseTransport | None = None, *,
+                 destinations: Destinations | None = None) -> None:
+        self._destinations = destinations
+        self._transport = transport or build_transport(pinned=destinations is not None)
         # One client serves every caller, so it must keep no cookies: an upstream's Set-Cookie
         # for one person's call would otherwise ride along on the next person's call.
         no_cookies = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
-        self.http = httpx.AsyncClient(transport=self._transport, follow_redirects=False,
+        # JWKS and webhook calls are not upstream MCP calls: their own pool, plain DNS
+        self._service_transport = transport or build_transport(pinned=False)
+        self.http = httpx.AsyncClient(transport=self._service_transport, follow_redirects=False,
                                       trust_env=False, cookies=no_cookies)
 
     async def aclose(self) -> None:
         await self.http.aclose()
+        if self._transport is not self._service_transport:
+            await self._transport.aclose()
 
     def connections_in_use(self) -> int:
         """Upstream responses not yet closed (each holds a pooled connection); 0 when idle."""
@@ -123,5 +131,10 @@ class UpstreamClient:
             method, route.url, headers=headers, content=body,
             extensions={"timeout": route.stream_timeout_ext if stream_timeout
                         else route.call_timeout_ext})
-        with map_errors():
+        if self._destinations is None:
+            with map_errors():
+                return await self._transport.handle_async_request(request)
+        # dial exactly the addresses the egress check admitted: no second resolution
+        addresses = await self._destinations.admit(route.name)
+        with dialling(route.url.host, addresses), map_errors():
             return await self._transport.handle_async_request(request)

@@ -72,7 +72,9 @@ class _Body(httpx.AsyncByteStream):
 class AiohttpTransport(httpx.AsyncBaseTransport):
     """Pooled HTTP/1.1 to upstreams; connects lazily inside the running event loop."""
 
-    def __init__(self, *, max_connections: int = 0, keepalive_expiry: float = 30.0) -> None:
+    def __init__(self, *, max_connections: int = 0, keepalive_expiry: float = 30.0,
+                 pinned: bool = False) -> None:
+        self._pinned = pinned
         self._max_connections = max_connections
         self._keepalive_expiry = keepalive_expiry
         self._session: aiohttp.ClientSession | None = None
@@ -80,9 +82,17 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._max_connections,
-                                             keepalive_timeout=self._keepalive_expiry,
-                                             ttl_dns_cache=10)
+            if self._pinned:
+                from proxy.egress import PinnedResolver
+
+                # each connection resolves to its request's admitted addresses; no shared cache
+                connector = aiohttp.TCPConnector(limit=self._max_connections,
+                                                 keepalive_timeout=self._keepalive_expiry,
+                                                 resolver=PinnedResolver(), use_dns_cache=False)
+            else:
+                connector = aiohttp.TCPConnector(limit=self._max_connections,
+                                                 keepalive_timeout=self._keepalive_expiry,
+                                                 ttl_dns_cache=10)
             self._session = aiohttp.ClientSession(
                 connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",),
                 cookie_jar=aiohttp.DummyCookieJar())

@@ -278,6 +278,7 @@ TRUSTED = parse_networks(["10.0.0.1", "192.168.0.0/16"], "server.trusted_proxies
     ("10.0.0.1", None, TRUSTED, "lan"),                          # the proxy's own call
     ("10.0.0.1", "8.8.8.8, garbage", TRUSTED, "unknown"),        # cannot be told: fail closed
     ("::ffff:10.0.0.1", "8.8.8.8", TRUSTED, "remote"),
+    ("10.0.0.1", "8.8.8.8", parse_networks(["::ffff:10.0.0.1"], "k"), "remote"),
 ])
 def test_caller_zone(peer: str | None, xff: str | None, trusted: tuple[Any, ...],
                      zone: str) -> None:
@@ -442,6 +443,16 @@ async def test_every_refusal_fits_the_schema(peer: str | None, principal: Princi
     exc = await refusal(policy, make_ctx(peer=peer, principal=principal))
     assert isinstance(exc, EgressDenied)
     assert_seed_000(orjson.loads(render(exc, "req-1")[2]))
+
+
+def test_the_bare_errors_still_speak_the_schema() -> None:
+    denied = EgressDenied("egress: malformed")
+    assert denied.egress_reason == "INVALID_INPUT" and denied.audit_reason == "egress: malformed"
+    assert_seed_000(orjson.loads(render(denied, None)[2]))
+    status, _, body = render(EgressDestinationDenied(), 1)
+    assert status == 200
+    message = orjson.loads(body)["error"]["message"]
+    assert message == "upstream not reachable under the egress policy"
 
 
 async def test_egress_runs_at_300_and_its_refusal_passes_the_chain_untouched() -> None:
