@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -13,7 +14,13 @@ import httpx
 from quart import Quart
 
 from policies import build_egress, default_policies
-from proxy import edge, metadata
+from proxy import edge, metadata, signin
+from proxy.accounts import Accounts, MemoryBrowserSessions
+from proxy.oauth import keys as oauth_keys
+from proxy.oauth import routes as oauth_routes
+from proxy.oauth.cap import OAuthBodyCap
+from proxy.oauth.server import AuthorizationServer
+from proxy.signin import Web
 from proxy.audit import AuditSink, SqliteAuditSink
 from proxy.auth import Authenticator, BearerAuth, NoAuth
 from proxy.auth.keys import KeyIndex
@@ -37,12 +44,14 @@ class State:
 
     gateway: Gateway | None = None
     outbox: OutboxWorker | None = None
+    web: Web | None = None
+    oauth: AuthorizationServer | None = None
 
 
 def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None,
                audit_sink: AuditSink | None = None, base_dir: Path | None = None,
                clock: Callable[[], float] = time.monotonic,
-               resolver: Resolver | None = None) -> Quart:
+               resolver: Resolver | None = None, secret_key: str | None = None) -> Quart:
     app = Quart("tollhouse")
     app.config.update(
         MAX_CONTENT_LENGTH=cfg.server.max_request_bytes,
@@ -61,6 +70,23 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     origins.add(f"{public.scheme}://{public.netloc}".lower())
     state = State()
     app.extensions["tollhouse"] = state
+    people = cfg.oauth_server.enabled or cfg.auth.oidc.enabled
+    web: Web | None = None
+    oauth_server: AuthorizationServer | None = None
+    if people:
+        web = Web(Accounts(cfg.database.sqlite_path),
+                  MemoryBrowserSessions(cfg.oauth_server.browser_session_ttl_s, clock),
+                  lockouts, cfg.server.public_url.rstrip("/"), clock,
+                  oidc_enabled=cfg.auth.oidc.enabled)
+        state.web = web
+    if cfg.oauth_server.enabled:
+        conn = oauth_keys.connect(cfg.database.sqlite_path)
+        ring = oauth_keys.KeyRing(conn, os.environ.get("TOLLHOUSE_SECRET_KEY", "")
+                                  if secret_key is None else secret_key,
+                                  cfg.oauth_server.key_rotation_s,
+                                  cfg.oauth_server.access_token_ttl_s)
+        oauth_server = AuthorizationServer(cfg, conn, ring)
+        state.oauth = oauth_server
 
     @app.while_serving  # type: ignore[type-var]
     async def lifespan() -> AsyncIterator[None]:
@@ -81,7 +107,8 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         authenticator: Authenticator = NoAuth()
         if cfg.auth.mode == "jwt":
             keys = KeyIndex(cfg.database.sqlite_path)
-            authenticator = BearerAuth(cfg, base_dir, upstream.http, keys, lockouts, clock)
+            authenticator = BearerAuth(cfg, base_dir, upstream.http, keys, lockouts, clock,
+                                       tollhouse=oauth_server)
         state.gateway = Gateway(
             routes=routes, authenticator=authenticator, chain=chain, sessions=sessions,
             inflight=inflight, upstream=upstream, audit=audit,
@@ -103,8 +130,20 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         return state.gateway
 
     edge.register(app)
+    if web is not None:
+        people_web: Web = web
+        signin.register(app, lambda: people_web)
+    if oauth_server is not None and web is not None:
+        own: AuthorizationServer = oauth_server
+        oauth_routes.register(app, lambda: own, lambda: people_web)
+        app.asgi_app = OAuthBodyCap(app.asgi_app)  # type: ignore[method-assign,assignment,arg-type]
+    if cfg.auth.oidc.enabled and web is not None:
+        from proxy import oidc  # type: ignore[attr-defined,unused-ignore]
+
+        oidc.register(app, lambda: people_web, cfg.auth.oidc,
+                      lambda: gateway().upstream.http, cfg.server.public_url.rstrip("/"))
     app.asgi_app = edge.McpEdge(app.asgi_app, gateway,  # type: ignore[method-assign,assignment,arg-type]
                                 max_body=cfg.server.max_request_bytes,
                                 body_timeout_s=BODY_TIMEOUT_S)
-    metadata.register(app, cfg, identity)
+    metadata.register(app, cfg, identity, own_server=oauth_server is not None)
     return app

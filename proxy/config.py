@@ -73,6 +73,31 @@ class LockoutConfig:
 
 
 @dataclass(frozen=True)
+class OidcConfig:
+    issuer: str = ""
+    client_id: str = ""
+    client_secret: str = ""
+    admin_group: str = ""
+    scopes: list[str] = field(default_factory=lambda: ["openid", "profile", "email"])
+    groups_claim: str = "groups"
+    name_claim: str = "preferred_username"
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.issuer)
+
+
+@dataclass(frozen=True)
+class OAuthServerConfig:
+    enabled: bool = False
+    access_token_ttl_s: int = 600
+    refresh_token_ttl_s: int = 2592000
+    code_ttl_s: int = 60
+    key_rotation_s: int = 86400
+    browser_session_ttl_s: int = 28800
+
+
+@dataclass(frozen=True)
 class AuthConfig:
     mode: str = "none"
     issuers: list[IssuerConfig] = field(default_factory=list)
@@ -80,6 +105,7 @@ class AuthConfig:
     scopes_supported: list[str] = field(default_factory=list)
     signing_key_pem: str = ""
     lockout: LockoutConfig = field(default_factory=LockoutConfig)
+    oidc: OidcConfig = field(default_factory=OidcConfig)
 
 
 @dataclass(frozen=True)
@@ -156,6 +182,7 @@ class Config:
     rate_limits: list[RateLimitRule] = field(default_factory=list)
     metering: MeteringConfig = field(default_factory=MeteringConfig)
     egress: EgressConfig = field(default_factory=EgressConfig)
+    oauth_server: OAuthServerConfig = field(default_factory=OAuthServerConfig)
 
     def upstream(self, name: str) -> UpstreamConfig | None:
         return next((u for u in self.upstreams if u.name == name), None)
@@ -279,6 +306,19 @@ def _check(cfg: Config, base_dir: Path) -> None:
         _check_issuer(iss, f"auth.issuers[{i}]", base_dir)
     for i, server_url in enumerate(cfg.auth.authorization_servers):
         _url(server_url, f"auth.authorization_servers[{i}]")
+    oidc = cfg.auth.oidc
+    if oidc.enabled:
+        _url(oidc.issuer, "auth.oidc.issuer")
+        if not oidc.client_id:
+            raise ConfigError("config: 'auth.oidc.client_id' is required with auth.oidc.issuer")
+        if "openid" not in oidc.scopes:
+            raise ConfigError("config: 'auth.oidc.scopes' must include openid")
+    oauth = cfg.oauth_server
+    for key in ("access_token_ttl_s", "refresh_token_ttl_s", "code_ttl_s", "key_rotation_s",
+                "browser_session_ttl_s"):
+        _positive(getattr(oauth, key), f"oauth_server.{key}")
+    if oauth.enabled and cfg.auth.mode != "jwt":
+        raise ConfigError("config: 'oauth_server.enabled' needs auth.mode = \"jwt\"")
     lock = cfg.auth.lockout
     _positive(lock.max_failures, "auth.lockout.max_failures")
     _positive(lock.window_s, "auth.lockout.window_s")

@@ -12,13 +12,16 @@ from proxy.upstream.identity import IdentityForwarder
 JSON = {"Content-Type": "application/json", "Cache-Control": "public, max-age=300"}
 
 
-def register(app: Quart, cfg: Config, identity: IdentityForwarder) -> None:
+def register(app: Quart, cfg: Config, identity: IdentityForwarder, *,
+             own_server: bool = False) -> None:
     public_url = cfg.server.public_url.rstrip("/")
+    servers = ([public_url] if own_server else []) + [
+        s for s in cfg.auth.authorization_servers if s.rstrip("/") != public_url]
     documents = {
         u.name: orjson.dumps({
             "resource": f"{public_url}/mcp/{u.name}",
             "resource_name": u.name,
-            "authorization_servers": cfg.auth.authorization_servers,
+            "authorization_servers": servers,
             "scopes_supported": sorted(set(cfg.auth.scopes_supported)
                                        | set(u.access.allow_scopes)),
             "bearer_methods_supported": ["header"],

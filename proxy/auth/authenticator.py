@@ -59,7 +59,9 @@ class BearerAuth:
 
     def __init__(self, cfg: Config, base_dir: Path, http: httpx.AsyncClient,
                  keys: api_keys.KeyIndex | None, lockouts: LockoutStore,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 tollhouse: TokenVerifier | None = None) -> None:
+        self._tollhouse = tollhouse
         self._issuers: dict[str, _Issuer] = {}
         for iss in cfg.auth.issuers:
             self._issuers[iss.issuer] = _Issuer(
@@ -120,12 +122,30 @@ class BearerAuth:
                          key_endpoints=key.endpoints, role=key.role)
 
     async def _jwt(self, token: str, endpoint: str) -> Principal:
+        if self._tollhouse is not None and _issuer_of(token) == self._public_url:
+            return self._own(token, endpoint)  # not cached: revocation takes effect at once
         cached = self._cache.get((token, endpoint))
         if cached is not None and cached[1] > time.time():
             return cached[0]
         principal, expires = await self._verify(token, endpoint)
         self._cache[(token, endpoint)] = (principal, expires)
         return principal
+
+    def _own(self, token: str, endpoint: str) -> Principal:
+        """A token this gateway's authorization server issued, for this endpoint only."""
+        assert self._tollhouse is not None
+        try:
+            claims = self._tollhouse.verify_access(token, f"{self._public_url}/mcp/{endpoint}")
+        except jwt.InvalidAudienceError:
+            raise Failed("token issued for another endpoint") from None
+        except jwt.ExpiredSignatureError:
+            raise Failed("token expired") from None
+        except jwt.PyJWTError as exc:
+            raise Failed(f"invalid token ({type(exc).__name__})") from None
+        return Principal(subject=str(claims["sub"]), issuer=str(claims.get("tollhouse_iss", "")),
+                         display_name=str(claims.get("name", "")),
+                         groups=_names(claims.get("groups")), scopes=_names(claims.get("scope")),
+                         kind="jwt")
 
     async def _verify(self, token: str, endpoint: str) -> tuple[Principal, float]:
         try:
@@ -170,6 +190,18 @@ class BearerAuth:
             groups=_names(claims.get(cfg.groups_claim)),
             scopes=_names(claims.get(cfg.scopes_claim)), kind="jwt")
         return principal, float(claims["exp"]) + cfg.leeway_s
+
+
+class TokenVerifier(Protocol):
+    def verify_access(self, token: str, resource: str) -> dict[str, Any]: ...
+
+
+def _issuer_of(token: str) -> str | None:
+    try:
+        iss = jwt.decode(token, options={"verify_signature": False}).get("iss")
+    except jwt.PyJWTError:
+        return None
+    return iss if isinstance(iss, str) else None
 
 
 def _static_key(iss: IssuerConfig, base_dir: Path) -> Any:

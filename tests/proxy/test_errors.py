@@ -23,6 +23,8 @@ def test_every_error_renders_in_a_documented_shape(cls: type) -> None:
     elif cls is errors.HiddenTool:
         exc = cls("access: tool x hidden", "x")
         assert exc.wire_message == "Unknown tool: x"
+    elif cls.__name__ == "OAuthError":
+        exc = cls("invalid_grant", "the code is invalid")
     elif cls is errors.ToolResultDenial:
         exc = cls("metering: no credits", "You are out of credits.", "gateway.metering.denied")
     elif cls is errors.LockedOut:

@@ -1,0 +1,372 @@
+"""The authorization server's decisions, free of the web framework: clients, codes, tokens.
+
+Client secrets and refresh tokens are stored only as SHA-256 hashes (both are 256-bit random
+values). Codes live a minute in memory and are used once; a code presented twice revokes what
+it produced. Refresh tokens rotate on every use, and a refresh token used twice revokes its
+whole family (RFC 9700 / OAuth 2.1). Access tokens are short-lived ES256 JWTs whose audience
+is one endpoint's resource URL (RFC 8707).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+import jwt
+import orjson
+from cachetools import TTLCache
+
+from proxy.accounts import User
+from proxy.config import Config
+from proxy.errors import GatewayError
+from proxy.oauth.keys import KeyRing
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS oauth_clients (
+    client_id TEXT PRIMARY KEY,
+    secret_sha256 TEXT,
+    name TEXT NOT NULL,
+    redirect_uris TEXT NOT NULL,
+    auth_method TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS oauth_refresh (
+    token_sha256 TEXT PRIMARY KEY,
+    family TEXT NOT NULL,
+    client_id TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    resource TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    used_at REAL,
+    revoked_at REAL
+);
+CREATE INDEX IF NOT EXISTS oauth_refresh_family ON oauth_refresh (family);
+"""
+
+
+class OAuthError(GatewayError):
+    """RFC 6749 section 5.2: {"error", "error_description"}."""
+
+    surface = "oauth"
+    http_status = 400
+    audit_status = "denied"
+
+    def __init__(self, error: str, description: str, status: int = 400,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(description, headers=headers)
+        self.error = error
+        self.status = status
+
+    @property
+    def oauth_error(self) -> str:  # type: ignore[override]
+        return self.error
+
+
+@dataclass(frozen=True)
+class Client:
+    client_id: str
+    name: str
+    redirect_uris: tuple[str, ...]
+    auth_method: str  # none | client_secret_post | client_secret_basic
+    secret_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Grant:
+    client_id: str
+    redirect_uri: str
+    challenge: str
+    user: User
+    resource: str
+    scope: str
+    family: str
+
+
+def _sha(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def s256(verifier: str) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(
+        b"=").decode()
+
+
+def valid_redirect_uri(uri: str) -> bool:
+    """https anywhere, or http on a loopback host (native and CLI clients); no fragments."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return False
+    if parts.fragment or not parts.hostname:
+        return False
+    if parts.scheme == "https":
+        return True
+    return parts.scheme == "http" and parts.hostname in ("localhost", "127.0.0.1", "::1")
+
+
+class AuthorizationServer:
+    AUTH_METHODS: ClassVar[tuple[str, ...]] = ("none", "client_secret_post",
+                                               "client_secret_basic")
+
+    def __init__(self, cfg: Config, conn: sqlite3.Connection, keys: KeyRing,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.issuer = cfg.server.public_url.rstrip("/")
+        self.resources = {f"{self.issuer}/mcp/{u.name}": u.name for u in cfg.upstreams}
+        self._cfg = cfg.oauth_server
+        self._conn = conn
+        conn.executescript(SCHEMA)
+        self.keys = keys
+        self._clock = clock
+        self._codes: TTLCache[str, Grant] = TTLCache(maxsize=100_000, ttl=self._cfg.code_ttl_s)
+        self._used_codes: TTLCache[str, str] = TTLCache(maxsize=100_000, ttl=600)
+        self._revoked_jti: TTLCache[str, bool] = TTLCache(
+            maxsize=100_000, ttl=self._cfg.access_token_ttl_s + 60)
+        self._revoked_families: TTLCache[str, bool] = TTLCache(
+            maxsize=100_000, ttl=self._cfg.access_token_ttl_s + 60)
+        self.cimd: dict[str, Client] = {}  # client metadata documents fetched (cached)
+
+    # -- clients -------------------------------------------------------------------------------
+
+    def register(self, metadata: Any) -> dict[str, Any]:
+        if not isinstance(metadata, dict):
+            raise OAuthError("invalid_client_metadata", "the body must be a JSON object")
+        uris = metadata.get("redirect_uris")
+        if not isinstance(uris, list) or not uris or not all(isinstance(u, str) for u in uris):
+            raise OAuthError("invalid_redirect_uri", "redirect_uris must list at least one URI")
+        for uri in uris:
+            if not valid_redirect_uri(uri):
+                raise OAuthError("invalid_redirect_uri",
+                                 "redirect URIs must be https, or http on a loopback host")
+        method = metadata.get("token_endpoint_auth_method", "none")
+        if method not in self.AUTH_METHODS:
+            raise OAuthError("invalid_client_metadata",
+                             f"token_endpoint_auth_method must be one of "
+                             f"{', '.join(self.AUTH_METHODS)}")
+        for key, allowed in (("grant_types", {"authorization_code", "refresh_token"}),
+                             ("response_types", {"code"})):
+            values = metadata.get(key)
+            if values is not None and (not isinstance(values, list)
+                                       or not set(values) <= allowed):
+                raise OAuthError("invalid_client_metadata",
+                                 f"{key} may only contain {', '.join(sorted(allowed))}")
+        name = metadata.get("client_name")
+        name = name[:200] if isinstance(name, str) and name else "an unnamed client"
+        client_id = secrets.token_urlsafe(18)
+        secret = secrets.token_urlsafe(32) if method != "none" else None
+        now = self._clock()
+        with self._conn:
+            self._conn.execute(
+                "INSERT INTO oauth_clients (client_id, secret_sha256, name, redirect_uris, "
+                "auth_method, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (client_id, _sha(secret) if secret else None, name,
+                 orjson.dumps(uris).decode(), method, now))
+        out: dict[str, Any] = {"client_id": client_id, "client_id_issued_at": int(now),
+                               "client_name": name, "redirect_uris": uris,
+                               "token_endpoint_auth_method": method,
+                               "grant_types": ["authorization_code", "refresh_token"],
+                               "response_types": ["code"]}
+        if secret:
+            out["client_secret"] = secret
+            out["client_secret_expires_at"] = 0
+        return out
+
+    def client(self, client_id: str) -> Client | None:
+        if client_id in self.cimd:
+            return self.cimd[client_id]
+        row = self._conn.execute("SELECT client_id, name, redirect_uris, auth_method, "
+                                 "secret_sha256 FROM oauth_clients WHERE client_id = ?",
+                                 (client_id,)).fetchone()
+        if row is None:
+            return None
+        return Client(row[0], row[1], tuple(orjson.loads(row[2])), row[3], row[4])
+
+    def authenticate_client(self, client_id: str | None, secret: str | None) -> Client:
+        """The client making a token or revocation request; invalid_client (401) otherwise."""
+        client = self.client(client_id) if client_id else None
+        if client is None:
+            raise OAuthError("invalid_client", "unknown client", 401)
+        if client.auth_method != "none":
+            if not secret or not client.secret_sha256 or not hmac.compare_digest(
+                    client.secret_sha256, _sha(secret)):
+                raise OAuthError("invalid_client", "client authentication failed", 401)
+        return client
+
+    # -- authorization codes -------------------------------------------------------------------
+
+    def check_authorize(self, params: dict[str, str]) -> tuple[Client, str]:
+        """Errors that must not redirect (unknown client, unregistered redirect URI)."""
+        client = self.client(params.get("client_id", ""))
+        if client is None:
+            raise OAuthError("invalid_client", "unknown client_id")
+        redirect_uri = params.get("redirect_uri", "")
+        if redirect_uri not in client.redirect_uris:
+            raise OAuthError("invalid_request", "redirect_uri is not registered for this client")
+        return client, redirect_uri
+
+    def check_request(self, params: dict[str, str]) -> str:
+        """Errors reported to the client through its redirect URI; returns the resource."""
+        if params.get("response_type") != "code":
+            raise OAuthError("unsupported_response_type", "response_type must be code")
+        if not params.get("code_challenge") or params.get("code_challenge_method") != "S256":
+            raise OAuthError("invalid_request", "PKCE with code_challenge_method S256 is required")
+        resource = params.get("resource") or ""
+        if resource not in self.resources:
+            raise OAuthError("invalid_target",
+                             "resource must name one of this gateway's endpoints")
+        return resource
+
+    def issue_code(self, client: Client, redirect_uri: str, params: dict[str, str],
+                   user: User, resource: str) -> str:
+        code = secrets.token_urlsafe(32)
+        self._codes[code] = Grant(client.client_id, redirect_uri, params["code_challenge"],
+                                  user, resource, params.get("scope", ""),
+                                  secrets.token_urlsafe(12))
+        return code
+
+    # -- tokens --------------------------------------------------------------------------------
+
+    def exchange_code(self, client: Client, form: dict[str, str]) -> dict[str, Any]:
+        code = form.get("code", "")
+        grant = self._codes.pop(code, None)
+        if grant is None:
+            family = self._used_codes.get(code)
+            if family is not None:  # a code presented twice: what it produced is revoked
+                self._revoke_family(family)
+            raise OAuthError("invalid_grant", "the code is invalid, expired or already used")
+        self._used_codes[code] = grant.family
+        if grant.client_id != client.client_id:
+            raise OAuthError("invalid_grant", "the code was issued to another client")
+        if form.get("redirect_uri") != grant.redirect_uri:
+            raise OAuthError("invalid_grant", "redirect_uri does not match the authorization")
+        verifier = form.get("code_verifier", "")
+        if not verifier or not hmac.compare_digest(s256(verifier), grant.challenge):
+            raise OAuthError("invalid_grant", "PKCE verification failed")
+        resource = form.get("resource") or grant.resource
+        if resource != grant.resource:
+            raise OAuthError("invalid_target", "resource differs from the authorization")
+        return self._tokens(client.client_id, grant.user, resource, grant.scope, grant.family)
+
+    def refresh(self, client: Client, form: dict[str, str], user_lookup: Callable[[str], User | None]
+                ) -> dict[str, Any]:
+        token = form.get("refresh_token", "")
+        row = self._conn.execute(
+            "SELECT family, client_id, user_id, resource, scope, expires_at, used_at, revoked_at "
+            "FROM oauth_refresh WHERE token_sha256 = ?", (_sha(token),)).fetchone()
+        if row is None:
+            raise OAuthError("invalid_grant", "unknown refresh token")
+        family, client_id, user_id, resource, scope, expires_at, used_at, revoked_at = row
+        if revoked_at is not None:
+            raise OAuthError("invalid_grant", "the refresh token was revoked")
+        if used_at is not None:
+            self._revoke_family(family)  # reuse: someone else holds a copy
+            raise OAuthError("invalid_grant", "refresh token reused; its family is revoked")
+        if client_id != client.client_id:
+            raise OAuthError("invalid_grant", "the refresh token belongs to another client")
+        if expires_at < self._clock():
+            raise OAuthError("invalid_grant", "the refresh token expired")
+        wanted = form.get("resource") or resource
+        if wanted != resource:
+            raise OAuthError("invalid_target", "resource differs from the original grant")
+        user = user_lookup(user_id)
+        if user is None:
+            self._revoke_family(family)
+            raise OAuthError("invalid_grant", "the user no longer exists")
+        with self._conn:
+            cur = self._conn.execute("UPDATE oauth_refresh SET used_at = ? WHERE "
+                                     "token_sha256 = ? AND used_at IS NULL",
+                                     (self._clock(), _sha(token)))
+        if cur.rowcount != 1:  # a concurrent use won the race
+            self._revoke_family(family)
+            raise OAuthError("invalid_grant", "refresh token reused; its family is revoked")
+        return self._tokens(client.client_id, user, resource, scope, family)
+
+    def _tokens(self, client_id: str, user: User, resource: str, scope: str, family: str
+                ) -> dict[str, Any]:
+        now = self._clock()
+        self.keys.rotate_if_due(now)
+        key = self.keys.current
+        ttl = self._cfg.access_token_ttl_s
+        claims = {"iss": self.issuer, "sub": user.subject, "aud": resource,
+                  "iat": int(now), "exp": int(now + ttl), "jti": secrets.token_urlsafe(12),
+                  "client_id": client_id, "scope": scope, "tollhouse_iss": user.issuer,
+                  "fam": family,
+                  "name": user.name, "groups": sorted(user.groups)}
+        access = jwt.encode(claims, key.private, algorithm="ES256", headers={"kid": key.kid})
+        refresh = secrets.token_urlsafe(32)
+        with self._conn:
+            self._conn.execute(
+                "INSERT INTO oauth_refresh (token_sha256, family, client_id, user_id, resource, "
+                "scope, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (_sha(refresh), family, client_id, user.id, resource, scope,
+                 now + self._cfg.refresh_token_ttl_s))
+        out = {"access_token": access, "token_type": "Bearer", "expires_in": ttl,
+               "refresh_token": refresh}
+        if scope:
+            out["scope"] = scope
+        return out
+
+    def _revoke_family(self, family: str) -> None:
+        with self._conn:
+            self._conn.execute("UPDATE oauth_refresh SET revoked_at = ? WHERE family = ? AND "
+                               "revoked_at IS NULL", (self._clock(), family))
+        self._revoked_families[family] = True
+
+    def revoke(self, client: Client, token: str) -> None:
+        """RFC 7009: a refresh token revokes its family; an access token is refused from now
+        on. An unknown token is not an error."""
+        row = self._conn.execute("SELECT family, client_id FROM oauth_refresh WHERE "
+                                 "token_sha256 = ?", (_sha(token),)).fetchone()
+        if row is not None:
+            if row[1] == client.client_id:
+                self._revoke_family(row[0])
+            return
+        try:
+            claims = jwt.decode(token, options={"verify_signature": False})
+        except jwt.PyJWTError:
+            return
+        if claims.get("client_id") == client.client_id and isinstance(claims.get("jti"), str):
+            self._revoked_jti[claims["jti"]] = True
+
+    # -- at the MCP edge -----------------------------------------------------------------------
+
+    def verify_access(self, token: str, resource: str) -> dict[str, Any]:
+        """The claims of a valid access token for this resource; raises jwt.PyJWTError."""
+        header = jwt.get_unverified_header(token)
+        key = self.keys.public(str(header.get("kid", "")))
+        if key is None or header.get("alg") != "ES256":
+            raise jwt.InvalidTokenError("unknown signing key")
+        claims: dict[str, Any] = jwt.decode(token, key, algorithms=["ES256"], audience=resource,
+                                            issuer=self.issuer, leeway=30,
+                                            options={"require": ["exp", "iss", "aud", "sub"]})
+        if self._revoked_jti.get(str(claims.get("jti"))) or self._revoked_families.get(
+                str(claims.get("fam"))):
+            raise jwt.InvalidTokenError("revoked")
+        return claims
+
+    def metadata(self) -> dict[str, Any]:
+        base = self.issuer
+        return {
+            "issuer": base,
+            "authorization_endpoint": f"{base}/oauth/authorize",
+            "token_endpoint": f"{base}/oauth/token",
+            "registration_endpoint": f"{base}/oauth/register",
+            "revocation_endpoint": f"{base}/oauth/revoke",
+            "jwks_uri": f"{base}/oauth/jwks.json",
+            "response_types_supported": ["code"],
+            "grant_types_supported": ["authorization_code", "refresh_token"],
+            "code_challenge_methods_supported": ["S256"],
+            "token_endpoint_auth_methods_supported": list(self.AUTH_METHODS),
+            "revocation_endpoint_auth_methods_supported": list(self.AUTH_METHODS),
+            "scopes_supported": [],
+            "authorization_response_iss_parameter_supported": True,
+            "client_id_metadata_document_supported": True,
+        }

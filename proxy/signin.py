@@ -1,0 +1,165 @@
+"""Sign-in and sign-out pages for people (no JavaScript needed), and the browser session cookie.
+
+The cookie names a server-side session (HttpOnly, SameSite=Lax, Secure when the gateway's public
+URL is https). A cookie-authenticated request that changes state must carry an Origin, or else a
+Referer, of this gateway: anything else is 403 (seed 004).
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from quart import Quart, Response, request
+
+from proxy.accounts import Accounts, BrowserSessions, User
+from proxy.auth.lockout import LockoutStore
+
+COOKIE = "tollhouse_session"
+
+
+@dataclass
+class Web:
+    """What the browser-facing routes share."""
+
+    accounts: Accounts
+    sessions: BrowserSessions
+    lockouts: LockoutStore
+    public_url: str
+    clock: Callable[[], float] = time.monotonic
+    oidc_enabled: bool = False
+
+    @property
+    def secure(self) -> bool:
+        return self.public_url.startswith("https://")
+
+    @property
+    def origin(self) -> str:
+        parts = urlsplit(self.public_url)
+        return f"{parts.scheme}://{parts.netloc}".lower()
+
+    def same_origin(self, headers: Any) -> bool:
+        """A state-changing browser request came from one of our own pages."""
+        origin = headers.get("Origin")
+        if origin:
+            return bool(origin.rstrip("/").lower() == self.origin)
+        referer = headers.get("Referer")
+        if referer:
+            parts = urlsplit(referer)
+            return f"{parts.scheme}://{parts.netloc}".lower() == self.origin
+        return False
+
+    async def user(self, cookie: str | None) -> User | None:
+        if not cookie:
+            return None
+        user_id = await self.sessions.user_id(cookie)
+        if user_id is None:
+            return None
+        import asyncio
+
+        return await asyncio.to_thread(self.accounts.get, user_id)
+
+    async def sign_in(self, user: User, next_url: str) -> Response:
+        session_id = await self.sessions.create(user.id)
+        response = see_other(safe_next(next_url))
+        response.set_cookie(COOKIE, session_id, httponly=True, samesite="Lax",
+                            secure=self.secure, path="/")
+        return response
+
+
+def see_other(location: str, status: int = 303) -> Response:
+    return Response(b"", status, {"Location": location, "Cache-Control": "no-store"})
+
+
+def safe_next(value: str | None) -> str:
+    """Only a path on this gateway: never an open redirect."""
+    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return "/signin/done"
+    return value
+
+
+def page(title: str, body: str, status: int = 200) -> Response:
+    document = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+                f"</title></head><body><h1>{html.escape(title)}</h1>{body}</body></html>")
+    return Response(document, status, {"Content-Type": "text/html; charset=utf-8",
+                                       "Cache-Control": "no-store",
+                                       "X-Frame-Options": "DENY",
+                                       "Content-Security-Policy": "default-src 'none'; "
+                                       "form-action 'self' *; style-src 'unsafe-inline'"})
+
+
+def _form(next_url: str, error: str = "", oidc: bool = False) -> str:
+    notice = f"<p role='alert'>{html.escape(error)}</p>" if error else ""
+    federated = (f"<p><a href='/signin/oidc?next={html.escape(next_url, quote=True)}'>"
+                 "Sign in with your organization</a></p>") if oidc else ""
+    return (f"{notice}<form method='post' action='/signin'>"
+            f"<input type='hidden' name='next' value='{html.escape(next_url, quote=True)}'>"
+            "<p><label>Name <input name='name' autocomplete='username' required></label></p>"
+            "<p><label>Password <input type='password' name='password' "
+            "autocomplete='current-password' required></label></p>"
+            f"<p><button type='submit'>Sign in</button></p></form>{federated}")
+
+
+def register(app: Quart, web: Callable[[], Web]) -> None:
+    @app.route("/signin", methods=["GET"])
+    async def signin_page() -> Response:
+        return page("Sign in to Tollhouse", _form(safe_next(request.args.get("next")),
+                                                  oidc=web().oidc_enabled))
+
+    @app.route("/signin", methods=["POST"])
+    async def signin_post() -> Response:
+        w = web()
+        if not w.same_origin(request.headers):
+            return page("Forbidden", "<p>This form must be sent from this gateway.</p>", 403)
+        form = await request.form
+        name, password = form.get("name", ""), form.get("password", "")
+        next_url = safe_next(form.get("next"))
+        peer = request.remote_addr or "?"
+        watch = [f"signin-ip:{peer}", f"signin-user:{name[:100]}"]
+        retry = await w.lockouts.locked(watch, w.clock())
+        if retry is not None:
+            response = page("Too many attempts",
+                            "<p>Too many failed sign-ins. Try again later.</p>", 429)
+            response.headers["Retry-After"] = str(max(1, int(retry) + 1))
+            return response
+        import asyncio
+
+        user = await asyncio.to_thread(w.accounts.verify_local, name, password)
+        if user is None:
+            await w.lockouts.failed(watch, w.clock())
+            return page("Sign in to Tollhouse",
+                        _form(next_url, "Wrong name or password.", w.oidc_enabled), 401)
+        return await w.sign_in(user, next_url)
+
+    @app.route("/signout", methods=["POST"])
+    async def signout() -> Response:
+        w = web()
+        if not w.same_origin(request.headers):
+            return page("Forbidden", "<p>This form must be sent from this gateway.</p>", 403)
+        cookie = request.cookies.get(COOKIE)
+        if cookie:
+            await w.sessions.delete(cookie)
+        response = see_other("/signin")
+        response.delete_cookie(COOKIE, path="/")
+        return response
+
+    @app.route("/signout", methods=["GET"])
+    async def signout_page() -> Response:
+        return page("Sign out", "<form method='post' action='/signout'>"
+                                "<button type='submit'>Sign out</button></form>")
+
+    @app.route("/signin/done")
+    async def signed_in() -> Response:
+        user = await web().user(request.cookies.get(COOKIE))
+        if user is None:
+            return see_other("/signin")
+        return page("Signed in", f"<p>You are signed in as {html.escape(user.name)}.</p>"
+                                 "<form method='post' action='/signout'>"
+                                 "<button type='submit'>Sign out</button></form>")
+
+
+SignedIn = Callable[[], Awaitable[User | None]]
