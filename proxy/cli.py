@@ -55,6 +55,18 @@ def main(argv: list[str] | None = None) -> int:
                        help="a duration such as 30m, 24h, 7d, or an ISO time (default 24h)")
     usage.add_argument("--json", action="store_true", help="one JSON object per line")
 
+    users = sub.add_parser("users", help="local user accounts")
+    users_sub = users.add_subparsers(dest="users_command", required=True)
+    ucreate = users_sub.add_parser("create", help="create a local user")
+    _config_arg(ucreate)
+    ucreate.add_argument("name")
+    ucreate.add_argument("--admin", action="store_true")
+    ucreate.add_argument("--password-stdin", action="store_true",
+                         help="read the password from standard input (else: prompt)")
+    ulist = users_sub.add_parser("list", help="list users")
+    _config_arg(ulist)
+    ulist.add_argument("--json", action="store_true")
+
     keys = sub.add_parser("keys", help="create, list and revoke API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     create = keys_sub.add_parser("create", help="create a key; its secret is shown once")
@@ -82,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             return _keys(args)
         if args.command == "usage":
             return _usage(args)
+        if args.command == "users":
+            return _users(args)
         return _audit(args)
     except ConfigError as exc:
         print(f"tollhouse: {exc}", file=sys.stderr)
@@ -178,6 +192,46 @@ def _demo(args: argparse.Namespace) -> int:
         )
 
     asyncio.run(run())
+    return 0
+
+
+def _users(args: argparse.Namespace) -> int:
+    from proxy.accounts import Accounts, UserExists
+
+    cfg, _ = _load(args)
+    accounts = Accounts(cfg.database.sqlite_path)
+    if args.users_command == "list":
+        for user in accounts.list():
+            row = {"id": user.id, "name": user.name, "issuer": user.issuer,
+                   "subject": user.subject, "admin": user.is_admin}
+            sys.stdout.write((orjson.dumps(row).decode() if args.json else
+                              f"{user.id}  {user.name:<24} {'admin' if user.is_admin else ''}")
+                             + "\n")
+        return 0
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}", args.name):
+        print("tollhouse: users create: NAME must be 1-64 letters, digits, '_', '.', '@' or '-'",
+              file=sys.stderr)
+        return 2
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        import getpass
+
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            print("tollhouse: users create: the passwords differ", file=sys.stderr)
+            return 2
+    if len(password) < 8:
+        print("tollhouse: users create: the password needs at least 8 characters",
+              file=sys.stderr)
+        return 2
+    try:
+        user = accounts.create_local(args.name, password, admin=args.admin)
+    except UserExists:
+        print(f"tollhouse: users create: a user named {args.name} exists", file=sys.stderr)
+        return 1
+    sys.stdout.write(f"created user {user.name} ({user.id}){' as admin' if user.is_admin else ''}"
+                     "\n")
     return 0
 
 
