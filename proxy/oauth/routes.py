@@ -15,6 +15,7 @@ import orjson
 from cachetools import TTLCache
 from quart import Quart, Response, request
 
+from proxy.oauth.cimd import MetadataDocuments
 from proxy.oauth.server import AuthorizationServer, Client, OAuthError
 from proxy.signin import COOKIE, Web, page, see_other
 
@@ -30,8 +31,15 @@ def _error(exc: OAuthError) -> Response:
                  exc.headers)
 
 
-def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callable[[], Web]
-             ) -> None:
+def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callable[[], Web],
+             documents: MetadataDocuments | None = None) -> None:
+    documents = documents or MetadataDocuments()
+
+    async def known(client_id: str | None) -> None:
+        """A client_id that is an https URL is a metadata document: fetch it (cached)."""
+        if client_id and documents.applies(client_id) and server().client(client_id) is None:
+            server().cimd[client_id] = await documents.client(client_id)
+
     # a consent form's token, bound to the browser session and to the exact request
     consents: TTLCache[str, tuple[str, dict[str, str]]] = TTLCache(maxsize=100_000, ttl=600)
 
@@ -47,6 +55,7 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
     async def authorize() -> Response:
         params = {k: v for k, v in request.args.items()}
         try:
+            await known(params.get("client_id"))
             client, redirect_uri = server().check_authorize(params)
         except OAuthError as exc:
             return _error(exc)  # never redirect to a URI that is not registered
@@ -155,6 +164,7 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
                 client_id, secret = (unquote(p) for p in pair.split(":", 1))
             except (ValueError, UnicodeDecodeError):
                 raise OAuthError("invalid_client", "malformed Basic credentials", 401) from None
+        await known(client_id)
         w = web()
         watch = [f"oauth-ip:{request.remote_addr}", f"oauth-client:{(client_id or '')[:100]}"]
         retry = await w.lockouts.locked(watch, w.clock())

@@ -132,7 +132,8 @@ class AuthorizationServer:
             maxsize=100_000, ttl=self._cfg.access_token_ttl_s + 60)
         self._revoked_families: TTLCache[str, bool] = TTLCache(
             maxsize=100_000, ttl=self._cfg.access_token_ttl_s + 60)
-        self.cimd: dict[str, Client] = {}  # client metadata documents fetched (cached)
+        # clients described by a metadata document at their client_id URL, fetched and cached
+        self.cimd: TTLCache[str, Client] = TTLCache(maxsize=10_000, ttl=3600)
 
     # -- clients -------------------------------------------------------------------------------
 

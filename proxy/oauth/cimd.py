@@ -1,0 +1,107 @@
+"""Client ID Metadata Documents: a client whose `client_id` is an https URL describes itself in
+the JSON document at that URL. The document is fetched through the egress guard (every address
+the host resolves to must be in the `remote` zone and no cloud metadata address; the connection
+goes to exactly those addresses), capped at 64 KiB, checked, and cached for an hour."""
+
+from __future__ import annotations
+
+import ipaddress
+from urllib.parse import urlsplit
+
+import httpx
+import orjson
+from cachetools import TTLCache
+
+from proxy.egress import Resolver, SystemResolver, classify, dialling, is_metadata
+from proxy.oauth.server import Client, OAuthError, valid_redirect_uri
+from proxy.upstream.transport import AiohttpTransport
+
+LIMIT = 65536
+
+
+class MetadataDocuments:
+    def __init__(self, resolver: Resolver | None = None, zones: tuple[str, ...] = ("remote",)
+                 ) -> None:
+        self._resolver = resolver or SystemResolver()
+        self._zones = zones
+        self._cache: TTLCache[str, Client] = TTLCache(maxsize=10_000, ttl=3600)
+        self._http: httpx.AsyncClient | None = None
+
+    @staticmethod
+    def applies(client_id: str) -> bool:
+        return client_id.startswith("https://")
+
+    async def client(self, client_id: str) -> Client:
+        cached = self._cache.get(client_id)
+        if cached is not None:
+            return cached
+        parts = urlsplit(client_id)
+        host = parts.hostname
+        if not host or parts.fragment or parts.username or parts.password:
+            raise OAuthError("invalid_client", "client_id is not a usable https URL")
+        addresses = await self._admit(host, parts.port or 443)
+        if self._http is None:
+            self._http = httpx.AsyncClient(transport=AiohttpTransport(pinned=True),
+                                           follow_redirects=False, trust_env=False)
+        try:
+            with dialling(host, addresses):
+                async with self._http.stream("GET", client_id, timeout=5.0,
+                                             headers={"accept": "application/json"}) as response:
+                    if response.status_code != 200:
+                        raise OAuthError("invalid_client", "the client metadata document "
+                                         f"answered HTTP {response.status_code}")
+                    body = b""
+                    async for chunk in response.aiter_bytes():
+                        body += chunk
+                        if len(body) > LIMIT:
+                            raise OAuthError("invalid_client",
+                                             "the client metadata document is too large")
+        except httpx.HTTPError:
+            raise OAuthError("invalid_client",
+                             "the client metadata document could not be fetched") from None
+        client = self._parse(client_id, body)
+        self._cache[client_id] = client
+        return client
+
+    async def _admit(self, host: str, port: int) -> list[str]:
+        try:
+            literal = ipaddress.ip_address(host.strip("[]"))
+            addresses = [str(literal)]
+        except ValueError:
+            try:
+                addresses = await self._resolver.resolve(host, port)
+            except OSError:
+                raise OAuthError("invalid_client", "the client_id host does not resolve") from None
+        for text in addresses:
+            ip = ipaddress.ip_address(text)
+            if is_metadata(ip) or classify(ip) not in self._zones:
+                raise OAuthError("invalid_client", "the client metadata document is not "
+                                 "reachable under the egress policy")
+        if not addresses:
+            raise OAuthError("invalid_client", "the client_id host does not resolve")
+        return addresses
+
+    @staticmethod
+    def _parse(client_id: str, body: bytes) -> Client:
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise OAuthError("invalid_client", "the client metadata document is not JSON") \
+                from None
+        if not isinstance(doc, dict) or doc.get("client_id") != client_id:
+            raise OAuthError("invalid_client", "the document's client_id is not its own URL")
+        uris = doc.get("redirect_uris")
+        if not isinstance(uris, list) or not uris or not all(
+                isinstance(u, str) and valid_redirect_uri(u) for u in uris):
+            raise OAuthError("invalid_client", "the document's redirect_uris are missing or "
+                             "not https (or http on loopback)")
+        if doc.get("token_endpoint_auth_method", "none") != "none":
+            raise OAuthError("invalid_client", "a metadata-document client authenticates with "
+                             "none (PKCE)")
+        name = doc.get("client_name")
+        return Client(client_id, name[:200] if isinstance(name, str) and name else client_id,
+                      tuple(uris), "none")
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
