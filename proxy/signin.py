@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
 from quart import Quart, Response, request
 
 from proxy.accounts import Accounts, BrowserSessions, User
@@ -121,11 +122,12 @@ def register(app: Quart, web: Callable[[], Web]) -> None:
         peer = request.remote_addr or "?"
         watch = [f"signin-ip:{peer}", f"signin-user:{name[:100]}"]
         retry = await w.lockouts.locked(watch, w.clock())
-        if retry is not None:
-            response = page("Too many attempts",
-                            "<p>Too many failed sign-ins. Try again later.</p>", 429)
-            response.headers["Retry-After"] = str(max(1, int(retry) + 1))
-            return response
+        if retry is not None:  # seed 004: lockouts answer in the OAuth shape
+            return Response(orjson.dumps({
+                "error": "too_many_requests",
+                "error_description": "too many failed sign-ins; try again later"}), 429,
+                {"Content-Type": "application/json", "Cache-Control": "no-store",
+                 "Retry-After": str(max(1, int(retry) + 1))})
         import asyncio
 
         user = await asyncio.to_thread(w.accounts.verify_local, name, password)

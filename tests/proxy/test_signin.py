@@ -1,0 +1,96 @@
+"""Sign-in pages: a local account signs in with a form and gets a session cookie; forms from
+elsewhere are refused; failures lock out; no open redirects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from proxy.accounts import Accounts, check_password, hash_password
+from proxy.app import create_app
+from proxy.config import from_dict
+from tests.servers import serve
+
+ORIGIN = "http://127.0.0.1:8080"
+
+
+@pytest.fixture
+def cfg(tmp_path: Path):
+    db = str(tmp_path / "s.db")
+    Accounts(db).create_local("alice", "correct-horse", admin=True)
+    return from_dict({"auth": {"mode": "jwt", "lockout": {"max_failures": 3}},
+                      "oauth_server": {"enabled": True}, "database": {"url": f"sqlite:///{db}"},
+                      "upstreams": [{"name": "e", "url": "http://127.0.0.1:9/mcp"}]}, env={})
+
+
+def test_passwords_are_scrypt_hashed_and_salted() -> None:
+    one, two = hash_password("pw"), hash_password("pw")
+    assert one != two and one.startswith("scrypt$") and "pw" not in one
+    assert check_password("pw", one) and not check_password("nope", one)
+
+
+async def test_sign_in_sets_a_session_cookie_and_signs_out(cfg) -> None:
+    async with serve(create_app(cfg, secret_key="k")) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        assert "<form" in (await client.get("/signin")).text
+        ok = await client.post("/signin", data={"name": "alice", "password": "correct-horse",
+                                                 "next": "/signin/done"},
+                               headers={"Origin": ORIGIN})
+        assert ok.status_code == 303 and ok.headers["location"] == "/signin/done"
+        cookie = ok.headers["set-cookie"]
+        assert "tollhouse_session=" in cookie and "HttpOnly" in cookie
+        assert "SameSite=Lax" in cookie and "Secure" not in cookie  # plain http public URL
+        assert "alice" in (await client.get("/signin/done")).text
+        out = await client.post("/signout", headers={"Origin": ORIGIN})
+        assert out.status_code == 303
+        assert (await client.get("/signin/done")).status_code == 303
+
+
+@pytest.mark.parametrize("headers", [{}, {"Origin": "https://evil.example"},
+                                     {"Referer": "https://evil.example/page"}],
+                         ids=["no origin", "foreign origin", "foreign referer"])
+async def test_forms_from_elsewhere_are_403(cfg, headers: dict[str, str]) -> None:
+    async with serve(create_app(cfg, secret_key="k")) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        response = await client.post("/signin", data={"name": "alice",
+                                                       "password": "correct-horse"},
+                                     headers=headers)
+        assert response.status_code == 403 and "set-cookie" not in response.headers
+        referer = await client.post("/signin", data={"name": "alice",
+                                                      "password": "correct-horse"},
+                                    headers={"Referer": f"{ORIGIN}/signin"})
+        assert referer.status_code == 303
+
+
+@pytest.mark.parametrize("target", ["//evil.example/x", "https://evil.example/", "/\\evil"])
+async def test_next_never_leaves_the_gateway(cfg, target: str) -> None:
+    async with serve(create_app(cfg, secret_key="k")) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        response = await client.post("/signin", data={"name": "alice",
+                                                       "password": "correct-horse",
+                                                       "next": target},
+                                     headers={"Origin": ORIGIN})
+        assert response.headers["location"] == "/signin/done"
+
+
+async def test_failed_sign_ins_lock_out_the_address_and_the_account(cfg) -> None:
+    async with serve(create_app(cfg, secret_key="k")) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        for _ in range(3):
+            wrong = await client.post("/signin", data={"name": "alice", "password": "guess"},
+                                      headers={"Origin": ORIGIN})
+            assert wrong.status_code == 401 and "set-cookie" not in wrong.headers
+        locked = await client.post("/signin", data={"name": "alice",
+                                                     "password": "correct-horse"},
+                                   headers={"Origin": ORIGIN})
+        assert locked.status_code == 429 and int(locked.headers["retry-after"]) > 0
+        assert locked.json()["error"] == "too_many_requests"
+        # the account is locked from other addresses too
+        other = httpx.AsyncHTTPTransport(local_address="127.0.0.3")
+        async with httpx.AsyncClient(base_url=url, transport=other) as elsewhere:
+            again = await elsewhere.post("/signin", data={"name": "alice",
+                                                           "password": "correct-horse"},
+                                         headers={"Origin": ORIGIN})
+            assert again.status_code == 429
