@@ -8,7 +8,8 @@ import base64
 import html
 import secrets
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlencode
 
 import orjson
@@ -19,6 +20,7 @@ from proxy.oauth.cimd import MetadataDocuments
 from proxy.oauth.server import AuthorizationServer, Client, OAuthError
 from proxy.signin import COOKIE, Web, page, see_other
 
+T = TypeVar("T")
 JSON = {"Content-Type": "application/json", "Cache-Control": "no-store", "Pragma": "no-cache"}
 
 
@@ -34,10 +36,17 @@ def _error(exc: OAuthError) -> Response:
 def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callable[[], Web],
              documents: MetadataDocuments | None = None) -> None:
     documents = documents or MetadataDocuments()
+    # every step that reads or writes the authorization server's tables runs here, in order,
+    # off the event loop (one connection, one thread)
+    database = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-oauth")
+
+    async def db(fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(database, fn, *args)
 
     async def known(client_id: str | None) -> None:
         """A client_id that is an https URL is a metadata document: fetch it (cached)."""
-        if client_id and documents.applies(client_id) and server().client(client_id) is None:
+        if client_id and documents.applies(client_id) \
+                and await db(server().client, client_id) is None:
             server().cimd[client_id] = await documents.client(client_id)
 
     # a consent form's token, bound to the browser session and to the exact request
@@ -56,7 +65,7 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
         params = {k: v for k, v in request.args.items()}
         try:
             await known(params.get("client_id"))
-            client, redirect_uri = server().check_authorize(params)
+            client, redirect_uri = await db(server().check_authorize, params)
         except OAuthError as exc:
             return _error(exc)  # never redirect to a URI that is not registered
         try:
@@ -100,7 +109,7 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
         if user is None:
             return _error(OAuthError("access_denied", "sign in again", 401))
         try:
-            client, redirect_uri = server().check_authorize(params)
+            client, redirect_uri = await db(server().check_authorize, params)
             resource = server().check_request(params)
         except OAuthError as exc:
             return _error(exc)
@@ -117,10 +126,9 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
             client = await _client(form)
             grant = form.get("grant_type")
             if grant == "authorization_code":
-                return _json(server().exchange_code(client, form))
+                return _json(await db(server().exchange_code, client, form))
             if grant == "refresh_token":
-                return _json(await asyncio.to_thread(
-                    server().refresh, client, form, web().accounts.get))
+                return _json(await db(server().refresh, client, form, web().accounts.get))
             raise OAuthError("unsupported_grant_type",
                              "grant_type must be authorization_code or refresh_token")
         except OAuthError as exc:
@@ -133,7 +141,7 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
                 metadata = orjson.loads(await request.get_data())
             except orjson.JSONDecodeError:
                 raise OAuthError("invalid_client_metadata", "the body is not JSON") from None
-            return _json(server().register(metadata), 201)
+            return _json(await db(server().register, metadata), 201)
         except OAuthError as exc:
             return _error(exc)
 
@@ -142,7 +150,7 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
         try:
             form = await _form()
             client = await _client(form)
-            server().revoke(client, form.get("token", ""))
+            await db(server().revoke, client, form.get("token", ""))
             return Response(b"", 200, {"Cache-Control": "no-store"})
         except OAuthError as exc:
             return _error(exc)
@@ -172,7 +180,7 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
             raise OAuthError("too_many_requests", "too many failed attempts; try again later",
                              429, {"Retry-After": str(max(1, int(retry) + 1))})
         try:
-            return server().authenticate_client(client_id, secret)
+            return await db(server().authenticate_client, client_id, secret)
         except OAuthError:
             await w.lockouts.failed(watch, w.clock())
             raise

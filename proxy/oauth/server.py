@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,6 +127,9 @@ class AuthorizationServer:
         conn.executescript(SCHEMA)
         self.keys = keys
         self._clock = clock
+        # the in-memory tables below are touched from the event loop and from the database
+        # thread: one lock guards them all
+        self._lock = threading.Lock()
         self._codes: TTLCache[str, Grant] = TTLCache(maxsize=100_000, ttl=self._cfg.code_ttl_s)
         self._used_codes: TTLCache[str, str] = TTLCache(maxsize=100_000, ttl=600)
         self._revoked_jti: TTLCache[str, bool] = TTLCache(
@@ -228,22 +232,25 @@ class AuthorizationServer:
     def issue_code(self, client: Client, redirect_uri: str, params: dict[str, str],
                    user: User, resource: str) -> str:
         code = secrets.token_urlsafe(32)
-        self._codes[code] = Grant(client.client_id, redirect_uri, params["code_challenge"],
-                                  user, resource, params.get("scope", ""),
-                                  secrets.token_urlsafe(12))
+        with self._lock:
+            self._codes[code] = Grant(client.client_id, redirect_uri, params["code_challenge"],
+                                      user, resource, params.get("scope", ""),
+                                      secrets.token_urlsafe(12))
         return code
 
     # -- tokens --------------------------------------------------------------------------------
 
     def exchange_code(self, client: Client, form: dict[str, str]) -> dict[str, Any]:
         code = form.get("code", "")
-        grant = self._codes.pop(code, None)
+        with self._lock:
+            grant = self._codes.pop(code, None)
+            family = self._used_codes.get(code) if grant is None else None
+            if grant is not None:
+                self._used_codes[code] = grant.family
         if grant is None:
-            family = self._used_codes.get(code)
             if family is not None:  # a code presented twice: what it produced is revoked
                 self._revoke_family(family)
             raise OAuthError("invalid_grant", "the code is invalid, expired or already used")
-        self._used_codes[code] = grant.family
         if grant.client_id != client.client_id:
             raise OAuthError("invalid_grant", "the code was issued to another client")
         if form.get("redirect_uri") != grant.redirect_uri:
@@ -319,7 +326,8 @@ class AuthorizationServer:
         with self._conn:
             self._conn.execute("UPDATE oauth_refresh SET revoked_at = ? WHERE family = ? AND "
                                "revoked_at IS NULL", (self._clock(), family))
-        self._revoked_families[family] = True
+        with self._lock:
+            self._revoked_families[family] = True
 
     def revoke(self, client: Client, token: str) -> None:
         """RFC 7009: a refresh token revokes its family; an access token is refused from now
@@ -335,7 +343,8 @@ class AuthorizationServer:
         except jwt.PyJWTError:
             return
         if claims.get("client_id") == client.client_id and isinstance(claims.get("jti"), str):
-            self._revoked_jti[claims["jti"]] = True
+            with self._lock:
+                self._revoked_jti[claims["jti"]] = True
 
     # -- at the MCP edge -----------------------------------------------------------------------
 
@@ -348,8 +357,10 @@ class AuthorizationServer:
         claims: dict[str, Any] = jwt.decode(token, key, algorithms=["ES256"], audience=resource,
                                             issuer=self.issuer, leeway=30,
                                             options={"require": ["exp", "iss", "aud", "sub"]})
-        if self._revoked_jti.get(str(claims.get("jti"))) or self._revoked_families.get(
-                str(claims.get("fam"))):
+        with self._lock:
+            revoked = self._revoked_jti.get(str(claims.get("jti"))) or \
+                self._revoked_families.get(str(claims.get("fam")))
+        if revoked:
             raise jwt.InvalidTokenError("revoked")
         return claims
 
