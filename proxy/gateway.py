@@ -416,6 +416,10 @@ class Gateway:
         except GatewayError as exc:
             return self._refuse(exc, AuditRecord(endpoint=route.name, method="GET"), 0.0, None,
                                 audit=exc.audit_status == "denied")
+        except Exception:
+            log.exception("unexpected failure on GET /mcp/%s", route.name)
+            return self._refuse(InternalError(), AuditRecord(endpoint=route.name, method="GET"),
+                                0.0, None)
 
     async def delete(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
         try:
@@ -435,6 +439,10 @@ class Gateway:
         except GatewayError as exc:
             return self._refuse(exc, AuditRecord(endpoint=route.name, method="DELETE"), 0.0,
                                 None, audit=exc.audit_status == "denied")
+        except Exception:
+            log.exception("unexpected failure on DELETE /mcp/%s", route.name)
+            return self._refuse(InternalError(),
+                                AuditRecord(endpoint=route.name, method="DELETE"), 0.0, None)
 
     async def _guard_bodyless(self, route: UpstreamRoute, req: EdgeRequest) -> Session | None:
         """GET and DELETE: Origin, identity and session, as for a POST. Neither exists in the

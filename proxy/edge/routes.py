@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import logging
+
 import orjson
 from quart import Quart, Response
 from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger("tollhouse")
 
 
 def register(app: Quart) -> None:
@@ -11,6 +15,15 @@ def register(app: Quart) -> None:
     @app.route("/healthz")
     async def healthz() -> Response:
         return Response(b'{"status":"ok"}', 200, {"Content-Type": "application/json"})
+
+    @app.errorhandler(Exception)
+    async def unexpected(exc: Exception) -> Response:
+        # a bug: logged with its traceback here, never shown to the client
+        if isinstance(exc, HTTPException):
+            return await http_error(exc)
+        log.exception("unexpected failure", exc_info=exc)
+        return Response(b'{"error":"server_error","error_description":"internal error"}', 500,
+                        {"Content-Type": "application/json"})
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
