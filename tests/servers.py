@@ -15,11 +15,12 @@ from hypercorn.config import Config as HyperConfig
 
 
 @asynccontextmanager
-async def serve(app: Any, *, graceful_timeout: float = 5.0) -> AsyncIterator[str]:
-    """Run an ASGI app on Hypercorn at a free loopback port; yield its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
+async def serve(app: Any, *, graceful_timeout: float = 5.0,
+                sock: socket.socket | None = None) -> AsyncIterator[str]:
+    """Run an ASGI app on Hypercorn at a free loopback port (or on `sock`, from
+    `bound_socket()`, when the app must know its URL before it exists); yield its base URL."""
+    if sock is None:
+        sock, _ = bound_socket()
     port = sock.getsockname()[1]
     cfg = HyperConfig()
     cfg.bind = [f"fd://{sock.detach()}"]
@@ -35,3 +36,11 @@ async def serve(app: Any, *, graceful_timeout: float = 5.0) -> AsyncIterator[str
         await asyncio.wait_for(task, 10)
 
 
+
+
+def bound_socket() -> tuple[socket.socket, str]:
+    """A loopback socket, bound and listening, and the base URL it will serve."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock, f"http://127.0.0.1:{sock.getsockname()[1]}"

@@ -14,7 +14,6 @@ import httpx
 import orjson
 import pytest
 from mcp import Client
-from mcp.shared.exceptions import MCPError
 
 from proxy.app import create_app
 from proxy.audit import query

@@ -9,11 +9,9 @@ grant refused. The attack tests below drive the same server with plain httpx.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import secrets
-import socket
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -27,8 +25,6 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import httpx
 import httpx2
 import orjson
-from hypercorn.asyncio import serve as hypercorn_serve
-from hypercorn.config import Config as HyperConfig
 from mcp import types
 from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
@@ -39,7 +35,7 @@ from proxy.app import create_app
 from proxy.config import from_dict
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app
-from tests.servers import serve
+from tests.servers import bound_socket, serve
 
 USER, PASSWORD = "alice", "pw-alice-123"
 REDIRECT_URI = "http://127.0.0.1:47011/callback"  # never dialled: the test reads the Location
@@ -50,23 +46,6 @@ INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
 
 
 # -- servers -------------------------------------------------------------------------------------
-
-
-@asynccontextmanager
-async def _serve_bound(app: Any, sock: socket.socket) -> AsyncIterator[None]:
-    """tests.servers.serve, for a socket bound (and its port known) before the app exists."""
-    cfg = HyperConfig()
-    cfg.bind = [f"fd://{sock.detach()}"]
-    cfg.accesslog = None
-    cfg.errorlog = None
-    cfg.graceful_timeout = 1
-    stop = asyncio.Event()
-    task = asyncio.create_task(hypercorn_serve(app, cfg, shutdown_trigger=stop.wait))
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 @dataclass
@@ -96,11 +75,8 @@ async def oauth_gateway(tmp_path: Path, *, endpoints: tuple[str, ...] = ("up",),
     db_path = str(tmp_path / "t.db")
     Accounts(db_path).create_local(USER, PASSWORD)
     async with serve(upstream_app, graceful_timeout=1) as upstream_url:
-        sock = socket.socket()
+        sock, url = bound_socket()
         try:
-            sock.bind(("127.0.0.1", 0))
-            sock.listen(128)
-            url = f"http://127.0.0.1:{sock.getsockname()[1]}"
             cfg = from_dict({
                 "server": {"listen": "127.0.0.1:8080", "public_url": url},
                 "auth": {"mode": "jwt", **(auth or {})},
@@ -109,7 +85,7 @@ async def oauth_gateway(tmp_path: Path, *, endpoints: tuple[str, ...] = ("up",),
                 "upstreams": [{"name": n, "url": f"{upstream_url}/mcp"} for n in endpoints],
             }, env={})
             app = create_app(cfg, secret_key="test-secret")
-            async with _serve_bound(app, sock):
+            async with serve(app, sock=sock, graceful_timeout=1):
                 yield Gw(url, db_path, probe)
         finally:
             sock.close()  # a no-op once detached
