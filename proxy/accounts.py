@@ -15,11 +15,11 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from cachetools import TTLCache
 
+from proxy import db
 from proxy.auth.principal import Principal
 
 LOCAL_ISSUER = "tollhouse:local"
@@ -78,12 +78,7 @@ _DUMMY = hash_password(secrets.token_hex(8))
 
 
 def connect(path: str) -> sqlite3.Connection:
-    if path != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=10, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.executescript(SCHEMA)
-    return conn
+    return db.connect(path, SCHEMA)
 
 
 _COLUMNS = "id, name, issuer, subject, is_admin, groups"

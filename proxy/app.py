@@ -16,11 +16,6 @@ from quart import Quart
 from policies import build_egress, default_policies
 from proxy import edge, metadata, signin
 from proxy.accounts import Accounts, MemoryBrowserSessions
-from proxy.oauth import keys as oauth_keys
-from proxy.oauth import routes as oauth_routes
-from proxy.oauth.cap import OAuthBodyCap
-from proxy.oauth.server import AuthorizationServer
-from proxy.signin import Web
 from proxy.audit import AuditSink, SqliteAuditSink
 from proxy.auth import Authenticator, BearerAuth, NoAuth
 from proxy.auth.keys import KeyIndex
@@ -30,6 +25,11 @@ from proxy.config import Config
 from proxy.egress import Resolver
 from proxy.gateway import Gateway
 from proxy.metering import OutboxWorker, build_backend
+from proxy.oauth import keys as oauth_keys
+from proxy.oauth import routes as oauth_routes
+from proxy.oauth.cap import OAuthBodyCap
+from proxy.oauth.server import AuthorizationServer
+from proxy.signin import Web
 from proxy.state import MemoryInFlight, MemorySessionStore
 from proxy.upstream import UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder

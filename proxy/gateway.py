@@ -20,6 +20,7 @@ import orjson
 from proxy import bridge, eras, jsonrpc
 from proxy.audit import AuditRecord, AuditSink
 from proxy.auth import Authenticator, Principal
+from proxy.bridge import Bridge
 from proxy.chain import CallContext, Chain
 from proxy.errors import (
     Cancelled,
@@ -38,7 +39,6 @@ from proxy.errors import (
     render,
 )
 from proxy.jsonrpc import McpMessage
-from proxy.bridge import Bridge
 from proxy.relay import StreamRelay
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
 from proxy.upstream import UpstreamClient, UpstreamRoute, map_errors

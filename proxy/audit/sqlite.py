@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from proxy import db
 from proxy.audit.record import AuditRecord
 
 log = logging.getLogger("tollhouse.audit")
@@ -62,10 +63,7 @@ _STOP = object()
 
 
 def connect(path: str) -> sqlite3.Connection:
-    if path != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=10, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
+    conn = db.connect(path)
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.executescript(SCHEMA)
     columns = {row[1] for row in conn.execute("PRAGMA table_info(audit)")}

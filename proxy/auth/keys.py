@@ -16,10 +16,11 @@ import secrets
 import sqlite3
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
+
+from proxy import db
 
 PREFIX = "th_"
 _FORMAT = re.compile(r"^th_([a-z0-9]{10})_([A-Za-z0-9_-]{43})$")
@@ -87,12 +88,7 @@ def _digest(secret: str) -> str:
 
 
 def connect(path: str) -> sqlite3.Connection:
-    if path != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=10, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.executescript(SCHEMA)
-    return conn
+    return db.connect(path, SCHEMA)
 
 
 def _row(row: tuple[Any, ...]) -> ApiKey:

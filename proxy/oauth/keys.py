@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from proxy import db
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS oauth_keys (
     kid TEXT PRIMARY KEY,
@@ -35,9 +37,7 @@ class SecretKeyMissing(Exception):
 
 
 def connect(path: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, timeout=10, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    return conn
+    return db.connect(path)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-from typing import Protocol
+from typing import Any, Protocol
 
 from cachetools import TTLCache
 
