@@ -16,6 +16,10 @@ from quart import Quart
 from policies import build_egress, default_policies
 from proxy import edge, metadata, signin
 from proxy.accounts import Accounts, MemoryBrowserSessions
+from proxy.connect import routes as connect_routes
+from proxy.connect.guarded import GuardedClient
+from proxy.connect.manager import Connections
+from proxy.connect.vault import Vault, keys_from_env
 from proxy.audit import AuditSink, SqliteAuditSink
 from proxy.auth import Authenticator, BearerAuth, NoAuth
 from proxy.auth.keys import KeyIndex
@@ -46,12 +50,14 @@ class State:
     outbox: OutboxWorker | None = None
     web: Web | None = None
     oauth: AuthorizationServer | None = None
+    connections: Connections | None = None
 
 
 def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None,
                audit_sink: AuditSink | None = None, base_dir: Path | None = None,
                clock: Callable[[], float] = time.monotonic,
-               resolver: Resolver | None = None, secret_key: str | None = None) -> Quart:
+               resolver: Resolver | None = None, secret_key: str | None = None,
+               vault_keys: dict[str, bytes] | None = None) -> Quart:
     app = Quart("tollhouse")
     app.config.update(
         MAX_CONTENT_LENGTH=cfg.server.max_request_bytes,
@@ -70,7 +76,8 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     origins.add(f"{public.scheme}://{public.netloc}".lower())
     state = State()
     app.extensions["tollhouse"] = state
-    people = cfg.oauth_server.enabled or cfg.auth.oidc.enabled
+    per_user = any(u.auth == "per_user" for u in cfg.upstreams)
+    people = cfg.oauth_server.enabled or cfg.auth.oidc.enabled or per_user
     web: Web | None = None
     oauth_server: AuthorizationServer | None = None
     if people:
@@ -87,6 +94,13 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                                   cfg.oauth_server.access_token_ttl_s)
         oauth_server = AuthorizationServer(cfg, conn, ring)
         state.oauth = oauth_server
+    connections: Connections | None = None
+    if per_user:
+        keys = vault_keys or keys_from_env(
+            None if secret_key is None else {"TOLLHOUSE_SECRET_KEY": secret_key})
+        connections = Connections(cfg, Vault(cfg.database.sqlite_path, keys),
+                                  GuardedClient(resolver))
+        state.connections = connections
 
     @app.while_serving  # type: ignore[type-var]
     async def lifespan() -> AsyncIterator[None]:
@@ -112,7 +126,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         state.gateway = Gateway(
             routes=routes, authenticator=authenticator, chain=chain, sessions=sessions,
             inflight=inflight, upstream=upstream, audit=audit,
-            allowed_origins=frozenset(origins), identity=identity)
+            allowed_origins=frozenset(origins), identity=identity, connections=connections)
         try:
             yield
         finally:
@@ -122,6 +136,8 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                 worker_task.cancel()  # undelivered events wait in the outbox for the next start
                 await asyncio.wait({worker_task}, timeout=5)
             await upstream.aclose()
+            if connections is not None:
+                await connections.aclose()
             if keys is not None:
                 keys.close()
 
@@ -137,6 +153,9 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         own: AuthorizationServer = oauth_server
         oauth_routes.register(app, lambda: own, lambda: people_web)
         app.asgi_app = OAuthBodyCap(app.asgi_app)  # type: ignore[method-assign,assignment,arg-type]
+    if connections is not None and web is not None:
+        linked: Connections = connections
+        connect_routes.register(app, lambda: linked, lambda: people_web)
     if cfg.auth.oidc.enabled and web is not None:
         from proxy import oidc  # type: ignore[attr-defined,unused-ignore]
 

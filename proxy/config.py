@@ -144,6 +144,20 @@ class DatabaseConfig:
 
 
 @dataclass(frozen=True)
+class UpstreamOAuthConfig:
+    """How Tollhouse gets each person's own token for a per_user upstream."""
+
+    client_id: str = ""
+    client_secret: str = ""
+    authorization_endpoint: str = ""
+    token_endpoint: str = ""
+    revocation_endpoint: str = ""
+    scopes: list[str] = field(default_factory=list)
+    discover: bool = False
+    refresh_margin_s: float = 60.0
+
+
+@dataclass(frozen=True)
 class UpstreamConfig:
     name: str
     url: str
@@ -156,6 +170,8 @@ class UpstreamConfig:
     era: str = "auto"
     zones: list[str] = field(default_factory=lambda: list(ZONES))
     collections: list[str] = field(default_factory=list)
+    auth: str = "static"
+    oauth: UpstreamOAuthConfig = field(default_factory=UpstreamOAuthConfig)
 
 
 @dataclass(frozen=True)
@@ -341,6 +357,20 @@ def _check(cfg: Config, base_dir: Path) -> None:
         for header in up.headers:
             if not re.match(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$", header):
                 raise ConfigError(f"config: '{where}.headers' has an invalid header name")
+        if up.auth not in ("static", "per_user"):
+            raise ConfigError(f"config: '{where}.auth' must be static or per_user")
+        if up.auth == "per_user":
+            o = up.oauth
+            if not o.discover and not (o.authorization_endpoint and o.token_endpoint
+                                       and o.client_id):
+                raise ConfigError(f"config: '{where}.oauth' needs client_id, "
+                                  "authorization_endpoint and token_endpoint, or discover = true")
+            for key in ("authorization_endpoint", "token_endpoint", "revocation_endpoint"):
+                if getattr(o, key):
+                    _url(getattr(o, key), f"{where}.oauth.{key}")
+            if cfg.auth.mode != "jwt":
+                raise ConfigError(f"config: '{where}.auth' = \"per_user\" needs auth.mode = "
+                                  "\"jwt\": every caller is one anonymous principal otherwise")
         if up.era not in ("auto", "legacy", "modern"):
             raise ConfigError(f"config: '{where}.era' must be one of auto, legacy, modern")
         if up.identity not in _IDENTITY_MODES:

@@ -9,6 +9,7 @@ its own response object.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
@@ -21,6 +22,7 @@ from proxy import bridge, eras, jsonrpc
 from proxy.audit import AuditRecord, AuditSink
 from proxy.auth import Authenticator, Principal
 from proxy.bridge import Bridge
+from proxy.connect.manager import Connections, UpstreamNotConnected
 from proxy.chain import CallContext, Chain
 from proxy.errors import (
     Cancelled,
@@ -74,6 +76,7 @@ class Leg:
     local: dict[str, Any] | None = None  # a result the gateway answers itself
     body: bytes | None = None  # the request as the upstream needs it, when not as sent
     to_legacy_client: bool = False  # a legacy client bridged onto a 2026-07-28-only upstream
+    bearer: str | None = None  # this person's own upstream token (per_user upstreams)
 
 
 @dataclass(slots=True)
@@ -88,7 +91,8 @@ class Gateway:
     def __init__(self, *, routes: Mapping[str, UpstreamRoute], authenticator: Authenticator,
                  chain: Chain, sessions: SessionStore, inflight: InFlightRegistry,
                  upstream: UpstreamClient, audit: AuditSink, allowed_origins: frozenset[str],
-                 identity: IdentityForwarder | None = None) -> None:
+                 identity: IdentityForwarder | None = None,
+                 connections: Connections | None = None) -> None:
         self.routes = routes
         self.auth = authenticator
         self.chain = chain
@@ -98,6 +102,7 @@ class Gateway:
         self.audit = audit
         self.allowed_origins = allowed_origins
         self.identity = identity or IdentityForwarder.none()
+        self.connections = connections
         self.bridge = Bridge(upstream, {name: r.era for name, r in routes.items()})
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -187,6 +192,15 @@ class Gateway:
                     self.bridge.forget(route, principal.key)
                     leg = await self._leg(route, req, msg, session, ctx)
                     response = await self.upstream.open(route, "POST", leg.headers, msg.body)
+                elif response.status_code == 401 and leg.bearer is not None \
+                        and self.connections is not None:
+                    # this person's upstream token was refused: refresh once, retry once
+                    await response.aclose()
+                    response = None
+                    fresh = await self.connections.refresh(route.name, principal.key, leg.bearer)
+                    leg = await self._leg(route, req, msg, session, ctx, fresh)
+                    response = await self.upstream.open(route, "POST", leg.headers,
+                                                        leg.body or msg.body)
                 elif (msg.method == "initialize" and response.status_code >= 400
                       and await self._modern_only(route)):
                     # a 2026-07-28-only upstream refused a legacy opening: bridge it
@@ -194,6 +208,8 @@ class Gateway:
                     response = None
                     leg = await self._leg(route, req, msg, session, ctx)
             if leg.local is not None:
+                if rewrite is not None:
+                    rewrite(leg.local)
                 return await self._answer_here(route, msg, leg.local, ctx, record, started)
             assert response is not None
             await self._check_status(response, session)
@@ -227,7 +243,13 @@ class Gateway:
                 raise UpstreamProtocolError()
             if not outcome[0]:
                 record.status, record.error_message = "error", outcome[1]
-            elif rewrite is not None and isinstance(obj.get("result"), dict) \
+            if leg.bearer is not None and outcome[0] and msg.method == "tools/list" \
+                    and self.connections is not None and isinstance(obj.get("result"), dict):
+                # the last list this upstream gave, before any per-caller filtering: what a
+                # person not yet connected is shown (filtered for them)
+                self.connections.last_lists[(route.name, "tools/list")] = copy.deepcopy(
+                    obj["result"])
+            if outcome[0] and rewrite is not None and isinstance(obj.get("result"), dict) \
                     and rewrite(obj["result"]):
                 data = orjson.dumps(obj)
             out_headers = dict(JSON_HEADERS)
@@ -274,8 +296,27 @@ class Gateway:
         return done
 
     async def _leg(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
-                   session: Session | None, ctx: CallContext) -> Leg:
+                   session: Session | None, ctx: CallContext, bearer: str | None = None
+                   ) -> Leg:
         identity = self.identity.headers(route, ctx.principal)
+        if self.connections is not None and route.name in self.connections.upstreams:
+            try:
+                bearer = bearer or await self.connections.access_token(route.name,
+                                                                       ctx.principal.key)
+            except UpstreamNotConnected:
+                last = self.connections.last_lists.get((route.name, msg.method or ""))
+                if last is not None:  # clients can still discover the tools
+                    return Leg([], local=copy.deepcopy(last))
+                raise
+            identity = [*(identity or []), ("authorization", f"Bearer {bearer}")]
+            leg = await self._route_leg(route, req, msg, session, ctx, identity)
+            leg.bearer = bearer
+            return leg
+        return await self._route_leg(route, req, msg, session, ctx, identity)
+
+    async def _route_leg(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+                         session: Session | None, ctx: CallContext,
+                         identity: list[tuple[str, str]] | None) -> Leg:
         if ctx.era == "legacy":
             if msg.method == "initialize" and self.bridge.modern_only(route):
                 discover = await self.bridge.discover(route)

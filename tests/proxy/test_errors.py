@@ -23,6 +23,10 @@ def test_every_error_renders_in_a_documented_shape(cls: type) -> None:
     elif cls is errors.HiddenTool:
         exc = cls("access: tool x hidden", "x")
         assert exc.wire_message == "Unknown tool: x"
+    elif cls.__name__ in ("UpstreamNotConnected", "UpstreamNeedsReconnect"):
+        exc = cls("github", "http://127.0.0.1:8080/connect/github")
+        assert exc.wire_message.endswith("http://127.0.0.1:8080/connect/github")
+        assert exc.audit_reason in ("upstream_not_connected", "upstream_needs_reconnect")
     elif cls.__name__ == "OAuthError":
         exc = cls("invalid_grant", "the code is invalid")
     elif cls is errors.ToolResultDenial:

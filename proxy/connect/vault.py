@@ -1,0 +1,137 @@
+"""The token vault: each person's upstream tokens, sealed with AES-GCM.
+
+The key comes from the environment (`TOLLHOUSE_VAULT_KEYS="k2=<base64>,k1=<base64>"`: the first
+seals, all unseal, so a key can be rotated without losing connections; or, failing that, a key
+derived from `TOLLHOUSE_SECRET_KEY`). The upstream and the person are bound in as associated
+data: a row copied to another person does not decrypt. A row sealed under an older key is
+resealed under the current one when it is next written.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import secrets
+import sqlite3
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from proxy import db
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS upstream_tokens (
+    upstream TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    kid TEXT NOT NULL,
+    sealed TEXT NOT NULL,
+    status TEXT NOT NULL,
+    expires_at REAL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (upstream, principal)
+);
+"""
+
+
+class VaultKeyMissing(Exception):
+    pass
+
+
+def keys_from_env(env: Mapping[str, str] | None = None) -> dict[str, bytes]:
+    """{kid: 32-byte key}, the sealing key first."""
+    env = os.environ if env is None else env
+    spec = env.get("TOLLHOUSE_VAULT_KEYS", "")
+    keys: dict[str, bytes] = {}
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        kid, _, value = item.partition("=")
+        try:
+            key = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise VaultKeyMissing(f"TOLLHOUSE_VAULT_KEYS: key {kid!r} is not base64") from None
+        if len(key) != 32 or not kid:
+            raise VaultKeyMissing(f"TOLLHOUSE_VAULT_KEYS: key {kid!r} must be 32 bytes")
+        keys[kid] = key
+    if not keys and env.get("TOLLHOUSE_SECRET_KEY"):
+        keys["s1"] = hashlib.sha256(b"tollhouse-vault|" + env["TOLLHOUSE_SECRET_KEY"].encode()
+                                    ).digest()
+    if not keys:
+        raise VaultKeyMissing("a per_user upstream needs TOLLHOUSE_VAULT_KEYS or "
+                              "TOLLHOUSE_SECRET_KEY in the environment")
+    return keys
+
+
+@dataclass(frozen=True)
+class Connection:
+    status: str  # connected | needs_reconnect
+    tokens: dict[str, Any]  # access_token, refresh_token, ... (never logged)
+    expires_at: float | None
+
+
+class Vault:
+    """Blocking SQLite: the gateway calls it from one database thread."""
+
+    def __init__(self, path: str, keys: dict[str, bytes]) -> None:
+        self._conn: sqlite3.Connection = db.connect(path, SCHEMA)
+        self._current = next(iter(keys))
+        self._aead = {kid: AESGCM(key) for kid, key in keys.items()}
+
+    @staticmethod
+    def _ad(upstream: str, principal: str) -> bytes:
+        return f"{upstream}\n{principal}".encode()
+
+    def put(self, upstream: str, principal: str, tokens: dict[str, Any],
+            status: str = "connected") -> None:
+        nonce = secrets.token_bytes(12)
+        sealed = nonce + self._aead[self._current].encrypt(
+            nonce, orjson.dumps(tokens), self._ad(upstream, principal))
+        expires = tokens.get("expires_at")
+        with self._conn:
+            self._conn.execute(
+                "INSERT INTO upstream_tokens (upstream, principal, kid, sealed, status, "
+                "expires_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (upstream, "
+                "principal) DO UPDATE SET kid = excluded.kid, sealed = excluded.sealed, "
+                "status = excluded.status, expires_at = excluded.expires_at, "
+                "updated_at = excluded.updated_at",
+                (upstream, principal, self._current, base64.b64encode(sealed).decode(), status,
+                 expires if isinstance(expires, (int, float)) else None, time.time()))
+
+    def get(self, upstream: str, principal: str) -> Connection | None:
+        row = self._conn.execute("SELECT kid, sealed, status, expires_at FROM upstream_tokens "
+                                 "WHERE upstream = ? AND principal = ?",
+                                 (upstream, principal)).fetchone()
+        if row is None:
+            return None
+        kid, sealed, status, expires = row
+        aead = self._aead.get(kid)
+        if aead is None:
+            return Connection("needs_reconnect", {}, None)  # sealed under a retired key
+        raw = base64.b64decode(sealed)
+        try:
+            tokens = orjson.loads(aead.decrypt(raw[:12], raw[12:], self._ad(upstream, principal)))
+        except InvalidTag:
+            return Connection("needs_reconnect", {}, None)  # not this person's row
+        if kid != self._current and status == "connected":
+            self.put(upstream, principal, tokens, status)  # reseal under the current key
+        return Connection(status, tokens, expires)
+
+    def mark(self, upstream: str, principal: str, status: str) -> None:
+        with self._conn:
+            self._conn.execute("UPDATE upstream_tokens SET status = ?, updated_at = ? WHERE "
+                               "upstream = ? AND principal = ?",
+                               (status, time.time(), upstream, principal))
+
+    def delete(self, upstream: str, principal: str) -> None:
+        with self._conn:
+            self._conn.execute("DELETE FROM upstream_tokens WHERE upstream = ? AND "
+                               "principal = ?", (upstream, principal))
+
+    def statuses(self, principal: str) -> dict[str, str]:
+        return dict(self._conn.execute("SELECT upstream, status FROM upstream_tokens WHERE "
+                                       "principal = ?", (principal,)).fetchall())
