@@ -125,6 +125,8 @@ class Browser:
     base: str
     http: httpx.AsyncClient
     trail: list[tuple[str, str, int]] = field(default_factory=list)
+    user: str = USER
+    password: str = PASSWORD
 
     async def _go(self, method: str, url: str, **kw: Any) -> httpx.Response:
         response = await self.http.request(method, url, **kw)
@@ -141,7 +143,8 @@ class Browser:
             (form,) = forms(login.text)
             assert form["action"] == "/signin" and form["method"] == "post"
             signed = await self._go("POST", self.base + "/signin", headers=origin,
-                                    data={**form["hidden"], "name": USER, "password": PASSWORD})
+                                    data={**form["hidden"], "name": self.user,
+                                          "password": self.password})
             assert signed.status_code == 303, signed.text
             assert "tollhouse_session" in signed.cookies
             next_url = parse_qs(urlsplit(response.headers["location"]).query)["next"][0]

@@ -1,0 +1,298 @@
+"""Per-user upstream connections end to end. The upstream is a second Tollhouse: a real OAuth
+authorization server with its own people (alice2, bob2), whose MCP endpoint checks its bearer
+and tells its own upstream (the official SDK server) who is calling. The gateway under test
+signs people in locally and connects each one's own upstream account."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import jwt
+import orjson
+import pytest
+
+from proxy.accounts import Accounts
+from proxy.app import create_app
+from proxy.audit import query
+from proxy.config import from_dict
+from proxy.connect.vault import Vault
+from tests.e2e.test_oauth_sdk import Browser, forms
+from tests.e2e.upstreams import UpstreamProbe, stateless_json_app
+from tests.servers import bound_socket, serve
+
+SECRET = "outer-jwt-secret-of-thirty-two-bytes!!"
+PEOPLE = {"alice": ("alice-pass-1", "alice2", "alice2-pass"),
+          "bob": ("bob-pass-123", "bob2", "bob2-pass-1")}
+VAULT_KEYS = {"k1": b"\x01" * 32}
+
+
+@dataclass
+class World:
+    outer: str
+    inner: str
+    outer_db: str
+    inner_db: str
+    probe: UpstreamProbe
+
+    def mcp_token(self, person: str) -> str:
+        """The person's bearer at the gateway: same principal as their browser sign-in."""
+        return jwt.encode({"iss": "tollhouse:local", "sub": f"local:{person}",
+                           "aud": f"{self.outer}/mcp/gh", "exp": int(time.time()) + 600},
+                          SECRET, algorithm="HS256")
+
+    async def call(self, person: str, tool: str = "echo", method: str = "tools/call",
+                   request_id: int = 1) -> httpx.Response:
+        params = {"name": tool, "arguments": {"text": person}} if method == "tools/call" else {}
+        async with httpx.AsyncClient(timeout=10) as client:
+            return await client.post(
+                f"{self.outer}/mcp/gh", content=orjson.dumps(
+                    {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}),
+                headers={"content-type": "application/json",
+                         "accept": "application/json, text/event-stream",
+                         "authorization": f"Bearer {self.mcp_token(person)}"})
+
+    def vault_row(self, person: str) -> tuple[Any, ...]:
+        conn = sqlite3.connect(self.outer_db)
+        try:
+            return conn.execute("SELECT kid, sealed, status, expires_at FROM upstream_tokens "
+                                "WHERE principal = ?", (f"tollhouse:local|local:{person}",)
+                                ).fetchone()
+        finally:
+            conn.close()
+
+
+@asynccontextmanager
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    app, probe = stateless_json_app()
+    inner_db, outer_db = str(tmp_path / "inner.db"), str(tmp_path / "outer.db")
+    for person, (_, upstream_user, upstream_password) in PEOPLE.items():
+        Accounts(inner_db).create_local(upstream_user, upstream_password)
+        Accounts(outer_db).create_local(person, PEOPLE[person][0])
+    async with serve(app, graceful_timeout=1) as sdk_url:
+        inner_sock, inner = bound_socket()
+        inner_cfg = from_dict({
+            "server": {"public_url": inner}, "auth": {"mode": "jwt"},
+            "oauth_server": {"enabled": True}, "database": {"url": f"sqlite:///{inner_db}"},
+            "upstreams": [{"name": "up", "url": f"{sdk_url}/mcp", "identity": "headers"}]},
+            env={})
+        async with serve(create_app(inner_cfg, secret_key="inner-secret"), sock=inner_sock,
+                         graceful_timeout=1):
+            outer_sock, outer = bound_socket()
+            outer_cfg = from_dict({
+                "server": {"public_url": outer},
+                "auth": {"mode": "jwt", "issuers": [{"issuer": "tollhouse:local",
+                                                      "hs256_secret": SECRET,
+                                                      "algorithms": ["HS256"]}]},
+                "database": {"url": f"sqlite:///{outer_db}"},
+                "upstreams": [{"name": "gh", "url": f"{inner}/mcp/up", "auth": "per_user",
+                               "oauth": {"discover": True}}]}, env={})
+            async with serve(create_app(outer_cfg, vault_keys=VAULT_KEYS), sock=outer_sock,
+                             graceful_timeout=1):
+                yield World(outer, inner, outer_db, inner_db, probe)
+
+
+async def sign_in(http: httpx.AsyncClient, base: str, name: str, password: str) -> None:
+    signed = await http.post(f"{base}/signin", data={"name": name, "password": password,
+                                                     "next": "/signin/done"},
+                             headers={"Origin": base})
+    assert signed.status_code == 303, signed.text
+
+
+async def connect(w: World, person: str) -> httpx.AsyncClient:
+    """The person signs in at the gateway, opens the connect URL, signs in at the upstream's
+    authorization server as their upstream account and allows; the gateway stores the tokens."""
+    password, upstream_user, upstream_password = PEOPLE[person]
+    http = httpx.AsyncClient(follow_redirects=False, timeout=10)
+    await sign_in(http, w.outer, person, password)
+    intro = await http.get(f"{w.outer}/connect/gh")
+    assert intro.status_code == 200
+    assert "gh" in intro.text and person in intro.text  # names upstream and identity
+    start = await http.get(f"{w.outer}/connect/gh?start=1")
+    assert start.status_code == 303
+    authorize = start.headers["location"]
+    assert authorize.startswith(f"{w.inner}/oauth/authorize?")
+    params = {k: v[0] for k, v in parse_qs(urlsplit(authorize).query).items()}
+    assert params["code_challenge_method"] == "S256" and params["resource"] == \
+        f"{w.inner}/mcp/up"
+    upstream_browser = Browser(w.inner, httpx.AsyncClient(follow_redirects=False, timeout=10),
+                               user=upstream_user, password=upstream_password)
+    back = await upstream_browser.consent(authorize)
+    await upstream_browser.http.aclose()
+    assert back.startswith(f"{w.outer}/connect/gh/callback?")
+    done = await http.get(back)
+    assert done.status_code == 200 and "connected" in done.text, done.text
+    return http
+
+
+async def test_not_connected_then_connected_each_person_with_their_own_account(tmp_path: Path
+                                                                             ) -> None:
+    async with world(tmp_path) as w:
+        hint = await w.call("alice")
+        assert hint.status_code == 200
+        assert hint.json()["error"] == {
+            "code": -32000, "message": f"Connect your gh account first: {w.outer}/connect/gh"}
+        assert w.probe.calls == []
+        alice = await connect(w, "alice")
+        listed = await alice.get(f"{w.outer}/api/v1/me/connections")
+        assert listed.json()["items"] == [{"upstream": "gh", "status": "connected",
+                                           "connect_url": f"{w.outer}/connect/gh"}]
+        ok = await w.call("alice")
+        assert ok.json()["result"]["content"][0]["text"] == "alice", ok.text
+        assert (await w.call("alice", method="tools/list", request_id=2)).status_code == 200
+        bob = await connect(w, "bob")
+        assert (await w.call("bob")).json()["result"]["content"][0]["text"] == "bob"
+        subjects = [c.headers["x-tollhouse-subject"] for c in w.probe.tool_calls("echo")]
+        assert subjects == ["local:alice2", "local:bob2"]  # each through their own account
+        row = w.vault_row("alice")
+        assert row[0] == "k1" and b"access_token" not in row[1].encode()  # sealed at rest
+        await alice.aclose()
+        await bob.aclose()
+    records = [r for r in query(w.outer_db, limit=50) if r["method"] == "tools/call"]
+    not_connected = [r for r in records if r["status"] == "error"]
+    assert [r["error_message"] for r in not_connected] == ["upstream_not_connected"]
+
+
+async def test_tools_list_answers_from_the_last_known_list_when_not_connected(
+        tmp_path: Path) -> None:
+    async with world(tmp_path) as w:
+        alice = await connect(w, "alice")
+        assert (await w.call("alice", method="tools/list")).status_code == 200
+        listed = await w.call("bob", method="tools/list")  # bob never connected
+        names = {t["name"] for t in listed.json()["result"]["tools"]}
+        assert "echo" in names
+        await alice.aclose()
+
+
+async def test_expiry_refresh_401_retry_and_invalid_grant(tmp_path: Path) -> None:
+    async with world(tmp_path) as w:
+        alice = await connect(w, "alice")
+        vault = Vault(w.outer_db, VAULT_KEYS)
+        principal = "tollhouse:local|local:alice"
+        first = vault.get("gh", principal)
+        assert first is not None
+        # about to expire: the next call refreshes first
+        vault.put("gh", principal, {**first.tokens, "expires_at": time.time() + 5})
+        assert (await w.call("alice")).status_code == 200
+        second = vault.get("gh", principal)
+        assert second is not None
+        assert second.tokens["access_token"] != first.tokens["access_token"]
+        assert second.tokens["refresh_token"] != first.tokens["refresh_token"]
+        # the upstream refuses the access token it is sent (401): one refresh, one retry
+        inner = sqlite3.connect(w.inner_db)
+        client_row = inner.execute("SELECT client_id FROM oauth_clients").fetchone()
+        inner.close()
+        vault.put("gh", principal, {**second.tokens, "access_token": "not-a-valid-token",
+                                    "expires_at": time.time() + 3600})
+        retried = await w.call("alice")
+        assert retried.status_code == 200 and "result" in retried.json(), retried.text
+        third = vault.get("gh", principal)
+        assert third is not None and third.tokens["access_token"] != "not-a-valid-token"
+        assert client_row is not None
+        # the refresh token is refused (invalid_grant): needs_reconnect
+        vault.put("gh", principal, {**third.tokens, "refresh_token": "revoked-or-unknown",
+                                    "access_token": "also-invalid",
+                                    "expires_at": time.time() + 3600})
+        broken = await w.call("alice")
+        assert broken.json()["error"] == {
+            "code": -32000, "message": f"Reconnect your gh account: {w.outer}/connect/gh"}
+        listed = await alice.get(f"{w.outer}/api/v1/me/connections")
+        assert listed.json()["items"][0]["status"] == "needs_reconnect"
+        await alice.aclose()
+    reasons = [r["error_message"] for r in query(w.outer_db, limit=50)
+               if r["status"] == "error"]
+    assert "upstream_needs_reconnect" in reasons
+
+
+async def test_forged_state_and_another_persons_flow_are_refused(tmp_path: Path) -> None:
+    async with world(tmp_path) as w:
+        async with httpx.AsyncClient(follow_redirects=False, timeout=10) as alice, \
+                httpx.AsyncClient(follow_redirects=False, timeout=10) as bob:
+            await sign_in(alice, w.outer, "alice", PEOPLE["alice"][0])
+            await sign_in(bob, w.outer, "bob", PEOPLE["bob"][0])
+            forged = await alice.get(f"{w.outer}/connect/gh/callback?code=x&state=forged")
+            assert forged.status_code == 400 and "unknown" in forged.text
+            start = await alice.get(f"{w.outer}/connect/gh?start=1")
+            state = parse_qs(urlsplit(start.headers["location"]).query)["state"][0]
+            stolen = await bob.get(f"{w.outer}/connect/gh/callback?code=x&state={state}")
+            assert stolen.status_code == 400 and "someone else" in stolen.text
+            async with httpx.AsyncClient() as nobody:
+                anonymous = await nobody.get(f"{w.outer}/connect/gh/callback?code=x&"
+                                             f"state={state}")
+            assert anonymous.status_code == 401
+
+
+async def test_disconnect_revokes_at_the_upstream(tmp_path: Path) -> None:
+    async with world(tmp_path) as w:
+        alice = await connect(w, "alice")
+        tokens = Vault(w.outer_db, VAULT_KEYS).get("gh", "tollhouse:local|local:alice")
+        assert tokens is not None
+        refused = await alice.delete(f"{w.outer}/api/v1/me/connections/gh")
+        assert refused.status_code == 403  # a cookie change without our Origin
+        gone = await alice.delete(f"{w.outer}/api/v1/me/connections/gh",
+                                  headers={"Origin": w.outer})
+        assert gone.status_code == 204
+        listed = await alice.get(f"{w.outer}/api/v1/me/connections")
+        assert listed.json()["items"][0]["status"] == "not_connected"
+        conn = sqlite3.connect(w.inner_db)
+        revoked = conn.execute("SELECT count(*) FROM oauth_refresh WHERE revoked_at IS NOT NULL"
+                               ).fetchone()[0]
+        assert revoked >= 1  # the upstream revoked the family (RFC 7009)
+        assert (await w.call("alice")).json()["error"]["message"].startswith(
+            "Connect your gh account first")
+        await alice.aclose()
+
+
+def test_vault_binds_rows_to_their_person_and_rotates_keys(tmp_path: Path) -> None:
+    db = str(tmp_path / "v.db")
+    old = Vault(db, {"k1": b"\x01" * 32})
+    old.put("gh", "p|alice", {"access_token": "A", "refresh_token": "R", "expires_at": None})
+    # a row copied to another person does not decrypt
+    conn = sqlite3.connect(db)
+    conn.execute("INSERT INTO upstream_tokens SELECT upstream, 'p|mallory', kid, sealed, status, "
+                 "expires_at, updated_at FROM upstream_tokens WHERE principal = 'p|alice'")
+    conn.commit()
+    stolen = old.get("gh", "p|mallory")
+    assert stolen is not None and stolen.status == "needs_reconnect" and stolen.tokens == {}
+    # rotation: a new sealing key, the old one still unseals, and the row is resealed on use
+    rotated = Vault(db, {"k2": b"\x02" * 32, "k1": b"\x01" * 32})
+    got = rotated.get("gh", "p|alice")
+    assert got is not None and got.tokens["access_token"] == "A"
+    assert conn.execute("SELECT kid FROM upstream_tokens WHERE principal = 'p|alice'"
+                        ).fetchone() == ("k2",)
+    only_new = Vault(db, {"k2": b"\x02" * 32})
+    again = only_new.get("gh", "p|alice")
+    assert again is not None and again.tokens["refresh_token"] == "R"
+    conn.close()
+
+
+async def test_concurrent_calls_of_one_person_refresh_once(tmp_path: Path) -> None:
+    import asyncio
+
+    async with world(tmp_path) as w:
+        alice = await connect(w, "alice")
+        vault = Vault(w.outer_db, VAULT_KEYS)
+        principal = "tollhouse:local|local:alice"
+        tokens = vault.get("gh", principal)
+        assert tokens is not None
+        vault.put("gh", principal, {**tokens.tokens, "expires_at": time.time() + 1})
+
+        def refresh_rows() -> int:
+            conn = sqlite3.connect(w.inner_db)
+            try:
+                return int(conn.execute("SELECT count(*) FROM oauth_refresh").fetchone()[0])
+            finally:
+                conn.close()
+
+        before = refresh_rows()
+        results = await asyncio.gather(*(w.call("alice", request_id=i) for i in range(6)))
+        assert all(r.json()["result"]["content"][0]["text"] == "alice" for r in results)
+        assert refresh_rows() == before + 1  # one refresh grant served all six calls
+        await alice.aclose()
