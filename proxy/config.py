@@ -371,6 +371,9 @@ def _check(cfg: Config, base_dir: Path) -> None:
             if cfg.auth.mode != "jwt":
                 raise ConfigError(f"config: '{where}.auth' = \"per_user\" needs auth.mode = "
                                   "\"jwt\": every caller is one anonymous principal otherwise")
+            if any(h.lower() == "authorization" for h in up.headers):
+                raise ConfigError(f"config: '{where}.headers' sets Authorization, which a "
+                                  "per_user upstream takes from each person's connection")
         if up.era not in ("auto", "legacy", "modern"):
             raise ConfigError(f"config: '{where}.era' must be one of auto, legacy, modern")
         if up.identity not in _IDENTITY_MODES:

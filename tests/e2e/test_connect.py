@@ -17,14 +17,13 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import jwt
 import orjson
-import pytest
 
 from proxy.accounts import Accounts
 from proxy.app import create_app
 from proxy.audit import query
 from proxy.config import from_dict
 from proxy.connect.vault import Vault
-from tests.e2e.test_oauth_sdk import Browser, forms
+from tests.e2e.test_oauth_sdk import Browser
 from tests.e2e.upstreams import UpstreamProbe, stateless_json_app
 from tests.servers import bound_socket, serve
 
