@@ -69,7 +69,7 @@ class World:
 
 
 @asynccontextmanager
-async def world(tmp_path: Path) -> AsyncIterator[World]:
+async def world(tmp_path: Path, explicit: bool = False) -> AsyncIterator[World]:
     app, probe = stateless_json_app()
     inner_db, outer_db = str(tmp_path / "inner.db"), str(tmp_path / "outer.db")
     for person, (_, upstream_user, upstream_password) in PEOPLE.items():
@@ -85,6 +85,18 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
         async with serve(create_app(inner_cfg, secret_key="inner-secret"), sock=inner_sock,
                          graceful_timeout=1):
             outer_sock, outer = bound_socket()
+            oauth: dict[str, Any] = {"discover": True}
+            if explicit:  # a client registered beforehand, configured by hand
+                async with httpx.AsyncClient() as admin:
+                    client = (await admin.post(f"{inner}/oauth/register", json={
+                        "redirect_uris": [f"{outer}/connect/gh/callback"],
+                        "token_endpoint_auth_method": "client_secret_post",
+                        "client_name": "gateway"})).json()
+                oauth = {"client_id": client["client_id"],
+                         "client_secret": client["client_secret"],
+                         "authorization_endpoint": f"{inner}/oauth/authorize",
+                         "token_endpoint": f"{inner}/oauth/token",
+                         "revocation_endpoint": f"{inner}/oauth/revoke"}
             outer_cfg = from_dict({
                 "server": {"public_url": outer},
                 "auth": {"mode": "jwt", "issuers": [{"issuer": "tollhouse:local",
@@ -92,7 +104,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
                                                       "algorithms": ["HS256"]}]},
                 "database": {"url": f"sqlite:///{outer_db}"},
                 "upstreams": [{"name": "gh", "url": f"{inner}/mcp/up", "auth": "per_user",
-                               "oauth": {"discover": True}}]}, env={})
+                               "oauth": oauth}]}, env={})
             async with serve(create_app(outer_cfg, vault_keys=VAULT_KEYS), sock=outer_sock,
                              graceful_timeout=1):
                 yield World(outer, inner, outer_db, inner_db, probe)
@@ -294,4 +306,16 @@ async def test_concurrent_calls_of_one_person_refresh_once(tmp_path: Path) -> No
         results = await asyncio.gather(*(w.call("alice", request_id=i) for i in range(6)))
         assert all(r.json()["result"]["content"][0]["text"] == "alice" for r in results)
         assert refresh_rows() == before + 1  # one refresh grant served all six calls
+        await alice.aclose()
+
+
+async def test_explicit_client_configuration(tmp_path: Path) -> None:
+    async with world(tmp_path, explicit=True) as w:
+        alice = await connect(w, "alice")
+        assert (await w.call("alice")).json()["result"]["content"][0]["text"] == "alice"
+        page = await alice.get(f"{w.outer}/connections")
+        assert page.status_code == 200 and "gh" in page.text and "connected" in page.text
+        conn = sqlite3.connect(w.inner_db)
+        assert conn.execute("SELECT count(*) FROM oauth_clients").fetchone() == (1,)
+        conn.close()  # no dynamic registration happened beside the one done by hand
         await alice.aclose()
