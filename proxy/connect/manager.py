@@ -100,6 +100,10 @@ class Connections:
         self._refreshing: dict[tuple[str, str], asyncio.Future[str]] = {}
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-vault")
         self.last_lists: dict[tuple[str, str], dict[str, Any]] = {}  # (upstream, method)
+        # the hot path: a person's unsealed token for a minute, so a call costs no database
+        # read; every change to the row (refresh, reconnect, disconnect) replaces or drops it
+        self._hot: TTLCache[tuple[str, str], tuple[str, float | None]] = TTLCache(
+            maxsize=100_000, ttl=60)
 
     async def _in_db(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
@@ -204,6 +208,7 @@ class Connections:
             "redirect_uri": pending.redirect_uri, "code_verifier": pending.verifier,
             "resource": self.resource(name)})
         await self._in_db(self._vault.put, name, principal, tokens)
+        self._hot.pop((name, principal), None)
 
     async def _token(self, name: str, ep: Endpoints, form: dict[str, str]) -> dict[str, Any]:
         form = {**form, "client_id": ep.client_id}
@@ -232,20 +237,26 @@ class Connections:
     async def access_token(self, name: str, principal: str) -> str:
         """This person's access token for this upstream, refreshed first if it is about to
         expire; UpstreamNotConnected / UpstreamNeedsReconnect otherwise."""
+        margin = self.upstreams[name].oauth.refresh_margin_s
+        hot = self._hot.get((name, principal))
+        if hot is not None and (hot[1] is None or hot[1] - self._clock() >= margin):
+            return hot[0]
         connection = await self._in_db(self._vault.get, name, principal)
         if connection is None:
             raise UpstreamNotConnected(name, self.connect_url(name))
         if connection.status != "connected":
             raise UpstreamNeedsReconnect(name, self.connect_url(name))
-        margin = self.upstreams[name].oauth.refresh_margin_s
         expires = connection.expires_at
         if expires is not None and expires - self._clock() < margin:
             return await self.refresh(name, principal, connection.tokens["access_token"])
-        return str(connection.tokens["access_token"])
+        token = str(connection.tokens["access_token"])
+        self._hot[(name, principal)] = (token, expires)
+        return token
 
     async def refresh(self, name: str, principal: str, stale: str) -> str:
         """One refresh for everyone waiting on the same person's token."""
         key = (name, principal)
+        self._hot.pop(key, None)
         pending = self._refreshing.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
@@ -284,7 +295,12 @@ class Connections:
                 raise UpstreamNeedsReconnect(name, self.connect_url(name)) from None
             raise UpstreamFailure("the upstream's token refresh failed") from None
         await self._in_db(self._vault.put, name, principal, tokens)
+        self._hot[(name, principal)] = (str(tokens["access_token"]), tokens.get("expires_at"))
         return str(tokens["access_token"])
+
+    def forget(self, name: str, principal: str) -> None:
+        """Drop the in-memory copy of a person's token: the vault row changed elsewhere."""
+        self._hot.pop((name, principal), None)
 
     # -- the person's view -----------------------------------------------------------------
 
@@ -293,6 +309,7 @@ class Connections:
         return {name: known.get(name, "not_connected") for name in self.upstreams}
 
     async def disconnect(self, name: str, principal: str) -> None:
+        self._hot.pop((name, principal), None)
         connection = await self._in_db(self._vault.get, name, principal)
         await self._in_db(self._vault.delete, name, principal)
         if connection is None or not connection.tokens:

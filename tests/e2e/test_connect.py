@@ -40,6 +40,11 @@ class World:
     outer_db: str
     inner_db: str
     probe: UpstreamProbe
+    state: Any = None  # the gateway's app state
+
+    def edited(self, person: str) -> None:
+        """The test changed a vault row behind the gateway's back: drop its in-memory copy."""
+        self.state.connections.forget("gh", f"tollhouse:local|local:{person}")
 
     def mcp_token(self, person: str) -> str:
         """The person's bearer at the gateway: same principal as their browser sign-in."""
@@ -105,9 +110,10 @@ async def world(tmp_path: Path, explicit: bool = False) -> AsyncIterator[World]:
                 "database": {"url": f"sqlite:///{outer_db}"},
                 "upstreams": [{"name": "gh", "url": f"{inner}/mcp/up", "auth": "per_user",
                                "oauth": oauth}]}, env={})
-            async with serve(create_app(outer_cfg, vault_keys=VAULT_KEYS), sock=outer_sock,
-                             graceful_timeout=1):
-                yield World(outer, inner, outer_db, inner_db, probe)
+            outer_app = create_app(outer_cfg, vault_keys=VAULT_KEYS)
+            async with serve(outer_app, sock=outer_sock, graceful_timeout=1):
+                yield World(outer, inner, outer_db, inner_db, probe,
+                            outer_app.extensions["tollhouse"])
 
 
 async def sign_in(http: httpx.AsyncClient, base: str, name: str, password: str) -> None:
@@ -191,6 +197,7 @@ async def test_expiry_refresh_401_retry_and_invalid_grant(tmp_path: Path) -> Non
         assert first is not None
         # about to expire: the next call refreshes first
         vault.put("gh", principal, {**first.tokens, "expires_at": time.time() + 5})
+        w.edited("alice")
         assert (await w.call("alice")).status_code == 200
         second = vault.get("gh", principal)
         assert second is not None
@@ -202,6 +209,7 @@ async def test_expiry_refresh_401_retry_and_invalid_grant(tmp_path: Path) -> Non
         inner.close()
         vault.put("gh", principal, {**second.tokens, "access_token": "not-a-valid-token",
                                     "expires_at": time.time() + 3600})
+        w.edited("alice")
         retried = await w.call("alice")
         assert retried.status_code == 200 and "result" in retried.json(), retried.text
         third = vault.get("gh", principal)
@@ -211,6 +219,7 @@ async def test_expiry_refresh_401_retry_and_invalid_grant(tmp_path: Path) -> Non
         vault.put("gh", principal, {**third.tokens, "refresh_token": "revoked-or-unknown",
                                     "access_token": "also-invalid",
                                     "expires_at": time.time() + 3600})
+        w.edited("alice")
         broken = await w.call("alice")
         assert broken.json()["error"] == {
             "code": -32000, "message": f"Reconnect your gh account: {w.outer}/connect/gh"}
@@ -294,6 +303,7 @@ async def test_concurrent_calls_of_one_person_refresh_once(tmp_path: Path) -> No
         tokens = vault.get("gh", principal)
         assert tokens is not None
         vault.put("gh", principal, {**tokens.tokens, "expires_at": time.time() + 1})
+        w.edited("alice")
 
         def refresh_rows() -> int:
             conn = sqlite3.connect(w.inner_db)
