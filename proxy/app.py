@@ -16,16 +16,16 @@ from quart import Quart
 from policies import build_egress, default_policies
 from proxy import edge, metadata, signin
 from proxy.accounts import Accounts, MemoryBrowserSessions
-from proxy.connect import routes as connect_routes
-from proxy.connect.guarded import GuardedClient
-from proxy.connect.manager import Connections
-from proxy.connect.vault import Vault, keys_from_env
 from proxy.audit import AuditSink, SqliteAuditSink
 from proxy.auth import Authenticator, BearerAuth, NoAuth
 from proxy.auth.keys import KeyIndex
 from proxy.auth.lockout import MemoryLockoutStore
 from proxy.chain import Chain
 from proxy.config import Config
+from proxy.connect import routes as connect_routes
+from proxy.connect.guarded import GuardedClient
+from proxy.connect.manager import Connections
+from proxy.connect.vault import Vault, keys_from_env
 from proxy.egress import Resolver
 from proxy.gateway import Gateway
 from proxy.metering import OutboxWorker, build_backend

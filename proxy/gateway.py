@@ -12,18 +12,17 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import orjson
 
-from proxy import bridge, eras, jsonrpc
+from proxy import eras, jsonrpc
 from proxy.audit import AuditRecord, AuditSink
 from proxy.auth import Authenticator, Principal
 from proxy.bridge import Bridge
-from proxy.connect.manager import Connections, UpstreamNotConnected
 from proxy.chain import CallContext, Chain
+from proxy.connect.manager import Connections
 from proxy.errors import (
     Cancelled,
     EndpointNotFound,
@@ -31,7 +30,6 @@ from proxy.errors import (
     InternalError,
     InvalidRequest,
     MethodNotAllowed,
-    MethodNotFound,
     NotAcceptable,
     OriginNotAllowed,
     SessionNotFound,
@@ -40,7 +38,9 @@ from proxy.errors import (
     UpstreamProtocolError,
     render,
 )
+from proxy.exchange import EdgeRequest, EdgeResponse
 from proxy.jsonrpc import McpMessage
+from proxy.legs import Leg, Legs, refusing_input, with_completion
 from proxy.relay import StreamRelay
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
 from proxy.upstream import UpstreamClient, UpstreamRoute, map_errors
@@ -54,40 +54,7 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-@dataclass(slots=True)
-class EdgeRequest:
-    headers: Mapping[str, str]
-    read_body: Callable[[], Awaitable[bytes]]
-    peer: str | None = None
-    duplicated: frozenset[str] = frozenset()  # header names sent more than once
-    forwarded: tuple[tuple[str, str], ...] = ()  # every X-Forwarded-For / Forwarded line
-
-
-@dataclass(slots=True)
-class Leg:
-    """How one call reaches its upstream: the headers, the upstream session (if any), and
-    whether the gateway bridges a 2026-07-28 caller onto a legacy upstream."""
-
-    headers: list[tuple[str, str]]
-    upstream_session_id: str | None = None
-    protocol_version: str | None = None
-    bridged: bool = False
-    notify: bool = True  # a legacy upstream learns of a cancellation by notification
-    local: dict[str, Any] | None = None  # a result the gateway answers itself
-    body: bytes | None = None  # the request as the upstream needs it, when not as sent
-    to_legacy_client: bool = False  # a legacy client bridged onto a 2026-07-28-only upstream
-    bearer: str | None = None  # this person's own upstream token (per_user upstreams)
-
-
-@dataclass(slots=True)
-class EdgeResponse:
-    status: int
-    headers: dict[str, str] = field(default_factory=dict)
-    body: bytes = b""
-    stream: AsyncIterator[bytes] | None = None
-
-
-class Gateway:
+class Gateway(Legs):
     def __init__(self, *, routes: Mapping[str, UpstreamRoute], authenticator: Authenticator,
                  chain: Chain, sessions: SessionStore, inflight: InFlightRegistry,
                  upstream: UpstreamClient, audit: AuditSink, allowed_origins: frozenset[str],
@@ -181,9 +148,9 @@ class Gateway:
             leg = await self._leg(route, req, msg, session, ctx)
             if leg.local is None:
                 if leg.bridged:
-                    rewrite = _with_completion(rewrite, msg.method)
+                    rewrite = with_completion(rewrite, msg.method)
                 if leg.to_legacy_client:
-                    rewrite = _refusing_input(rewrite)
+                    rewrite = refusing_input(rewrite)
                 response = await self.upstream.open(route, "POST", leg.headers,
                                                     leg.body or msg.body)
                 if leg.bridged and response.status_code == 404:
@@ -295,79 +262,6 @@ class Gateway:
 
         return done
 
-    async def _leg(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
-                   session: Session | None, ctx: CallContext, bearer: str | None = None
-                   ) -> Leg:
-        identity = self.identity.headers(route, ctx.principal)
-        if self.connections is not None and route.name in self.connections.upstreams:
-            try:
-                bearer = bearer or await self.connections.access_token(route.name,
-                                                                       ctx.principal.key)
-            except UpstreamNotConnected:
-                last = self.connections.last_lists.get((route.name, msg.method or ""))
-                if last is not None:  # clients can still discover the tools
-                    return Leg([], local=copy.deepcopy(last))
-                raise
-            identity = [*(identity or []), ("authorization", f"Bearer {bearer}")]
-            leg = await self._route_leg(route, req, msg, session, ctx, identity)
-            leg.bearer = bearer
-            return leg
-        return await self._route_leg(route, req, msg, session, ctx, identity)
-
-    async def _route_leg(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
-                         session: Session | None, ctx: CallContext,
-                         identity: list[tuple[str, str]] | None) -> Leg:
-        if ctx.era == "legacy":
-            if msg.method == "initialize" and self.bridge.modern_only(route):
-                discover = await self.bridge.discover(route)
-                return Leg([], local=bridge.initialize_from_discover(
-                    discover, (msg.params or {}).get("protocolVersion"), route.name))
-            if session is not None and session.bridged_envelope is not None:
-                return self._to_modern(route, msg, session, identity)
-            usid = session.upstream_session_id if session else None
-            return Leg(self.upstream.headers(route, req.headers, usid, extra=identity), usid,
-                       session.protocol_version if session else None)
-        if await self.bridge.era(route) == "modern":
-            return Leg(self.upstream.headers(route, req.headers, None, extra=identity,
-                                             modern=True), notify=False)
-        # a 2026-07-28 caller on a legacy upstream: the gateway's session for this caller
-        if msg.method == "subscriptions/listen":
-            raise MethodNotFound(data={"method": msg.method})
-        usid = await self.bridge.session(route, ctx.principal.key, identity)
-        if msg.method == "server/discover":
-            init = self.bridge.initialize_result(route) or {}
-            return Leg([], local=eras.discover_from_initialize(init, route.name))
-        headers = self.upstream.headers(route, {"content-type": "application/json"}, usid,
-                                        extra=identity)
-        headers.append(("mcp-protocol-version", bridge.LEGACY_VERSION))
-        return Leg(headers, usid, bridge.LEGACY_VERSION, bridged=True)
-
-    def _to_modern(self, route: UpstreamRoute, msg: McpMessage, session: Session,
-                   identity: list[tuple[str, str]] | None) -> Leg:
-        """A legacy client's request, sent on as a 2026-07-28 request: envelope and headers."""
-        if msg.method == "ping":
-            return Leg([], local={})
-        assert session.bridged_envelope is not None
-        extra = [("mcp-protocol-version", eras.MODERN_VERSIONS[0]),
-                 ("mcp-method", msg.method or "")]
-        named = eras.NAMED.get(msg.method or "")
-        target = (msg.params or {}).get(named) if named else None
-        if isinstance(target, str):
-            extra.append(("mcp-name", bridge.encode_header(target)))
-        headers = self.upstream.headers(route, {"content-type": "application/json"}, None,
-                                        extra=[*extra, *(identity or [])])
-        body = bridge.with_envelope(msg.body, bridge.envelope_for(session.bridged_envelope))
-        return Leg(headers, notify=False, body=body, to_legacy_client=True)
-
-    async def _modern_only(self, route: UpstreamRoute) -> bool:
-        try:
-            if await self.bridge.era(route) != "modern":
-                return False
-        except GatewayError:
-            return False
-        self.bridge.mark_modern_only(route)
-        return True
-
     async def _answer_here(self, route: UpstreamRoute, msg: McpMessage, result: dict[str, Any],
                            ctx: CallContext, record: AuditRecord, started: float) -> EdgeResponse:
         """A result the gateway gives itself: discover or initialize built for a bridge."""
@@ -388,20 +282,6 @@ class Gateway:
         record.bytes_out = len(data)
         self._emit(record, started)
         return EdgeResponse(200, headers, data)
-
-    async def _modern_notification(self, route: UpstreamRoute, msg: McpMessage,
-                                   principal: Principal, session: Session | None
-                                   ) -> EdgeResponse:
-        """A notification bound for a 2026-07-28 upstream is answered here, which has no use
-        for one: a cancel naming one of this caller's calls in flight ends it (and closes its
-        upstream request); anything else is acknowledged and changes nothing."""
-        target_id = msg.params.get("requestId") if msg.params is not None else None
-        if msg.method == "notifications/cancelled" and isinstance(target_id, (str, int)):
-            await self.inflight.cancel(
-                (route.name, principal.key, session.id if session else "", target_id),
-                CLIENT_CANCELLED)
-        headers = {"Mcp-Session-Id": session.id} if session is not None else {}
-        return EdgeResponse(202, headers)
 
     async def _one_way(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
                        session: Session | None, principal: Principal, record: AuditRecord,
@@ -564,25 +444,6 @@ class Gateway:
         """At shutdown: let background work (cancel notices, stream clean-up) finish."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout)
-
-
-def _refusing_input(rewrite: Callable[[dict[str, Any]], bool] | None
-                    ) -> Callable[[dict[str, Any]], bool]:
-    def refuse(result: dict[str, Any]) -> bool:
-        bridge.refuse_input_required(result)
-        return rewrite(result) if rewrite is not None else False
-
-    return refuse
-
-
-def _with_completion(rewrite: Callable[[dict[str, Any]], bool] | None, method: str | None
-                     ) -> Callable[[dict[str, Any]], bool]:
-    def complete(result: dict[str, Any]) -> bool:
-        if rewrite is not None:
-            rewrite(result)
-        return bridge.complete(result, method)
-
-    return complete
 
 
 def _check_media(headers: Mapping[str, str]) -> None:

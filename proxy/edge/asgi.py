@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from proxy.errors import BodyTimeout, BodyTooLarge, GatewayError, MethodNotAllowed, render
-from proxy.gateway import EdgeRequest, EdgeResponse, Gateway
+from proxy.exchange import EdgeRequest, EdgeResponse
+from proxy.gateway import Gateway
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
