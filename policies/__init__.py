@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from policies.egress import Egress
     from policies.metering import MeteringBackend
-    from proxy.egress import Resolver
     from proxy.chain import Policy
     from proxy.config import Config
+    from proxy.egress import Resolver
 
 
 def build_egress(cfg: Config, resolver: Resolver | None = None) -> Egress:

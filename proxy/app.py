@@ -11,15 +11,20 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+import orjson
 from quart import Quart
 
 from policies import build_egress, default_policies
 from proxy import edge, metadata, signin
 from proxy.accounts import Accounts, MemoryBrowserSessions
+from proxy.api import routes as api_routes
+from proxy.api.registry import Registry
+from proxy.api.routes import Api
 from proxy.audit import AuditSink, SqliteAuditSink
 from proxy.auth import Authenticator, BearerAuth, NoAuth
 from proxy.auth.keys import KeyIndex
 from proxy.auth.lockout import MemoryLockoutStore
+from proxy.bodycap import BodyCap
 from proxy.chain import Chain
 from proxy.config import Config
 from proxy.connect import routes as connect_routes
@@ -51,6 +56,7 @@ class State:
     web: Web | None = None
     oauth: AuthorizationServer | None = None
     connections: Connections | None = None
+    api: Api | None = None
 
 
 def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None,
@@ -123,6 +129,9 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
             keys = KeyIndex(cfg.database.sqlite_path)
             authenticator = BearerAuth(cfg, base_dir, upstream.http, keys, lockouts, clock,
                                        tollhouse=oauth_server)
+        registry = Registry(cfg, routes, egress)
+        state.api = Api(registry, keys, cfg.database.sqlite_path, web, lockouts,
+                        cfg.server.max_request_bytes, clock)
         state.gateway = Gateway(
             routes=routes, authenticator=authenticator, chain=chain, sessions=sessions,
             inflight=inflight, upstream=upstream, audit=audit,
@@ -140,6 +149,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                 await connections.aclose()
             if keys is not None:
                 keys.close()
+            registry.close()
 
     def gateway() -> Gateway:
         assert state.gateway is not None, "the gateway is built when the app starts serving"
@@ -152,7 +162,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     if oauth_server is not None and web is not None:
         own: AuthorizationServer = oauth_server
         oauth_routes.register(app, lambda: own, lambda: people_web)
-        app.asgi_app = OAuthBodyCap(app.asgi_app)  # type: ignore[method-assign,assignment,arg-type]
+        app.asgi_app = OAuthBodyCap(app.asgi_app)  # type: ignore[method-assign,assignment]
     if connections is not None and web is not None:
         linked: Connections = connections
         connect_routes.register(app, lambda: linked, lambda: people_web)
@@ -165,4 +175,14 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                                 max_body=cfg.server.max_request_bytes,
                                 body_timeout_s=BODY_TIMEOUT_S)
     metadata.register(app, cfg, identity, own_server=oauth_server is not None)
+
+    def management() -> Api:
+        assert state.api is not None, "the management API is built when the app serves"
+        return state.api
+
+    api_routes.register(app, management)
+    limit = cfg.server.max_request_bytes
+    app.asgi_app = BodyCap(app.asgi_app, "/api/v1/", limit,  # type: ignore[method-assign,assignment,arg-type]
+                           orjson.dumps({"detail": f"request body exceeds the {limit}-byte "
+                                                   "limit"}))
     return app

@@ -3,7 +3,7 @@ from __future__ import annotations
 import logging
 
 import orjson
-from quart import Quart, Response
+from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger("tollhouse")
@@ -29,5 +29,8 @@ def register(app: Quart) -> None:
     async def http_error(exc: HTTPException) -> Response:
         # Framework-level refusals outside /mcp (unknown path, wrong method) in our JSON shape.
         status = exc.code or 500
-        body = orjson.dumps({"error": (exc.name or "error").lower()})
+        if request.path.startswith("/api/v1"):  # the management API's own shape (seed 004)
+            body = orjson.dumps({"detail": (exc.name or "error").lower()})
+        else:
+            body = orjson.dumps({"error": (exc.name or "error").lower()})
         return Response(body, status, {"Content-Type": "application/json"})

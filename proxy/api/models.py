@@ -1,0 +1,113 @@
+"""Request and response bodies of /api/v1, validated with pydantic; the OpenAPI document is
+built from these same models."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl
+
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+Zone = Literal["loopback", "lan", "remote"]
+
+
+def _remote() -> list[Zone]:
+    return ["remote"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerIn(Strict):
+    """An upstream MCP server served at /mcp/<name>."""
+
+    name: str = Field(pattern=NAME)
+    url: HttpUrl
+    timeout_s: float = Field(30.0, gt=0, le=3600)
+    total_timeout_s: float = Field(300.0, gt=0, le=86400)
+    zones: list[Zone] = Field(default_factory=_remote, min_length=1)
+    era: Literal["auto", "legacy", "modern"] = "auto"
+
+
+class ServerPatch(Strict):
+    url: HttpUrl | None = None
+    timeout_s: float | None = Field(None, gt=0, le=3600)
+    total_timeout_s: float | None = Field(None, gt=0, le=86400)
+    zones: list[Literal["loopback", "lan", "remote"]] | None = Field(None, min_length=1)
+    era: Literal["auto", "legacy", "modern"] | None = None
+
+
+class ServerOut(BaseModel):
+    name: str
+    url: str
+    timeout_s: float
+    total_timeout_s: float
+    zones: list[str]
+    era: str
+    source: Literal["config", "api"]
+    mcp_url: str
+
+
+class KeyIn(Strict):
+    name: str = Field(min_length=1, max_length=100)
+    endpoints: list[str] = Field(default_factory=list)
+    role: Literal["", "admin"] = ""
+    expires_in_days: float | None = Field(None, gt=0)
+
+
+class KeyOut(BaseModel):
+    id: str
+    name: str
+    prefix: str
+    endpoints: list[str]
+    role: str
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+    status: str
+
+
+class KeyCreated(KeyOut):
+    key: str  # the secret, shown once
+
+
+class UserIn(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+    password: str = Field(min_length=8, max_length=1024)
+    admin: bool = False
+
+
+class UserOut(BaseModel):
+    id: str
+    name: str
+    issuer: str
+    subject: str
+    admin: bool
+
+
+class Me(BaseModel):
+    subject: str
+    issuer: str
+    name: str
+    admin: bool
+    via: Literal["cookie", "api_key"]
+
+
+class AuditPage(BaseModel):
+    items: list[dict[str, object]]
+    next_cursor: str | None
+
+
+class UsageRow(BaseModel):
+    principal: str
+    endpoint: str
+    tool: str | None
+    calls: int
+    ok: int
+    denied: int
+    error: int
+    cancelled: int
+    bytes_in: int
+    bytes_out: int
+    duration_ms: float
