@@ -35,7 +35,7 @@ def default_policies(cfg: Config, metering: MeteringBackend | None = None,
     from proxy.state.ratelimit import MemoryRateLimitStore
 
     policies: list[Policy] = []
-    if Access.wanted(cfg):
+    if Access.wanted(cfg) or cfg.auth.mode == "jwt":  # the API may add rules at run time
         policies.append(Access(cfg))
     if cfg.rate_limits:
         policies.append(RateLimit(cfg.rate_limits, MemoryRateLimitStore(max_keys=100_000)))

@@ -93,6 +93,13 @@ class Access:
         self._rules = {u.name: _compile(u.access) for u in cfg.upstreams}
         self._public_url = cfg.server.public_url.rstrip("/")
 
+    def set(self, endpoint: str, access: AccessConfig | None) -> None:
+        """An endpoint's rules changed (the management API): they apply from the next call."""
+        if access is None:
+            self._rules.pop(endpoint, None)
+        else:
+            self._rules[endpoint] = _compile(access)
+
     @classmethod
     def wanted(cls, cfg: Config) -> bool:
         return any(u.access != AccessConfig() for u in cfg.upstreams)

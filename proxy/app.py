@@ -17,6 +17,7 @@ from quart import Quart
 from policies import build_egress, default_policies
 from proxy import edge, metadata, signin
 from proxy.accounts import Accounts, MemoryBrowserSessions
+from policies.access import Access
 from proxy.api import routes as api_routes
 from proxy.api.registry import Registry
 from proxy.api.routes import Api
@@ -129,7 +130,8 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
             keys = KeyIndex(cfg.database.sqlite_path)
             authenticator = BearerAuth(cfg, base_dir, upstream.http, keys, lockouts, clock,
                                        tollhouse=oauth_server)
-        registry = Registry(cfg, routes, egress)
+        access = next((p for p in chain.policies if isinstance(p, Access)), None)
+        registry = Registry(cfg, routes, egress, access)
         state.api = Api(registry, keys, cfg.database.sqlite_path, web, lockouts,
                         cfg.server.max_request_bytes, clock)
         state.gateway = Gateway(

@@ -19,6 +19,27 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class ToolProfileIn(Strict):
+    tools_allow: list[str] = Field(default_factory=list)
+    tools_deny: list[str] = Field(default_factory=list)
+
+
+class AccessIn(Strict):
+    """Who may use the endpoint, and which tools, prompts and resources (glob patterns)."""
+
+    allow_subjects: list[str] = Field(default_factory=list)
+    allow_groups: list[str] = Field(default_factory=list)
+    allow_scopes: list[str] = Field(default_factory=list)
+    allow_keys: list[str] = Field(default_factory=list)
+    tools_allow: list[str] = Field(default_factory=list)
+    tools_deny: list[str] = Field(default_factory=list)
+    group_tools: dict[str, ToolProfileIn] = Field(default_factory=dict)
+    prompts_allow: list[str] = Field(default_factory=list)
+    prompts_deny: list[str] = Field(default_factory=list)
+    resources_allow: list[str] = Field(default_factory=list)
+    resources_deny: list[str] = Field(default_factory=list)
+
+
 class ServerIn(Strict):
     """An upstream MCP server served at /mcp/<name>."""
 
@@ -28,6 +49,7 @@ class ServerIn(Strict):
     total_timeout_s: float = Field(300.0, gt=0, le=86400)
     zones: list[Zone] = Field(default_factory=_remote, min_length=1)
     era: Literal["auto", "legacy", "modern"] = "auto"
+    access: AccessIn = Field(default_factory=AccessIn)
 
 
 class ServerPatch(Strict):
@@ -36,6 +58,7 @@ class ServerPatch(Strict):
     total_timeout_s: float | None = Field(None, gt=0, le=86400)
     zones: list[Literal["loopback", "lan", "remote"]] | None = Field(None, min_length=1)
     era: Literal["auto", "legacy", "modern"] | None = None
+    access: AccessIn | None = None
 
 
 class ServerOut(BaseModel):
@@ -47,6 +70,12 @@ class ServerOut(BaseModel):
     era: str
     source: Literal["config", "api"]
     mcp_url: str
+    access: AccessIn
+
+
+class Role(BaseModel):
+    name: str
+    description: str
 
 
 class KeyIn(Strict):

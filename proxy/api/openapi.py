@@ -14,6 +14,7 @@ from proxy.api.models import (
     KeyIn,
     KeyOut,
     Me,
+    Role,
     ServerIn,
     ServerOut,
     ServerPatch,
@@ -23,7 +24,7 @@ from proxy.api.models import (
 )
 
 MODELS: tuple[type[BaseModel], ...] = (ServerIn, ServerPatch, ServerOut, KeyIn, KeyOut,
-                                       KeyCreated, UserIn, UserOut, Me, UsageRow)
+                                       KeyCreated, UserIn, UserOut, Me, UsageRow, Role)
 ERRORS = {
     "400": "A precondition of the operation does not hold.",
     "401": "No credential, or an invalid or expired one.",
@@ -87,6 +88,8 @@ def document() -> dict[str, Any]:
         "items": {"type": "array", "items": {"type": "object"}},
         "next_cursor": {"type": ["string", "null"]}}}
     paths = {
+        "/api/v1/roles": {"get": _op("The roles a user or key can hold", "200",
+                                     _list_of(Role))},
         "/api/v1/me": {"get": _op("Who is calling, and whether they are an administrator",
                                   "200", _ref(Me))},
         "/api/v1/servers": {

@@ -7,6 +7,7 @@ they name (default `remote`), checked by the egress policy like every other upst
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,8 +18,9 @@ import orjson
 from policies.egress import Egress, UpstreamEgress
 from proxy import db
 from proxy.api.errors import ApiError
-from proxy.api.models import ServerIn, ServerOut
-from proxy.config import Config, UpstreamConfig
+from policies.access import Access
+from proxy.api.models import AccessIn, ServerIn, ServerOut
+from proxy.config import AccessConfig, Config, ToolProfile, UpstreamConfig
 from proxy.upstream import UpstreamRoute
 
 SCHEMA = """
@@ -32,7 +34,9 @@ CREATE TABLE IF NOT EXISTS servers (
 
 
 class Registry:
-    def __init__(self, cfg: Config, routes: dict[str, UpstreamRoute], egress: Egress) -> None:
+    def __init__(self, cfg: Config, routes: dict[str, UpstreamRoute], egress: Egress,
+                 access: Access | None = None) -> None:
+        self._access = access
         self._public_url = cfg.server.public_url.rstrip("/")
         self._config = {u.name: u for u in cfg.upstreams}
         self._routes = routes
@@ -54,6 +58,8 @@ class Registry:
                                   zones=list(server.zones), era=server.era)
         self._egress.add(UpstreamEgress.from_url(upstream.name, upstream.url, upstream.zones,
                                                  []))
+        if self._access is not None:
+            self._access.set(server.name, _access_config(server.access))
         self._routes[server.name] = UpstreamRoute.from_config(upstream)
 
     def _out(self, name: str) -> ServerOut:
@@ -61,11 +67,13 @@ class Registry:
             u = self._config[name]
             return ServerOut(name=u.name, url=u.url, timeout_s=u.timeout_s,
                              total_timeout_s=u.total_timeout_s, zones=list(u.zones), era=u.era,
-                             source="config", mcp_url=f"{self._public_url}/mcp/{u.name}")
+                             source="config", mcp_url=f"{self._public_url}/mcp/{u.name}",
+                             access=AccessIn.model_validate(dataclasses.asdict(u.access)))
         s = self._api[name]
         return ServerOut(name=s.name, url=str(s.url), timeout_s=s.timeout_s,
                          total_timeout_s=s.total_timeout_s, zones=list(s.zones), era=s.era,
-                         source="api", mcp_url=f"{self._public_url}/mcp/{s.name}")
+                         source="api", mcp_url=f"{self._public_url}/mcp/{s.name}",
+                         access=s.access)
 
     def list(self) -> list[ServerOut]:
         return [self._out(n) for n in sorted({*self._config, *self._api})]
@@ -95,6 +103,8 @@ class Registry:
             del self._api[name]
             self._routes.pop(name, None)
             self._egress.discard(name)
+            if self._access is not None:
+                self._access.set(name, None)
 
     def current(self, name: str) -> ServerIn:
         self._writable(name)
@@ -137,3 +147,9 @@ class Registry:
 
     def close(self) -> None:
         self._db.shutdown(wait=False)
+
+
+def _access_config(access: AccessIn) -> AccessConfig:
+    data = access.model_dump()
+    groups = {g: ToolProfile(**p) for g, p in data.pop("group_tools").items()}
+    return AccessConfig(**data, group_tools=groups)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from proxy.api.models import (
     KeyIn,
     KeyOut,
     Me,
+    Role,
     ServerIn,
     ServerPatch,
     UserIn,
@@ -135,12 +137,21 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
                     return exc.response()
                 except Invalid as exc:
                     return exc.response()
+                except sqlite3.OperationalError:  # locked or unreachable: try again shortly
+                    return ApiError(503, "the database is busy; retry",
+                                    {"Retry-After": "1"}).response()
 
             endpoint.__name__ = f"api_{handler.__name__}"
             app.add_url_rule(PREFIX + rule, endpoint.__name__, endpoint, methods=methods)
             return handler
 
         return wrap
+
+    @route("/roles", ["GET"])
+    async def roles(who: Caller) -> Response:
+        return _json({"items": [
+            Role(name="admin", description="manages the gateway through /api/v1"),
+            Role(name="user", description="uses the endpoints their access rules allow")]})
 
     @route("/me", ["GET"], admin=False)
     async def me(who: Caller) -> Response:
@@ -172,10 +183,10 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
     @route("/servers/<name>", ["PATCH"])
     async def patch_server(who: Caller, name: str) -> Response:
         patch = await _body(ServerPatch)
-        current = api().registry.current(name)
-        merged = current.model_copy(update=patch.model_dump(exclude_none=True))
+        data = api().registry.current(name).model_dump(mode="json")
+        data.update(patch.model_dump(mode="json", exclude_none=True))
         try:
-            merged = ServerIn.model_validate(merged.model_dump())
+            merged = ServerIn.model_validate(data)
         except ValidationError as exc:
             raise Invalid.from_pydantic(exc) from None
         return _json(await api().registry.replace(name, merged))

@@ -22,8 +22,9 @@ def register(app: Quart) -> None:
         if isinstance(exc, HTTPException):
             return await http_error(exc)
         log.exception("unexpected failure", exc_info=exc)
-        return Response(b'{"error":"server_error","error_description":"internal error"}', 500,
-                        {"Content-Type": "application/json"})
+        body = (b'{"detail":"internal error"}' if request.path.startswith("/api/v1")
+                else b'{"error":"server_error","error_description":"internal error"}')
+        return Response(body, 500, {"Content-Type": "application/json"})
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:

@@ -249,3 +249,28 @@ async def test_unknown_api_paths_keep_the_detail_shape(tmp_path: Path) -> None:
         assert missing.status_code == 404 and detail(missing) == "not found"
         wrong = await e.admin.put(e.api("/keys"))
         assert wrong.status_code == 405 and isinstance(detail(wrong), str)
+
+
+async def test_access_rules_through_the_api_apply_on_the_next_call(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        created = await e.admin.post(e.api("/servers"), json={
+            "name": "ruled", "url": f"{e.upstream}/mcp", "zones": ["loopback"],
+            "access": {"tools_deny": ["add"]}})
+        assert created.status_code == 201
+        assert created.json()["access"]["tools_deny"] == ["add"]
+        headers = {**MCP_HEADERS, "Authorization": f"Bearer {e.admin_key}"}
+
+        async def tool(name: str) -> httpx.Response:
+            call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                    "params": {"name": name, "arguments": {"a": 1, "b": 2}}}
+            async with httpx.AsyncClient() as mcp:
+                return await mcp.post(f"{e.url}/mcp/ruled", content=orjson.dumps(call),
+                                      headers=headers)
+
+        assert (await tool("add")).json()["error"]["code"] == -32602
+        patched = await e.admin.patch(e.api("/servers/ruled"),
+                                      json={"access": {"tools_deny": []}})
+        assert patched.status_code == 200, patched.text
+        assert "result" in (await tool("add")).json()
+        roles = (await e.admin.get(e.api("/roles"))).json()["items"]
+        assert [r["name"] for r in roles] == ["admin", "user"]
