@@ -133,7 +133,8 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         access = next((p for p in chain.policies if isinstance(p, Access)), None)
         registry = Registry(cfg, routes, egress, access)
         state.api = Api(registry, keys, cfg.database.sqlite_path, web, lockouts,
-                        cfg.server.max_request_bytes, clock)
+                        cfg.server.max_request_bytes, clock,
+                        web.accounts if web is not None else Accounts(cfg.database.sqlite_path))
         state.gateway = Gateway(
             routes=routes, authenticator=authenticator, chain=chain, sessions=sessions,
             inflight=inflight, upstream=upstream, audit=audit,

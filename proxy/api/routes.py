@@ -60,6 +60,11 @@ class Api:
     lockouts: LockoutStore
     max_body: int
     clock: Callable[[], float] = time.monotonic
+    accounts: Accounts | None = None  # built at start-up (it opens the database)
+
+    def users(self) -> Accounts:
+        assert self.accounts is not None
+        return self.accounts
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -224,17 +229,15 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
 
     @route("/users", ["GET"])
     async def users(who: Caller) -> Response:
-        accounts = Accounts(api().db_path)
-        found = await asyncio.to_thread(accounts.list)
+        found = await asyncio.to_thread(api().users().list)
         return _json({"items": [UserOut(id=u.id, name=u.name, issuer=u.issuer,
                                         subject=u.subject, admin=u.is_admin) for u in found]})
 
     @route("/users", ["POST"])
     async def create_user(who: Caller) -> Response:
         body = await _body(UserIn)
-        accounts = Accounts(api().db_path)
         try:
-            user = await asyncio.to_thread(accounts.create_local, body.name, body.password,
+            user = await asyncio.to_thread(api().users().create_local, body.name, body.password,
                                            body.admin)
         except UserExists:
             raise ApiError(409, f"user '{body.name}' already exists") from None
