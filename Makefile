@@ -16,6 +16,11 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/tollhouse demo
 
+# The database tests run on SQLite and on the PostgreSQL at 127.0.0.1:5432 (trust auth);
+# TOLLHOUSE_TEST_DATABASE=sqlite make test skips the PostgreSQL runs.
+TOLLHOUSE_TEST_DATABASE ?= all
+export TOLLHOUSE_TEST_DATABASE
+
 test: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,21 +23,6 @@ from proxy.auth.principal import Principal
 
 LOCAL_ISSUER = "tollhouse:local"
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32, "maxmem": 64 * 1024 * 1024}
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS users (
-    id TEXT PRIMARY KEY,
-    name TEXT NOT NULL UNIQUE,
-    issuer TEXT NOT NULL,
-    subject TEXT NOT NULL,
-    password_hash TEXT,
-    is_admin INTEGER NOT NULL DEFAULT 0,
-    groups TEXT NOT NULL DEFAULT '',
-    created_at REAL NOT NULL,
-    UNIQUE (issuer, subject)
-);
-"""
-
 
 @dataclass(frozen=True, slots=True)
 class User:
@@ -77,10 +61,6 @@ def check_password(password: str, stored: str) -> bool:
 _DUMMY = hash_password(secrets.token_hex(8))
 
 
-def connect(path: str) -> sqlite3.Connection:
-    return db.connect(path, SCHEMA)
-
-
 _COLUMNS = "id, name, issuer, subject, is_admin, groups"
 
 
@@ -95,39 +75,40 @@ class UserExists(Exception):
 
 
 class Accounts:
-    """The users table. Every call is blocking SQLite: the gateway runs them in a thread
-    (`asyncio.to_thread`); the CLI calls them directly."""
+    """The users table. Every call is blocking database work: the gateway runs them in a
+    thread (`asyncio.to_thread`); the CLI calls them directly. `target` is the app's Database,
+    a database URL, or a SQLite path."""
 
-    def __init__(self, path: str) -> None:
-        self._path = path
-        connect(path).close()
+    def __init__(self, target: db.Target) -> None:
+        self._db = db.resolve(target)
+        self._owns_db = self._db is not target
+        self._db.ensure_schema()
 
-    def _conn(self) -> sqlite3.Connection:
-        return connect(self._path)
+    def close(self) -> None:
+        """Close the connections of a Database made here (the app closes its own)."""
+        if self._owns_db:
+            self._db.close()
 
     def create_local(self, name: str, password: str, admin: bool = False) -> User:
         user = User(secrets.token_hex(8), name, LOCAL_ISSUER, f"local:{name}", admin,
                     frozenset())
-        conn = self._conn()
+        hashed = hash_password(password)
         try:
-            with conn:
-                conn.execute("INSERT INTO users (id, name, issuer, subject, password_hash, "
-                             "is_admin, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                             (user.id, name, user.issuer, user.subject, hash_password(password),
-                              int(admin), time.time()))
-        except sqlite3.IntegrityError:
+            with self._db.transaction() as conn:
+                conn.execute(self._db.sql("INSERT INTO users (id, name, issuer, subject, "
+                                          "password_hash, is_admin, created_at) "
+                                          "VALUES (?, ?, ?, ?, ?, ?, ?)"),
+                             (user.id, name, user.issuer, user.subject, hashed, int(admin),
+                              time.time()))
+        except self._db.integrity_errors:
             raise UserExists(name) from None
-        finally:
-            conn.close()
         return user
 
     def verify_local(self, name: str, password: str) -> User | None:
-        conn = self._conn()
-        try:
-            row = conn.execute(f"SELECT {_COLUMNS}, password_hash FROM users WHERE name = ? "
-                               "AND issuer = ?", (name, LOCAL_ISSUER)).fetchone()
-        finally:
-            conn.close()
+        with self._db.transaction() as conn:
+            row = conn.execute(self._db.sql(f"SELECT {_COLUMNS}, password_hash FROM users "
+                                            "WHERE name = ? AND issuer = ?"),
+                               (name, LOCAL_ISSUER)).fetchone()
         if row is None or not row[6]:
             check_password(password, _DUMMY)
             return None
@@ -136,43 +117,34 @@ class Accounts:
     def upsert_federated(self, issuer: str, subject: str, name: str, groups: frozenset[str],
                          admin: bool) -> User:
         """A federated user, created on first sign-in; groups and admin follow the provider."""
-        conn = self._conn()
-        try:
-            with conn:
-                row = conn.execute(f"SELECT {_COLUMNS} FROM users WHERE issuer = ? AND "
-                                   "subject = ?", (issuer, subject)).fetchone()
-                joined = "\n".join(sorted(groups))
-                if row is None:
-                    uid = secrets.token_hex(8)
-                    display = name
-                    if conn.execute("SELECT 1 FROM users WHERE name = ?", (name,)).fetchone():
-                        display = f"{name}#{uid[:6]}"
-                    conn.execute("INSERT INTO users (id, name, issuer, subject, is_admin, "
-                                 "groups, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                 (uid, display, issuer, subject, int(admin), joined,
-                                  time.time()))
-                    return User(uid, display, issuer, subject, admin, groups)
-                conn.execute("UPDATE users SET is_admin = ?, groups = ? WHERE id = ?",
-                             (int(admin), joined, row[0]))
-                return User(str(row[0]), str(row[1]), issuer, subject, admin, groups)
-        finally:
-            conn.close()
+        sql = self._db.sql
+        joined = "\n".join(sorted(groups))
+        with self._db.transaction() as conn:
+            row = conn.execute(sql(f"SELECT {_COLUMNS} FROM users WHERE issuer = ? AND "
+                                   "subject = ?"), (issuer, subject)).fetchone()
+            if row is None:
+                uid = secrets.token_hex(8)
+                display = name
+                if conn.execute(sql("SELECT 1 FROM users WHERE name = ?"), (name,)).fetchone():
+                    display = f"{name}#{uid[:6]}"
+                conn.execute(sql("INSERT INTO users (id, name, issuer, subject, is_admin, "
+                                 "groups, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"),
+                             (uid, display, issuer, subject, int(admin), joined, time.time()))
+                return User(uid, display, issuer, subject, admin, groups)
+            conn.execute(sql("UPDATE users SET is_admin = ?, groups = ? WHERE id = ?"),
+                         (int(admin), joined, row[0]))
+            return User(str(row[0]), str(row[1]), issuer, subject, admin, groups)
 
     def get(self, user_id: str) -> User | None:
-        conn = self._conn()
-        try:
-            row = conn.execute(f"SELECT {_COLUMNS} FROM users WHERE id = ?",
+        with self._db.transaction() as conn:
+            row = conn.execute(self._db.sql(f"SELECT {_COLUMNS} FROM users WHERE id = ?"),
                                (user_id,)).fetchone()
-        finally:
-            conn.close()
         return _user(row) if row else None
 
     def list(self) -> list[User]:
-        conn = self._conn()
-        try:
-            rows = conn.execute(f"SELECT {_COLUMNS} FROM users ORDER BY name").fetchall()
-        finally:
-            conn.close()
+        with self._db.transaction() as conn:
+            rows = conn.execute(self._db.sql(f"SELECT {_COLUMNS} FROM users ORDER BY name"),
+                                ()).fetchall()
         return [_user(r) for r in rows]
 
 

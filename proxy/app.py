@@ -15,9 +15,9 @@ import orjson
 from quart import Quart
 
 from policies import build_egress, default_policies
+from policies.access import Access
 from proxy import edge, metadata, signin
 from proxy.accounts import Accounts, MemoryBrowserSessions
-from policies.access import Access
 from proxy.api import routes as api_routes
 from proxy.api.registry import Registry
 from proxy.api.routes import Api
@@ -32,6 +32,7 @@ from proxy.connect import routes as connect_routes
 from proxy.connect.guarded import GuardedClient
 from proxy.connect.manager import Connections
 from proxy.connect.vault import Vault, keys_from_env
+from proxy.db import Database
 from proxy.egress import Resolver
 from proxy.gateway import Gateway
 from proxy.metering import OutboxWorker, build_backend
@@ -83,29 +84,30 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     origins.add(f"{public.scheme}://{public.netloc}".lower())
     state = State()
     app.extensions["tollhouse"] = state
+    database = Database(cfg.database.url)
+    database.ensure_schema()  # start-up migrations (proxy.migrations): versioned, idempotent
     per_user = any(u.auth == "per_user" for u in cfg.upstreams)
     people = cfg.oauth_server.enabled or cfg.auth.oidc.enabled or per_user
     web: Web | None = None
     oauth_server: AuthorizationServer | None = None
     if people:
-        web = Web(Accounts(cfg.database.sqlite_path),
+        web = Web(Accounts(database),
                   MemoryBrowserSessions(cfg.oauth_server.browser_session_ttl_s, clock),
                   lockouts, cfg.server.public_url.rstrip("/"), clock,
                   oidc_enabled=cfg.auth.oidc.enabled)
         state.web = web
     if cfg.oauth_server.enabled:
-        conn = oauth_keys.connect(cfg.database.sqlite_path)
-        ring = oauth_keys.KeyRing(conn, os.environ.get("TOLLHOUSE_SECRET_KEY", "")
+        ring = oauth_keys.KeyRing(database, os.environ.get("TOLLHOUSE_SECRET_KEY", "")
                                   if secret_key is None else secret_key,
                                   cfg.oauth_server.key_rotation_s,
                                   cfg.oauth_server.access_token_ttl_s)
-        oauth_server = AuthorizationServer(cfg, conn, ring)
+        oauth_server = AuthorizationServer(cfg, database, ring)
         state.oauth = oauth_server
     connections: Connections | None = None
     if per_user:
         keys = vault_keys or keys_from_env(
             None if secret_key is None else {"TOLLHOUSE_SECRET_KEY": secret_key})
-        connections = Connections(cfg, Vault(cfg.database.sqlite_path, keys),
+        connections = Connections(cfg, Vault(database, keys),
                                   GuardedClient(resolver))
         state.connections = connections
 
@@ -113,12 +115,12 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     async def lifespan() -> AsyncIterator[None]:
         egress = build_egress(cfg, resolver)
         upstream = UpstreamClient(upstream_transport, destinations=egress.destinations)
-        audit = audit_sink or SqliteAuditSink(cfg.database.sqlite_path)
+        audit = audit_sink or SqliteAuditSink(database)
         backend = worker = worker_task = None
         if cfg.metering.enabled:
             backend = build_backend(cfg.metering, upstream.http)
             if isinstance(audit, SqliteAuditSink):
-                worker = OutboxWorker(cfg.database.sqlite_path, backend,
+                worker = OutboxWorker(database, backend,
                                       cfg.metering.retry_max_s)
                 audit.on_outbox = worker.wake_threadsafe
                 worker_task = asyncio.get_running_loop().create_task(worker.run())
@@ -127,14 +129,14 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         keys = None
         authenticator: Authenticator = NoAuth()
         if cfg.auth.mode == "jwt":
-            keys = KeyIndex(cfg.database.sqlite_path)
+            keys = KeyIndex(database)
             authenticator = BearerAuth(cfg, base_dir, upstream.http, keys, lockouts, clock,
                                        tollhouse=oauth_server)
         access = next((p for p in chain.policies if isinstance(p, Access)), None)
-        registry = Registry(cfg, routes, egress, access)
-        state.api = Api(registry, keys, cfg.database.sqlite_path, web, lockouts,
+        registry = Registry(cfg, routes, egress, access, database)
+        state.api = Api(registry, keys, database, web, lockouts,
                         cfg.server.max_request_bytes, clock,
-                        web.accounts if web is not None else Accounts(cfg.database.sqlite_path))
+                        web.accounts if web is not None else Accounts(database))
         state.gateway = Gateway(
             routes=routes, authenticator=authenticator, chain=chain, sessions=sessions,
             inflight=inflight, upstream=upstream, audit=audit,
@@ -153,6 +155,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
             if keys is not None:
                 keys.close()
             registry.close()
+            database.close()
 
     def gateway() -> Gateway:
         assert state.gateway is not None, "the gateway is built when the app starts serving"

@@ -55,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
                        help="a duration such as 30m, 24h, 7d, or an ISO time (default 24h)")
     usage.add_argument("--json", action="store_true", help="one JSON object per line")
 
+    database = sub.add_parser("db", help="the database schema")
+    database_sub = database.add_subparsers(dest="db_command", required=True)
+    upgrade = database_sub.add_parser("upgrade", help="apply pending schema migrations")
+    _config_arg(upgrade)
+
     users = sub.add_parser("users", help="local user accounts")
     users_sub = users.add_subparsers(dest="users_command", required=True)
     ucreate = users_sub.add_parser("create", help="create a local user")
@@ -96,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             return _usage(args)
         if args.command == "users":
             return _users(args)
+        if args.command == "db":
+            return _db(args)
         return _audit(args)
     except ConfigError as exc:
         print(f"tollhouse: {exc}", file=sys.stderr)
@@ -195,11 +202,18 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _db(args: argparse.Namespace) -> int:
+    from proxy import migrations
+
+    cfg, _ = _load(args)
+    return migrations.command(cfg.database.url)
+
+
 def _users(args: argparse.Namespace) -> int:
     from proxy.accounts import Accounts, UserExists
 
     cfg, _ = _load(args)
-    accounts = Accounts(cfg.database.sqlite_path)
+    accounts = Accounts(cfg.database.url)
     if args.users_command == "list":
         for user in accounts.list():
             row = {"id": user.id, "name": user.name, "issuer": user.issuer,
@@ -238,7 +252,7 @@ def _users(args: argparse.Namespace) -> int:
 def _usage(args: argparse.Namespace) -> int:
     from proxy.audit.sqlite import usage
 
-    path = args.db if args.db else _load(args)[0].database.sqlite_path
+    path = args.db if args.db else _load(args)[0].database.url
     rows = usage(path, since=parse_since(args.since))
     out = sys.stdout
     if args.json:
@@ -261,7 +275,7 @@ def _keys(args: argparse.Namespace) -> int:
     from proxy.auth import keys
 
     cfg, _ = _load(args)
-    path = cfg.database.sqlite_path
+    path = cfg.database.url
     out = sys.stdout
     if args.keys_command == "create":
         unknown = [e for e in args.endpoint if cfg.upstream(e) is None]
@@ -322,7 +336,7 @@ def parse_since(text: str, now: float | None = None) -> float:
 def _audit(args: argparse.Namespace) -> int:
     from proxy.audit import query
 
-    path = args.db if args.db else _load(args)[0].database.sqlite_path
+    path = args.db if args.db else _load(args)[0].database.url
     since = parse_since(args.since) if args.since else None
     rows = query(path, status=args.status, endpoint=args.endpoint,
                  since=since, limit=args.limit)

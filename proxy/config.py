@@ -340,8 +340,9 @@ def _check(cfg: Config, base_dir: Path) -> None:
     _positive(lock.window_s, "auth.lockout.window_s")
     _positive(lock.lockout_s, "auth.lockout.lockout_s")
     _positive(lock.max_tracked, "auth.lockout.max_tracked")
-    if not cfg.database.url.startswith("sqlite:///"):
-        raise ConfigError("config: 'database.url' must be sqlite:///PATH")
+    if not cfg.database.url.startswith(("sqlite:///", "postgresql://", "postgres://")):
+        raise ConfigError("config: 'database.url' must be sqlite:///PATH or "
+                          "postgresql://USER:PASSWORD@HOST:PORT/DBNAME")
     seen: set[str] = set()
     for i, up in enumerate(cfg.upstreams):
         where = f"upstreams[{i}]"

@@ -14,16 +14,17 @@ import hashlib
 import hmac
 import importlib
 import logging
-import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from typing import Any, TypeVar
 
 import httpx
 import orjson
 
 from policies.metering import MeteringBackend
+from proxy import db
 from proxy.config import MeteringConfig
 
 log = logging.getLogger("tollhouse.metering")
@@ -87,17 +88,32 @@ def build_backend(cfg: MeteringConfig, http: httpx.AsyncClient) -> MeteringBacke
 class OutboxWorker:
     """Delivers due usage events; woken when new ones land, otherwise when the next retry is
     due. Every database step runs on one dedicated thread, in order: a step still running
-    when the worker is cancelled finishes before the connection is closed."""
+    when the worker is cancelled finishes before the database is let go. `target` is the
+    app's Database, a database URL, or a SQLite path.
 
-    def __init__(self, path: str, backend: MeteringBackend, retry_max_s: float,
+    Several gateways on one PostgreSQL database each run a worker: an event may then be
+    delivered twice, which the receiver's idempotency on `call_id` absorbs."""
+
+    def __init__(self, target: db.Target, backend: MeteringBackend, retry_max_s: float,
                  clock: Callable[[], float] = time.time) -> None:
-        self._path = path
+        self._database = db.resolve(target)
+        self._owns_db = self._database is not target
         self._backend = backend
         self._retry_max_s = retry_max_s
         self._clock = clock
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-outbox")
+        self._sql_due = self._database.sql(
+            "SELECT call_id, event, attempts FROM usage_outbox WHERE delivered_at IS NULL "
+            "AND next_attempt_at <= ? ORDER BY created_at LIMIT 100")
+        self._sql_next = self._database.sql(
+            "SELECT min(next_attempt_at) FROM usage_outbox WHERE delivered_at IS NULL")
+        self._sql_retry = self._database.sql(
+            "UPDATE usage_outbox SET attempts = attempts + 1, next_attempt_at = ? "
+            "WHERE call_id = ?")
+        self._sql_done = self._database.sql(
+            "UPDATE usage_outbox SET delivered_at = ? WHERE call_id = ?")
         self.delivered = 0
 
     async def _in_db(self, fn: Callable[..., T], *args: Any) -> T:
@@ -107,59 +123,70 @@ class OutboxWorker:
         self._loop.call_soon_threadsafe(self._wake.set)
 
     async def run(self) -> None:
-        conn = await self._in_db(self._connect)
+        failures = 0
+        delivery: asyncio.Task[None] | None = None
         try:
             while True:
                 self._wake.clear()
-                due, next_at = await self._in_db(self._due, conn, self._clock())
-                for call_id, event, attempts in due:
-                    await self._deliver(conn, call_id, event, attempts)
+                try:
+                    due, next_at = await self._in_db(self._due, self._clock())
+                    for call_id, event, attempts in due:
+                        # cancelled mid-delivery, the delivery still finishes and is marked
+                        # (below): an event the receiver took is not sent again next start
+                        delivery = self._loop.create_task(
+                            self._deliver(call_id, event, attempts))
+                        await asyncio.shield(delivery)
+                        delivery = None
+                except self._database.errors as exc:
+                    # the database is out of reach (a restart, say): the events wait in it
+                    failures += 1
+                    pause = min(30.0, 0.5 * 2 ** min(failures, 6))
+                    log.warning("usage outbox: database error (%s); retry in %.1fs", exc, pause)
+                    await self._sleep(pause)
+                    continue
+                failures = 0
                 if due:
                     continue
                 wait = 30.0 if next_at is None else max(0.0, next_at - self._clock())
-                try:
-                    await asyncio.wait_for(self._wake.wait(), min(wait, 30.0))
-                except TimeoutError:
-                    pass
+                await self._sleep(min(wait, 30.0))
         finally:
+            if delivery is not None and not delivery.done():
+                with suppress(Exception):
+                    await delivery
             # queued behind any step still running on the thread, whatever cancelled us
-            self._db.submit(conn.close)
+            if self._owns_db:
+                self._db.submit(self._database.close)
             self._db.shutdown(wait=False)
 
-    def _connect(self) -> sqlite3.Connection:
-        from proxy.audit.sqlite import connect
-
-        return connect(self._path)
-
-    @staticmethod
-    def _due(conn: sqlite3.Connection, now: float
-             ) -> tuple[list[tuple[str, str, int]], float | None]:
-        rows = conn.execute(
-            "SELECT call_id, event, attempts FROM usage_outbox WHERE delivered_at IS NULL "
-            "AND next_attempt_at <= ? ORDER BY created_at LIMIT 100", (now,)).fetchall()
-        nxt = conn.execute("SELECT min(next_attempt_at) FROM usage_outbox "
-                           "WHERE delivered_at IS NULL").fetchone()[0]
-        return rows, nxt
-
-    async def _deliver(self, conn: sqlite3.Connection, call_id: str, event: str,
-                       attempts: int) -> None:
+    async def _sleep(self, timeout: float) -> None:
+        """Until woken or `timeout`. Not asyncio.wait_for: before Python 3.12 it can swallow
+        a cancellation that arrives as the wake-up does, and the worker would outlive the
+        gateway."""
+        waiter = self._loop.create_task(self._wake.wait())
         try:
-            await asyncio.wait_for(self._backend.record(orjson.loads(event)), 10.0)
+            await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            waiter.cancel()
+
+    def _due(self, now: float) -> tuple[list[tuple[str, str, int]], float | None]:
+        with self._database.transaction() as conn:
+            rows = conn.execute(self._sql_due, (now,)).fetchall()
+            nxt = conn.execute(self._sql_next, ()).fetchone()[0]
+        return [(str(r[0]), str(r[1]), int(r[2])) for r in rows], nxt
+
+    async def _deliver(self, call_id: str, event: str, attempts: int) -> None:
+        try:
+            async with asyncio.timeout(10.0):  # (wait_for can swallow a cancellation)
+                await self._backend.record(orjson.loads(event))
         except Exception as exc:  # noqa: BLE001 - any failure is retried later
             delay = min(self._retry_max_s, 0.5 * 2 ** attempts)
             log.info("usage event %s not delivered (%s); retry in %.1fs", call_id,
                      type(exc).__name__, delay)
-            await self._in_db(self._update, conn,
-                              "UPDATE usage_outbox SET attempts = attempts + 1, "
-                              "next_attempt_at = ? WHERE call_id = ?",
-                              (self._clock() + delay, call_id))
+            await self._in_db(self._update, self._sql_retry, (self._clock() + delay, call_id))
             return
-        await self._in_db(self._update, conn,
-                          "UPDATE usage_outbox SET delivered_at = ? WHERE call_id = ?",
-                          (self._clock(), call_id))
+        await self._in_db(self._update, self._sql_done, (self._clock(), call_id))
         self.delivered += 1
 
-    @staticmethod
-    def _update(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> None:
-        with conn:
+    def _update(self, sql: str, args: tuple[Any, ...]) -> None:
+        with self._database.transaction() as conn:
             conn.execute(sql, args)

@@ -8,44 +8,37 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
 
+from policies.access import Access
 from policies.egress import Egress, UpstreamEgress
 from proxy import db
 from proxy.api.errors import ApiError
-from policies.access import Access
 from proxy.api.models import AccessIn, ServerIn, ServerOut
 from proxy.config import AccessConfig, Config, ToolProfile, UpstreamConfig
 from proxy.upstream import UpstreamRoute
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS servers (
-    name TEXT PRIMARY KEY,
-    spec TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-"""
-
 
 class Registry:
     def __init__(self, cfg: Config, routes: dict[str, UpstreamRoute], egress: Egress,
-                 access: Access | None = None) -> None:
+                 access: Access | None = None, database: db.Target | None = None) -> None:
         self._access = access
         self._public_url = cfg.server.public_url.rstrip("/")
         self._config = {u.name: u for u in cfg.upstreams}
         self._routes = routes
         self._egress = egress
-        self._conn: sqlite3.Connection = db.connect(cfg.database.sqlite_path, SCHEMA)
+        self._database = db.resolve(cfg.database.url if database is None else database)
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-registry")
         self._api: dict[str, ServerIn] = {}
         self._lock = asyncio.Lock()
-        for name, spec in self._conn.execute("SELECT name, spec FROM servers").fetchall():
+        with self._database.transaction() as conn:
+            rows = conn.execute(self._database.sql("SELECT name, spec FROM servers"),
+                                ()).fetchall()
+        for name, spec in rows:
             server = ServerIn.model_validate(orjson.loads(spec))
             if name not in self._config:
                 self._api[name] = server
@@ -133,17 +126,18 @@ class Registry:
     def _write_row(self, server: ServerIn, created: bool) -> None:
         now = time.time()
         spec = server.model_dump_json()
-        with self._conn:
+        sql = self._database.sql
+        with self._database.transaction() as conn:
             if created:
-                self._conn.execute("INSERT INTO servers (name, spec, created_at, updated_at) "
-                                   "VALUES (?, ?, ?, ?)", (server.name, spec, now, now))
+                conn.execute(sql("INSERT INTO servers (name, spec, created_at, updated_at) "
+                                 "VALUES (?, ?, ?, ?)"), (server.name, spec, now, now))
             else:
-                self._conn.execute("UPDATE servers SET spec = ?, updated_at = ? WHERE name = ?",
-                                   (spec, now, server.name))
+                conn.execute(sql("UPDATE servers SET spec = ?, updated_at = ? WHERE name = ?"),
+                             (spec, now, server.name))
 
     def _delete_row(self, name: str) -> None:
-        with self._conn:
-            self._conn.execute("DELETE FROM servers WHERE name = ?", (name,))
+        with self._database.transaction() as conn:
+            conn.execute(self._database.sql("DELETE FROM servers WHERE name = ?"), (name,))
 
     def close(self) -> None:
         self._db.shutdown(wait=False)

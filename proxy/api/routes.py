@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 from quart import Quart, Response, request
 
+from proxy import db
 from proxy.accounts import Accounts, UserExists
 from proxy.api.audit_view import page as audit_page
 from proxy.api.errors import JSON, ApiError, Invalid
@@ -55,7 +55,7 @@ class Caller:
 class Api:
     registry: Registry
     keys: api_keys.KeyIndex | None
-    db_path: str
+    db_path: db.Target  # the Database
     web: Web | None
     lockouts: LockoutStore
     max_body: int
@@ -142,7 +142,7 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
                     return exc.response()
                 except Invalid as exc:
                     return exc.response()
-                except sqlite3.OperationalError:  # locked or unreachable: try again shortly
+                except db.resolve(api().db_path).unavailable:  # busy or unreachable: retry
                     return ApiError(503, "the database is busy; retry",
                                     {"Retry-After": "1"}).response()
 
@@ -297,7 +297,7 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
         return Response(orjson.dumps(document()), 200, {"Content-Type": "application/json"})
 
 
-def _audit_page(path: str, **kwargs: Any) -> list[dict[str, Any]]:
+def _audit_page(path: db.Target, **kwargs: Any) -> list[dict[str, Any]]:
     return audit_page(path, **kwargs)
 
 

@@ -6,6 +6,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -20,74 +21,46 @@ _COLUMNS = ("ts", "request_id", "principal", "endpoint", "method", "tool", "stat
             "denied_reason", "error_message", "duration_ms", "bytes_in", "bytes_out", "era",
             "session_hash", "client_name", "call_id", "note", "egress")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS audit (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    ts REAL NOT NULL,
-    request_id TEXT,
-    principal TEXT NOT NULL,
-    endpoint TEXT NOT NULL,
-    method TEXT,
-    tool TEXT,
-    status TEXT NOT NULL,
-    denied_reason TEXT,
-    error_message TEXT,
-    duration_ms REAL NOT NULL,
-    bytes_in INTEGER NOT NULL,
-    bytes_out INTEGER NOT NULL,
-    era TEXT NOT NULL,
-    session_hash TEXT,
-    client_name TEXT,
-    call_id TEXT,
-    note TEXT,
-    egress TEXT
-);
-CREATE INDEX IF NOT EXISTS audit_ts ON audit (ts);
-CREATE INDEX IF NOT EXISTS audit_status_ts ON audit (status, ts);
-CREATE INDEX IF NOT EXISTS audit_endpoint_ts ON audit (endpoint, ts);
-CREATE TABLE IF NOT EXISTS usage_outbox (
-    call_id TEXT PRIMARY KEY,
-    event TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_attempt_at REAL NOT NULL,
-    delivered_at REAL
-);
-CREATE INDEX IF NOT EXISTS usage_outbox_due ON usage_outbox (delivered_at, next_attempt_at);
-"""
-_OUTBOX = ("INSERT OR IGNORE INTO usage_outbox (call_id, event, created_at, next_attempt_at) "
-           "VALUES (?, ?, ?, ?)")
+_OUTBOX_COLUMNS = ("call_id", "event", "created_at", "next_attempt_at")
 _INSERT = (f"INSERT INTO audit ({', '.join(_COLUMNS)}) "
            f"VALUES ({', '.join('?' for _ in _COLUMNS)})")
 _STOP = object()
 
 
-def connect(path: str) -> sqlite3.Connection:
-    conn = db.connect(path)
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.executescript(SCHEMA)
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(audit)")}
-    for column in ("client_name", "call_id", "note", "egress"):  # logs of earlier versions
-        if column not in columns:
-            conn.execute(f"ALTER TABLE audit ADD COLUMN {column} TEXT")
+def connect(target: db.Target) -> db.Connection:
+    """The audit writer's own connection, the schema up to date."""
+    database = db.resolve(target)
+    conn = database.connect()
+    if database.dialect == "sqlite":
+        conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, not per batch
     return conn
 
 
 class SqliteAuditSink:
     """Records go onto a queue from the event loop (never blocking it) and a writer thread
     inserts them in batches. `close` drains the queue; if the database cannot be written,
-    the records go to a JSON-lines file beside it rather than being dropped."""
+    the records go to a JSON-lines file (beside a SQLite database, else `fallback_path` or
+    the working directory) rather than being dropped. Despite the name, SQLite or PostgreSQL,
+    whichever `target` names (a Database, a URL, or a SQLite path)."""
 
-    def __init__(self, path: str, batch_size: int = 500, linger_s: float = 0.05,
+    def __init__(self, target: db.Target, batch_size: int = 500, linger_s: float = 0.05,
                  retry_backoff_s: float = 0.05,
-                 on_outbox: Callable[[], None] | None = None) -> None:
-        self._path = path
+                 on_outbox: Callable[[], None] | None = None,
+                 fallback_path: str | None = None) -> None:
+        self._db = db.resolve(target)
+        self._owns_db = self._db is not target
+        if fallback_path is None:
+            fallback_path = (self._db.path if self._db.dialect == "sqlite" and not self._db.memory
+                             else "tollhouse") + ".audit-fallback.jsonl"
+        self._fallback = Path(fallback_path)
         self.on_outbox = on_outbox  # called (from the writer thread) after usage events land
         self._retry_backoff_s = retry_backoff_s
         self._batch_size = batch_size
         self._linger_s = linger_s
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._conn = connect(path)
+        self._insert = self._db.sql(_INSERT)
+        self._outbox = self._db.insert_ignore("usage_outbox", _OUTBOX_COLUMNS)
+        self._conn: db.Connection | None = connect(self._db)
         self._thread = threading.Thread(target=self._run, name="tollhouse-audit", daemon=True)
         self._thread.start()
         self.written = 0
@@ -122,7 +95,10 @@ class SqliteAuditSink:
                     break
             if batch:
                 self._write(batch, final=stop)
-        self._conn.close()
+        if self._conn is not None:
+            self._conn.close()
+        if self._owns_db:
+            self._db.close()
 
     def _write(self, batch: list[AuditRecord], final: bool) -> None:
         rows = [_row(r) for r in batch]
@@ -130,23 +106,43 @@ class SqliteAuditSink:
                  for r in batch if r.call_id]
         for attempt in range(5):
             try:
-                with self._conn:  # the audit rows and their usage events in one transaction
-                    self._conn.executemany(_INSERT, rows)
+                if self._conn is None:  # the last one was lost (a database restart, say)
+                    self._conn = connect(self._db)
+                cur = self._conn.cursor()
+                try:  # the audit rows and their usage events in one transaction
+                    cur.executemany(self._insert, rows)
                     if usage:
-                        self._conn.executemany(_OUTBOX, usage)
+                        cur.executemany(self._outbox, usage)
+                finally:
+                    cur.close()
+                self._conn.commit()
                 self.written += len(rows)
                 if usage and self.on_outbox is not None:
                     self.on_outbox()
                 return
-            except sqlite3.Error as exc:
+            except self._db.errors as exc:
                 log.warning("audit write failed (attempt %d): %s", attempt + 1, exc)
+                self._reset()
                 time.sleep(self._retry_backoff_s * 2**attempt)
-        fallback = Path(self._path + ".audit-fallback.jsonl")
-        with fallback.open("ab") as fh:
+        with self._fallback.open("ab") as fh:
             for record in batch:
                 fh.write(orjson.dumps(record.as_dict()) + b"\n")
         log.error("audit: %d records written to %s instead of the database",
-                  len(batch), fallback)
+                  len(batch), self._fallback)
+
+    def _reset(self) -> None:
+        """Roll back the failed batch; drop the connection if it is gone or cannot."""
+        if self._conn is None:
+            return
+        with suppress(Exception):
+            self._conn.rollback()
+        if db.broken(self._conn):
+            with suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+
+DatabaseAuditSink = SqliteAuditSink
 
 
 def _row(r: AuditRecord) -> tuple[Any, ...]:
@@ -156,53 +152,76 @@ def _row(r: AuditRecord) -> tuple[Any, ...]:
             orjson.dumps(r.egress).decode() if r.egress else None)
 
 
-def query(path: str, *, status: str | None = None, endpoint: str | None = None,
-          since: float | None = None, limit: int = 50) -> list[dict[str, Any]]:
-    """Newest first, for `tollhouse audit`."""
-    if path != ":memory:" and not Path(path).exists():
-        return []
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-    try:
-        clauses: list[str] = []
-        args: list[object] = []
-        if status:
-            clauses.append("status = ?")
-            args.append(status)
-        if endpoint:
-            clauses.append("endpoint = ?")
-            args.append(endpoint)
-        if since is not None:
-            clauses.append("ts >= ?")
-            args.append(since)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        try:
-            cur = conn.execute(
-                f"SELECT {', '.join(_COLUMNS)} FROM audit {where} ORDER BY ts DESC, id DESC "
-                "LIMIT ?", (*args, limit))
-        except sqlite3.OperationalError:
-            return []
-        return [dict(zip(_COLUMNS, row)) for row in cur.fetchall()]
-    finally:
-        conn.close()
+def _read(target: db.Target, text: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]] | None:
+    """Rows of one read-only query; None when there is no database or no such table yet. A
+    SQLite file is opened read-only (never created); nothing is migrated."""
+    with db.using(target) as database:
+        if database.dialect == "sqlite" and not database.memory:
+            if not Path(database.path).exists():
+                return None
+            conn = sqlite3.connect(f"file:{database.path}?mode=ro", uri=True, timeout=10)
+            try:
+                return conn.execute(text, args).fetchall()
+            except sqlite3.OperationalError:
+                return None
+            finally:
+                conn.close()
+        with database.lease() as lent:
+            try:
+                return lent.execute(database.sql(text), args).fetchall()
+            except database.missing_table:
+                return None
+            finally:
+                lent.rollback()
 
 
-def usage(path: str, *, since: float) -> list[dict[str, Any]]:
+def query(target: db.Target, *, status: str | None = None, endpoint: str | None = None,
+          since: float | None = None, limit: int = 50, principal: str | None = None,
+          tool: str | None = None, until: float | None = None,
+          before: tuple[float, int] | None = None, with_id: bool = False
+          ) -> list[dict[str, Any]]:
+    """Newest first, for `tollhouse audit` and the management API. `before` is a (ts, id)
+    cursor: only records older than it; `with_id` adds each record's id (for such cursors)."""
+    clauses: list[str] = []
+    args: list[object] = []
+    for column, value in (("status", status or None), ("endpoint", endpoint or None),
+                          ("principal", principal), ("tool", tool)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            args.append(value)
+    if since is not None:
+        clauses.append("ts >= ?")
+        args.append(since)
+    if until is not None:
+        clauses.append("ts < ?")
+        args.append(until)
+    if before is not None:
+        clauses.append("(ts < ? OR (ts = ? AND id < ?))")
+        args.extend([before[0], before[0], before[1]])
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    columns = ("id", *_COLUMNS) if with_id else _COLUMNS
+    rows = _read(target, f"SELECT {', '.join(columns)} FROM audit {where} "
+                         "ORDER BY ts DESC, id DESC LIMIT ?", (*args, limit))
+    return [dict(zip(columns, row)) for row in rows or ()]
+
+
+_USAGE_NAMES = ("principal", "endpoint", "tool", "calls", "ok", "denied", "error",
+                "cancelled", "bytes_in", "bytes_out", "duration_ms")
+
+
+def usage(target: db.Target, *, since: float) -> list[dict[str, Any]]:
     """tools/call totals per principal, endpoint and tool since `since`, busiest first."""
-    if path != ":memory:" and not Path(path).exists():
-        return []
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-    try:
-        cur = conn.execute(
-            "SELECT principal, endpoint, tool, count(*), "
-            "sum(status = 'ok'), sum(status = 'denied'), sum(status = 'error'), "
-            "sum(status = 'cancelled'), sum(bytes_in), sum(bytes_out), "
-            "round(sum(duration_ms), 3) FROM audit "
-            "WHERE method = 'tools/call' AND ts >= ? "
-            "GROUP BY principal, endpoint, tool ORDER BY count(*) DESC, principal", (since,))
-        names = ("principal", "endpoint", "tool", "calls", "ok", "denied", "error",
-                 "cancelled", "bytes_in", "bytes_out", "duration_ms")
-        return [dict(zip(names, row)) for row in cur.fetchall()]
-    except sqlite3.OperationalError:
-        return []
-    finally:
-        conn.close()
+    counts = ", ".join(f"sum(CASE WHEN status = '{s}' THEN 1 ELSE 0 END)"
+                       for s in ("ok", "denied", "error", "cancelled"))
+    rows = _read(target,
+                 f"SELECT principal, endpoint, tool, count(*), {counts}, sum(bytes_in), "
+                 "sum(bytes_out), sum(duration_ms) FROM audit "
+                 "WHERE method = 'tools/call' AND ts >= ? "
+                 "GROUP BY principal, endpoint, tool ORDER BY count(*) DESC, principal",
+                 (since,))
+    out = []
+    for row in rows or ():
+        # PostgreSQL sums integers as numeric (Decimal here): every total is an int again
+        values = [*row[:3], *(int(v or 0) for v in row[3:10]), round(float(row[10] or 0), 3)]
+        out.append(dict(zip(_USAGE_NAMES, values)))
+    return out

@@ -2,8 +2,11 @@
 
 The key id and prefix are public (listed, audited); the secret is 256 random bits, so a fast
 hash is enough and it is compared in constant time. The gateway keeps the table in memory and
-reloads it when SQLite's `data_version` says another connection (the `tollhouse keys` CLI)
-changed it: a revoked key fails on its very next request, with no per-request query of the table.
+reloads it when it changed: a revoked key fails on its very next request. On SQLite the sign is
+`PRAGMA data_version` (another connection, such as the `tollhouse keys` CLI, committed): read
+from shared memory, no query of the table. On PostgreSQL it is the `api_keys_version` counter,
+which a trigger bumps with every change to `api_keys`: each lookup needs a read of it that began
+after the lookup did, and lookups arriving together share one such read.
 """
 
 from __future__ import annotations
@@ -13,10 +16,10 @@ import hashlib
 import hmac
 import re
 import secrets
-import sqlite3
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -24,20 +27,6 @@ from proxy import db
 
 PREFIX = "th_"
 _FORMAT = re.compile(r"^th_([a-z0-9]{10})_([A-Za-z0-9_-]{43})$")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS api_keys (
-    id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    secret_sha256 TEXT NOT NULL,
-    endpoints TEXT NOT NULL DEFAULT '[]',
-    role TEXT NOT NULL DEFAULT '',
-    created_at REAL NOT NULL,
-    expires_at REAL,
-    revoked_at REAL
-);
-"""
-
 
 @dataclass(frozen=True, slots=True)
 class ApiKey:
@@ -87,21 +76,18 @@ def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def connect(path: str) -> sqlite3.Connection:
-    return db.connect(path, SCHEMA)
-
-
 def _row(row: tuple[Any, ...]) -> ApiKey:
     return ApiKey(row[0], row[1], row[2], frozenset(orjson.loads(row[3])), row[4], row[5],
                   row[6], row[7])
 
 
 _COLUMNS = "id, name, secret_sha256, endpoints, role, created_at, expires_at, revoked_at"
+_COUNTER = "SELECT version FROM api_keys_version WHERE id = ?"
 
 
 # -- the CLI side: create, list, revoke -------------------------------------------------------
 
-def create(path: str, name: str, endpoints: list[str], role: str = "",
+def create(target: db.Target, name: str, endpoints: list[str], role: str = "",
            expires_in_days: float | None = None) -> tuple[ApiKey, str]:
     """Store a new key; return it and its full secret token, which is never stored."""
     key_id = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(10))
@@ -109,35 +95,26 @@ def create(path: str, name: str, endpoints: list[str], role: str = "",
     now = time.time()
     expires = now + expires_in_days * 86400 if expires_in_days is not None else None
     key = ApiKey(key_id, name, _digest(secret), frozenset(endpoints), role, now, expires, None)
-    conn = connect(path)
-    try:
-        with conn:
-            conn.execute(f"INSERT INTO api_keys ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                         (key.id, key.name, key.secret_sha256,
-                          orjson.dumps(sorted(endpoints)).decode(), role, now, expires, None))
-    finally:
-        conn.close()
+    with db.using(target) as database, database.transaction() as conn:
+        conn.execute(database.sql(f"INSERT INTO api_keys ({_COLUMNS}) "
+                                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
+                     (key.id, key.name, key.secret_sha256,
+                      orjson.dumps(sorted(endpoints)).decode(), role, now, expires, None))
     return key, f"{PREFIX}{key_id}_{secret}"
 
 
-def list_keys(path: str) -> list[ApiKey]:
-    conn = connect(path)
-    try:
-        rows = conn.execute(f"SELECT {_COLUMNS} FROM api_keys ORDER BY created_at").fetchall()
-    finally:
-        conn.close()
+def list_keys(target: db.Target) -> list[ApiKey]:
+    with db.using(target) as database, database.transaction() as conn:
+        rows = conn.execute(database.sql(f"SELECT {_COLUMNS} FROM api_keys ORDER BY created_at"),
+                            ()).fetchall()
     return [_row(r) for r in rows]
 
 
-def revoke(path: str, key_id: str) -> bool:
-    conn = connect(path)
-    try:
-        with conn:
-            cur = conn.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND "
-                               "revoked_at IS NULL", (time.time(), key_id))
-    finally:
-        conn.close()
-    return cur.rowcount == 1
+def revoke(target: db.Target, key_id: str) -> bool:
+    with db.using(target) as database, database.transaction() as conn:
+        cur = conn.execute(database.sql("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND "
+                                        "revoked_at IS NULL"), (time.time(), key_id))
+        return cur.rowcount == 1
 
 
 # -- the gateway side --------------------------------------------------------------------------
@@ -145,34 +122,100 @@ def revoke(path: str, key_id: str) -> bool:
 class KeyIndex:
     """Every key, in memory, reloaded in a worker thread when the table changed."""
 
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._conn = connect(path)
-        self._version = self._data_version()
-        self._keys = self._read_all()
+    def __init__(self, target: db.Target) -> None:
+        self._db = db.resolve(target)
+        self._owns_db = self._db is not target
+        self._db.ensure_schema()
+        # SQLite file: PRAGMA data_version on a connection of our own that never writes
+        self._watch: db.Connection | None = (
+            self._db.connect() if self._db.dialect == "sqlite" and not self._db.memory
+            else None)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-keys")
+        self._counter_conn: db.Connection | None = None
+        self._waiters: list[asyncio.Future[int]] = []
+        self._poller: asyncio.Task[None] | None = None
+        self._version, self._keys = self._read_all(
+            self._data_version() if self._watch is not None else None)
         self._lock = asyncio.Lock()
 
     def _data_version(self) -> int:
         # Reads the WAL index in shared memory: no disk I/O, microseconds.
-        return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+        assert self._watch is not None
+        return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
 
-    def _read_all(self) -> dict[str, ApiKey]:
-        conn = connect(self._path)
-        try:
-            rows = conn.execute(f"SELECT {_COLUMNS} FROM api_keys").fetchall()
-        finally:
-            conn.close()
-        return {r[0]: _row(r) for r in rows}
+    def _counter(self) -> int:
+        """The change counter (on the worker thread). PostgreSQL: one round trip on a
+        connection of our own in autocommit, reopened once if it was lost."""
+        if not self._db.postgresql:
+            with self._db.transaction() as conn:
+                row = conn.execute(self._db.sql(_COUNTER), (1,)).fetchone()
+            return int(row[0]) if row else 0
+        for attempt in (1, 2):
+            if self._counter_conn is None:
+                self._counter_conn = self._db.connect()
+                cast(Any, self._counter_conn).autocommit = True
+            try:
+                row = self._counter_conn.execute(self._db.sql(_COUNTER), (1,)).fetchone()
+                return int(row[0]) if row else 0
+            except self._db.errors:
+                self._counter_conn.close()
+                self._counter_conn = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _read_all(self, version: int | None) -> tuple[int, dict[str, ApiKey]]:
+        """(the version, every key). With no SQLite data_version given, the counter is read
+        first: a write between it and the rows only causes one more reload."""
+        with self._db.transaction() as conn:
+            if version is None:
+                row = conn.execute(self._db.sql(_COUNTER), (1,)).fetchone()
+                version = int(row[0]) if row else 0
+            rows = conn.execute(self._db.sql(f"SELECT {_COLUMNS} FROM api_keys"), ()).fetchall()
+        return version, {r[0]: _row(r) for r in rows}
+
+    async def _current(self) -> int:
+        """The change counter, read after this call began; concurrent callers share a read."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[int] = loop.create_future()
+        self._waiters.append(waiter)
+        if self._poller is None or self._poller.done():
+            self._poller = loop.create_task(self._poll())
+        return await waiter
+
+    async def _poll(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._waiters:
+            # whoever waits now joins this read; whoever arrives during it, the next one
+            batch, self._waiters = self._waiters, []
+            try:
+                version = await loop.run_in_executor(self._thread, self._counter)
+            except Exception as exc:  # noqa: BLE001 - each waiter gets the failure
+                for waiter in batch:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+                continue
+            for waiter in batch:
+                if not waiter.done():
+                    waiter.set_result(version)
 
     async def _refresh(self) -> None:
-        if self._data_version() == self._version:
+        if self._watch is not None:
+            version = self._data_version()
+        else:
+            version = await self._current()
+        if version == self._version:
             return
         async with self._lock:
-            # the version is read before the rows: a write in between only causes one more reload
-            version = self._data_version()
+            # SQLite: the version is read before the rows (a write in between only causes one
+            # more reload); PostgreSQL: the reload reads the counter itself
+            fresh: int | None = None
+            if self._watch is not None:
+                fresh = version = self._data_version()
             if version != self._version:
-                self._keys = await asyncio.to_thread(self._read_all)
-                self._version = version
+                loop = asyncio.get_running_loop()
+                self._version, self._keys = await loop.run_in_executor(
+                    self._thread, self._read_all, fresh)
 
     async def lookup(self, token: str) -> ApiKey | None:
         """The active key this token proves, or None (unknown, wrong secret, revoked, expired)."""
@@ -190,4 +233,10 @@ class KeyIndex:
         return key
 
     def close(self) -> None:
-        self._conn.close()
+        self._thread.shutdown(wait=True)
+        if self._watch is not None:
+            self._watch.close()
+        if self._counter_conn is not None:
+            self._counter_conn.close()
+        if self._owns_db:
+            self._db.close()

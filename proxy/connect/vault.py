@@ -14,7 +14,6 @@ import binascii
 import hashlib
 import os
 import secrets
-import sqlite3
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,18 +25,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from proxy import db
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS upstream_tokens (
-    upstream TEXT NOT NULL,
-    principal TEXT NOT NULL,
-    kid TEXT NOT NULL,
-    sealed TEXT NOT NULL,
-    status TEXT NOT NULL,
-    expires_at REAL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (upstream, principal)
-);
-"""
+_PUT_COLUMNS = ("upstream", "principal", "kid", "sealed", "status", "expires_at", "updated_at")
 
 
 class VaultKeyMissing(Exception):
@@ -75,12 +63,22 @@ class Connection:
 
 
 class Vault:
-    """Blocking SQLite: the gateway calls it from one database thread."""
+    """Blocking database work: the gateway calls it from one database thread. `target` is the
+    app's Database, a database URL, or a SQLite path."""
 
-    def __init__(self, path: str, keys: dict[str, bytes]) -> None:
-        self._conn: sqlite3.Connection = db.connect(path, SCHEMA)
+    def __init__(self, target: db.Target, keys: dict[str, bytes]) -> None:
+        self._db = db.resolve(target)
+        self._owns_db = self._db is not target
+        self._db.ensure_schema()
+        self._sql = self._db.sql
+        self._put = self._db.upsert("upstream_tokens", _PUT_COLUMNS, ("upstream", "principal"))
         self._current = next(iter(keys))
         self._aead = {kid: AESGCM(key) for kid, key in keys.items()}
+
+    def close(self) -> None:
+        """Close the connections of a Database made here (the app closes its own)."""
+        if self._owns_db:
+            self._db.close()
 
     @staticmethod
     def _ad(upstream: str, principal: str) -> bytes:
@@ -92,20 +90,17 @@ class Vault:
         sealed = nonce + self._aead[self._current].encrypt(
             nonce, orjson.dumps(tokens), self._ad(upstream, principal))
         expires = tokens.get("expires_at")
-        with self._conn:
-            self._conn.execute(
-                "INSERT INTO upstream_tokens (upstream, principal, kid, sealed, status, "
-                "expires_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (upstream, "
-                "principal) DO UPDATE SET kid = excluded.kid, sealed = excluded.sealed, "
-                "status = excluded.status, expires_at = excluded.expires_at, "
-                "updated_at = excluded.updated_at",
-                (upstream, principal, self._current, base64.b64encode(sealed).decode(), status,
-                 expires if isinstance(expires, (int, float)) else None, time.time()))
+        with self._db.transaction() as conn:
+            conn.execute(self._put, (upstream, principal, self._current,
+                                     base64.b64encode(sealed).decode(), status,
+                                     expires if isinstance(expires, (int, float)) else None,
+                                     time.time()))
 
     def get(self, upstream: str, principal: str) -> Connection | None:
-        row = self._conn.execute("SELECT kid, sealed, status, expires_at FROM upstream_tokens "
-                                 "WHERE upstream = ? AND principal = ?",
-                                 (upstream, principal)).fetchone()
+        with self._db.transaction() as conn:
+            row = conn.execute(self._sql("SELECT kid, sealed, status, expires_at FROM "
+                                         "upstream_tokens WHERE upstream = ? AND principal = ?"),
+                               (upstream, principal)).fetchone()
         if row is None:
             return None
         kid, sealed, status, expires = row
@@ -122,16 +117,18 @@ class Vault:
         return Connection(status, tokens, expires)
 
     def mark(self, upstream: str, principal: str, status: str) -> None:
-        with self._conn:
-            self._conn.execute("UPDATE upstream_tokens SET status = ?, updated_at = ? WHERE "
-                               "upstream = ? AND principal = ?",
-                               (status, time.time(), upstream, principal))
+        with self._db.transaction() as conn:
+            conn.execute(self._sql("UPDATE upstream_tokens SET status = ?, updated_at = ? WHERE "
+                                   "upstream = ? AND principal = ?"),
+                         (status, time.time(), upstream, principal))
 
     def delete(self, upstream: str, principal: str) -> None:
-        with self._conn:
-            self._conn.execute("DELETE FROM upstream_tokens WHERE upstream = ? AND "
-                               "principal = ?", (upstream, principal))
+        with self._db.transaction() as conn:
+            conn.execute(self._sql("DELETE FROM upstream_tokens WHERE upstream = ? AND "
+                                   "principal = ?"), (upstream, principal))
 
     def statuses(self, principal: str) -> dict[str, str]:
-        return dict(self._conn.execute("SELECT upstream, status FROM upstream_tokens WHERE "
-                                       "principal = ?", (principal,)).fetchall())
+        with self._db.transaction() as conn:
+            rows = conn.execute(self._sql("SELECT upstream, status FROM upstream_tokens WHERE "
+                                          "principal = ?"), (principal,)).fetchall()
+        return {str(r[0]): str(r[1]) for r in rows}

@@ -11,7 +11,6 @@ import base64
 import hashlib
 import json
 import secrets
-import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,21 +22,15 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from proxy import db
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS oauth_keys (
-    kid TEXT PRIMARY KEY,
-    sealed TEXT NOT NULL,
-    created_at REAL NOT NULL
-);
-"""
-
 
 class SecretKeyMissing(Exception):
     pass
 
 
-def connect(path: str) -> sqlite3.Connection:
-    return db.connect(path)
+def connect(target: db.Target) -> db.Database:
+    """The database the key ring and the authorization server keep their tables in (kept for
+    callers that still pass a path: `KeyRing` and `AuthorizationServer` take the Database)."""
+    return db.resolve(target)
 
 
 @dataclass(frozen=True)
@@ -52,22 +45,24 @@ class SigningKey:
 
 
 class KeyRing:
-    def __init__(self, conn: sqlite3.Connection, secret: str, rotation_s: float,
+    def __init__(self, target: db.Target, secret: str, rotation_s: float,
                  token_ttl_s: float) -> None:
         if not secret:
             raise SecretKeyMissing("TOLLHOUSE_SECRET_KEY must be set when oauth_server.enabled")
         self._aead = AESGCM(hashlib.sha256(b"tollhouse-keys|" + secret.encode()).digest())
-        self._conn = conn
+        self._db = db.resolve(target)
+        self._db.ensure_schema()
         self._rotation_s = rotation_s
         self._token_ttl_s = token_ttl_s
-        conn.executescript(SCHEMA)
         self._keys = self._load()
         self.rotate_if_due()
 
     def _load(self) -> list[SigningKey]:
         keys = []
-        for kid, sealed, created in self._conn.execute(
-                "SELECT kid, sealed, created_at FROM oauth_keys ORDER BY created_at"):
+        with self._db.transaction() as conn:
+            rows = conn.execute(self._db.sql("SELECT kid, sealed, created_at FROM oauth_keys "
+                                             "ORDER BY created_at"), ()).fetchall()
+        for kid, sealed, created in rows:
             raw = base64.b64decode(sealed)
             pem = self._aead.decrypt(raw[:12], raw[12:], kid.encode())
             private = serialization.load_pem_private_key(pem, password=None)
@@ -86,12 +81,12 @@ class KeyRing:
                                     serialization.NoEncryption())
         nonce = secrets.token_bytes(12)
         sealed = base64.b64encode(nonce + self._aead.encrypt(nonce, pem, kid.encode()))
-        with self._conn:
-            self._conn.execute("INSERT INTO oauth_keys (kid, sealed, created_at) VALUES (?,?,?)",
-                               (kid, sealed.decode(), now))
-            # keys too old to have signed any live token are of no use to anyone
-            cutoff = now - 2 * self._rotation_s - self._token_ttl_s
-            self._conn.execute("DELETE FROM oauth_keys WHERE created_at < ?", (cutoff,))
+        # keys too old to have signed any live token are of no use to anyone
+        cutoff = now - 2 * self._rotation_s - self._token_ttl_s
+        with self._db.transaction() as conn:
+            conn.execute(self._db.sql("INSERT INTO oauth_keys (kid, sealed, created_at) "
+                                      "VALUES (?, ?, ?)"), (kid, sealed.decode(), now))
+            conn.execute(self._db.sql("DELETE FROM oauth_keys WHERE created_at < ?"), (cutoff,))
         self._keys = [k for k in self._keys if k.created_at >= cutoff]
         self._keys.append(SigningKey(kid, private, now))
 

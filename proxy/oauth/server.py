@@ -13,7 +13,6 @@ import base64
 import hashlib
 import hmac
 import secrets
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -25,33 +24,11 @@ import jwt
 import orjson
 from cachetools import TTLCache
 
+from proxy import db
 from proxy.accounts import User
 from proxy.config import Config
 from proxy.errors import GatewayError
 from proxy.oauth.keys import KeyRing
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS oauth_clients (
-    client_id TEXT PRIMARY KEY,
-    secret_sha256 TEXT,
-    name TEXT NOT NULL,
-    redirect_uris TEXT NOT NULL,
-    auth_method TEXT NOT NULL,
-    created_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS oauth_refresh (
-    token_sha256 TEXT PRIMARY KEY,
-    family TEXT NOT NULL,
-    client_id TEXT NOT NULL,
-    user_id TEXT NOT NULL,
-    resource TEXT NOT NULL,
-    scope TEXT NOT NULL,
-    expires_at REAL NOT NULL,
-    used_at REAL,
-    revoked_at REAL
-);
-CREATE INDEX IF NOT EXISTS oauth_refresh_family ON oauth_refresh (family);
-"""
 
 
 class OAuthError(GatewayError):
@@ -118,13 +95,14 @@ class AuthorizationServer:
     AUTH_METHODS: ClassVar[tuple[str, ...]] = ("none", "client_secret_post",
                                                "client_secret_basic")
 
-    def __init__(self, cfg: Config, conn: sqlite3.Connection, keys: KeyRing,
+    def __init__(self, cfg: Config, target: db.Target, keys: KeyRing,
                  clock: Callable[[], float] = time.time) -> None:
         self.issuer = cfg.server.public_url.rstrip("/")
         self.resources = {f"{self.issuer}/mcp/{u.name}": u.name for u in cfg.upstreams}
         self._cfg = cfg.oauth_server
-        self._conn = conn
-        conn.executescript(SCHEMA)
+        self._db = db.resolve(target)
+        self._db.ensure_schema()
+        self._sql = self._db.sql
         self.keys = keys
         self._clock = clock
         # the in-memory tables below are touched from the event loop and from the database
@@ -168,10 +146,10 @@ class AuthorizationServer:
         client_id = secrets.token_urlsafe(18)
         secret = secrets.token_urlsafe(32) if method != "none" else None
         now = self._clock()
-        with self._conn:
-            self._conn.execute(
+        with self._db.transaction() as conn:
+            conn.execute(self._sql(
                 "INSERT INTO oauth_clients (client_id, secret_sha256, name, redirect_uris, "
-                "auth_method, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                "auth_method, created_at) VALUES (?, ?, ?, ?, ?, ?)"),
                 (client_id, _sha(secret) if secret else None, name,
                  orjson.dumps(uris).decode(), method, now))
         out: dict[str, Any] = {"client_id": client_id, "client_id_issued_at": int(now),
@@ -187,9 +165,10 @@ class AuthorizationServer:
     def client(self, client_id: str) -> Client | None:
         if client_id in self.cimd:
             return self.cimd[client_id]
-        row = self._conn.execute("SELECT client_id, name, redirect_uris, auth_method, "
-                                 "secret_sha256 FROM oauth_clients WHERE client_id = ?",
-                                 (client_id,)).fetchone()
+        with self._db.transaction() as conn:
+            row = conn.execute(self._sql("SELECT client_id, name, redirect_uris, auth_method, "
+                                         "secret_sha256 FROM oauth_clients WHERE client_id = ?"),
+                               (client_id,)).fetchone()
         if row is None:
             return None
         return Client(row[0], row[1], tuple(orjson.loads(row[2])), row[3], row[4])
@@ -266,9 +245,11 @@ class AuthorizationServer:
     def refresh(self, client: Client, form: dict[str, str], user_lookup: Callable[[str], User | None]
                 ) -> dict[str, Any]:
         token = form.get("refresh_token", "")
-        row = self._conn.execute(
-            "SELECT family, client_id, user_id, resource, scope, expires_at, used_at, revoked_at "
-            "FROM oauth_refresh WHERE token_sha256 = ?", (_sha(token),)).fetchone()
+        with self._db.transaction() as conn:
+            row = conn.execute(self._sql(
+                "SELECT family, client_id, user_id, resource, scope, expires_at, used_at, "
+                "revoked_at FROM oauth_refresh WHERE token_sha256 = ?"), (_sha(token),)
+            ).fetchone()
         if row is None:
             raise OAuthError("invalid_grant", "unknown refresh token")
         family, client_id, user_id, resource, scope, expires_at, used_at, revoked_at = row
@@ -288,11 +269,11 @@ class AuthorizationServer:
         if user is None:
             self._revoke_family(family)
             raise OAuthError("invalid_grant", "the user no longer exists")
-        with self._conn:
-            cur = self._conn.execute("UPDATE oauth_refresh SET used_at = ? WHERE "
-                                     "token_sha256 = ? AND used_at IS NULL",
-                                     (self._clock(), _sha(token)))
-        if cur.rowcount != 1:  # a concurrent use won the race
+        with self._db.transaction() as conn:
+            won = conn.execute(self._sql("UPDATE oauth_refresh SET used_at = ? WHERE "
+                                         "token_sha256 = ? AND used_at IS NULL"),
+                               (self._clock(), _sha(token))).rowcount == 1
+        if not won:  # a concurrent use won the race
             self._revoke_family(family)
             raise OAuthError("invalid_grant", "refresh token reused; its family is revoked")
         return self._tokens(client.client_id, user, resource, scope, family)
@@ -310,10 +291,10 @@ class AuthorizationServer:
                   "name": user.name, "groups": sorted(user.groups)}
         access = jwt.encode(claims, key.private, algorithm="ES256", headers={"kid": key.kid})
         refresh = secrets.token_urlsafe(32)
-        with self._conn:
-            self._conn.execute(
+        with self._db.transaction() as conn:
+            conn.execute(self._sql(
                 "INSERT INTO oauth_refresh (token_sha256, family, client_id, user_id, resource, "
-                "scope, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "scope, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)"),
                 (_sha(refresh), family, client_id, user.id, resource, scope,
                  now + self._cfg.refresh_token_ttl_s))
         out = {"access_token": access, "token_type": "Bearer", "expires_in": ttl,
@@ -323,17 +304,18 @@ class AuthorizationServer:
         return out
 
     def _revoke_family(self, family: str) -> None:
-        with self._conn:
-            self._conn.execute("UPDATE oauth_refresh SET revoked_at = ? WHERE family = ? AND "
-                               "revoked_at IS NULL", (self._clock(), family))
+        with self._db.transaction() as conn:
+            conn.execute(self._sql("UPDATE oauth_refresh SET revoked_at = ? WHERE family = ? "
+                                   "AND revoked_at IS NULL"), (self._clock(), family))
         with self._lock:
             self._revoked_families[family] = True
 
     def revoke(self, client: Client, token: str) -> None:
         """RFC 7009: a refresh token revokes its family; an access token is refused from now
         on. An unknown token is not an error."""
-        row = self._conn.execute("SELECT family, client_id FROM oauth_refresh WHERE "
-                                 "token_sha256 = ?", (_sha(token),)).fetchone()
+        with self._db.transaction() as conn:
+            row = conn.execute(self._sql("SELECT family, client_id FROM oauth_refresh WHERE "
+                                         "token_sha256 = ?"), (_sha(token),)).fetchone()
         if row is not None:
             if row[1] == client.client_id:
                 self._revoke_family(row[0])

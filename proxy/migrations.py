@@ -1,0 +1,327 @@
+"""Versioned schema migrations, on SQLite and PostgreSQL alike.
+
+Every persisted table is defined here. `schema_migrations` records each applied version;
+`upgrade` applies the missing ones in order, all in one transaction, at start-up (the first
+time a `Database` hands out a connection) or through `tollhouse db upgrade`. Two processes
+starting at once are safe: on PostgreSQL the upgrade holds a transaction-scoped advisory lock,
+on SQLite a write transaction (BEGIN IMMEDIATE); the second one then finds nothing to do.
+
+A step is portable DDL (types as `{id}`, `{real}`, `{bigint}`, see `Database.ddl`), DDL for
+one dialect only, or a column to add if missing. Creation is `IF NOT EXISTS` throughout, and
+columns are added only when absent, so a SQLite file written before migrations existed is
+adopted as it stands: each step finds what is already there and leaves it alone.
+
+Never edit a released migration; add a new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import TextIO
+
+from proxy.db import Connection, Database, Dialect, ddl, sql
+
+log = logging.getLogger("tollhouse.migrations")
+
+# pg_advisory_xact_lock key: "tollhouse" folded into a signed 64-bit integer
+_LOCK_KEY = int.from_bytes(b"tollhse!", "big") - 2**63
+
+
+@dataclass(frozen=True)
+class Sql:
+    """Portable DDL (column types in braces)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Only:
+    """DDL for one dialect."""
+
+    dialect: Dialect
+    text: str
+
+
+@dataclass(frozen=True)
+class AddColumn:
+    """ALTER TABLE ... ADD COLUMN, skipped when the column exists."""
+
+    table: str
+    column: str
+    type: str
+
+
+Step = Sql | Only | AddColumn
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    steps: tuple[Step, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "audit log", (
+        Sql("""CREATE TABLE IF NOT EXISTS audit (
+            id {id},
+            ts {real} NOT NULL,
+            request_id TEXT,
+            principal TEXT NOT NULL,
+            endpoint TEXT NOT NULL,
+            method TEXT,
+            tool TEXT,
+            status TEXT NOT NULL,
+            denied_reason TEXT,
+            error_message TEXT,
+            duration_ms {real} NOT NULL,
+            bytes_in {bigint} NOT NULL,
+            bytes_out {bigint} NOT NULL,
+            era TEXT NOT NULL,
+            session_hash TEXT
+        )"""),
+        Sql("CREATE INDEX IF NOT EXISTS audit_ts ON audit (ts)"),
+        Sql("CREATE INDEX IF NOT EXISTS audit_status_ts ON audit (status, ts)"),
+        Sql("CREATE INDEX IF NOT EXISTS audit_endpoint_ts ON audit (endpoint, ts)"),
+    )),
+    Migration(2, "audit: the client's name", (
+        AddColumn("audit", "client_name", "TEXT"),
+    )),
+    Migration(3, "usage events: audit call ids and notes, the outbox", (
+        AddColumn("audit", "call_id", "TEXT"),
+        AddColumn("audit", "note", "TEXT"),
+        Sql("""CREATE TABLE IF NOT EXISTS usage_outbox (
+            call_id TEXT PRIMARY KEY,
+            event TEXT NOT NULL,
+            created_at {real} NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at {real} NOT NULL,
+            delivered_at {real}
+        )"""),
+        Sql("CREATE INDEX IF NOT EXISTS usage_outbox_due ON usage_outbox "
+            "(delivered_at, next_attempt_at)"),
+    )),
+    Migration(4, "audit: egress decisions", (
+        AddColumn("audit", "egress", "TEXT"),
+    )),
+    Migration(5, "API keys", (
+        Sql("""CREATE TABLE IF NOT EXISTS api_keys (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            secret_sha256 TEXT NOT NULL,
+            endpoints TEXT NOT NULL DEFAULT '[]',
+            role TEXT NOT NULL DEFAULT '',
+            created_at {real} NOT NULL,
+            expires_at {real},
+            revoked_at {real}
+        )"""),
+    )),
+    Migration(6, "people and the authorization server", (
+        Sql("""CREATE TABLE IF NOT EXISTS users (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            issuer TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            password_hash TEXT,
+            is_admin INTEGER NOT NULL DEFAULT 0,
+            groups TEXT NOT NULL DEFAULT '',
+            created_at {real} NOT NULL,
+            UNIQUE (issuer, subject)
+        )"""),
+        Sql("""CREATE TABLE IF NOT EXISTS oauth_keys (
+            kid TEXT PRIMARY KEY,
+            sealed TEXT NOT NULL,
+            created_at {real} NOT NULL
+        )"""),
+        Sql("""CREATE TABLE IF NOT EXISTS oauth_clients (
+            client_id TEXT PRIMARY KEY,
+            secret_sha256 TEXT,
+            name TEXT NOT NULL,
+            redirect_uris TEXT NOT NULL,
+            auth_method TEXT NOT NULL,
+            created_at {real} NOT NULL
+        )"""),
+        Sql("""CREATE TABLE IF NOT EXISTS oauth_refresh (
+            token_sha256 TEXT PRIMARY KEY,
+            family TEXT NOT NULL,
+            client_id TEXT NOT NULL,
+            user_id TEXT NOT NULL,
+            resource TEXT NOT NULL,
+            scope TEXT NOT NULL,
+            expires_at {real} NOT NULL,
+            used_at {real},
+            revoked_at {real}
+        )"""),
+        Sql("CREATE INDEX IF NOT EXISTS oauth_refresh_family ON oauth_refresh (family)"),
+    )),
+    Migration(7, "the token vault", (
+        Sql("""CREATE TABLE IF NOT EXISTS upstream_tokens (
+            upstream TEXT NOT NULL,
+            principal TEXT NOT NULL,
+            kid TEXT NOT NULL,
+            sealed TEXT NOT NULL,
+            status TEXT NOT NULL,
+            expires_at {real},
+            updated_at {real} NOT NULL,
+            PRIMARY KEY (upstream, principal)
+        )"""),
+    )),
+    Migration(8, "API keys: a change counter the gateway polls", (
+        Sql("""CREATE TABLE IF NOT EXISTS api_keys_version (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            version {bigint} NOT NULL
+        )"""),
+        Sql("INSERT INTO api_keys_version (id, version) VALUES (1, 0) ON CONFLICT DO NOTHING"),
+        # any change to api_keys, by any writer, bumps the counter in the same transaction
+        Only("postgresql", """CREATE OR REPLACE FUNCTION tollhouse_api_keys_changed()
+            RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                UPDATE api_keys_version SET version = version + 1 WHERE id = 1;
+                RETURN NULL;
+            END $$"""),
+        Only("postgresql", "CREATE TRIGGER api_keys_changed AFTER INSERT OR UPDATE OR DELETE "
+                           "ON api_keys FOR EACH ROW EXECUTE FUNCTION tollhouse_api_keys_changed()"),
+        *(Only("sqlite", f"CREATE TRIGGER IF NOT EXISTS api_keys_changed_{event.lower()} "
+                         f"AFTER {event} ON api_keys BEGIN UPDATE api_keys_version "
+                         "SET version = version + 1 WHERE id = 1; END")
+          for event in ("INSERT", "UPDATE", "DELETE")),
+    )),
+    Migration(9, "upstream servers registered through the management API", (
+        Sql("""CREATE TABLE IF NOT EXISTS servers (
+            name TEXT PRIMARY KEY,
+            spec TEXT NOT NULL,
+            created_at {real} NOT NULL,
+            updated_at {real} NOT NULL
+        )"""),
+    )),
+)
+
+LATEST = MIGRATIONS[-1].version
+
+
+def _check(migrations: tuple[Migration, ...]) -> None:
+    versions = [m.version for m in migrations]
+    if versions != list(range(1, len(versions) + 1)):
+        raise AssertionError("migration versions must be 1, 2, 3, ... in order")
+
+
+_check(MIGRATIONS)
+
+
+def _has_column(conn: Connection, dialect: Dialect, table: str, column: str) -> bool:
+    if dialect == "sqlite":
+        return any(row[1] == column
+                   for row in conn.execute(f"PRAGMA table_info({table})").fetchall())
+    row = conn.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = "
+                       "current_schema() AND table_name = %s AND column_name = %s",
+                       (table, column)).fetchone()
+    return row is not None
+
+
+def _run(conn: Connection, dialect: Dialect, step: Step) -> None:
+    if isinstance(step, Sql):
+        conn.execute(ddl(step.text, dialect))
+    elif isinstance(step, Only):
+        if step.dialect == dialect:
+            conn.execute(step.text)
+    elif not _has_column(conn, dialect, step.table, step.column):
+        conn.execute(f"ALTER TABLE {step.table} ADD COLUMN {step.column} {step.type}")
+
+
+def _applied(conn: Connection) -> set[int]:
+    return {int(row[0]) for row in conn.execute("SELECT version FROM schema_migrations"
+                                                ).fetchall()}
+
+
+def apply(conn: Connection, dialect: Dialect,
+          migrations: tuple[Migration, ...] = MIGRATIONS) -> list[int]:
+    """Apply the pending migrations on this connection, in one transaction, holding the
+    migration lock; returns the versions applied. The connection must be outside a
+    transaction; it is left outside one."""
+    try:
+        if dialect == "postgresql":
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,)).fetchall()
+        else:
+            conn.execute("BEGIN IMMEDIATE")
+        conn.execute(ddl("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER "
+                         "PRIMARY KEY, name TEXT NOT NULL, applied_at {real} NOT NULL)",
+                         dialect))
+        done = _applied(conn)
+        pending = [m for m in migrations if m.version not in done]
+        newer = sorted(v for v in done if v > (migrations[-1].version if migrations else 0))
+        if newer:
+            log.warning("the database has schema versions %s, newer than this Tollhouse knows "
+                        "(%d): it was upgraded by a later release", newer,
+                        migrations[-1].version if migrations else 0)
+        insert = sql("INSERT INTO schema_migrations (version, name, applied_at) "
+                     "VALUES (?, ?, ?)", dialect)
+        for migration in pending:
+            for step in migration.steps:
+                _run(conn, dialect, step)
+            conn.execute(insert, (migration.version, migration.name, time.time()))
+        conn.commit()
+    except BaseException:
+        with suppress(Exception):
+            conn.rollback()
+        raise
+    for migration in pending:
+        log.info("database schema: applied migration %d (%s)", migration.version,
+                 migration.name)
+    return [m.version for m in pending]
+
+
+def current(database: Database) -> int:
+    """The highest applied version; 0 for a database never migrated."""
+    with database.lease() as conn:
+        try:
+            row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
+        except database.missing_table:
+            conn.rollback()
+            return 0
+        conn.rollback()
+    return int(row[0] or 0)
+
+
+def upgrade(database: Database, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[int]:
+    """Bring the schema up to date; returns the versions applied (empty: it was current).
+    Safe to call from several processes at once."""
+    if not database.memory and not _pending(database, migrations):
+        return []  # the common start-up: one read, no lock
+    with database.lease() as conn:
+        return apply(conn, database.dialect, migrations)
+
+
+def _pending(database: Database, migrations: tuple[Migration, ...]) -> bool:
+    with database.lease() as conn:
+        try:
+            done = _applied(conn)
+        except database.missing_table:
+            conn.rollback()
+            return True
+        conn.rollback()
+    return any(m.version not in done for m in migrations)
+
+
+def command(url: str, out: TextIO | None = None) -> int:
+    """`tollhouse db upgrade`: apply pending migrations, say what was done; exit status."""
+    out = out or sys.stdout
+    names = {m.version: m.name for m in MIGRATIONS}
+    with Database(url) as database:
+        try:
+            before = current(database)
+            applied = upgrade(database)
+            after = current(database)
+        except database.errors as exc:
+            print(f"tollhouse: db upgrade: {database!r}: {exc}", file=sys.stderr)
+            return 1
+    for version in applied:
+        out.write(f"applied {version}: {names[version]}\n")
+    if applied:
+        out.write(f"schema version {before} -> {after}\n")
+    else:
+        out.write(f"schema version {after}: up to date\n")
+    return 0
