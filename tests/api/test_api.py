@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx
 import orjson
-import pytest
 
 from proxy.accounts import Accounts
 from proxy.app import create_app
