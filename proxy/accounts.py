@@ -141,6 +141,30 @@ class Accounts:
                                (user_id,)).fetchone()
         return _user(row) if row else None
 
+    def by_name(self, name: str) -> User | None:
+        with self._db.transaction() as conn:
+            row = conn.execute(self._db.sql(f"SELECT {_COLUMNS} FROM users WHERE name = ?"),
+                               (name,)).fetchone()
+        return _user(row) if row else None
+
+    def update(self, name: str, *, admin: bool | None = None, password: str | None = None
+               ) -> User | None:
+        """Change a user's role or (local accounts) password; None if there is no such user."""
+        with self._db.transaction() as conn:
+            if admin is not None:
+                conn.execute(self._db.sql("UPDATE users SET is_admin = ? WHERE name = ?"),
+                             (int(admin), name))
+            if password is not None:
+                conn.execute(self._db.sql("UPDATE users SET password_hash = ? WHERE name = ? "
+                                          "AND issuer = ?"),
+                             (hash_password(password), name, LOCAL_ISSUER))
+        return self.by_name(name)
+
+    def delete(self, name: str) -> bool:
+        with self._db.transaction() as conn:
+            cur = conn.execute(self._db.sql("DELETE FROM users WHERE name = ?"), (name,))
+        return bool(cur.rowcount)
+
     def list(self) -> list[User]:
         with self._db.transaction() as conn:
             rows = conn.execute(self._db.sql(f"SELECT {_COLUMNS} FROM users ORDER BY name"),

@@ -107,6 +107,11 @@ class UserIn(Strict):
     admin: bool = False
 
 
+class UserPatch(Strict):
+    admin: bool | None = None
+    password: str | None = Field(None, min_length=8, max_length=1024)
+
+
 class UserOut(BaseModel):
     id: str
     name: str

@@ -21,10 +21,12 @@ from proxy.api.models import (
     UsageRow,
     UserIn,
     UserOut,
+    UserPatch,
 )
 
 MODELS: tuple[type[BaseModel], ...] = (ServerIn, ServerPatch, ServerOut, KeyIn, KeyOut,
-                                       KeyCreated, UserIn, UserOut, Me, UsageRow, Role)
+                                       KeyCreated, UserIn, UserOut, UserPatch, Me, UsageRow,
+                                       Role)
 ERRORS = {
     "400": "A precondition of the operation does not hold.",
     "401": "No credential, or an invalid or expired one.",
@@ -104,8 +106,15 @@ def document() -> dict[str, Any]:
             "get": _op("List API keys (never their secrets)", "200", _list_of(KeyOut)),
             "post": _op("Create an API key; the secret is shown once", "201",
                         _ref(KeyCreated), KeyIn)},
-        "/api/v1/keys/{key_id}": {"delete": _op("Revoke an API key", "204", None,
-                                                params=["key_id"])},
+        "/api/v1/keys/{key_id}": {
+            "get": _op("One API key (never its secret)", "200", _ref(KeyOut),
+                       params=["key_id"]),
+            "delete": _op("Revoke an API key", "204", None, params=["key_id"])},
+        "/api/v1/users/{name}": {
+            "get": _op("One user", "200", _ref(UserOut), params=["name"]),
+            "patch": _op("Change a user's role or password", "200", _ref(UserOut), UserPatch,
+                         ["name"]),
+            "delete": _op("Remove a user", "204", None, params=["name"])},
         "/api/v1/users": {
             "get": _op("List users", "200", _list_of(UserOut)),
             "post": _op("Create a local user", "201", _ref(UserOut), UserIn)},

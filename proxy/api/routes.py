@@ -30,6 +30,7 @@ from proxy.api.models import (
     ServerPatch,
     UserIn,
     UserOut,
+    UserPatch,
 )
 from proxy.api.openapi import document
 from proxy.api.registry import Registry
@@ -243,6 +244,42 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
             raise ApiError(409, f"user '{body.name}' already exists") from None
         return _json(UserOut(id=user.id, name=user.name, issuer=user.issuer,
                              subject=user.subject, admin=user.is_admin), 201)
+
+    def _user_out(u: Any) -> UserOut:
+        return UserOut(id=u.id, name=u.name, issuer=u.issuer, subject=u.subject,
+                       admin=u.is_admin)
+
+    @route("/users/<name>", ["GET"])
+    async def user(who: Caller, name: str) -> Response:
+        found = await asyncio.to_thread(api().users().by_name, name)
+        if found is None:
+            raise ApiError(404, f"user '{name}' not found")
+        return _json(_user_out(found))
+
+    @route("/users/<name>", ["PATCH"])
+    async def patch_user(who: Caller, name: str) -> Response:
+        body = await _body(UserPatch)
+        changed = await asyncio.to_thread(lambda: api().users().update(
+            name, admin=body.admin, password=body.password))
+        if changed is None:
+            raise ApiError(404, f"user '{name}' not found")
+        return _json(_user_out(changed))
+
+    @route("/users/<name>", ["DELETE"])
+    async def delete_user(who: Caller, name: str) -> Response:
+        if who.via == "cookie" and who.name == name:
+            raise ApiError(400, "an administrator cannot delete their own account")
+        if not await asyncio.to_thread(api().users().delete, name):
+            raise ApiError(404, f"user '{name}' not found")
+        return Response(b"", 204)
+
+    @route("/keys/<key_id>", ["GET"])
+    async def key(who: Caller, key_id: str) -> Response:
+        found = [k for k in await asyncio.to_thread(api_keys.list_keys, api().db_path)
+                 if k.id == key_id]
+        if not found:
+            raise ApiError(404, f"API key '{key_id}' not found")
+        return _json(KeyOut(**found[0].public()))
 
     # -- audit and usage --------------------------------------------------------------------
 

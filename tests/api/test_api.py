@@ -273,3 +273,25 @@ async def test_access_rules_through_the_api_apply_on_the_next_call(tmp_path: Pat
         assert "result" in (await tool("add")).json()
         roles = (await e.admin.get(e.api("/roles"))).json()["items"]
         assert [r["name"] for r in roles] == ["admin", "user"]
+
+
+async def test_single_users_and_keys(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        pat = await e.admin.get(e.api("/users/pat"))
+        assert pat.status_code == 200 and pat.json()["admin"] is False
+        promoted = await e.admin.patch(e.api("/users/pat"), json={"admin": True,
+                                                                  "password": "new-pat-pass"})
+        assert promoted.status_code == 200 and promoted.json()["admin"] is True
+        client = await signed_in(e, "pat", "new-pat-pass")  # the new password works
+        assert (await client.get(e.api("/me"))).json()["admin"] is True
+        await client.aclose()
+        short = await e.admin.patch(e.api("/users/pat"), json={"password": "x"})
+        assert short.status_code == 422
+        assert (await e.admin.delete(e.api("/users/pat"))).status_code == 204
+        assert (await e.admin.get(e.api("/users/pat"))).status_code == 404
+        assert (await e.admin.patch(e.api("/users/pat"), json={"admin": False})
+                ).status_code == 404
+        made = (await e.admin.post(e.api("/keys"), json={"name": "one"})).json()
+        one = await e.admin.get(e.api(f"/keys/{made['id']}"))
+        assert one.status_code == 200 and "key" not in one.json()
+        assert (await e.admin.get(e.api("/keys/nope"))).status_code == 404
