@@ -249,18 +249,25 @@ def _users(args: argparse.Namespace) -> int:
     return 0
 
 
+def _printed_plainly(rows: list[dict[str, Any]], as_json: bool, empty: str) -> bool:
+    """JSON lines, or the message for no rows: True when nothing is left to print."""
+    if as_json:
+        for row in rows:
+            sys.stdout.write(orjson.dumps(row).decode() + "\n")
+        return True
+    if not rows:
+        sys.stdout.write(empty + "\n")
+        return True
+    return False
+
+
 def _usage(args: argparse.Namespace) -> int:
     from proxy.audit.sqlite import usage
 
     path = args.db if args.db else _load(args)[0].database.url
     rows = usage(path, since=parse_since(args.since))
     out = sys.stdout
-    if args.json:
-        for row in rows:
-            out.write(orjson.dumps(row).decode() + "\n")
-        return 0
-    if not rows:
-        out.write("no calls in that period\n")
+    if _printed_plainly(rows, args.json, "no calls in that period"):
         return 0
     out.write(f"{'principal':<28} {'endpoint':<14} {'tool':<24} {'calls':>6} {'ok':>6} "
               f"{'denied':>6} {'error':>6} {'bytes in':>10} {'bytes out':>10}\n")
@@ -341,12 +348,7 @@ def _audit(args: argparse.Namespace) -> int:
     rows = query(path, status=args.status, endpoint=args.endpoint,
                  since=since, limit=args.limit)
     out = sys.stdout
-    if args.json:
-        for row in rows:
-            out.write(orjson.dumps(row).decode() + "\n")
-        return 0
-    if not rows:
-        out.write("no audit records\n")
+    if _printed_plainly(rows, args.json, "no audit records"):
         return 0
     out.write(f"{'time (UTC)':<20} {'status':<9} {'endpoint':<14} {'method':<24} "
               f"{'ms':>8}  principal / reason\n")
