@@ -14,6 +14,8 @@ from proxy.app import State, create_app
 from proxy.audit import MemoryAuditSink
 from proxy.config import Config, from_dict
 from proxy.gateway import Gateway
+from tests import db_backends
+from tests.db_backends import _per_test_databases, database, database_url  # noqa: F401 (fixtures)
 from tests.servers import serve
 
 MCP_HEADERS = {"Content-Type": "application/json",
@@ -22,7 +24,10 @@ MCP_HEADERS = {"Content-Type": "application/json",
 
 
 def make_config(upstream_url: str = "http://upstream.test/mcp", **sections: Any) -> Config:
-    raw: dict[str, Any] = {"upstreams": [{"name": "e", "url": upstream_url}]}
+    """A config with one upstream `e`, on the running test's database unless `database` is
+    given."""
+    raw: dict[str, Any] = {"upstreams": [{"name": "e", "url": upstream_url}],
+                           "database": {"url": db_backends.url()}}
     for key, value in sections.items():
         raw[key] = value
     return from_dict(raw, env={})

@@ -1,23 +1,25 @@
-"""The databases store tests run on, and a fresh one for each test.
+"""The database the test suite runs on, and a fresh one for each test.
 
-`TOLLHOUSE_TEST_DATABASE` names the backends, comma-separated: `sqlite` (the default),
-`postgresql`, or `all`. A test that takes the `database_url` (or `database`) fixture runs once
-per backend; a backend not named is skipped. PostgreSQL tests each get a new database,
-`CREATE DATABASE tollhouse_test_<random>`, dropped afterwards, on the server that
-`TOLLHOUSE_TEST_POSTGRES_URL` reaches (default `postgresql://postgres@127.0.0.1:5432/postgres`;
-any database the role may connect to, with the right to create databases).
-
-Use it from a test module by binding the fixtures there:
-`from tests import db_backends; database = db_backends.database`.
+`TOLLHOUSE_TEST_DATABASE` names the backend of a run: `sqlite` (the default) or `postgresql`.
+`make test` runs the whole suite once on each. Every test that needs a database asks for one
+with `db_backends.url()` (or the `database_url` / `database` fixtures, or through
+`tests.conftest.make_config`, which fills in `[database]`): it is made on first use, empty and
+never migrated, and dropped when the test ends. A test may ask for several by label (two
+gateways, say). SQLite databases are files in a new temporary directory; PostgreSQL ones are
+`CREATE DATABASE tollhouse_test_<random>` on the server that `TOLLHOUSE_TEST_POSTGRES_URL`
+reaches (default `postgresql://postgres@127.0.0.1:5432/postgres`; the role needs the right to
+create databases), dropped with their connections afterwards.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from contextlib import ExitStack, contextmanager
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -29,24 +31,17 @@ ADMIN_URL = os.environ.get("TOLLHOUSE_TEST_POSTGRES_URL",
                            "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-def selected() -> set[str]:
-    raw = os.environ.get("TOLLHOUSE_TEST_DATABASE", "sqlite").strip().lower()
-    names = {n.strip() for n in raw.split(",") if n.strip()}
-    if "all" in names:
-        return set(BACKENDS)
-    unknown = names - set(BACKENDS)
-    if unknown:
-        raise pytest.UsageError(f"TOLLHOUSE_TEST_DATABASE: unknown backend(s) "
-                                f"{', '.join(sorted(unknown))}; use sqlite, postgresql or all")
-    return names
+def backend() -> str:
+    """The backend of this run."""
+    name = os.environ.get("TOLLHOUSE_TEST_DATABASE", "sqlite").strip().lower() or "sqlite"
+    if name not in BACKENDS:
+        raise pytest.UsageError(f"TOLLHOUSE_TEST_DATABASE={name!r}: use sqlite or postgresql "
+                                "(make test runs the suite on each)")
+    return name
 
 
-def params() -> list[object]:
-    """pytest params, one per backend, the unselected ones skipped."""
-    chosen = selected()
-    return [pytest.param(name, id=name, marks=() if name in chosen else pytest.mark.skip(
-        reason=f"set TOLLHOUSE_TEST_DATABASE={name} (or all) to run on {name}"))
-        for name in BACKENDS]
+def on_postgresql() -> bool:
+    return backend() == "postgresql"
 
 
 def _url_of(name: str) -> str:
@@ -69,19 +64,57 @@ def fresh_postgres() -> Iterator[str]:
 
 
 @contextmanager
-def fresh_url(backend: str, directory: Path) -> Iterator[str]:
-    if backend == "postgresql":
-        with fresh_postgres() as url:
-            yield url
-    else:
-        yield f"sqlite:///{directory / 'tollhouse.db'}"
+def fresh_sqlite() -> Iterator[str]:
+    directory = tempfile.mkdtemp(prefix="tollhouse-test-")
+    try:
+        yield f"sqlite:///{directory}/tollhouse.db"
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
-@pytest.fixture(params=params())
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty database of each selected backend (never migrated yet)."""
-    with fresh_url(request.param, tmp_path) as url:
-        yield url
+class TestDatabases:
+    """The databases one test made, by label, all dropped when it ends."""
+
+    def __init__(self) -> None:
+        self._urls: dict[str, str] = {}
+        self._stack = ExitStack()
+
+    def url(self, label: str) -> str:
+        if label not in self._urls:
+            fresh = fresh_postgres() if on_postgresql() else fresh_sqlite()
+            self._urls[label] = self._stack.enter_context(fresh)
+        return self._urls[label]
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+_current: TestDatabases | None = None
+
+
+def url(label: str = "main") -> str:
+    """The running test's database called `label`, of this run's backend, made on first use."""
+    if _current is None:
+        raise RuntimeError("db_backends.url() outside a test (the per-test fixture is not set up)")
+    return _current.url(label)
+
+
+@pytest.fixture(autouse=True)
+def _per_test_databases() -> Iterator[None]:
+    """Installed by tests/conftest.py for every test; makes nothing until url() is called."""
+    global _current
+    _current = TestDatabases()
+    try:
+        yield
+    finally:
+        mine, _current = _current, None
+        mine.close()
+
+
+@pytest.fixture
+def database_url() -> str:
+    """A fresh, empty database of this run's backend (never migrated yet)."""
+    return url()
 
 
 @pytest.fixture
@@ -92,3 +125,14 @@ def database(database_url: str) -> Iterator[Database]:
         yield db
     finally:
         db.close()
+
+
+def rows(target: str | Database, text: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Rows of a query (written with `?` placeholders) on either backend."""
+    database = target if isinstance(target, Database) else Database(target)
+    try:
+        with database.transaction() as conn:
+            return [tuple(r) for r in conn.execute(database.sql(text), args).fetchall()]
+    finally:
+        if database is not target:
+            database.close()

@@ -12,12 +12,14 @@ from typing import Any
 
 import httpx
 import orjson
+from quart import Quart
 
 from proxy.accounts import Accounts
 from proxy.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from proxy.demo import demo_app
+from tests import db_backends
 from tests.conftest import MCP_HEADERS
 from tests.servers import bound_socket, serve
 
@@ -29,6 +31,7 @@ class Env:
     admin_key: str
     admin: httpx.AsyncClient  # an API-key script
     db: str
+    app: Quart
 
     def api(self, path: str) -> str:
         return f"{self.url}/api/v1{path}"
@@ -36,9 +39,11 @@ class Env:
 
 @asynccontextmanager
 async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    db = str(tmp_path / "api.db")
-    Accounts(db).create_local("root", "root-password", admin=True)
-    Accounts(db).create_local("pat", "pat-password")
+    db = db_backends.url()
+    accounts = Accounts(db)
+    accounts.create_local("root", "root-password", admin=True)
+    accounts.create_local("pat", "pat-password")
+    accounts.close()
     _, secret = api_keys.create(db, "ci", [], role="admin")
     async with serve(demo_app(), graceful_timeout=1) as upstream:
         sock, url = bound_socket()
@@ -46,12 +51,13 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
             "server": {"public_url": url, "max_request_bytes": 4096},
             "auth": {"mode": "jwt", "lockout": {"max_failures": 3}},
             "oauth_server": {"enabled": True},
-            "database": {"url": f"sqlite:///{db}"},
+            "database": {"url": db},
             "upstreams": [{"name": "cfgd", "url": f"{upstream}/mcp"}]}, env={})
-        async with serve(create_app(cfg, secret_key="k"), sock=sock, graceful_timeout=1), \
+        app = create_app(cfg, secret_key="k")
+        async with serve(app, sock=sock, graceful_timeout=1), \
                 httpx.AsyncClient(headers={"Authorization": f"Bearer {secret}"},
                                   timeout=10) as admin:
-            yield Env(url, upstream, secret, admin, db)
+            yield Env(url, upstream, secret, admin, db, app)
 
 
 async def signed_in(e: Env, name: str, password: str) -> httpx.AsyncClient:
@@ -231,12 +237,8 @@ async def test_openapi_matches_the_routes(tmp_path: Path) -> None:
         assert doc["openapi"].startswith("3.")
         documented = {(path, method.upper()) for path, ops in doc["paths"].items()
                       for method in ops}
-        from proxy.app import create_app as build
-
-        app = build(from_dict({"auth": {"mode": "jwt"}, "database": {
-            "url": f"sqlite:///{tmp_path / 'x.db'}"}}, env={}))
         served = {(rule.rule.replace("<", "{").replace(">", "}"), method)
-                  for rule in app.url_map.iter_rules() if rule.rule.startswith("/api/v1/")
+                  for rule in e.app.url_map.iter_rules() if rule.rule.startswith("/api/v1/")
                   and not rule.rule.endswith("openapi.json")
                   for method in rule.methods or () if method not in ("HEAD", "OPTIONS")}
         assert documented == served
