@@ -16,13 +16,16 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/tollhouse demo
 
-# The database tests run on SQLite and on the PostgreSQL at 127.0.0.1:5432 (trust auth);
-# TOLLHOUSE_TEST_DATABASE=sqlite make test skips the PostgreSQL runs.
-TOLLHOUSE_TEST_DATABASE ?= all
-export TOLLHOUSE_TEST_DATABASE
+# The whole suite runs once per database backend: SQLite, then the PostgreSQL at
+# 127.0.0.1:5432 (trust auth; TOLLHOUSE_TEST_POSTGRES_URL to point elsewhere), each test on a
+# fresh database. `make test TEST_DATABASES=sqlite` runs the SQLite pass alone.
+TEST_DATABASES ?= sqlite postgresql
 
 test: $(VENV)/.installed
-	$(VENV)/bin/python -m pytest
+	@set -e; for backend in $(TEST_DATABASES); do \
+		echo "== the test suite on $$backend"; \
+		TOLLHOUSE_TEST_DATABASE=$$backend $(VENV)/bin/python -m pytest $(PYTEST_ARGS); \
+	done
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/pip install --quiet -e '.[test,bench]'

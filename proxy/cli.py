@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
     audit = sub.add_parser("audit", help="print recent audit records, newest first")
     _config_arg(audit)
-    audit.add_argument("--db", help="the SQLite audit database to read, instead of the one "
-                                    "the config names")
+    audit.add_argument("--db", help="the database to read (a URL, or a SQLite file), "
+                                    "instead of the one the config names")
     audit.add_argument("--status", choices=["ok", "denied", "error", "cancelled"])
     audit.add_argument("--endpoint")
     audit.add_argument("--since", help="a duration such as 30s, 15m, 2h, 7d, or an ISO time")
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     usage = sub.add_parser("usage", help="calls per principal, endpoint and tool over a period")
     _config_arg(usage)
-    usage.add_argument("--db", help="the SQLite database to read, instead of the config's")
+    usage.add_argument("--db", help="the database to read (a URL, or a SQLite file), instead of the config's")
     usage.add_argument("--since", default="24h",
                        help="a duration such as 30m, 24h, 7d, or an ISO time (default 24h)")
     usage.add_argument("--json", action="store_true", help="one JSON object per line")

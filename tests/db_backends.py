@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -85,6 +86,11 @@ class TestDatabases:
             self._urls[label] = self._stack.enter_context(fresh)
         return self._urls[label]
 
+    def open(self, label: str) -> Database:
+        database = Database(self.url(label))
+        self._stack.callback(database.close)  # closed before the database is dropped
+        return database
+
     def close(self) -> None:
         self._stack.close()
 
@@ -99,16 +105,30 @@ def url(label: str = "main") -> str:
     return _current.url(label)
 
 
+def open_database(label: str = "main") -> Database:
+    """A Database on the running test's database `label`, closed when the test ends."""
+    if _current is None:
+        raise RuntimeError("db_backends.open_database() outside a test")
+    return _current.open(label)
+
+
 @pytest.fixture(autouse=True)
 def _per_test_databases() -> Iterator[None]:
     """Installed by tests/conftest.py for every test; makes nothing until url() is called."""
     global _current
     _current = TestDatabases()
+    stray = Path("tollhouse.db")  # the default database.url, relative to the working directory
+    was_there = stray.exists()
     try:
         yield
     finally:
         mine, _current = _current, None
         mine.close()
+    if not was_there and stray.exists():
+        for leftover in Path().glob("tollhouse.db*"):
+            leftover.unlink()
+        pytest.fail("the test opened the default database ./tollhouse.db: give its config "
+                    "db_backends.url() (make_config does)")
 
 
 @pytest.fixture

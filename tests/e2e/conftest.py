@@ -15,6 +15,7 @@ from proxy.app import State, create_app
 from proxy.audit import AuditSink, SqliteAuditSink
 from proxy.config import Config, from_dict
 from proxy.gateway import Gateway
+from tests import db_backends
 from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app, stateless_json_app
 from tests.servers import serve
 
@@ -39,7 +40,7 @@ class Stack:
 
 def stack_config(upstream_url: str, db_path: str, **upstream: Any) -> Config:
     return from_dict({
-        "database": {"url": f"sqlite:///{db_path}"},
+        "database": {"url": db_path},
         "upstreams": [{"name": "up", "url": f"{upstream_url}/mcp", **upstream}],
     }, env={})
 
@@ -48,7 +49,7 @@ def stack_config(upstream_url: str, db_path: str, **upstream: Any) -> Config:
 async def open_stack(tmp_path: Path, make_upstream: Callable[..., Any], *,
                      audit: AuditSink | None = None, **upstream: Any) -> AsyncIterator[Stack]:
     app, probe = make_upstream()
-    db_path = str(tmp_path / "audit.db")
+    db_path = db_backends.url()
     async with serve(app, graceful_timeout=1) as upstream_url:
         cfg = stack_config(upstream_url, db_path, **upstream)
         gateway_app = create_app(cfg, audit_sink=audit)

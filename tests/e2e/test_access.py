@@ -13,6 +13,7 @@ from mcp.shared.exceptions import MCPError
 
 from proxy.app import create_app
 from proxy.config import from_dict
+from tests import db_backends
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import stateful_sse_app
 from tests.servers import serve
@@ -30,7 +31,7 @@ async def test_profiles_filter_the_streamed_listing_per_caller(tmp_path: Path) -
     app, probe = stateful_sse_app()
     async with serve(app, graceful_timeout=1) as upstream_url:
         cfg = from_dict({
-            "database": {"url": f"sqlite:///{tmp_path / 'a.db'}"},
+            "database": {"url": db_backends.url()},
             "auth": {"mode": "jwt", "issuers": [{"issuer": "https://idp.test/",
                                                   "hs256_secret": SECRET,
                                                   "algorithms": ["HS256"]}]},

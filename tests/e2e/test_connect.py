@@ -5,7 +5,6 @@ signs people in locally and connects each one's own upstream account."""
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,6 +22,8 @@ from proxy.app import create_app
 from proxy.audit import query
 from proxy.config import from_dict
 from proxy.connect.vault import Vault
+from proxy.db import Database
+from tests import db_backends
 from tests.e2e.test_oauth_sdk import Browser
 from tests.e2e.upstreams import UpstreamProbe, stateless_json_app
 from tests.servers import bound_socket, serve
@@ -37,8 +38,8 @@ VAULT_KEYS = {"k1": b"\x01" * 32}
 class World:
     outer: str
     inner: str
-    outer_db: str
-    inner_db: str
+    outer_db: Database
+    inner_db: Database
     probe: UpstreamProbe
     state: Any = None  # the gateway's app state
 
@@ -64,19 +65,16 @@ class World:
                          "authorization": f"Bearer {self.mcp_token(person)}"})
 
     def vault_row(self, person: str) -> tuple[Any, ...]:
-        conn = sqlite3.connect(self.outer_db)
-        try:
-            return conn.execute("SELECT kid, sealed, status, expires_at FROM upstream_tokens "
-                                "WHERE principal = ?", (f"tollhouse:local|local:{person}",)
-                                ).fetchone()
-        finally:
-            conn.close()
+        (row,) = db_backends.rows(self.outer_db, "SELECT kid, sealed, status, expires_at FROM "
+                                  "upstream_tokens WHERE principal = ?",
+                                  f"tollhouse:local|local:{person}")
+        return row
 
 
 @asynccontextmanager
 async def world(tmp_path: Path, explicit: bool = False) -> AsyncIterator[World]:
     app, probe = stateless_json_app()
-    inner_db, outer_db = str(tmp_path / "inner.db"), str(tmp_path / "outer.db")
+    inner_db, outer_db = db_backends.open_database("inner"), db_backends.open_database("outer")
     for person, (_, upstream_user, upstream_password) in PEOPLE.items():
         Accounts(inner_db).create_local(upstream_user, upstream_password)
         Accounts(outer_db).create_local(person, PEOPLE[person][0])
@@ -84,7 +82,7 @@ async def world(tmp_path: Path, explicit: bool = False) -> AsyncIterator[World]:
         inner_sock, inner = bound_socket()
         inner_cfg = from_dict({
             "server": {"public_url": inner}, "auth": {"mode": "jwt"},
-            "oauth_server": {"enabled": True}, "database": {"url": f"sqlite:///{inner_db}"},
+            "oauth_server": {"enabled": True}, "database": {"url": inner_db.url},
             "upstreams": [{"name": "up", "url": f"{sdk_url}/mcp", "identity": "headers"}]},
             env={})
         async with serve(create_app(inner_cfg, secret_key="inner-secret"), sock=inner_sock,
@@ -107,7 +105,7 @@ async def world(tmp_path: Path, explicit: bool = False) -> AsyncIterator[World]:
                 "auth": {"mode": "jwt", "issuers": [{"issuer": "tollhouse:local",
                                                       "hs256_secret": SECRET,
                                                       "algorithms": ["HS256"]}]},
-                "database": {"url": f"sqlite:///{outer_db}"},
+                "database": {"url": outer_db.url},
                 "upstreams": [{"name": "gh", "url": f"{inner}/mcp/up", "auth": "per_user",
                                "oauth": oauth}]}, env={})
             outer_app = create_app(outer_cfg, vault_keys=VAULT_KEYS)
@@ -204,9 +202,7 @@ async def test_expiry_refresh_401_retry_and_invalid_grant(tmp_path: Path) -> Non
         assert second.tokens["access_token"] != first.tokens["access_token"]
         assert second.tokens["refresh_token"] != first.tokens["refresh_token"]
         # the upstream refuses the access token it is sent (401): one refresh, one retry
-        inner = sqlite3.connect(w.inner_db)
-        client_row = inner.execute("SELECT client_id FROM oauth_clients").fetchone()
-        inner.close()
+        client_row = db_backends.rows(w.inner_db, "SELECT client_id FROM oauth_clients")
         vault.put("gh", principal, {**second.tokens, "access_token": "not-a-valid-token",
                                     "expires_at": time.time() + 3600})
         w.edited("alice")
@@ -214,7 +210,7 @@ async def test_expiry_refresh_401_retry_and_invalid_grant(tmp_path: Path) -> Non
         assert retried.status_code == 200 and "result" in retried.json(), retried.text
         third = vault.get("gh", principal)
         assert third is not None and third.tokens["access_token"] != "not-a-valid-token"
-        assert client_row is not None
+        assert client_row
         # the refresh token is refused (invalid_grant): needs_reconnect
         vault.put("gh", principal, {**third.tokens, "refresh_token": "revoked-or-unknown",
                                     "access_token": "also-invalid",
@@ -261,9 +257,8 @@ async def test_disconnect_revokes_at_the_upstream(tmp_path: Path) -> None:
         assert gone.status_code == 204
         listed = await alice.get(f"{w.outer}/api/v1/me/connections")
         assert listed.json()["items"][0]["status"] == "not_connected"
-        conn = sqlite3.connect(w.inner_db)
-        revoked = conn.execute("SELECT count(*) FROM oauth_refresh WHERE revoked_at IS NOT NULL"
-                               ).fetchone()[0]
+        ((revoked,),) = db_backends.rows(
+            w.inner_db, "SELECT count(*) FROM oauth_refresh WHERE revoked_at IS NOT NULL")
         assert revoked >= 1  # the upstream revoked the family (RFC 7009)
         assert (await w.call("alice")).json()["error"]["message"].startswith(
             "Connect your gh account first")
@@ -271,26 +266,26 @@ async def test_disconnect_revokes_at_the_upstream(tmp_path: Path) -> None:
 
 
 def test_vault_binds_rows_to_their_person_and_rotates_keys(tmp_path: Path) -> None:
-    db = str(tmp_path / "v.db")
+    db = db_backends.open_database()
     old = Vault(db, {"k1": b"\x01" * 32})
     old.put("gh", "p|alice", {"access_token": "A", "refresh_token": "R", "expires_at": None})
     # a row copied to another person does not decrypt
-    conn = sqlite3.connect(db)
-    conn.execute("INSERT INTO upstream_tokens SELECT upstream, 'p|mallory', kid, sealed, status, "
-                 "expires_at, updated_at FROM upstream_tokens WHERE principal = 'p|alice'")
-    conn.commit()
+    with db.transaction() as conn:
+        conn.execute(db.sql(
+            "INSERT INTO upstream_tokens (upstream, principal, kid, sealed, status, expires_at, "
+            "updated_at) SELECT upstream, 'p|mallory', kid, sealed, status, expires_at, "
+            "updated_at FROM upstream_tokens WHERE principal = 'p|alice'"))
     stolen = old.get("gh", "p|mallory")
     assert stolen is not None and stolen.status == "needs_reconnect" and stolen.tokens == {}
     # rotation: a new sealing key, the old one still unseals, and the row is resealed on use
     rotated = Vault(db, {"k2": b"\x02" * 32, "k1": b"\x01" * 32})
     got = rotated.get("gh", "p|alice")
     assert got is not None and got.tokens["access_token"] == "A"
-    assert conn.execute("SELECT kid FROM upstream_tokens WHERE principal = 'p|alice'"
-                        ).fetchone() == ("k2",)
+    assert db_backends.rows(db, "SELECT kid FROM upstream_tokens WHERE principal = 'p|alice'"
+                            ) == [("k2",)]
     only_new = Vault(db, {"k2": b"\x02" * 32})
     again = only_new.get("gh", "p|alice")
     assert again is not None and again.tokens["refresh_token"] == "R"
-    conn.close()
 
 
 async def test_concurrent_calls_of_one_person_refresh_once(tmp_path: Path) -> None:
@@ -306,11 +301,8 @@ async def test_concurrent_calls_of_one_person_refresh_once(tmp_path: Path) -> No
         w.edited("alice")
 
         def refresh_rows() -> int:
-            conn = sqlite3.connect(w.inner_db)
-            try:
-                return int(conn.execute("SELECT count(*) FROM oauth_refresh").fetchone()[0])
-            finally:
-                conn.close()
+            ((count,),) = db_backends.rows(w.inner_db, "SELECT count(*) FROM oauth_refresh")
+            return int(count)
 
         before = refresh_rows()
         results = await asyncio.gather(*(w.call("alice", request_id=i) for i in range(6)))
@@ -325,7 +317,6 @@ async def test_explicit_client_configuration(tmp_path: Path) -> None:
         assert (await w.call("alice")).json()["result"]["content"][0]["text"] == "alice"
         page = await alice.get(f"{w.outer}/connections")
         assert page.status_code == 200 and "gh" in page.text and "connected" in page.text
-        conn = sqlite3.connect(w.inner_db)
-        assert conn.execute("SELECT count(*) FROM oauth_clients").fetchone() == (1,)
-        conn.close()  # no dynamic registration happened beside the one done by hand
+        # no dynamic registration happened beside the one done by hand
+        assert db_backends.rows(w.inner_db, "SELECT count(*) FROM oauth_clients") == [(1,)]
         await alice.aclose()

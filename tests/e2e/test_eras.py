@@ -18,6 +18,7 @@ from mcp import Client
 from proxy.app import create_app
 from proxy.audit import query
 from proxy.config import from_dict
+from tests import db_backends
 from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app, stateless_json_app
 from tests.servers import serve
 
@@ -29,9 +30,9 @@ MODERN = "2026-07-28"
 async def stack(tmp_path: Path, make: Any, era: str, **extra: Any
                 ) -> AsyncIterator[tuple[str, UpstreamProbe, str]]:
     app, probe = make()
-    db = str(tmp_path / "a.db")
+    db = db_backends.url()
     async with serve(app, graceful_timeout=1) as upstream_url:
-        cfg = from_dict({"database": {"url": f"sqlite:///{db}"}, **extra,
+        cfg = from_dict({"database": {"url": db}, **extra,
                          "upstreams": [{"name": "up", "url": f"{upstream_url}/mcp",
                                         "era": era, "total_timeout_s": 5}]}, env={})
         async with serve(create_app(cfg), graceful_timeout=1) as url:

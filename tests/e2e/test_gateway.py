@@ -14,6 +14,7 @@ from mcp import types
 from mcp.shared.exceptions import MCPError
 
 from proxy.audit import query
+from tests import db_backends
 from tests.conftest import MCP_HEADERS
 from tests.e2e.conftest import open_stack
 from tests.e2e.sdk_client import connect
@@ -175,7 +176,7 @@ async def test_upstream_down_is_32000(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    app = create_app(stack_config(dead, str(tmp_path / "a.db")))
+    app = create_app(stack_config(dead, db_backends.url()))
     async with serve(app) as url:
         with pytest.raises(MCPError) as info:
             async with connect(f"{url}/mcp/up"):

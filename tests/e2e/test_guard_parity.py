@@ -15,6 +15,7 @@ import pytest
 from proxy.app import create_app
 from proxy.audit import query
 from proxy.config import from_dict
+from tests import db_backends
 from tests.e2e.test_eras import modern_request
 from tests.e2e.upstreams import stateless_json_app
 from tests.servers import serve
@@ -57,11 +58,11 @@ async def test_each_guard_decides_the_same_in_both_eras(tmp_path: Path, guard: s
                                                          era: str) -> None:
     kwargs, status, code = GUARDS[guard]
     app, probe = stateless_json_app()
-    db = str(tmp_path / "a.db")
+    db = db_backends.url()
     async with serve(app, graceful_timeout=1) as upstream_url:
         cfg = from_dict({
             "server": {"max_request_bytes": 4096},
-            "database": {"url": f"sqlite:///{db}"},
+            "database": {"url": db},
             "auth": {"mode": "jwt", "issuers": [{"issuer": "https://idp.test/",
                                                   "hs256_secret": SECRET,
                                                   "algorithms": ["HS256"]}]},

@@ -19,6 +19,7 @@ import orjson
 from proxy.app import create_app
 from proxy.audit import query
 from proxy.config import from_dict
+from tests import db_backends
 from tests.e2e.test_eras import modern_request
 from tests.e2e.upstreams import UpstreamProbe, stateless_json_app
 from tests.servers import serve
@@ -80,7 +81,7 @@ class Receiver:
 @asynccontextmanager
 async def gateway(tmp_path: Path, receiver_url: str, upstream_url: str) -> AsyncIterator[str]:
     cfg = from_dict({
-        "database": {"url": f"sqlite:///{tmp_path / 'g.db'}"},
+        "database": {"url": db_backends.url()},
         "metering": {"url": receiver_url, "secret": SECRET, "timeout_ms": 2000},
         "upstreams": [{"name": "up", "url": f"{upstream_url}/mcp"}]}, env={})
     async with serve(create_app(cfg), graceful_timeout=1) as url:
@@ -116,7 +117,7 @@ async def test_allowed_call_is_billed_once_with_the_contract_fields(tmp_path: Pa
         "usage", "up", "echo", "ok")
     assert event["bytes_in"] > 0 and event["bytes_out"] > 0 and event["error"] is None
     assert receiver.bad_signatures == 0 and len(probe.tool_calls("echo")) == 1
-    (record,) = [r for r in query(str(tmp_path / "g.db")) if r["tool"] == "echo"]
+    (record,) = [r for r in query(db_backends.url()) if r["tool"] == "echo"]
     assert record["call_id"] == event["call_id"]
 
 
@@ -142,7 +143,7 @@ async def test_denials_in_both_eras_never_reach_the_upstream(tmp_path: Path) -> 
                     assert result["structuredContent"]["code"] == "gateway.metering.denied"
                     assert result["structuredContent"]["retryable"] is False
     assert probe.calls == []
-    records = [r for r in query(str(tmp_path / "g.db")) if r["method"] == "tools/call"]
+    records = [r for r in query(db_backends.url()) if r["method"] == "tools/call"]
     assert sorted((r["era"], r["status"], r["denied_reason"]) for r in records) == [
         ("legacy", "denied", "insufficient_credits"), ("legacy", "denied", "plan_limit"),
         ("modern", "denied", "insufficient_credits"), ("modern", "denied", "plan_limit")]
@@ -161,10 +162,7 @@ async def test_usage_survives_an_outage_and_a_restart_exactly_once(tmp_path: Pat
         receiver.usage_up = True
         async with gateway(tmp_path, r_url, u_url):  # a new process on the same database
             await receiver.wait_settled(3)
-    ids = {r["call_id"] for r in query(str(tmp_path / "g.db")) if r["tool"] == "echo"}
+    ids = {r["call_id"] for r in query(db_backends.url()) if r["tool"] == "echo"}
     assert set(receiver.settled) == ids and len(ids) == 3
-    import sqlite3
-
-    conn = sqlite3.connect(tmp_path / "g.db")
-    assert conn.execute("SELECT count(*) FROM usage_outbox WHERE delivered_at IS NULL"
-                        ).fetchone() == (0,)
+    assert db_backends.rows(db_backends.url(), "SELECT count(*) FROM usage_outbox "
+                            "WHERE delivered_at IS NULL") == [(0,)]

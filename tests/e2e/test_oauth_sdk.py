@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import secrets
-import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,6 +32,7 @@ from pydantic import AnyUrl
 from proxy.accounts import Accounts
 from proxy.app import create_app
 from proxy.config import from_dict
+from tests import db_backends
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app
 from tests.servers import bound_socket, serve
@@ -61,19 +61,17 @@ class Gw:
         return self.endpoint(name)
 
     def clients(self) -> list[tuple[str, str, str]]:
-        conn = sqlite3.connect(self.db_path)
-        try:
-            return conn.execute("SELECT client_id, name, auth_method FROM oauth_clients").fetchall()
-        finally:
-            conn.close()
+        return [(str(a), str(b), str(c)) for a, b, c in db_backends.rows(
+            self.db_path, "SELECT client_id, name, auth_method FROM oauth_clients")]
 
 
 @asynccontextmanager
 async def oauth_gateway(tmp_path: Path, *, endpoints: tuple[str, ...] = ("up",),
                         auth: dict[str, Any] | None = None) -> AsyncIterator[Gw]:
     upstream_app, probe = stateful_sse_app()
-    db_path = str(tmp_path / "t.db")
-    Accounts(db_path).create_local(USER, PASSWORD)
+    database = db_backends.open_database()
+    Accounts(database).create_local(USER, PASSWORD)
+    db_path = database.url
     async with serve(upstream_app, graceful_timeout=1) as upstream_url:
         sock, url = bound_socket()
         try:
@@ -81,7 +79,7 @@ async def oauth_gateway(tmp_path: Path, *, endpoints: tuple[str, ...] = ("up",),
                 "server": {"listen": "127.0.0.1:8080", "public_url": url},
                 "auth": {"mode": "jwt", **(auth or {})},
                 "oauth_server": {"enabled": True},
-                "database": {"url": f"sqlite:///{db_path}"},
+                "database": {"url": db_path},
                 "upstreams": [{"name": n, "url": f"{upstream_url}/mcp"} for n in endpoints],
             }, env={})
             app = create_app(cfg, secret_key="test-secret")

@@ -24,6 +24,7 @@ from proxy.accounts import Accounts, MemoryBrowserSessions, User
 from proxy.auth.lockout import MemoryLockoutStore
 from proxy.config import LockoutConfig, OidcConfig
 from proxy.signin import COOKIE, Web
+from tests import db_backends
 from tests.e2e.oidc_provider import OidcProvider, running_provider
 from tests.servers import serve
 
@@ -109,7 +110,7 @@ async def oidc_stack(tmp_path: Path, provider: OidcProvider | None = None,
                             "scopes": ["openid", "profile", "email", "groups"], **oidc_cfg})
         http = await exits.enter_async_context(httpx.AsyncClient(trust_env=False))
         clock = Clock()
-        accounts = Accounts(str(tmp_path / "users.db"))
+        accounts = Accounts(db_backends.open_database())
         app = Quart("tollhouse-oidc-test")
         gateway = await exits.enter_async_context(serve(app, graceful_timeout=1))
         web = Web(accounts, MemoryBrowserSessions(clock=clock),
@@ -398,13 +399,13 @@ async def test_create_app_wires_oidc_sign_in(tmp_path: Path) -> None:
     provider = OidcProvider()
     async with running_provider(provider) as issuer:
         sock, url = bound_socket()
-        db = str(tmp_path / "g.db")
+        db = db_backends.url()
         cfg = from_dict({
             "server": {"public_url": url},
             "auth": {"mode": "jwt", "oidc": {"issuer": issuer, "client_id": provider.client_id,
                                               "client_secret": provider.client_secret,
                                               "admin_group": ADMINS}},
-            "database": {"url": f"sqlite:///{db}"},
+            "database": {"url": db},
             "upstreams": [{"name": "e", "url": "http://127.0.0.1:9/mcp"}]}, env={})
         provider.redirect_uris = {f"{url}/signin/oidc/callback"}
         async with serve(create_app(cfg), sock=sock, graceful_timeout=1), \
@@ -416,5 +417,5 @@ async def test_create_app_wires_oidc_sign_in(tmp_path: Path) -> None:
             assert done.status_code == 303 and done.headers["location"] == "/signin/done"
             page = await browser.get(f"{url}/signin/done")
             assert "You are signed in as ada." in page.text
-        [user] = Accounts(db).list()
+        [user] = Accounts(db_backends.open_database()).list()
         assert (user.issuer, user.subject) == (provider.base, "user-123")

@@ -1,8 +1,8 @@
-"""The SQLite audit log: written off the request path, nothing accepted lost on close."""
+"""The audit log (SQLite or PostgreSQL, the run's backend): written off the request path,
+nothing accepted lost on close."""
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from pathlib import Path
 
@@ -10,6 +10,7 @@ import orjson
 
 from proxy.audit import AuditRecord, SqliteAuditSink, query
 from proxy.cli import main, parse_since
+from tests import db_backends
 
 
 def record(i: int, **kw: object) -> AuditRecord:
@@ -19,18 +20,18 @@ def record(i: int, **kw: object) -> AuditRecord:
 
 
 async def test_every_accepted_record_is_written_by_close(tmp_path: Path) -> None:
-    db = str(tmp_path / "a.db")
+    db = db_backends.url()
     sink = SqliteAuditSink(db, batch_size=7)
     for i in range(1000):
         sink.emit(record(i))
     await sink.close()
-    conn = sqlite3.connect(db)
-    assert conn.execute("SELECT count(*) FROM audit").fetchone() == (1000,)
-    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert db_backends.rows(db, "SELECT count(*) FROM audit") == [(1000,)]
+    if not db_backends.on_postgresql():
+        assert db_backends.rows(db, "PRAGMA journal_mode") == [("wal",)]
 
 
 async def test_filters_newest_first(tmp_path: Path) -> None:
-    db = str(tmp_path / "a.db")
+    db = db_backends.url()
     sink = SqliteAuditSink(db)
     sink.emit(record(1, status="ok"))
     sink.emit(record(2, status="denied", denied_reason="auth: expired", endpoint="f"))
@@ -44,27 +45,34 @@ async def test_filters_newest_first(tmp_path: Path) -> None:
 
 
 async def test_unwritable_database_falls_back_to_a_file(tmp_path: Path) -> None:
-    db = str(tmp_path / "a.db")
-    sink = SqliteAuditSink(db, retry_backoff_s=0.001)
+    db = db_backends.url()
+    if db_backends.on_postgresql():
+        fallback = tmp_path / "audit-fallback.jsonl"
+        sink = SqliteAuditSink(db, retry_backoff_s=0.001, fallback_path=str(fallback))
+    else:  # beside the database file unless told otherwise
+        fallback = Path(db.removeprefix("sqlite:///") + ".audit-fallback.jsonl")
+        sink = SqliteAuditSink(db, retry_backoff_s=0.001)
+    assert sink._conn is not None
     sink._conn.execute("DROP TABLE audit")  # every insert now fails
+    sink._conn.commit()
     sink.emit(record(1))
     await sink.close()
-    lines = Path(db + ".audit-fallback.jsonl").read_bytes().splitlines()
+    lines = fallback.read_bytes().splitlines()
     assert [orjson.loads(line)["request_id"] for line in lines] == ["1"]
 
 
 async def test_cli_audit(tmp_path: Path, capsys) -> None:
-    db = tmp_path / "a.db"
+    db = db_backends.url()
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[database]\nurl = "sqlite:///{db}"\n')
-    sink = SqliteAuditSink(str(db))
+    cfg.write_text(f'[database]\nurl = "{db}"\n')
+    sink = SqliteAuditSink(db)
     sink.emit(record(1, ts=time.time(), status="denied", denied_reason="auth: expired"))
     sink.emit(record(2, ts=time.time()))
     await sink.close()
     assert main(["audit", "--config", str(cfg), "--json", "--status", "denied"]) == 0
     rows = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["request_id"], r["denied_reason"]) for r in rows] == [("1", "auth: expired")]
-    assert main(["audit", "--db", str(db), "--since", "1h"]) == 0
+    assert main(["audit", "--db", db, "--since", "1h"]) == 0
     table = capsys.readouterr().out
     assert "denied" in table and "auth: expired" in table and "tools/call echo" in table
     assert main(["audit", "--config", str(cfg), "--since", "yesterday"]) == 2
@@ -78,17 +86,17 @@ def test_parse_since() -> None:
 
 
 async def test_cli_usage_totals(tmp_path: Path, capsys) -> None:
-    db = tmp_path / "a.db"
-    sink = SqliteAuditSink(str(db))
+    db = db_backends.url()
+    sink = SqliteAuditSink(db)
     now = time.time()
     for i, status in enumerate(["ok", "ok", "denied", "error"]):
         sink.emit(record(i, ts=now, status=status, bytes_in=10, bytes_out=100))
     sink.emit(record(9, ts=now, endpoint="f", bytes_in=1, bytes_out=1))
     sink.emit(record(10, ts=now - 7 * 86400))  # outside the period
     await sink.close()
-    assert main(["usage", "--db", str(db), "--since", "1d", "--json"]) == 0
+    assert main(["usage", "--db", db, "--since", "1d", "--json"]) == 0
     rows = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["endpoint"], r["calls"], r["ok"], r["denied"], r["error"], r["bytes_out"])
             for r in rows] == [("e", 4, 2, 1, 1, 400), ("f", 1, 1, 0, 0, 1)]
-    assert main(["usage", "--db", str(db)]) == 0
+    assert main(["usage", "--db", db]) == 0
     assert "alice" in capsys.readouterr().out

@@ -1,6 +1,6 @@
-"""Every persisted store on each database backend (SQLite; PostgreSQL with
-TOLLHOUSE_TEST_DATABASE=postgresql or all): migrations, audit and usage, the outbox, API keys,
-accounts, the authorization server's tables and the token vault."""
+"""Every persisted store on the run's database backend (SQLite, or PostgreSQL with
+TOLLHOUSE_TEST_DATABASE=postgresql; `make test` runs both): migrations, audit and usage, the
+outbox, API keys, accounts, the authorization server's tables and the token vault."""
 
 from __future__ import annotations
 
@@ -26,12 +26,7 @@ from proxy.db import Database
 from proxy.metering import OutboxWorker
 from proxy.oauth.keys import KeyRing
 from proxy.oauth.server import AuthorizationServer, OAuthError, s256
-from tests import db_backends
 from tests.conftest import make_config
-
-# the fixtures, each test once per backend
-database_url = db_backends.database_url
-database = db_backends.database
 
 TABLES = {"audit", "usage_outbox", "api_keys", "api_keys_version", "users", "oauth_keys",
           "oauth_clients", "oauth_refresh", "upstream_tokens", "servers", "schema_migrations"}
@@ -494,16 +489,6 @@ def test_vault_put_get_and_key_rotation(database: Database) -> None:
     assert only_new.statuses("p|alice") == {"gl": "needs_reconnect"}
 
 
-def _registry_on_database() -> bool:
-    """The management API's server registry is built at every start; until it goes through
-    `Database` it cannot open a PostgreSQL database."""
-    import inspect
-
-    from proxy.api import registry
-
-    return "db.connect(" not in inspect.getsource(registry)
-
-
 # -- the gateway on each backend -----------------------------------------------------------------
 
 async def test_the_gateway_keys_and_audit_on_each_backend(database_url: str) -> None:
@@ -519,8 +504,6 @@ async def test_the_gateway_keys_and_audit_on_each_backend(database_url: str) -> 
     from tests.conftest import MCP_HEADERS
     from tests.servers import serve
 
-    if database_url.startswith("postgresql") and not _registry_on_database():
-        pytest.skip("proxy/api/registry.py still opens SQLite with db.connect(path, schema)")
     async with serve(demo_app()) as upstream_url:
         cfg = from_dict({"auth": {"mode": "jwt"},
                          "upstreams": [{"name": "e", "url": f"{upstream_url}/mcp"}]}, env={})

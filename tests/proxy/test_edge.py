@@ -154,12 +154,8 @@ async def test_gateway_issues_its_own_session_and_maps_it() -> None:
 
 async def test_a_session_from_another_endpoint_is_not_found() -> None:
     _, transport = upstream()
-    cfg = make_config()
-    raw_two = {"upstreams": [{"name": "e", "url": "http://upstream.test/mcp"},
-                             {"name": "f", "url": "http://upstream.test/mcp"}]}
-    from proxy.config import from_dict
-
-    cfg = from_dict(raw_two, env={})
+    cfg = make_config(upstreams=[{"name": "e", "url": "http://upstream.test/mcp"},
+                                 {"name": "f", "url": "http://upstream.test/mcp"}])
     async with running_gateway(cfg, transport) as gw:
         sid = (await gw.post(INIT, name="e")).headers["mcp-session-id"]
         foreign = await gw.post(CALL, name="f", headers={"Mcp-Session-Id": sid})

@@ -23,6 +23,7 @@ from proxy.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from proxy.demo import demo_app
+from tests import db_backends
 from tests.conftest import MCP_HEADERS
 from tests.servers import serve
 
@@ -129,12 +130,12 @@ class Env:
 @asynccontextmanager
 async def environment(tmp_path: Path, **access: Any) -> AsyncIterator[Env]:
     jwks, upstream, clock = Jwks(), Recorder(), Clock()
-    db = str(tmp_path / "t.db")
+    db = db_backends.url()
     async with serve(jwks) as jwks_url, serve(upstream) as upstream_url:
         # calls go without initialize: the demo upstream serves sessionless requests
         upstream_mcp = f"{upstream_url}/mcp"
         cfg = from_dict({
-            "database": {"url": f"sqlite:///{db}"},
+            "database": {"url": db},
             "auth": {"mode": "jwt", "lockout": {"max_failures": 3, "window_s": 60,
                                                 "lockout_s": 120},
                      "authorization_servers": ["https://idp.test/"],

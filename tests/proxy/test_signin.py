@@ -11,6 +11,7 @@ import pytest
 from proxy.accounts import Accounts, check_password, hash_password
 from proxy.app import create_app
 from proxy.config import from_dict
+from tests import db_backends
 from tests.servers import serve
 
 ORIGIN = "http://127.0.0.1:8080"
@@ -18,10 +19,10 @@ ORIGIN = "http://127.0.0.1:8080"
 
 @pytest.fixture
 def cfg(tmp_path: Path):
-    db = str(tmp_path / "s.db")
-    Accounts(db).create_local("alice", "correct-horse", admin=True)
+    db = db_backends.url()
+    Accounts(db_backends.open_database()).create_local("alice", "correct-horse", admin=True)
     return from_dict({"auth": {"mode": "jwt", "lockout": {"max_failures": 3}},
-                      "oauth_server": {"enabled": True}, "database": {"url": f"sqlite:///{db}"},
+                      "oauth_server": {"enabled": True}, "database": {"url": db},
                       "upstreams": [{"name": "e", "url": "http://127.0.0.1:9/mcp"}]}, env={})
 
 
