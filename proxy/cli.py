@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
 
     usage = sub.add_parser("usage", help="calls per principal, endpoint and tool over a period")
     _config_arg(usage)
-    usage.add_argument("--db", help="the database to read (a URL, or a SQLite file), instead of the config's")
+    usage.add_argument("--db", help="the database to read (a URL, or a SQLite file), "
+                                    "instead of the config's")
     usage.add_argument("--since", default="24h",
                        help="a duration such as 30m, 24h, 7d, or an ISO time (default 24h)")
     usage.add_argument("--json", action="store_true", help="one JSON object per line")
