@@ -145,10 +145,17 @@ class SqliteAuditSink:
 DatabaseAuditSink = SqliteAuditSink
 
 
+def _text(value: str | None) -> str | None:
+    """A client-given string as stored: a NUL (which PostgreSQL's text refuses, and which
+    would fail the whole batch) is written as the six characters `\\u0000`, on both backends."""
+    return value.replace("\x00", "\\u0000") if value and "\x00" in value else value
+
+
 def _row(r: AuditRecord) -> tuple[Any, ...]:
-    return (r.ts, r.request_id, r.principal, r.endpoint, r.method, r.tool, r.status,
-            r.denied_reason, r.error_message, round(r.duration_ms, 3), r.bytes_in, r.bytes_out,
-            r.era, r.session_hash, r.client_name, r.call_id, r.note,
+    return (r.ts, _text(r.request_id), _text(r.principal), r.endpoint, _text(r.method),
+            _text(r.tool), r.status, _text(r.denied_reason), _text(r.error_message),
+            round(r.duration_ms, 3), r.bytes_in, r.bytes_out, r.era, r.session_hash,
+            _text(r.client_name), r.call_id, _text(r.note),
             orjson.dumps(r.egress).decode() if r.egress else None)
 
 

@@ -15,8 +15,10 @@ from tests import db_backends
 
 def record(i: int, **kw: object) -> AuditRecord:
     kw.setdefault("ts", 1_000_000.0 + i)
-    return AuditRecord(endpoint=kw.pop("endpoint", "e"), method="tools/call", request_id=str(i),
-                       principal="alice", tool="echo", **kw)  # type: ignore[arg-type]
+    for name, value in (("endpoint", "e"), ("method", "tools/call"), ("request_id", str(i)),
+                        ("principal", "alice"), ("tool", "echo")):
+        kw.setdefault(name, value)
+    return AuditRecord(**kw)  # type: ignore[arg-type]
 
 
 async def test_every_accepted_record_is_written_by_close(tmp_path: Path) -> None:
@@ -28,6 +30,19 @@ async def test_every_accepted_record_is_written_by_close(tmp_path: Path) -> None
     assert db_backends.rows(db, "SELECT count(*) FROM audit") == [(1000,)]
     if not db_backends.on_postgresql():
         assert db_backends.rows(db, "PRAGMA journal_mode") == [("wal",)]
+
+
+async def test_a_nul_from_a_client_is_stored_escaped_and_loses_no_record() -> None:
+    db = db_backends.url()
+    sink = SqliteAuditSink(db)
+    sink.emit(record(1, status="ok"))
+    sink.emit(record(2, tool="a\x00b", client_name="c\x00", note="n\x00",
+                     request_id="\x00", principal="p\x00"))
+    await sink.close()
+    assert sink.written == 2  # one batch, nothing in the fallback file
+    newest = query(db)[0]
+    assert (newest["tool"], newest["client_name"], newest["principal"]) == (
+        "a\\u0000b", "c\\u0000", "p\\u0000")
 
 
 async def test_filters_newest_first(tmp_path: Path) -> None:
