@@ -117,18 +117,22 @@ def _per_test_databases() -> Iterator[None]:
     """Installed by tests/conftest.py for every test; makes nothing until url() is called."""
     global _current
     _current = TestDatabases()
-    stray = Path("tollhouse.db")  # the default database.url, relative to the working directory
-    was_there = stray.exists()
+    # the default database.url, and the audit fallback file of a database that is not a
+    # SQLite file, both relative to the working directory
+    strays = [Path("tollhouse.db"), Path("tollhouse.audit-fallback.jsonl")]
+    there = [p.exists() for p in strays]
     try:
         yield
     finally:
         mine, _current = _current, None
         mine.close()
-    if not was_there and stray.exists():
-        for leftover in Path().glob("tollhouse.db*"):
+    made = [p for p, was in zip(strays, there, strict=True) if not was and p.exists()]
+    if made:
+        for leftover in made:
             leftover.unlink()
-        pytest.fail("the test opened the default database ./tollhouse.db: give its config "
-                    "db_backends.url() (make_config does)")
+        pytest.fail(f"the test wrote {', '.join(map(str, made))} in the working directory: "
+                    "give its config db_backends.url() (make_config does) and its audit sink "
+                    "a fallback_path")
 
 
 @pytest.fixture
