@@ -4,6 +4,15 @@ A user is one principal whichever way they arrive: a browser cookie, a token Tol
 or an external JWT with the same (issuer, subject). Local accounts have issuer `tollhouse:local`
 and subject `local:<name>`; federated ones keep their identity provider's issuer and `sub`.
 Passwords are hashed with scrypt (memory-hard, in the standard library) and never logged.
+
+Roles: every user holds the built-in role `user`, administrators `admin` too (`is_admin`).
+Custom roles (the `roles` table, made through the management API) are held through
+`user_roles` and act as groups: `User.groups` is the identity provider's groups (the `groups`
+column, which each federated sign-in overwrites) together with the user's custom roles (which it
+never touches). Access rules (`allow_groups`) and tool profiles (`group_tools`) see both. A
+browser session reads the user afresh on every request; an access token this gateway issues
+carries the groups of its issue, so a role change reaches a token-holding client with its next
+access token (a refresh reads the user again).
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,6 +33,10 @@ from proxy.auth.principal import Principal
 LOCAL_ISSUER = "tollhouse:local"
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32, "maxmem": 64 * 1024 * 1024}
 
+BUILTIN_ROLES = {"admin": "manages the gateway through /api/v1",
+                 "user": "uses the endpoints their access rules allow"}
+
+
 @dataclass(frozen=True, slots=True)
 class User:
     id: str
@@ -31,7 +44,12 @@ class User:
     issuer: str
     subject: str
     is_admin: bool
-    groups: frozenset[str]
+    groups: frozenset[str]  # the identity provider's groups and the custom roles
+    roles: frozenset[str] = frozenset()  # the custom roles alone
+
+    @property
+    def local(self) -> bool:
+        return self.issuer == LOCAL_ISSUER
 
     def principal(self) -> Principal:
         return Principal(subject=self.subject, issuer=self.issuer, display_name=self.name,
@@ -64,20 +82,53 @@ _DUMMY = hash_password(secrets.token_hex(8))
 _COLUMNS = "id, name, issuer, subject, is_admin, groups"
 
 
-def _user(row: tuple[object, ...]) -> User:
+def _user(row: tuple[object, ...], roles: frozenset[str] = frozenset()) -> User:
     groups = str(row[5] or "")
     return User(str(row[0]), str(row[1]), str(row[2]), str(row[3]), bool(row[4]),
-                frozenset(g for g in groups.split("\n") if g))
+                frozenset(g for g in groups.split("\n") if g) | roles, roles)
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    name: str
+    description: str
+    builtin: bool
 
 
 class UserExists(Exception):
     pass
 
 
+class NotLocal(Exception):
+    """A password for a user whose identity provider is not this gateway."""
+
+
+class UnknownRoles(Exception):
+    """Roles named for a user that are not custom roles (in the order given)."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(", ".join(names))
+        self.names = names
+
+
+class RoleExists(Exception):
+    pass
+
+
+class RoleInUse(Exception):
+    def __init__(self, name: str, holders: int) -> None:
+        super().__init__(name)
+        self.holders = holders
+
+
+class BuiltinRole(Exception):
+    pass
+
+
 class Accounts:
-    """The users table. Every call is blocking database work: the gateway runs them in a
-    thread (`asyncio.to_thread`); the CLI calls them directly. `target` is the app's Database,
-    a database URL, or a SQLite path."""
+    """The users and roles tables. Every call is blocking database work: the gateway runs them
+    in a thread (`asyncio.to_thread`); the CLI calls them directly. `target` is the app's
+    Database, a database URL, or a SQLite path."""
 
     def __init__(self, target: db.Target) -> None:
         self._db = db.resolve(target)
@@ -89,9 +140,15 @@ class Accounts:
         if self._owns_db:
             self._db.close()
 
-    def create_local(self, name: str, password: str, admin: bool = False) -> User:
+    # -- users ---------------------------------------------------------------------------------
+
+    def create_local(self, name: str, password: str, admin: bool = False,
+                     roles: Iterable[str] = ()) -> User:
+        """A local account; UserExists if the name is taken, UnknownRoles if a role is not a
+        custom role."""
+        held = _unique(roles)
         user = User(secrets.token_hex(8), name, LOCAL_ISSUER, f"local:{name}", admin,
-                    frozenset())
+                    frozenset(held), frozenset(held))
         hashed = hash_password(password)
         try:
             with self._db.transaction() as conn:
@@ -100,6 +157,7 @@ class Accounts:
                                           "VALUES (?, ?, ?, ?, ?, ?, ?)"),
                              (user.id, name, user.issuer, user.subject, hashed, int(admin),
                               time.time()))
+                self._set_roles(conn, user.id, held)
         except self._db.integrity_errors:
             raise UserExists(name) from None
         return user
@@ -109,14 +167,16 @@ class Accounts:
             row = conn.execute(self._db.sql(f"SELECT {_COLUMNS}, password_hash FROM users "
                                             "WHERE name = ? AND issuer = ?"),
                                (name, LOCAL_ISSUER)).fetchone()
+            roles = self._roles_of(conn, str(row[0])) if row is not None else frozenset()
         if row is None or not row[6]:
             check_password(password, _DUMMY)
             return None
-        return _user(row) if check_password(password, str(row[6])) else None
+        return _user(row, roles) if check_password(password, str(row[6])) else None
 
     def upsert_federated(self, issuer: str, subject: str, name: str, groups: frozenset[str],
                          admin: bool) -> User:
-        """A federated user, created on first sign-in; groups and admin follow the provider."""
+        """A federated user, created on first sign-in; groups and admin follow the provider.
+        Custom roles given through the API are kept."""
         sql = self._db.sql
         joined = "\n".join(sorted(groups))
         with self._db.transaction() as conn:
@@ -133,43 +193,166 @@ class Accounts:
                 return User(uid, display, issuer, subject, admin, groups)
             conn.execute(sql("UPDATE users SET is_admin = ?, groups = ? WHERE id = ?"),
                          (int(admin), joined, row[0]))
-            return User(str(row[0]), str(row[1]), issuer, subject, admin, groups)
+            roles = self._roles_of(conn, str(row[0]))
+            return User(str(row[0]), str(row[1]), issuer, subject, admin, groups | roles, roles)
 
     def get(self, user_id: str) -> User | None:
-        with self._db.transaction() as conn:
-            row = conn.execute(self._db.sql(f"SELECT {_COLUMNS} FROM users WHERE id = ?"),
-                               (user_id,)).fetchone()
-        return _user(row) if row else None
+        return self._one("id", user_id)
 
     def by_name(self, name: str) -> User | None:
-        with self._db.transaction() as conn:
-            row = conn.execute(self._db.sql(f"SELECT {_COLUMNS} FROM users WHERE name = ?"),
-                               (name,)).fetchone()
-        return _user(row) if row else None
+        return self._one("name", name)
 
-    def update(self, name: str, *, admin: bool | None = None, password: str | None = None
-               ) -> User | None:
-        """Change a user's role or (local accounts) password; None if there is no such user."""
+    def _one(self, column: str, value: str) -> User | None:
         with self._db.transaction() as conn:
+            row = conn.execute(self._db.sql(f"SELECT {_COLUMNS} FROM users WHERE {column} = ?"),
+                               (value,)).fetchone()
+            if row is None:
+                return None
+            return _user(row, self._roles_of(conn, str(row[0])))
+
+    def update(self, name: str, *, admin: bool | None = None, password: str | None = None,
+               roles: Iterable[str] | None = None) -> User | None:
+        """Change what is given of a user's admin flag, password and custom roles (all of
+        them replaced), in one transaction; None if there is no such user. NotLocal for a
+        password of a federated user, UnknownRoles for a role that is not a custom role."""
+        sql = self._db.sql
+        with self._db.transaction() as conn:
+            row = conn.execute(sql("SELECT id, issuer FROM users WHERE name = ?"),
+                               (name,)).fetchone()
+            if row is None:
+                return None
+            user_id, issuer = str(row[0]), str(row[1])
+            if password is not None and issuer != LOCAL_ISSUER:
+                raise NotLocal(name)
             if admin is not None:
-                conn.execute(self._db.sql("UPDATE users SET is_admin = ? WHERE name = ?"),
-                             (int(admin), name))
+                conn.execute(sql("UPDATE users SET is_admin = ? WHERE id = ?"),
+                             (int(admin), user_id))
             if password is not None:
-                conn.execute(self._db.sql("UPDATE users SET password_hash = ? WHERE name = ? "
-                                          "AND issuer = ?"),
-                             (hash_password(password), name, LOCAL_ISSUER))
+                conn.execute(sql("UPDATE users SET password_hash = ? WHERE id = ?"),
+                             (hash_password(password), user_id))
+            if roles is not None:
+                self._set_roles(conn, user_id, _unique(roles))
         return self.by_name(name)
 
     def delete(self, name: str) -> bool:
+        sql = self._db.sql
         with self._db.transaction() as conn:
-            cur = conn.execute(self._db.sql("DELETE FROM users WHERE name = ?"), (name,))
+            conn.execute(sql("DELETE FROM user_roles WHERE user_id IN (SELECT id FROM users "
+                             "WHERE name = ?)"), (name,))
+            cur = conn.execute(sql("DELETE FROM users WHERE name = ?"), (name,))
         return bool(cur.rowcount)
 
     def list(self) -> list[User]:
         with self._db.transaction() as conn:
             rows = conn.execute(self._db.sql(f"SELECT {_COLUMNS} FROM users ORDER BY name"),
                                 ()).fetchall()
-        return [_user(r) for r in rows]
+            held: dict[str, set[str]] = {}
+            for user_id, role in conn.execute(self._db.sql("SELECT user_id, role FROM "
+                                                           "user_roles"), ()).fetchall():
+                held.setdefault(str(user_id), set()).add(str(role))
+        return [_user(r, frozenset(held.get(str(r[0]), ()))) for r in rows]
+
+    def _roles_of(self, conn: db.Connection, user_id: str) -> frozenset[str]:
+        rows = conn.execute(self._db.sql("SELECT role FROM user_roles WHERE user_id = ?"),
+                            (user_id,)).fetchall()
+        return frozenset(str(r[0]) for r in rows)
+
+    def _set_roles(self, conn: db.Connection, user_id: str, roles: tuple[str, ...]
+                   ) -> None:
+        """Replace the user's custom roles (inside the caller's transaction, which the
+        UnknownRoles raised here rolls back). Each row is written only if its role exists, in
+        one statement; on PostgreSQL the foreign key also stops a role deleted meanwhile."""
+        sql = self._db.sql
+        conn.execute(sql("DELETE FROM user_roles WHERE user_id = ?"), (user_id,))
+        unknown = {r for r in roles if r in BUILTIN_ROLES}
+        for role in roles:
+            if role in BUILTIN_ROLES:
+                continue
+            try:
+                cur = conn.execute(sql("INSERT INTO user_roles (user_id, role) SELECT ?, name "
+                                       "FROM roles WHERE name = ?"), (user_id, role))
+            except self._db.integrity_errors:
+                raise UnknownRoles([role]) from None
+            if cur.rowcount != 1:
+                unknown.add(role)
+        if unknown:
+            raise UnknownRoles([r for r in roles if r in unknown])
+
+    # -- roles ---------------------------------------------------------------------------------
+
+    def roles(self) -> tuple[Role, ...]:
+        """The built-in roles, then the custom ones by name."""
+        with self._db.transaction() as conn:
+            rows = conn.execute(self._db.sql("SELECT name, description FROM roles "
+                                             "ORDER BY name"), ()).fetchall()
+        return (*(Role(n, d, True) for n, d in BUILTIN_ROLES.items()),
+                *(Role(str(n), str(d), False) for n, d in rows))
+
+    def role(self, name: str) -> Role | None:
+        if name in BUILTIN_ROLES:
+            return Role(name, BUILTIN_ROLES[name], True)
+        with self._db.transaction() as conn:
+            row = conn.execute(self._db.sql("SELECT name, description FROM roles WHERE "
+                                            "name = ?"), (name,)).fetchone()
+        return Role(str(row[0]), str(row[1]), False) if row else None
+
+    def create_role(self, name: str, description: str = "") -> Role:
+        """A custom role; RoleExists if the name is taken (a built-in name, in any case,
+        counts as taken)."""
+        if name.lower() in BUILTIN_ROLES:
+            raise RoleExists(name)
+        now = time.time()
+        try:
+            with self._db.transaction() as conn:
+                conn.execute(self._db.sql("INSERT INTO roles (name, description, created_at, "
+                                          "updated_at) VALUES (?, ?, ?, ?)"),
+                             (name, description, now, now))
+        except self._db.integrity_errors:
+            raise RoleExists(name) from None
+        return Role(name, description, False)
+
+    def update_role(self, name: str, description: str) -> Role | None:
+        """Change a custom role's description; None if there is none by that name,
+        BuiltinRole for admin and user."""
+        if name in BUILTIN_ROLES:
+            raise BuiltinRole(name)
+        with self._db.transaction() as conn:
+            cur = conn.execute(self._db.sql("UPDATE roles SET description = ?, updated_at = ? "
+                                            "WHERE name = ?"), (description, time.time(), name))
+        return Role(name, description, False) if cur.rowcount == 1 else None
+
+    def delete_role(self, name: str) -> bool:
+        """Delete a custom role no user holds; False if there is none by that name,
+        RoleInUse (with the number of holders) if someone holds it, BuiltinRole for admin and
+        user. The check and the delete are one statement."""
+        if name in BUILTIN_ROLES:
+            raise BuiltinRole(name)
+        sql = self._db.sql
+        holders = ("SELECT count(*) FROM user_roles ur JOIN users u ON u.id = ur.user_id "
+                   "WHERE ur.role = ?")
+        try:
+            with self._db.transaction() as conn:
+                cur = conn.execute(sql("DELETE FROM roles WHERE name = ? AND NOT EXISTS ("
+                                       "SELECT 1 FROM user_roles ur JOIN users u ON "
+                                       "u.id = ur.user_id WHERE ur.role = ?)"), (name, name))
+                if cur.rowcount == 1:
+                    # SQLite: rows left by a user deleted while being given the role
+                    conn.execute(sql("DELETE FROM user_roles WHERE role = ?"), (name,))
+                    return True
+                row = conn.execute(sql("SELECT 1 FROM roles WHERE name = ?"), (name,)
+                                   ).fetchone()
+                if row is None:
+                    return False
+                count = int(conn.execute(sql(holders), (name,)).fetchone()[0])
+        except self._db.integrity_errors:  # PostgreSQL: given to someone meanwhile
+            with self._db.transaction() as conn:
+                count = int(conn.execute(sql(holders), (name,)).fetchone()[0])
+        raise RoleInUse(name, max(count, 1))
+
+
+def _unique(names: Iterable[str]) -> tuple[str, ...]:
+    """The names in their first order, each once."""
+    return tuple(dict.fromkeys(names))
 
 
 class BrowserSessions(Protocol):

@@ -198,6 +198,24 @@ MIGRATIONS: tuple[Migration, ...] = (
             updated_at {real} NOT NULL
         )"""),
     )),
+    # A custom role is a group its holders are in, beside the groups their identity provider
+    # gives (users.groups, which a federated sign-in overwrites): so it lives in a table of its
+    # own. The foreign keys hold on PostgreSQL; SQLite parses and ignores them, and
+    # proxy.accounts writes as if they did not exist (it deletes a user's roles with the user).
+    Migration(10, "custom roles and the users who hold them", (
+        Sql("""CREATE TABLE IF NOT EXISTS roles (
+            name TEXT PRIMARY KEY,
+            description TEXT NOT NULL DEFAULT '',
+            created_at {real} NOT NULL,
+            updated_at {real} NOT NULL
+        )"""),
+        Sql("""CREATE TABLE IF NOT EXISTS user_roles (
+            user_id TEXT NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+            role TEXT NOT NULL REFERENCES roles (name),
+            PRIMARY KEY (user_id, role)
+        )"""),
+        Sql("CREATE INDEX IF NOT EXISTS user_roles_role ON user_roles (role)"),
+    )),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -85,7 +85,7 @@ _COLUMNS = "id, name, secret_sha256, endpoints, role, created_at, expires_at, re
 _COUNTER = "SELECT version FROM api_keys_version WHERE id = ?"
 
 
-# -- the CLI side: create, list, revoke -------------------------------------------------------
+# -- the CLI and management API side: create, list, get, update, revoke ------------------------
 
 def create(target: db.Target, name: str, endpoints: list[str], role: str = "",
            expires_in_days: float | None = None) -> tuple[ApiKey, str]:
@@ -108,6 +108,53 @@ def list_keys(target: db.Target) -> list[ApiKey]:
         rows = conn.execute(database.sql(f"SELECT {_COLUMNS} FROM api_keys ORDER BY created_at"),
                             ()).fetchall()
     return [_row(r) for r in rows]
+
+
+def get(target: db.Target, key_id: str) -> ApiKey | None:
+    with db.using(target) as database, database.transaction() as conn:
+        row = conn.execute(database.sql(f"SELECT {_COLUMNS} FROM api_keys WHERE id = ?"),
+                           (key_id,)).fetchone()
+    return _row(row) if row else None
+
+
+class KeyNotFound(Exception):
+    pass
+
+
+class KeyRevoked(Exception):
+    """A revoked key is final: it cannot be changed (nor brought back)."""
+
+
+_KEEP: Any = object()  # update(): leave this field as it is
+
+
+def update(target: db.Target, key_id: str, *, name: str = _KEEP,
+           endpoints: list[str] = _KEEP, role: str = _KEEP,
+           expires_at: float | None = _KEEP) -> ApiKey:
+    """Change what is given of a key's name, endpoints, role and expiry (`expires_at`: a Unix
+    time, or None for never); the secret stays. KeyNotFound, or KeyRevoked for a revoked key
+    (also one revoked while this ran). Like every write to api_keys it moves the change counter
+    (and SQLite's data_version), so the gateway's KeyIndex sees it on its next lookup."""
+    with db.using(target) as database, database.transaction() as conn:
+        row = conn.execute(database.sql(f"SELECT {_COLUMNS} FROM api_keys WHERE id = ?"),
+                           (key_id,)).fetchone()
+        if row is None:
+            raise KeyNotFound(key_id)
+        key = _row(row)
+        if key.revoked_at is not None:
+            raise KeyRevoked(key_id)
+        changed = ApiKey(
+            key.id, key.name if name is _KEEP else name, key.secret_sha256,
+            key.endpoints if endpoints is _KEEP else frozenset(endpoints),
+            key.role if role is _KEEP else role, key.created_at,
+            key.expires_at if expires_at is _KEEP else expires_at, None)
+        cur = conn.execute(database.sql("UPDATE api_keys SET name = ?, endpoints = ?, role = ?, "
+                                        "expires_at = ? WHERE id = ? AND revoked_at IS NULL"),
+                           (changed.name, orjson.dumps(sorted(changed.endpoints)).decode(),
+                            changed.role, changed.expires_at, key_id))
+        if cur.rowcount != 1:
+            raise KeyRevoked(key_id)
+    return changed
 
 
 def revoke(target: db.Target, key_id: str) -> bool:
