@@ -3,11 +3,15 @@ built from these same models."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+USER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
+KEY_ID = r"^[a-z0-9]{10}$"
+# free text: no control characters but tab and newline
+TEXT = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
 Zone = Literal["loopback", "lan", "remote"]
 
 
@@ -73,16 +77,54 @@ class ServerOut(BaseModel):
     access: AccessIn
 
 
+class RoleIn(Strict):
+    """A custom role: a group its holders are in, for `allow_groups` and `group_tools`."""
+
+    name: str = Field(pattern=NAME)
+    description: str = Field("", max_length=500, pattern=TEXT)
+
+
+class RolePatch(Strict):
+    description: str | None = Field(None, max_length=500, pattern=TEXT)
+
+
 class Role(BaseModel):
     name: str
     description: str
+    source: Literal["builtin", "api"]
+
+
+RoleName = Annotated[str, Field(pattern=NAME)]
+Expiry = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class KeyIn(Strict):
-    name: str = Field(min_length=1, max_length=100)
+    name: str = Field(min_length=1, max_length=100, pattern=TEXT)
     endpoints: list[str] = Field(default_factory=list)
     role: Literal["", "admin"] = ""
-    expires_in_days: float | None = Field(None, gt=0)
+    expires_in_days: float | None = Field(None, gt=0, le=36500, allow_inf_nan=False)
+
+
+class KeyPut(Strict):
+    """Every editable field of a key. `endpoints` and `expires_at` are required (null: never
+    expires) so that leaving one out cannot widen the key; `id`, if sent, must be the path's."""
+
+    id: str | None = None
+    name: str = Field(min_length=1, max_length=100, pattern=TEXT)
+    endpoints: list[str]
+    role: Literal["", "admin"] = ""
+    expires_at: Expiry | None
+
+
+class KeyPatch(Strict):
+    """The fields sent are changed. Only `expires_at` may be null (no expiry); the others,
+    if sent, must have a value (their None default stands for "not sent")."""
+
+    id: str | None = None
+    name: str = Field(None, min_length=1, max_length=100, pattern=TEXT)  # type: ignore[assignment]
+    endpoints: list[str] = Field(None)  # type: ignore[arg-type]
+    role: Literal["", "admin"] = Field(None)  # type: ignore[arg-type]
+    expires_at: Expiry | None = None
 
 
 class KeyOut(BaseModel):
@@ -102,14 +144,26 @@ class KeyCreated(KeyOut):
 
 
 class UserIn(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+    name: str = Field(pattern=USER_NAME)
     password: str = Field(min_length=8, max_length=1024)
     admin: bool = False
+    roles: list[RoleName] = Field(default_factory=list, max_length=100)
+
+
+class UserPut(Strict):
+    """A user's every editable field: as UserIn, but the password may be left out (it stays);
+    a federated user has none here."""
+
+    name: str = Field(pattern=USER_NAME)
+    password: str | None = Field(None, min_length=8, max_length=1024)
+    admin: bool = False
+    roles: list[RoleName] = Field(default_factory=list, max_length=100)
 
 
 class UserPatch(Strict):
     admin: bool | None = None
     password: str | None = Field(None, min_length=8, max_length=1024)
+    roles: list[RoleName] | None = Field(None, max_length=100)
 
 
 class UserOut(BaseModel):
@@ -118,6 +172,7 @@ class UserOut(BaseModel):
     issuer: str
     subject: str
     admin: bool
+    roles: list[str]
 
 
 class Me(BaseModel):

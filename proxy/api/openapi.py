@@ -13,8 +13,12 @@ from proxy.api.models import (
     KeyCreated,
     KeyIn,
     KeyOut,
+    KeyPatch,
+    KeyPut,
     Me,
     Role,
+    RoleIn,
+    RolePatch,
     ServerIn,
     ServerOut,
     ServerPatch,
@@ -22,21 +26,23 @@ from proxy.api.models import (
     UserIn,
     UserOut,
     UserPatch,
+    UserPut,
 )
 
-MODELS: tuple[type[BaseModel], ...] = (ServerIn, ServerPatch, ServerOut, KeyIn, KeyOut,
-                                       KeyCreated, UserIn, UserOut, UserPatch, Me, UsageRow,
-                                       Role)
+MODELS: tuple[type[BaseModel], ...] = (ServerIn, ServerPatch, ServerOut, KeyIn, KeyPut,
+                                       KeyPatch, KeyOut, KeyCreated, UserIn, UserPut, UserOut,
+                                       UserPatch, Me, UsageRow, Role, RoleIn, RolePatch)
 ERRORS = {
     "400": "A precondition of the operation does not hold.",
     "401": "No credential, or an invalid or expired one.",
     "403": "Not an administrator, an endpoint-kind API key, or a cookie change without this "
            "gateway's Origin.",
     "404": "The named resource does not exist.",
-    "409": "The name is already in use.",
+    "409": "A name already in use, a built-in role, a role someone holds, or a revoked key.",
     "413": "The body is over max_request_bytes.",
     "422": "Request validation: every problem found.",
     "429": "An auth-failure lockout (Retry-After).",
+    "503": "The database is busy or unreachable (Retry-After).",
 }
 
 
@@ -90,8 +96,17 @@ def document() -> dict[str, Any]:
         "items": {"type": "array", "items": {"type": "object"}},
         "next_cursor": {"type": ["string", "null"]}}}
     paths = {
-        "/api/v1/roles": {"get": _op("The roles a user or key can hold", "200",
-                                     _list_of(Role))},
+        "/api/v1/roles": {
+            "get": _op("The roles: built in (admin, user) and custom", "200", _list_of(Role)),
+            "post": _op("Create a custom role (a group its holders are in)", "201", _ref(Role),
+                        RoleIn)},
+        "/api/v1/roles/{name}": {
+            "get": _op("One role", "200", _ref(Role), params=["name"]),
+            "put": _op("Replace a custom role's description", "200", _ref(Role), RoleIn,
+                       ["name"]),
+            "patch": _op("Change a custom role's description", "200", _ref(Role), RolePatch,
+                         ["name"]),
+            "delete": _op("Delete a custom role no user holds", "204", None, params=["name"])},
         "/api/v1/me": {"get": _op("Who is calling, and whether they are an administrator",
                                   "200", _ref(Me))},
         "/api/v1/servers": {
@@ -109,11 +124,17 @@ def document() -> dict[str, Any]:
         "/api/v1/keys/{key_id}": {
             "get": _op("One API key (never its secret)", "200", _ref(KeyOut),
                        params=["key_id"]),
+            "put": _op("Replace a key's name, endpoints, role and expiry (not its secret)",
+                       "200", _ref(KeyOut), KeyPut, ["key_id"]),
+            "patch": _op("Change some of a key's name, endpoints, role and expiry", "200",
+                         _ref(KeyOut), KeyPatch, ["key_id"]),
             "delete": _op("Revoke an API key", "204", None, params=["key_id"])},
         "/api/v1/users/{name}": {
             "get": _op("One user", "200", _ref(UserOut), params=["name"]),
-            "patch": _op("Change a user's role or password", "200", _ref(UserOut), UserPatch,
-                         ["name"]),
+            "put": _op("Replace a user's admin flag and roles (and password, if sent)", "200",
+                       _ref(UserOut), UserPut, ["name"]),
+            "patch": _op("Change a user's admin flag, roles or password", "200", _ref(UserOut),
+                         UserPatch, ["name"]),
             "delete": _op("Remove a user", "204", None, params=["name"])},
         "/api/v1/users": {
             "get": _op("List users", "200", _list_of(UserOut)),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,20 +18,37 @@ from pydantic import BaseModel, ValidationError
 from quart import Quart, Response, request
 
 from proxy import db
-from proxy.accounts import Accounts, UserExists
+from proxy.accounts import (
+    Accounts,
+    BuiltinRole,
+    NotLocal,
+    RoleExists,
+    RoleInUse,
+    UnknownRoles,
+    User,
+    UserExists,
+)
+from proxy.accounts import Role as StoredRole
 from proxy.api.audit_view import page as audit_page
 from proxy.api.errors import JSON, ApiError, Invalid
 from proxy.api.models import (
+    KEY_ID,
+    NAME,
     KeyCreated,
     KeyIn,
     KeyOut,
+    KeyPatch,
+    KeyPut,
     Me,
     Role,
+    RoleIn,
+    RolePatch,
     ServerIn,
     ServerPatch,
     UserIn,
     UserOut,
     UserPatch,
+    UserPut,
 )
 from proxy.api.openapi import document
 from proxy.api.registry import Registry
@@ -153,12 +171,6 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
 
         return wrap
 
-    @route("/roles", ["GET"])
-    async def roles(who: Caller) -> Response:
-        return _json({"items": [
-            Role(name="admin", description="manages the gateway through /api/v1"),
-            Role(name="user", description="uses the endpoints their access rules allow")]})
-
     @route("/me", ["GET"], admin=False)
     async def me(who: Caller) -> Response:
         return _json(Me(subject=who.subject, issuer=who.issuer, name=who.name, admin=who.admin,
@@ -182,8 +194,7 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
     async def put_server(who: Caller, name: str) -> Response:
         body = await _body(ServerIn)
         if body.name != name:
-            raise Invalid([{"loc": ["body", "name"], "msg": "the name differs from the path",
-                            "type": "value_error"}])
+            raise _mismatch("name", "name")
         return _json(await api().registry.replace(name, body))
 
     @route("/servers/<name>", ["PATCH"])
@@ -203,6 +214,33 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
         return Response(b"", 204)
 
     # -- API keys ---------------------------------------------------------------------------
+    # PUT and PATCH change a key's name, endpoints, role and expiry; the secret never changes
+    # and is shown only by POST. A revoked key is final: changing it is a 409. The gateway's
+    # key index sees a change on its next lookup (the next /mcp request).
+
+    def _key_id(key_id: str) -> str:
+        if not re.fullmatch(KEY_ID, key_id):  # ids are generated: no query for anything else
+            raise ApiError(404, f"API key '{key_id}' not found")
+        return key_id
+
+    def _endpoint_problems(endpoints: list[str]) -> list[dict[str, Any]]:
+        known = {s.name for s in api().registry.list()}
+        return [{"loc": ["body", "endpoints", i], "msg": f"no server named {name}",
+                 "type": "value_error"} for i, name in enumerate(endpoints) if name not in known]
+
+    def _id_problems(body_id: str | None, key_id: str) -> list[dict[str, Any]]:
+        return [] if body_id is None or body_id == key_id else _mismatch("id", "id").problems
+
+    async def _change_key(key_id: str, changes: dict[str, Any]) -> Response:
+        try:
+            changed = await asyncio.to_thread(
+                lambda: api_keys.update(api().db_path, _key_id(key_id), **changes))
+        except api_keys.KeyNotFound:
+            raise ApiError(404, f"API key '{key_id}' not found") from None
+        except api_keys.KeyRevoked:
+            raise ApiError(409, f"API key '{key_id}' is revoked; a revoked key cannot be "
+                                "changed") from None
+        return _json(KeyOut(**changed.public()))
 
     @route("/keys", ["GET"])
     async def keys(who: Caller) -> Response:
@@ -212,74 +250,205 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
     @route("/keys", ["POST"])
     async def create_key(who: Caller) -> Response:
         body = await _body(KeyIn)
-        unknown = [e for e in body.endpoints if e not in {s.name for s in api().registry.list()}]
-        if unknown:
-            raise Invalid([{"loc": ["body", "endpoints"], "msg": f"no server named {n}",
-                            "type": "value_error"} for n in unknown])
+        problems = _endpoint_problems(body.endpoints)
+        if problems:
+            raise Invalid(problems)
         key, secret = await asyncio.to_thread(api_keys.create, api().db_path, body.name,
                                               body.endpoints, body.role, body.expires_in_days)
         return _json(KeyCreated(**key.public(), key=secret), 201)
 
+    @route("/keys/<key_id>", ["GET"])
+    async def key(who: Caller, key_id: str) -> Response:
+        found = await asyncio.to_thread(api_keys.get, api().db_path, _key_id(key_id))
+        if found is None:
+            raise ApiError(404, f"API key '{key_id}' not found")
+        return _json(KeyOut(**found.public()))
+
+    @route("/keys/<key_id>", ["PUT"])
+    async def put_key(who: Caller, key_id: str) -> Response:
+        body = await _body(KeyPut)
+        problems = _id_problems(body.id, key_id) + _endpoint_problems(body.endpoints)
+        if problems:
+            raise Invalid(problems)
+        return await _change_key(key_id, {"name": body.name, "endpoints": body.endpoints,
+                                          "role": body.role, "expires_at": body.expires_at})
+
+    @route("/keys/<key_id>", ["PATCH"])
+    async def patch_key(who: Caller, key_id: str) -> Response:
+        body = await _body(KeyPatch)
+        sent = body.model_fields_set - {"id"}
+        problems = _id_problems(body.id, key_id)
+        if "endpoints" in sent:
+            problems += _endpoint_problems(body.endpoints)
+        if problems:
+            raise Invalid(problems)
+        return await _change_key(key_id, {field: getattr(body, field) for field in sent})
+
     @route("/keys/<key_id>", ["DELETE"])
     async def revoke_key(who: Caller, key_id: str) -> Response:
-        if not await asyncio.to_thread(api_keys.revoke, api().db_path, key_id):
+        if not await asyncio.to_thread(api_keys.revoke, api().db_path, _key_id(key_id)):
             raise ApiError(404, f"API key '{key_id}' not found or already revoked")
         return Response(b"", 204)
 
     # -- users ------------------------------------------------------------------------------
+    # `roles` are custom roles (see /roles), each of which must exist; the built-in ones are
+    # `admin` (the admin field) and `user` (everyone). PUT replaces admin and roles and keeps
+    # the password unless one is sent; a federated user has no password here (400).
+
+    def _user_name(name: str) -> str:
+        if "\x00" in name or len(name) > 1000:  # never a stored name: no query
+            raise ApiError(404, f"user '{name}' not found")
+        return name
+
+    async def _role_problems(roles: list[str]) -> list[dict[str, Any]]:
+        if not roles:
+            return []
+        known = {r.name for r in await asyncio.to_thread(api().users().roles)
+                 if not r.builtin}
+        return _unknown_roles(UnknownRoles([r for r in roles if r not in known]),
+                              roles).problems
+
+    async def _change_user(name: str, roles: list[str] | None, **changes: Any) -> Response:
+        try:
+            changed = await asyncio.to_thread(
+                lambda: api().users().update(_user_name(name), roles=roles, **changes))
+        except NotLocal:
+            raise ApiError(400, f"user '{name}' signs in through an identity provider and "
+                                "has no password here") from None
+        except UnknownRoles as exc:  # deleted since the request was checked
+            raise _unknown_roles(exc, roles or []) from None
+        if changed is None:
+            raise ApiError(404, f"user '{name}' not found")
+        return _json(_user_out(changed))
 
     @route("/users", ["GET"])
     async def users(who: Caller) -> Response:
         found = await asyncio.to_thread(api().users().list)
-        return _json({"items": [UserOut(id=u.id, name=u.name, issuer=u.issuer,
-                                        subject=u.subject, admin=u.is_admin) for u in found]})
+        return _json({"items": [_user_out(u) for u in found]})
 
     @route("/users", ["POST"])
     async def create_user(who: Caller) -> Response:
         body = await _body(UserIn)
+        problems = await _role_problems(body.roles)
+        if problems:
+            raise Invalid(problems)
         try:
             user = await asyncio.to_thread(api().users().create_local, body.name, body.password,
-                                           body.admin)
+                                           body.admin, body.roles)
         except UserExists:
             raise ApiError(409, f"user '{body.name}' already exists") from None
-        return _json(UserOut(id=user.id, name=user.name, issuer=user.issuer,
-                             subject=user.subject, admin=user.is_admin), 201)
-
-    def _user_out(u: Any) -> UserOut:
-        return UserOut(id=u.id, name=u.name, issuer=u.issuer, subject=u.subject,
-                       admin=u.is_admin)
+        except UnknownRoles as exc:
+            raise _unknown_roles(exc, body.roles) from None
+        return _json(_user_out(user), 201)
 
     @route("/users/<name>", ["GET"])
     async def user(who: Caller, name: str) -> Response:
-        found = await asyncio.to_thread(api().users().by_name, name)
+        found = await asyncio.to_thread(api().users().by_name, _user_name(name))
         if found is None:
             raise ApiError(404, f"user '{name}' not found")
         return _json(_user_out(found))
 
+    @route("/users/<name>", ["PUT"])
+    async def put_user(who: Caller, name: str) -> Response:
+        body = await _body(UserPut)
+        problems = [] if body.name == name else _mismatch("name", "name").problems
+        problems += await _role_problems(body.roles)
+        if problems:
+            raise Invalid(problems)
+        return await _change_user(name, body.roles, admin=body.admin, password=body.password)
+
     @route("/users/<name>", ["PATCH"])
     async def patch_user(who: Caller, name: str) -> Response:
         body = await _body(UserPatch)
-        changed = await asyncio.to_thread(lambda: api().users().update(
-            name, admin=body.admin, password=body.password))
-        if changed is None:
-            raise ApiError(404, f"user '{name}' not found")
-        return _json(_user_out(changed))
+        problems = await _role_problems(body.roles or [])
+        if problems:
+            raise Invalid(problems)
+        return await _change_user(name, body.roles, admin=body.admin, password=body.password)
 
     @route("/users/<name>", ["DELETE"])
     async def delete_user(who: Caller, name: str) -> Response:
         if who.via == "cookie" and who.name == name:
             raise ApiError(400, "an administrator cannot delete their own account")
-        if not await asyncio.to_thread(api().users().delete, name):
+        if not await asyncio.to_thread(api().users().delete, _user_name(name)):
             raise ApiError(404, f"user '{name}' not found")
         return Response(b"", 204)
 
-    @route("/keys/<key_id>", ["GET"])
-    async def key(who: Caller, key_id: str) -> Response:
-        found = [k for k in await asyncio.to_thread(api_keys.list_keys, api().db_path)
-                 if k.id == key_id]
-        if not found:
-            raise ApiError(404, f"API key '{key_id}' not found")
-        return _json(KeyOut(**found[0].public()))
+    # -- roles ------------------------------------------------------------------------------
+    # `admin` and `user` are built in (source: builtin): changing or deleting one is a 409.
+    # A custom role (source: api) is a group its holders are in; deleting one that someone
+    # holds is a 409 that says how many do.
+
+    def _role_name(name: str) -> str:
+        if not re.fullmatch(NAME, name):  # never a role's name: no query
+            raise ApiError(404, f"role '{name}' not found")
+        return name
+
+    def _builtin(name: str) -> ApiError:
+        return ApiError(409, f"role '{name}' is built in and cannot be changed or deleted")
+
+    async def _change_role(name: str, description: str | None) -> Response:
+        users = api().users()
+        try:
+            if description is None:
+                found = await asyncio.to_thread(users.role, _role_name(name))
+                if found is not None and found.builtin:
+                    raise BuiltinRole(name)
+            else:
+                found = await asyncio.to_thread(users.update_role, _role_name(name),
+                                                description)
+        except BuiltinRole:
+            raise _builtin(name) from None
+        if found is None:
+            raise ApiError(404, f"role '{name}' not found")
+        return _json(_role_out(found))
+
+    @route("/roles", ["GET"])
+    async def roles(who: Caller) -> Response:
+        found = await asyncio.to_thread(api().users().roles)
+        return _json({"items": [_role_out(r) for r in found]})
+
+    @route("/roles", ["POST"])
+    async def create_role(who: Caller) -> Response:
+        body = await _body(RoleIn)
+        try:
+            made = await asyncio.to_thread(api().users().create_role, body.name,
+                                           body.description)
+        except RoleExists:
+            raise ApiError(409, f"role '{body.name}' already exists") from None
+        return _json(_role_out(made), 201)
+
+    @route("/roles/<name>", ["GET"])
+    async def role(who: Caller, name: str) -> Response:
+        found = await asyncio.to_thread(api().users().role, _role_name(name))
+        if found is None:
+            raise ApiError(404, f"role '{name}' not found")
+        return _json(_role_out(found))
+
+    @route("/roles/<name>", ["PUT"])
+    async def put_role(who: Caller, name: str) -> Response:
+        body = await _body(RoleIn)
+        if body.name != name:
+            raise _mismatch("name", "name")
+        return await _change_role(name, body.description)
+
+    @route("/roles/<name>", ["PATCH"])
+    async def patch_role(who: Caller, name: str) -> Response:
+        body = await _body(RolePatch)
+        return await _change_role(name, body.description)
+
+    @route("/roles/<name>", ["DELETE"])
+    async def delete_role(who: Caller, name: str) -> Response:
+        try:
+            deleted = await asyncio.to_thread(api().users().delete_role, _role_name(name))
+        except BuiltinRole:
+            raise _builtin(name) from None
+        except RoleInUse as exc:
+            holders = f"{exc.holders} user" + ("s" if exc.holders != 1 else "")
+            raise ApiError(409, f"role '{name}' is held by {holders}; take it from them "
+                                "first") from None
+        if not deleted:
+            raise ApiError(404, f"role '{name}' not found")
+        return Response(b"", 204)
 
     # -- audit and usage --------------------------------------------------------------------
 
@@ -332,6 +501,33 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
     @app.route(PREFIX + "/openapi.json")
     async def openapi() -> Response:
         return Response(orjson.dumps(document()), 200, {"Content-Type": "application/json"})
+
+
+def _mismatch(field: str, what: str) -> Invalid:
+    return Invalid([{"loc": ["body", field], "msg": f"the {what} differs from the path",
+                     "type": "value_error"}])
+
+
+def _unknown_roles(exc: UnknownRoles, roles: list[str]) -> Invalid:
+    """422 naming each role that is not a custom role, at its place in the body's list."""
+    problems = []
+    for i, name in enumerate(roles):
+        if name not in exc.names:
+            continue
+        msg = (f"'{name}' is a built-in role: every user holds 'user', and 'admin' is the "
+               "admin field" if name in ("admin", "user") else f"no role named {name}")
+        problems.append({"loc": ["body", "roles", i], "msg": msg, "type": "value_error"})
+    return Invalid(problems)
+
+
+def _user_out(u: User) -> UserOut:
+    return UserOut(id=u.id, name=u.name, issuer=u.issuer, subject=u.subject, admin=u.is_admin,
+                   roles=sorted(u.roles))
+
+
+def _role_out(r: StoredRole) -> Role:
+    return Role(name=r.name, description=r.description,
+                source="builtin" if r.builtin else "api")
 
 
 def _audit_page(path: db.Target, **kwargs: Any) -> list[dict[str, Any]]:
