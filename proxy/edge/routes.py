@@ -1,12 +1,16 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import orjson
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger("tollhouse")
+
+# a NUL in a path, a query, a form (%00), or a JSON string (an unescaped \u0000)
+_NUL_IN_BODY = re.compile(rb"\x00|%00|(?<!\\)(?:\\\\)*\\u0000", re.IGNORECASE)
 
 
 def register(app: Quart) -> None:
@@ -15,6 +19,25 @@ def register(app: Quart) -> None:
     @app.route("/healthz")
     async def healthz() -> Response:
         return Response(b'{"status":"ok"}', 200, {"Content-Type": "application/json"})
+
+    @app.before_request
+    async def refuse_nul() -> Response | None:
+        """No name, token or text Tollhouse stores or looks up may hold a NUL: PostgreSQL's
+        text cannot, and a lookup of one would fail instead of finding nothing. Refused here,
+        on every route Quart serves (not /mcp, whose payloads go to the upstream as they are),
+        on both databases alike. The body is read once here and kept for the route."""
+        if request.path.startswith("/api/v1"):
+            return None  # the management API checks after authentication (proxy/api/routes.py)
+        where = ("path" if "\x00" in request.path
+                 else "query" if b"%00" in request.query_string
+                 else "body" if request.method in ("POST", "PUT", "PATCH")
+                 and _NUL_IN_BODY.search(await request.get_data()) else None)
+        if where is None:
+            return None
+        body = orjson.dumps({"error": "invalid_request",
+                             "error_description": f"the request's {where} holds a NUL "
+                                                  "character"})
+        return Response(body, 400, {"Content-Type": "application/json"})
 
     @app.errorhandler(Exception)
     async def unexpected(exc: Exception) -> Response:
