@@ -28,10 +28,12 @@ def register(app: Quart) -> None:
         on both databases alike. The body is read once here and kept for the route."""
         if request.path.startswith("/api/v1"):
             return None  # the management API checks after authentication (proxy/api/routes.py)
-        where = ("path" if "\x00" in request.path
-                 else "query" if b"%00" in request.query_string
-                 else "body" if request.method in ("POST", "PUT", "PATCH")
-                 and _NUL_IN_BODY.search(await request.get_data()) else None)
+        where = "path" if "\x00" in request.path else "query" if (
+            b"%00" in request.query_string) else None
+        if where is None and request.method in ("POST", "PUT", "PATCH"):
+            raw = await request.get_data()
+            if _NUL_IN_BODY.search(raw if isinstance(raw, bytes) else raw.encode()):
+                where = "body"
         if where is None:
             return None
         body = orjson.dumps({"error": "invalid_request",
