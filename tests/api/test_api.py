@@ -4,13 +4,18 @@ and a registry change reaching the live edge while a long call is in flight."""
 from __future__ import annotations
 
 import asyncio
+import re
+import secrets
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
+import jwt
 import orjson
 from quart import Quart
 
@@ -19,6 +24,7 @@ from proxy.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from proxy.demo import demo_app
+from proxy.oauth.server import s256
 from tests import db_backends
 from tests.conftest import MCP_HEADERS
 from tests.servers import bound_socket, serve
@@ -104,14 +110,13 @@ async def test_who_may_call(tmp_path: Path) -> None:
 
 
 async def test_lockout_after_bad_keys(tmp_path: Path) -> None:
-    async with env(tmp_path) as e:
-        async with httpx.AsyncClient() as attacker:
-            for _ in range(3):
-                await attacker.get(e.api("/me"), headers={"Authorization": "Bearer th_bad"})
-            locked = await attacker.get(e.api("/me"),
-                                        headers={"Authorization": f"Bearer {e.admin_key}"})
-            assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
-            assert isinstance(detail(locked), str)
+    async with env(tmp_path) as e, httpx.AsyncClient() as attacker:
+        for _ in range(3):
+            await attacker.get(e.api("/me"), headers={"Authorization": "Bearer th_bad"})
+        locked = await attacker.get(e.api("/me"),
+                                    headers={"Authorization": f"Bearer {e.admin_key}"})
+        assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
+        assert isinstance(detail(locked), str)
 
 
 async def test_servers_crud_and_the_live_edge(tmp_path: Path) -> None:
@@ -297,3 +302,383 @@ async def test_single_users_and_keys(tmp_path: Path) -> None:
         one = await e.admin.get(e.api(f"/keys/{made['id']}"))
         assert one.status_code == 200 and "key" not in one.json()
         assert (await e.admin.get(e.api("/keys/nope"))).status_code == 404
+
+
+# -- API keys: PUT and PATCH ---------------------------------------------------------------------
+
+async def mcp_call(e: Env, endpoint: str, token: str, tool: str = "echo") -> httpx.Response:
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": tool, "arguments": {"text": "hi", "a": 1, "b": 2}}}
+    async with httpx.AsyncClient(timeout=10) as mcp:
+        return await mcp.post(f"{e.url}/mcp/{endpoint}", content=orjson.dumps(call),
+                              headers={**MCP_HEADERS, "Authorization": f"Bearer {token}"})
+
+
+def ok(response: httpx.Response) -> bool:
+    return response.status_code == 200 and "result" in response.json()
+
+
+async def test_key_put_and_patch_change_everything_but_the_secret(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        made = (await e.admin.post(e.api("/keys"), json={"name": "bot", "endpoints": ["cfgd"],
+                                                          "expires_in_days": 1})).json()
+        path = e.api(f"/keys/{made['id']}")
+        later = time.time() + 7 * 86400
+        put = await e.admin.put(path, json={"id": made["id"], "name": "bot-2",
+                                            "endpoints": ["cfgd"], "role": "admin",
+                                            "expires_at": later})
+        assert put.status_code == 200, put.text
+        changed = put.json()
+        assert "key" not in changed and changed["prefix"] == made["prefix"]
+        assert (changed["name"], changed["role"], changed["expires_at"]) == ("bot-2", "admin",
+                                                                             later)
+        assert changed["created_at"] == made["created_at"]
+        assert (await e.admin.get(path)).json() == changed
+        assert ok(await mcp_call(e, "cfgd", made["key"]))  # the same secret still works
+        # PATCH: only what is sent; expires_at null means "never"
+        patched = await e.admin.patch(path, json={"expires_at": None})
+        assert patched.status_code == 200
+        assert patched.json()["expires_at"] is None and patched.json()["name"] == "bot-2"
+        renamed = (await e.admin.patch(path, json={"name": "bot-3"})).json()
+        assert renamed["name"] == "bot-3" and renamed["expires_at"] is None
+        assert renamed["role"] == "admin" and renamed["endpoints"] == ["cfgd"]
+        # unknown keys, well-formed or not
+        for missing in ("abcdefghij", "no such key"):
+            for method in ("PUT", "PATCH"):
+                gone = await e.admin.request(method, e.api(f"/keys/{missing}"), json={
+                    "name": "x", "endpoints": [], "expires_at": None})
+                assert gone.status_code == 404
+                assert detail(gone) == f"API key '{missing}' not found"
+        # a revoked key is final
+        assert (await e.admin.delete(path)).status_code == 204
+        for method, body in (("PUT", {"name": "x", "endpoints": [], "expires_at": None}),
+                             ("PATCH", {"name": "x"})):
+            refused = await e.admin.request(method, path, json=body)
+            assert refused.status_code == 409
+            assert detail(refused) == (f"API key '{made['id']}' is revoked; a revoked key "
+                                       "cannot be changed")
+        assert (await e.admin.get(path)).json()["name"] == "bot-3"
+
+
+async def test_key_edits_list_every_problem(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        made = (await e.admin.post(e.api("/keys"), json={"name": "bot"})).json()
+        path = e.api(f"/keys/{made['id']}")
+        # PUT: the body's id, and each unknown endpoint, at its place in the list
+        wrong = await e.admin.put(path, json={"id": "zzzzzzzzzz", "name": "bot",
+                                              "endpoints": ["nope", "cfgd", "gone"],
+                                              "expires_at": None})
+        assert wrong.status_code == 422
+        assert [(p["loc"], p["msg"]) for p in detail(wrong)] == [
+            (["body", "id"], "the id differs from the path"),
+            (["body", "endpoints", 0], "no server named nope"),
+            (["body", "endpoints", 2], "no server named gone")]
+        # PUT requires endpoints and expires_at, so that leaving one out cannot widen a key
+        bare = await e.admin.put(path, json={"name": "", "role": "root", "colour": 1})
+        assert bare.status_code == 422
+        assert {tuple(p["loc"]) for p in detail(bare)} == {
+            ("body", "name"), ("body", "role"), ("body", "endpoints"), ("body", "expires_at"),
+            ("body", "colour")}
+        assert all(set(p) == {"loc", "msg", "type"} for p in detail(bare))
+        # PATCH: only expires_at may be null (no expiry); -5 is no Unix time
+        nulls = await e.admin.patch(path, json={"name": None, "endpoints": None, "role": None,
+                                                "expires_at": -5})
+        assert nulls.status_code == 422
+        assert {p["loc"][1] for p in detail(nulls)} == {"name", "endpoints", "role",
+                                                        "expires_at"}
+        unknown = await e.admin.patch(path, json={"id": made["id"], "endpoints": ["a", "b"]})
+        assert unknown.status_code == 422
+        assert [p["loc"] for p in detail(unknown)] == [["body", "endpoints", 0],
+                                                       ["body", "endpoints", 1]]
+        # POST names each unknown endpoint the same way
+        posted = await e.admin.post(e.api("/keys"), json={"name": "x", "endpoints": ["p", "q"]})
+        assert [p["msg"] for p in detail(posted)] == ["no server named p", "no server named q"]
+        # nothing was changed by the refused requests
+        after = (await e.admin.get(path)).json()
+        assert (after["name"], after["endpoints"], after["expires_at"]) == ("bot", [], None)
+
+
+async def test_a_narrowed_key_takes_effect_on_the_next_mcp_call(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        other = await e.admin.post(e.api("/servers"), json={
+            "name": "other", "url": f"{e.upstream}/mcp", "zones": ["loopback"]})
+        assert other.status_code == 201
+        made = (await e.admin.post(e.api("/keys"), json={"name": "bot",
+                                                          "endpoints": ["cfgd"]})).json()
+        path, secret = e.api(f"/keys/{made['id']}"), made["key"]
+        assert ok(await mcp_call(e, "cfgd", secret))
+        assert (await mcp_call(e, "other", secret)).status_code == 403
+        # narrowed to the other endpoint: the very next call on cfgd is refused
+        assert (await e.admin.patch(path, json={"endpoints": ["other"]})).status_code == 200
+        assert (await mcp_call(e, "cfgd", secret)).status_code == 403
+        assert ok(await mcp_call(e, "other", secret))
+        # expired by PUT, then given back by PATCH
+        gone = await e.admin.put(path, json={"name": "bot", "endpoints": ["other"],
+                                             "expires_at": time.time() - 1})
+        assert gone.status_code == 200 and gone.json()["status"] == "expired"
+        assert (await mcp_call(e, "other", secret)).status_code == 401
+        assert (await e.admin.patch(path, json={"expires_at": None})).status_code == 200
+        assert ok(await mcp_call(e, "other", secret))
+        # made a management key (no endpoints, admin): it can use /api/v1 at once
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {secret}"}) as bot:
+            assert (await bot.get(e.api("/me"))).status_code == 403  # endpoint-kind
+            await e.admin.patch(path, json={"endpoints": [], "role": "admin"})
+            me = await bot.get(e.api("/me"))
+            assert me.status_code == 200 and me.json()["admin"] is True
+
+
+# -- users: PUT, and roles on users ------------------------------------------------------------
+
+async def test_user_put(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        assert (await e.admin.post(e.api("/roles"), json={"name": "ops"})).status_code == 201
+        put = await e.admin.put(e.api("/users/pat"), json={"name": "pat", "admin": True,
+                                                           "roles": ["ops", "ops"]})
+        assert put.status_code == 200, put.text
+        assert (put.json()["admin"], put.json()["roles"]) == (True, ["ops"])
+        assert (await e.admin.get(e.api("/users/pat"))).json() == put.json()
+        client = await signed_in(e, "pat", "pat-password")  # no password sent: it stays
+        await client.aclose()
+        # PUT replaces: what is left out takes POST's default (not admin, no roles)
+        reset = await e.admin.put(e.api("/users/pat"), json={"name": "pat",
+                                                             "password": "brand-new-pw"})
+        assert (reset.json()["admin"], reset.json()["roles"]) == (False, [])
+        client = await signed_in(e, "pat", "brand-new-pw")
+        await client.aclose()
+        missing = await e.admin.put(e.api("/users/nobody"), json={"name": "nobody"})
+        assert missing.status_code == 404 and detail(missing) == "user 'nobody' not found"
+        # every problem at once: the name, each unknown role, the built-in ones, a bad field
+        wrong = await e.admin.put(e.api("/users/pat"), json={
+            "name": "someone-else", "roles": ["ops", "nope", "admin", "gone"]})
+        assert wrong.status_code == 422
+        assert [(p["loc"], p["msg"].split(":")[0]) for p in detail(wrong)] == [
+            (["body", "name"], "the name differs from the path"),
+            (["body", "roles", 1], "no role named nope"),
+            (["body", "roles", 2], "'admin' is a built-in role"),
+            (["body", "roles", 3], "no role named gone")]
+        invalid = await e.admin.put(e.api("/users/pat"), json={
+            "name": "pat", "password": "short", "admin": "maybe", "roles": ["bad name!"]})
+        assert invalid.status_code == 422
+        assert {tuple(p["loc"]) for p in detail(invalid)} == {
+            ("body", "password"), ("body", "admin"), ("body", "roles", 0)}
+        # POST: roles too, and 409 on a name in use
+        made = await e.admin.post(e.api("/users"), json={"name": "kim", "password": "kim-pw-123",
+                                                         "roles": ["ops"]})
+        assert made.status_code == 201 and made.json()["roles"] == ["ops"]
+        taken = await e.admin.post(e.api("/users"), json={"name": "kim",
+                                                          "password": "kim-pw-123"})
+        assert taken.status_code == 409 and detail(taken) == "user 'kim' already exists"
+        unknown = await e.admin.post(e.api("/users"), json={"name": "lee", "password": "x" * 9,
+                                                            "roles": ["user", "ghost"]})
+        assert [p["loc"] for p in detail(unknown)] == [["body", "roles", 0],
+                                                       ["body", "roles", 1]]
+        assert (await e.admin.get(e.api("/users/lee"))).status_code == 404
+        # PATCH: roles alone
+        patched = await e.admin.patch(e.api("/users/kim"), json={"roles": []})
+        assert patched.status_code == 200 and patched.json()["roles"] == []
+        listed = {u["name"]: u for u in (await e.admin.get(e.api("/users"))).json()["items"]}
+        assert listed["kim"]["roles"] == [] and listed["pat"]["roles"] == []
+
+
+async def test_federated_users_keep_their_roles_and_have_no_password(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        accounts = Accounts(e.db)
+        try:
+            fed = accounts.upsert_federated("https://idp.example", "u-1", "fed",
+                                            frozenset({"eng"}), False)
+            assert (await e.admin.post(e.api("/roles"), json={"name": "ops"})).status_code == 201
+            given = await e.admin.patch(e.api("/users/fed"), json={"roles": ["ops"]})
+            assert given.status_code == 200 and given.json()["roles"] == ["ops"]
+            # the next sign-in overwrites the provider's groups, and keeps the role
+            again = accounts.upsert_federated("https://idp.example", "u-1", "fed",
+                                              frozenset({"qa"}), False)
+            assert again.id == fed.id
+            assert (again.groups, again.roles) == ({"qa", "ops"}, {"ops"})
+            stored = accounts.get(fed.id)
+            assert stored is not None and stored.groups == {"qa", "ops"}
+            assert stored.principal().groups == {"qa", "ops"}
+            for method, body in (("PUT", {"name": "fed", "password": "a-password"}),
+                                 ("PATCH", {"password": "a-password", "roles": []})):
+                refused = await e.admin.request(method, e.api("/users/fed"), json=body)
+                assert refused.status_code == 400
+                assert detail(refused) == ("user 'fed' signs in through an identity provider "
+                                           "and has no password here")
+            # the refused requests changed nothing (the PATCH's roles: [] included)
+            assert (await e.admin.get(e.api("/users/fed"))).json()["roles"] == ["ops"]
+            kept = await e.admin.put(e.api("/users/fed"), json={"name": "fed",
+                                                               "roles": ["ops"]})
+            assert kept.status_code == 200
+            assert kept.json()["issuer"] == "https://idp.example"
+            # deleting the user deletes what they held: the role is free to go
+            assert (await e.admin.delete(e.api("/users/fed"))).status_code == 204
+            assert (await e.admin.delete(e.api("/roles/ops"))).status_code == 204
+        finally:
+            accounts.close()
+
+
+# -- roles -------------------------------------------------------------------------------------
+
+async def test_roles_registry(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        listed = (await e.admin.get(e.api("/roles"))).json()["items"]
+        assert [(r["name"], r["source"]) for r in listed] == [("admin", "builtin"),
+                                                              ("user", "builtin")]
+        made = await e.admin.post(e.api("/roles"), json={"name": "ops",
+                                                         "description": "on call"})
+        assert made.status_code == 201
+        assert made.json() == {"name": "ops", "description": "on call", "source": "api"}
+        assert (await e.admin.get(e.api("/roles/ops"))).json() == made.json()
+        assert (await e.admin.get(e.api("/roles/user"))).json()["source"] == "builtin"
+        for name in ("ops", "admin", "Admin", "user"):
+            taken = await e.admin.post(e.api("/roles"), json={"name": name})
+            assert taken.status_code == 409
+            assert detail(taken) == f"role '{name}' already exists"
+        bad = await e.admin.post(e.api("/roles"), json={"name": "no spaces", "description":
+                                                        "x" * 501, "colour": "red"})
+        assert bad.status_code == 422
+        assert {tuple(p["loc"]) for p in detail(bad)} == {
+            ("body", "name"), ("body", "description"), ("body", "colour")}
+        for name in ("nope", "bad name!"):
+            missing = await e.admin.get(e.api(f"/roles/{name}"))
+            assert missing.status_code == 404 and detail(missing) == f"role '{name}' not found"
+        # PUT and PATCH: the description (a name is a role's identity)
+        put = await e.admin.put(e.api("/roles/ops"), json={"name": "ops"})
+        assert put.status_code == 200 and put.json()["description"] == ""
+        patched = await e.admin.patch(e.api("/roles/ops"), json={"description": "pager"})
+        assert patched.json()["description"] == "pager"
+        assert (await e.admin.patch(e.api("/roles/ops"), json={})).json() == patched.json()
+        renamed = await e.admin.put(e.api("/roles/ops"), json={"name": "sre"})
+        assert renamed.status_code == 422 and detail(renamed)[0]["loc"] == ["body", "name"]
+        for method, path, body in (("PUT", "/roles/nope", {"name": "nope"}),
+                                   ("PATCH", "/roles/nope", {"description": "x"}),
+                                   ("PATCH", "/roles/nope", {}),
+                                   ("DELETE", "/roles/nope", None)):
+            gone = await e.admin.request(method, e.api(path), json=body)
+            assert gone.status_code == 404 and detail(gone) == "role 'nope' not found"
+        # the built-in roles cannot be changed or deleted
+        for method, name, body in (("PUT", "admin", {"name": "admin"}),
+                                   ("PATCH", "user", {"description": "x"}),
+                                   ("PATCH", "user", {}),
+                                   ("DELETE", "admin", None), ("DELETE", "user", None)):
+            refused = await e.admin.request(method, e.api(f"/roles/{name}"), json=body)
+            assert refused.status_code == 409
+            assert detail(refused) == f"role '{name}' is built in and cannot be changed or " \
+                                      "deleted"
+        # a role someone holds cannot be deleted
+        for user in ("pat", "root"):
+            await e.admin.patch(e.api(f"/users/{user}"), json={"roles": ["ops"]})
+        held = await e.admin.delete(e.api("/roles/ops"))
+        assert held.status_code == 409
+        assert detail(held) == "role 'ops' is held by 2 users; take it from them first"
+        await e.admin.patch(e.api("/users/root"), json={"roles": []})
+        held = await e.admin.delete(e.api("/roles/ops"))
+        assert detail(held) == "role 'ops' is held by 1 user; take it from them first"
+        assert (await e.admin.get(e.api("/users/pat"))).json()["roles"] == ["ops"]
+        await e.admin.put(e.api("/users/pat"), json={"name": "pat"})
+        assert (await e.admin.delete(e.api("/roles/ops"))).status_code == 204
+        assert (await e.admin.get(e.api("/roles/ops"))).status_code == 404
+        assert [r["name"] for r in (await e.admin.get(e.api("/roles"))).json()["items"]] == [
+            "admin", "user"]
+
+
+# -- a role at the edge --------------------------------------------------------------------------
+
+REDIRECT = "http://127.0.0.1:9/cb"
+
+
+async def oauth_client(e: Env) -> str:
+    async with httpx.AsyncClient() as client:
+        made = await client.post(f"{e.url}/oauth/register", json={
+            "redirect_uris": [REDIRECT], "token_endpoint_auth_method": "none"})
+    assert made.status_code == 201
+    return str(made.json()["client_id"])
+
+
+async def token_request(e: Env, form: dict[str, str]) -> dict[str, Any]:
+    async with httpx.AsyncClient() as client:
+        answer = await client.post(f"{e.url}/oauth/token", data=form)
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+async def consented_tokens(e: Env, browser: httpx.AsyncClient, client_id: str,
+                           endpoint: str) -> dict[str, Any]:
+    """The whole browser flow: authorize, consent as the signed-in person, exchange."""
+    verifier = secrets.token_urlsafe(40)
+    form = await browser.get(f"{e.url}/oauth/authorize", params={
+        "response_type": "code", "client_id": client_id, "redirect_uri": REDIRECT,
+        "code_challenge": s256(verifier), "code_challenge_method": "S256",
+        "resource": f"{e.url}/mcp/{endpoint}"})
+    assert form.status_code == 200, form.text
+    consent = re.search(r"name='consent' value='([^']+)'", form.text)
+    assert consent is not None
+    back = await browser.post(f"{e.url}/oauth/authorize", headers={"Origin": e.url},
+                              data={"consent": consent.group(1), "decision": "allow"})
+    code = parse_qs(urlsplit(back.headers["location"]).query)["code"][0]
+    return await token_request(e, {"grant_type": "authorization_code", "code": code,
+                                   "redirect_uri": REDIRECT, "code_verifier": verifier,
+                                   "client_id": client_id})
+
+
+async def issued_tokens(e: Env, client_id: str, user_name: str, endpoint: str
+                        ) -> dict[str, Any]:
+    """Tokens for an endpoint registered through the API. The authorization server takes only
+    config-file endpoints as resources at /oauth/authorize, so the code is issued directly
+    (what the consent step does); the exchange and everything after it is the real thing."""
+    server = e.app.extensions["tollhouse"].oauth
+    accounts = Accounts(e.db)
+    try:
+        user = await asyncio.to_thread(accounts.by_name, user_name)
+    finally:
+        accounts.close()
+    client = await asyncio.to_thread(server.client, client_id)
+    assert user is not None and client is not None
+    verifier = secrets.token_urlsafe(40)
+    code = server.issue_code(client, REDIRECT, {"code_challenge": s256(verifier)}, user,
+                             f"{e.url}/mcp/{endpoint}")
+    return await token_request(e, {"grant_type": "authorization_code", "code": code,
+                                   "redirect_uri": REDIRECT, "code_verifier": verifier,
+                                   "client_id": client_id})
+
+
+async def refreshed(e: Env, client_id: str, tokens: dict[str, Any]) -> dict[str, Any]:
+    return await token_request(e, {"grant_type": "refresh_token", "client_id": client_id,
+                                   "refresh_token": tokens["refresh_token"]})
+
+
+async def test_a_role_grants_access_through_allow_groups(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        assert (await e.admin.post(e.api("/roles"), json={"name": "ops"})).status_code == 201
+        teamed = await e.admin.post(e.api("/servers"), json={
+            "name": "teamed", "url": f"{e.upstream}/mcp", "zones": ["loopback"],
+            "access": {"allow_groups": ["ops"], "group_tools": {"ops": {"tools_deny": ["add"]}}}})
+        assert teamed.status_code == 201
+        client_id = await oauth_client(e)
+        tokens = await issued_tokens(e, client_id, "pat", "teamed")
+        refused = await mcp_call(e, "teamed", tokens["access_token"])
+        assert refused.status_code == 403, refused.text
+        # given the role: an access token carries the groups of its issue, so the next one
+        # (here by refresh, which reads the user again) carries the role
+        given = await e.admin.patch(e.api("/users/pat"), json={"roles": ["ops"]})
+        assert given.status_code == 200
+        assert (await mcp_call(e, "teamed", tokens["access_token"])).status_code == 403
+        tokens = await refreshed(e, client_id, tokens)
+        assert jwt.decode(tokens["access_token"], options={"verify_signature": False}
+                          )["groups"] == ["ops"]
+        allowed = await mcp_call(e, "teamed", tokens["access_token"])
+        assert ok(allowed) and allowed.json()["result"]["content"][0]["text"] == "hi"
+        # the role's tool profile (group_tools) applies too: add is hidden from ops
+        hidden = await mcp_call(e, "teamed", tokens["access_token"], tool="add")
+        assert hidden.json()["error"]["code"] == -32602
+        # a browser session reads the user afresh: the consent flow's token has the role
+        browser = await signed_in(e, "pat", "pat-password")
+        try:
+            consented = await consented_tokens(e, browser, client_id, "cfgd")
+        finally:
+            await browser.aclose()
+        assert jwt.decode(consented["access_token"], options={"verify_signature": False}
+                          )["groups"] == ["ops"]
+        # the role taken away: the next access token no longer opens the endpoint
+        await e.admin.patch(e.api("/users/pat"), json={"roles": []})
+        tokens = await refreshed(e, client_id, tokens)
+        assert (await mcp_call(e, "teamed", tokens["access_token"])).status_code == 403
