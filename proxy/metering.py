@@ -91,8 +91,16 @@ class OutboxWorker:
     when the worker is cancelled finishes before the database is let go. `target` is the
     app's Database, a database URL, or a SQLite path.
 
-    Several gateways on one PostgreSQL database each run a worker: an event may then be
-    delivered twice, which the receiver's idempotency on `call_id` absorbs."""
+    Several gateways on one database each run a worker. A worker claims the events it will
+    send (a batch at a time, `FOR UPDATE SKIP LOCKED` on PostgreSQL, the write lock on SQLite)
+    by moving their next attempt a lease ahead, so two workers never send the same event.
+    Claimed events not yet sent when the worker stops are handed back; a worker that dies
+    holding a claim leaves its events to the others once the lease ends, and an event whose
+    delivery the receiver took but whose mark was lost with the worker is sent again: the
+    receiver's idempotency on `call_id` absorbs that."""
+
+    CLAIM = 25  # events claimed at a time
+    LEASE_S = 300.0  # > CLAIM deliveries at their 10 s timeout
 
     def __init__(self, target: db.Target, backend: MeteringBackend, retry_max_s: float,
                  clock: Callable[[], float] = time.time) -> None:
@@ -104,9 +112,15 @@ class OutboxWorker:
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-outbox")
-        self._sql_due = self._database.sql(
-            "SELECT call_id, event, attempts FROM usage_outbox WHERE delivered_at IS NULL "
-            "AND next_attempt_at <= ? ORDER BY created_at LIMIT 100")
+        skip_locked = " FOR UPDATE SKIP LOCKED" if self._database.postgresql else ""
+        self._sql_claim = self._database.sql(
+            "UPDATE usage_outbox SET next_attempt_at = ? WHERE call_id IN (SELECT call_id FROM "
+            "usage_outbox WHERE delivered_at IS NULL AND next_attempt_at <= ? ORDER BY "
+            f"created_at LIMIT {self.CLAIM}{skip_locked}) "
+            "RETURNING call_id, event, attempts, created_at")
+        self._sql_release = self._database.sql(
+            "UPDATE usage_outbox SET next_attempt_at = ? WHERE call_id = ? AND "
+            "delivered_at IS NULL")
         self._sql_next = self._database.sql(
             "SELECT min(next_attempt_at) FROM usage_outbox WHERE delivered_at IS NULL")
         self._sql_retry = self._database.sql(
@@ -125,18 +139,28 @@ class OutboxWorker:
     async def run(self) -> None:
         failures = 0
         delivery: asyncio.Task[None] | None = None
+        claimed: list[tuple[str, str, int]] = []
         try:
             while True:
                 self._wake.clear()
                 try:
-                    due, next_at = await self._in_db(self._due, self._clock())
-                    for call_id, event, attempts in due:
+                    claim = asyncio.ensure_future(self._in_db(self._claim, self._clock()))
+                    try:
+                        claimed, next_at = await asyncio.shield(claim)
+                    except asyncio.CancelledError:  # the claim commits all the same: keep
+                        with suppress(Exception):   # what it took, to hand it back below
+                            claimed, _ = await claim
+                        raise
+                    due = len(claimed)
+                    while claimed:
+                        call_id, event, attempts = claimed[0]
                         # cancelled mid-delivery, the delivery still finishes and is marked
                         # (below): an event the receiver took is not sent again next start
                         delivery = self._loop.create_task(
                             self._deliver(call_id, event, attempts))
                         await asyncio.shield(delivery)
                         delivery = None
+                        claimed.pop(0)
                 except self._database.errors as exc:
                     # the database is out of reach (a restart, say): the events wait in it
                     failures += 1
@@ -153,6 +177,10 @@ class OutboxWorker:
             if delivery is not None and not delivery.done():
                 with suppress(Exception):
                     await delivery
+                claimed = claimed[1:]
+            if claimed:  # hand back what this worker claimed and did not send
+                with suppress(Exception):
+                    await self._in_db(self._release, [c[0] for c in claimed])
             # queued behind any step still running on the thread, whatever cancelled us
             if self._owns_db:
                 self._db.submit(self._database.close)
@@ -168,11 +196,19 @@ class OutboxWorker:
         finally:
             waiter.cancel()
 
-    def _due(self, now: float) -> tuple[list[tuple[str, str, int]], float | None]:
+    def _claim(self, now: float) -> tuple[list[tuple[str, str, int]], float | None]:
+        """Take up to CLAIM due events, oldest first, out of every other worker's reach."""
         with self._database.transaction() as conn:
-            rows = conn.execute(self._sql_due, (now,)).fetchall()
+            rows = conn.execute(self._sql_claim, (now + self.LEASE_S, now)).fetchall()
             nxt = conn.execute(self._sql_next, ()).fetchone()[0]
+        rows.sort(key=lambda r: float(r[3]))
         return [(str(r[0]), str(r[1]), int(r[2])) for r in rows], nxt
+
+    def _release(self, call_ids: list[str]) -> None:
+        with suppress(*self._database.errors), self._database.transaction() as conn:
+            now = self._clock()
+            for call_id in call_ids:
+                conn.execute(self._sql_release, (now, call_id))
 
     async def _deliver(self, call_id: str, event: str, attempts: int) -> None:
         try:

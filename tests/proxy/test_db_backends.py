@@ -333,6 +333,84 @@ async def test_usage_events_land_once_and_are_marked_delivered(database: Databas
     assert [(c, a, bool(d)) for c, a, d in marks] == [("c1", 0, True), ("c2", 1, True)]
 
 
+class CountingReceiver:
+    """Counts deliveries per call id; each delivery yields to the loop so workers interleave.
+    `hold` keeps deliveries waiting until set."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+        self.hold = asyncio.Event()
+        self.hold.set()
+        self.started = asyncio.Event()
+
+    async def authorize(self, request: dict[str, Any]) -> dict[str, Any]:
+        return {"allow": True}
+
+    async def record(self, event: dict[str, Any]) -> None:
+        self.started.set()
+        await self.hold.wait()
+        await asyncio.sleep(0)
+        self.seen[event["call_id"]] = self.seen.get(event["call_id"], 0) + 1
+
+
+async def _until(predicate: Any, deadline_s: float = 10.0) -> None:
+    async with asyncio.timeout(deadline_s):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+async def test_two_workers_on_one_database_send_each_event_once(database: Database) -> None:
+    sink = SqliteAuditSink(database)
+    for i in range(120):
+        sink.emit(record(i, call_id=f"c{i:03d}"))
+    await sink.close()
+    receiver = CountingReceiver()
+    # two gateways' workers, each with its own connections to the one database
+    others = Database(database.url)
+    workers = [OutboxWorker(database, receiver, retry_max_s=0.05),
+               OutboxWorker(others, receiver, retry_max_s=0.05)]
+    loop = asyncio.get_running_loop()
+    tasks = [loop.create_task(w.run()) for w in workers]
+    try:
+        await _until(lambda: sum(w.delivered for w in workers) >= 120)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=5)
+        others.close()
+    assert len(receiver.seen) == 120 and set(receiver.seen.values()) == {1}
+    assert all(w.delivered > 0 for w in workers)  # both took part
+    assert rows(database, "SELECT count(*) FROM usage_outbox WHERE delivered_at IS NULL"
+                ) == [(0,)]
+
+
+async def test_a_stopped_worker_hands_back_what_it_claimed(database: Database) -> None:
+    sink = SqliteAuditSink(database)
+    for i in range(5):
+        sink.emit(record(i, call_id=f"c{i}"))
+    await sink.close()
+    receiver = CountingReceiver()
+    receiver.hold.clear()  # the first delivery waits: the worker holds a claim of five
+    first = OutboxWorker(database, receiver, retry_max_s=0.05)
+    task = asyncio.get_running_loop().create_task(first.run())
+    await asyncio.wait_for(receiver.started.wait(), 10)
+    task.cancel()
+    receiver.hold.set()  # the delivery under way finishes and is marked
+    await asyncio.wait({task}, timeout=5)
+    assert receiver.seen == {"c0": 1}
+    # the other four are due now, not when the lease would have ended
+    assert rows(database, "SELECT count(*) FROM usage_outbox WHERE delivered_at IS NULL "
+                          "AND next_attempt_at <= ?", time.time()) == [(4,)]
+    second = OutboxWorker(database, receiver, retry_max_s=0.05)
+    task = asyncio.get_running_loop().create_task(second.run())
+    try:
+        await _until(lambda: second.delivered == 4)
+    finally:
+        task.cancel()
+        await asyncio.wait({task}, timeout=5)
+    assert receiver.seen == {f"c{i}": 1 for i in range(5)}
+
+
 # -- API keys ------------------------------------------------------------------------------------
 
 async def test_api_keys_create_list_revoke_and_lookup(database: Database) -> None:
