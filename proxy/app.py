@@ -101,7 +101,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                                   if secret_key is None else secret_key,
                                   cfg.oauth_server.key_rotation_s,
                                   cfg.oauth_server.access_token_ttl_s)
-        oauth_server = AuthorizationServer(cfg, database, ring)
+        oauth_server = AuthorizationServer(cfg, database, ring, endpoints=routes)
         state.oauth = oauth_server
     connections: Connections | None = None
     if per_user:
@@ -180,7 +180,11 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     app.asgi_app = edge.McpEdge(app.asgi_app, gateway,  # type: ignore[method-assign,assignment,arg-type]
                                 max_body=cfg.server.max_request_bytes,
                                 body_timeout_s=BODY_TIMEOUT_S)
-    metadata.register(app, cfg, identity, own_server=oauth_server is not None)
+    def api_scopes(name: str) -> list[str] | None:
+        return state.api.registry.scopes_of(name) if state.api is not None else None
+
+    metadata.register(app, cfg, identity, own_server=oauth_server is not None,
+                      api_scopes=api_scopes)
 
     def management() -> Api:
         assert state.api is not None, "the management API is built when the app serves"

@@ -3,6 +3,8 @@ the gateway's own signing keys for upstreams that receive identity tokens."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import orjson
 from quart import Quart, Response
 
@@ -13,29 +15,36 @@ JSON = {"Content-Type": "application/json", "Cache-Control": "public, max-age=30
 
 
 def register(app: Quart, cfg: Config, identity: IdentityForwarder, *,
-             own_server: bool = False) -> None:
+             own_server: bool = False,
+             api_scopes: Callable[[str], Iterable[str] | None] = lambda name: None) -> None:
+    """`api_scopes(name)`: the `allow_scopes` of a server the management API registered, or
+    None when there is no such server (now)."""
     public_url = cfg.server.public_url.rstrip("/")
     servers = ([public_url] if own_server else []) + [
         s for s in cfg.auth.authorization_servers if s.rstrip("/") != public_url]
-    documents = {
-        u.name: orjson.dumps({
-            "resource": f"{public_url}/mcp/{u.name}",
-            "resource_name": u.name,
+
+    def document(name: str, scopes: Iterable[str]) -> bytes:
+        return orjson.dumps({
+            "resource": f"{public_url}/mcp/{name}",
+            "resource_name": name,
             "authorization_servers": servers,
-            "scopes_supported": sorted(set(cfg.auth.scopes_supported)
-                                       | set(u.access.allow_scopes)),
+            "scopes_supported": sorted(set(cfg.auth.scopes_supported) | set(scopes)),
             "bearer_methods_supported": ["header"],
         })
-        for u in cfg.upstreams
-    }
+
+    documents = {u.name: document(u.name, u.access.allow_scopes) for u in cfg.upstreams}
     jwks = orjson.dumps(identity.jwks())
 
     @app.route("/.well-known/oauth-protected-resource/mcp/<endpoint>")
     async def protected_resource(endpoint: str) -> Response:
-        document = documents.get(endpoint)
-        if document is None:
+        found = documents.get(endpoint)
+        if found is None:  # a server registered through /api/v1, as it is now
+            scopes = api_scopes(endpoint)
+            if scopes is not None:
+                found = document(endpoint, scopes)
+        if found is None:
             return Response(b'{"error":"not found"}', 404, {"Content-Type": "application/json"})
-        return Response(document, 200, JSON)
+        return Response(found, 200, JSON)
 
     @app.route("/.well-known/jwks.json")
     async def gateway_jwks() -> Response:

@@ -55,6 +55,11 @@ class Registry:
             self._access.set(server.name, _access_config(server.access))
         self._routes[server.name] = UpstreamRoute.from_config(upstream)
 
+    def scopes_of(self, name: str) -> list[str] | None:
+        """The allow_scopes of a server registered through the API; None if there is none."""
+        server = self._api.get(name)
+        return None if server is None else list(server.access.allow_scopes)
+
     def _out(self, name: str) -> ServerOut:
         if name in self._config:
             u = self._config[name]

@@ -81,7 +81,7 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
             return see_other("/signin?" + urlencode({"next": here}))
         token = secrets.token_urlsafe(24)
         consents[token] = (cookie, params)
-        endpoint = server().resources[resource]
+        endpoint = server().endpoint_of(resource) or "?"
         body = (f"<p><strong>{html.escape(client.name)}</strong> asks to act as "
                 f"<strong>{html.escape(user.name)}</strong> on the Tollhouse endpoint "
                 f"<code>{html.escape(endpoint)}</code> ({html.escape(resource)}).</p>"

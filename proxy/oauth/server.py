@@ -15,7 +15,7 @@ import hmac
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -96,9 +96,14 @@ class AuthorizationServer:
                                                "client_secret_basic")
 
     def __init__(self, cfg: Config, target: db.Target, keys: KeyRing,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 endpoints: Mapping[str, object] | None = None) -> None:
         self.issuer = cfg.server.public_url.rstrip("/")
-        self.resources = {f"{self.issuer}/mcp/{u.name}": u.name for u in cfg.upstreams}
+        # the live endpoints (the edge's routes, which the management API changes), else the
+        # config's: a server added through /api/v1 can be authorized for at once
+        self._endpoints: Mapping[str, object] = (
+            endpoints if endpoints is not None else {u.name: u for u in cfg.upstreams})
+        self._resource_prefix = f"{self.issuer}/mcp/"
         self._cfg = cfg.oauth_server
         self._db = db.resolve(target)
         self._db.ensure_schema()
@@ -118,6 +123,13 @@ class AuthorizationServer:
         self.cimd: TTLCache[str, Client] = TTLCache(maxsize=10_000, ttl=3600)
 
     # -- clients -------------------------------------------------------------------------------
+
+    def endpoint_of(self, resource: str) -> str | None:
+        """The endpoint a resource URL (RFC 8707) names, if this gateway serves it now."""
+        if not resource.startswith(self._resource_prefix):
+            return None
+        name = resource[len(self._resource_prefix):]
+        return name if name in self._endpoints else None
 
     def register(self, metadata: Any) -> dict[str, Any]:
         if not isinstance(metadata, dict):
@@ -203,7 +215,7 @@ class AuthorizationServer:
         if not params.get("code_challenge") or params.get("code_challenge_method") != "S256":
             raise OAuthError("invalid_request", "PKCE with code_challenge_method S256 is required")
         resource = params.get("resource") or ""
-        if resource not in self.resources:
+        if self.endpoint_of(resource) is None:
             raise OAuthError("invalid_target",
                              "resource must name one of this gateway's endpoints")
         return resource

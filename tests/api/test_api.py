@@ -620,27 +620,6 @@ async def consented_tokens(e: Env, browser: httpx.AsyncClient, client_id: str,
                                    "client_id": client_id})
 
 
-async def issued_tokens(e: Env, client_id: str, user_name: str, endpoint: str
-                        ) -> dict[str, Any]:
-    """Tokens for an endpoint registered through the API. The authorization server takes only
-    config-file endpoints as resources at /oauth/authorize, so the code is issued directly
-    (what the consent step does); the exchange and everything after it is the real thing."""
-    server = e.app.extensions["tollhouse"].oauth
-    accounts = Accounts(e.db)
-    try:
-        user = await asyncio.to_thread(accounts.by_name, user_name)
-    finally:
-        accounts.close()
-    client = await asyncio.to_thread(server.client, client_id)
-    assert user is not None and client is not None
-    verifier = secrets.token_urlsafe(40)
-    code = server.issue_code(client, REDIRECT, {"code_challenge": s256(verifier)}, user,
-                             f"{e.url}/mcp/{endpoint}")
-    return await token_request(e, {"grant_type": "authorization_code", "code": code,
-                                   "redirect_uri": REDIRECT, "code_verifier": verifier,
-                                   "client_id": client_id})
-
-
 async def refreshed(e: Env, client_id: str, tokens: dict[str, Any]) -> dict[str, Any]:
     return await token_request(e, {"grant_type": "refresh_token", "client_id": client_id,
                                    "refresh_token": tokens["refresh_token"]})
@@ -653,8 +632,16 @@ async def test_a_role_grants_access_through_allow_groups(tmp_path: Path) -> None
             "name": "teamed", "url": f"{e.upstream}/mcp", "zones": ["loopback"],
             "access": {"allow_groups": ["ops"], "group_tools": {"ops": {"tools_deny": ["add"]}}}})
         assert teamed.status_code == 201
+        # the server is new to the live gateway's discovery and authorization server too
+        async with httpx.AsyncClient() as anonymous:
+            prm = await anonymous.get(f"{e.url}/.well-known/oauth-protected-resource/mcp/teamed")
+        assert prm.status_code == 200 and prm.json()["resource"] == f"{e.url}/mcp/teamed"
         client_id = await oauth_client(e)
-        tokens = await issued_tokens(e, client_id, "pat", "teamed")
+        browser = await signed_in(e, "pat", "pat-password")
+        try:
+            tokens = await consented_tokens(e, browser, client_id, "teamed")
+        finally:
+            await browser.aclose()
         refused = await mcp_call(e, "teamed", tokens["access_token"])
         assert refused.status_code == 403, refused.text
         # given the role: an access token carries the groups of its issue, so the next one
@@ -682,3 +669,17 @@ async def test_a_role_grants_access_through_allow_groups(tmp_path: Path) -> None
         await e.admin.patch(e.api("/users/pat"), json={"roles": []})
         tokens = await refreshed(e, client_id, tokens)
         assert (await mcp_call(e, "teamed", tokens["access_token"])).status_code == 403
+        # the server deleted: gone from discovery, and no longer a resource to authorize for
+        assert (await e.admin.delete(e.api("/servers/teamed"))).status_code == 204
+        browser = await signed_in(e, "pat", "pat-password")
+        try:
+            prm = await browser.get(f"{e.url}/.well-known/oauth-protected-resource/mcp/teamed")
+            assert prm.status_code == 404
+            refused_resource = await browser.get(f"{e.url}/oauth/authorize", params={
+                "response_type": "code", "client_id": client_id, "redirect_uri": REDIRECT,
+                "code_challenge": s256("v" * 43), "code_challenge_method": "S256",
+                "resource": f"{e.url}/mcp/teamed"})
+        finally:
+            await browser.aclose()
+        assert refused_resource.status_code in (302, 303)
+        assert "error=invalid_target" in refused_resource.headers["location"]
