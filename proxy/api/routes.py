@@ -55,6 +55,7 @@ from proxy.api.registry import Registry
 from proxy.audit.sqlite import usage
 from proxy.auth import keys as api_keys
 from proxy.auth.lockout import LockoutStore
+from proxy.edge.routes import nul_in_body
 from proxy.signin import COOKIE, Web
 
 M = TypeVar("M", bound=BaseModel)
@@ -156,6 +157,7 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
             async def endpoint(**kwargs: Any) -> Response:
                 try:
                     who = await caller(admin=admin, changes=request.method != "GET")
+                    await _refuse_nul(kwargs)
                     return await handler(who, **kwargs)
                 except ApiError as exc:
                     return exc.response()
@@ -528,6 +530,21 @@ def _user_out(u: User) -> UserOut:
 def _role_out(r: StoredRole) -> Role:
     return Role(name=r.name, description=r.description,
                 source="builtin" if r.builtin else "api")
+
+
+async def _refuse_nul(path: dict[str, Any]) -> None:
+    """A NUL anywhere in the request is a validation error (seed 004: 422): nothing this API
+    stores or looks up may hold one (PostgreSQL's text cannot)."""
+    problems = [{"loc": ["path", k], "msg": "holds a NUL character", "type": "value_error"}
+                for k, v in path.items() if isinstance(v, str) and "\x00" in v]
+    problems += [{"loc": ["query", k], "msg": "holds a NUL character", "type": "value_error"}
+                 for k, v in request.args.items(multi=True) if "\x00" in k or "\x00" in v]
+    if request.method in ("POST", "PUT", "PATCH") and nul_in_body(await request.get_data(),
+                                                                  "application/json"):
+        problems.append({"loc": ["body"], "msg": "holds a NUL character",
+                         "type": "value_error"})
+    if problems:
+        raise Invalid(problems)
 
 
 def _audit_page(path: db.Target, **kwargs: Any) -> list[dict[str, Any]]:

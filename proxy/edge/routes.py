@@ -9,8 +9,15 @@ from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger("tollhouse")
 
-# a NUL in a path, a query, a form (%00), or a JSON string (an unescaped \u0000)
-_NUL_IN_BODY = re.compile(rb"\x00|%00|(?<!\\)(?:\\\\)*\\u0000", re.IGNORECASE)
+# a NUL in a JSON body (raw, or an unescaped \u0000), or in any other body (raw, or %00)
+_NUL_IN_JSON = re.compile(rb"\x00|(?<!\\)(?:\\\\)*\\u0000")
+_NUL_IN_FORM = re.compile(rb"\x00|%00")
+
+
+def nul_in_body(raw: bytes | str, mimetype: str) -> bool:
+    """Whether a request body holds a NUL, raw or encoded as its media type encodes one."""
+    pattern = _NUL_IN_JSON if mimetype.endswith("json") else _NUL_IN_FORM
+    return pattern.search(raw if isinstance(raw, bytes) else raw.encode()) is not None
 
 
 def register(app: Quart) -> None:
@@ -31,8 +38,7 @@ def register(app: Quart) -> None:
         where = "path" if "\x00" in request.path else "query" if (
             b"%00" in request.query_string) else None
         if where is None and request.method in ("POST", "PUT", "PATCH"):
-            raw = await request.get_data()
-            if _NUL_IN_BODY.search(raw if isinstance(raw, bytes) else raw.encode()):
+            if nul_in_body(await request.get_data(), request.mimetype):
                 where = "body"
         if where is None:
             return None

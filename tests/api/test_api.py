@@ -683,3 +683,30 @@ async def test_a_role_grants_access_through_allow_groups(tmp_path: Path) -> None
             await browser.aclose()
         assert refused_resource.status_code in (302, 303)
         assert "error=invalid_target" in refused_resource.headers["location"]
+
+
+async def test_a_nul_anywhere_is_a_422_after_authentication(tmp_path: Path) -> None:
+    """Nothing the API stores or looks up may hold a NUL (PostgreSQL's text cannot): a 422
+    naming where, never a 500, and only for a caller who is let in."""
+    async with env(tmp_path) as e:
+        async with httpx.AsyncClient() as anonymous:
+            assert (await anonymous.get(e.api("/users/a%00b"))).status_code == 401
+        cases = [
+            (e.admin.get(e.api("/users/a%00b")), ["path", "name"]),
+            (e.admin.get(e.api("/audit"), params={"principal": "p\x00"}),
+             ["query", "principal"]),
+            (e.admin.post(e.api("/servers"), json={
+                "name": "n", "url": f"{e.upstream}/mcp",
+                "access": {"allow_subjects": ["a\x00"]}}), ["body"]),
+            (e.admin.patch(e.api("/roles/admin"), json={"description": "\x00"}), ["body"]),
+        ]
+        for pending, loc in cases:
+            response = await pending
+            assert response.status_code == 422, response.text
+            assert detail(response) == [{"loc": loc, "msg": "holds a NUL character",
+                                         "type": "value_error"}]
+        # an escaped backslash before u0000 is text, not a NUL
+        fine = await e.admin.post(e.api("/roles"), json={"name": "texty",
+                                                         "description": "a \\u0000 b"})
+        assert fine.status_code == 201 and fine.json()["description"] == "a \\u0000 b"
+        assert (await e.admin.get(e.api("/servers/n"))).status_code == 404
