@@ -493,7 +493,8 @@ def oauth_server(database: Database) -> AuthorizationServer:
 
 def test_oauth_clients_refresh_rotation_and_family_revocation(database: Database) -> None:
     server = oauth_server(database)
-    resource = next(iter(server.resources))
+    resource = f"{server.issuer}/mcp/e"  # make_config's one endpoint
+    assert server.endpoint_of(resource) == "e" and server.endpoint_of(resource + "x") is None
     registered = server.register({"redirect_uris": ["http://127.0.0.1:3000/cb"],
                                   "client_name": "Test", "token_endpoint_auth_method":
                                   "client_secret_post"})
