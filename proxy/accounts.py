@@ -134,6 +134,16 @@ class Accounts:
         self._db = db.resolve(target)
         self._owns_db = self._db is not target
         self._db.ensure_schema()
+        # bumped by every change to a user made through this object: LiveUsers drops what
+        # it read before (an int bumped under the GIL: any change makes it differ)
+        self.generation = 0
+
+    @property
+    def errors(self) -> tuple[type[Exception], ...]:
+        return self._db.errors
+
+    def _changed(self) -> None:
+        self.generation += 1
 
     def close(self) -> None:
         """Close the connections of a Database made here (the app closes its own)."""
@@ -160,6 +170,7 @@ class Accounts:
                 self._set_roles(conn, user.id, held)
         except self._db.integrity_errors:
             raise UserExists(name) from None
+        self._changed()
         return user
 
     def verify_local(self, name: str, password: str) -> User | None:
@@ -190,11 +201,15 @@ class Accounts:
                 conn.execute(sql("INSERT INTO users (id, name, issuer, subject, is_admin, "
                                  "groups, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"),
                              (uid, display, issuer, subject, int(admin), joined, time.time()))
-                return User(uid, display, issuer, subject, admin, groups)
-            conn.execute(sql("UPDATE users SET is_admin = ?, groups = ? WHERE id = ?"),
-                         (int(admin), joined, row[0]))
-            roles = self._roles_of(conn, str(row[0]))
-            return User(str(row[0]), str(row[1]), issuer, subject, admin, groups | roles, roles)
+                user = User(uid, display, issuer, subject, admin, groups)
+            else:
+                conn.execute(sql("UPDATE users SET is_admin = ?, groups = ? WHERE id = ?"),
+                             (int(admin), joined, row[0]))
+                roles = self._roles_of(conn, str(row[0]))
+                user = User(str(row[0]), str(row[1]), issuer, subject, admin, groups | roles,
+                            roles)
+        self._changed()
+        return user
 
     def get(self, user_id: str) -> User | None:
         return self._one("id", user_id)
@@ -202,10 +217,13 @@ class Accounts:
     def by_name(self, name: str) -> User | None:
         return self._one("name", name)
 
-    def _one(self, column: str, value: str) -> User | None:
+    def by_subject(self, issuer: str, subject: str) -> User | None:
+        return self._one("issuer = ? AND subject", issuer, subject)
+
+    def _one(self, column: str, *values: str) -> User | None:
         with self._db.transaction() as conn:
             row = conn.execute(self._db.sql(f"SELECT {_COLUMNS} FROM users WHERE {column} = ?"),
-                               (value,)).fetchone()
+                               values).fetchone()
             if row is None:
                 return None
             return _user(row, self._roles_of(conn, str(row[0])))
@@ -232,6 +250,7 @@ class Accounts:
                              (hash_password(password), user_id))
             if roles is not None:
                 self._set_roles(conn, user_id, _unique(roles))
+        self._changed()
         return self.by_name(name)
 
     def delete(self, name: str) -> bool:
@@ -240,6 +259,7 @@ class Accounts:
             conn.execute(sql("DELETE FROM user_roles WHERE user_id IN (SELECT id FROM users "
                              "WHERE name = ?)"), (name,))
             cur = conn.execute(sql("DELETE FROM users WHERE name = ?"), (name,))
+        self._changed()
         return bool(cur.rowcount)
 
     def list(self) -> list[User]:

@@ -25,6 +25,7 @@ from proxy.audit import AuditSink, SqliteAuditSink
 from proxy.auth import Authenticator, BearerAuth, NoAuth
 from proxy.auth.keys import KeyIndex
 from proxy.auth.lockout import MemoryLockoutStore
+from proxy.auth.people import LiveUsers
 from proxy.bodycap import BodyCap
 from proxy.chain import Chain
 from proxy.config import Config
@@ -130,8 +131,10 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         authenticator: Authenticator = NoAuth()
         if cfg.auth.mode == "jwt":
             keys = KeyIndex(database)
-            authenticator = BearerAuth(cfg, base_dir, upstream.http, keys, lockouts, clock,
-                                       tollhouse=oauth_server)
+            authenticator = BearerAuth(
+                cfg, base_dir, upstream.http, keys, lockouts, clock, tollhouse=oauth_server,
+                people=LiveUsers(web.accounts) if oauth_server is not None and web is not None
+                else None)
         access = next((p for p in chain.policies if isinstance(p, Access)), None)
         registry = Registry(cfg, routes, egress, access, database)
         state.api = Api(registry, keys, database, web, lockouts,

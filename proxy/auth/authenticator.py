@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -14,9 +15,12 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from proxy.auth import keys as api_keys
 from proxy.auth.jwks import JwksCache, kty_for
 from proxy.auth.lockout import LockoutStore
+from proxy.auth.people import LiveUsers, StoreDown
 from proxy.auth.principal import ANONYMOUS, Principal
 from proxy.config import Config, IssuerConfig
 from proxy.errors import Forbidden, LockedOut, Unauthenticated
+
+log = logging.getLogger("tollhouse.auth")
 
 
 class Authenticator(Protocol):
@@ -60,8 +64,11 @@ class BearerAuth:
     def __init__(self, cfg: Config, base_dir: Path, http: httpx.AsyncClient,
                  keys: api_keys.KeyIndex | None, lockouts: LockoutStore,
                  clock: Callable[[], float] = time.monotonic,
-                 tollhouse: TokenVerifier | None = None) -> None:
+                 tollhouse: TokenVerifier | None = None,
+                 people: LiveUsers | None = None) -> None:
         self._tollhouse = tollhouse
+        self._people = people  # who the subject of a token this gateway issued is now
+        self._store_down_logged = 0.0
         self._issuers: dict[str, _Issuer] = {}
         for iss in cfg.auth.issuers:
             self._issuers[iss.issuer] = _Issuer(
@@ -123,7 +130,7 @@ class BearerAuth:
 
     async def _jwt(self, token: str, endpoint: str) -> Principal:
         if self._tollhouse is not None and _issuer_of(token) == self._public_url:
-            return self._own(token, endpoint)  # not cached: revocation takes effect at once
+            return await self._own(token, endpoint)  # not cached: revocation applies at once
         cached = self._cache.get((token, endpoint))
         if cached is not None and cached[1] > time.time():
             return cached[0]
@@ -131,7 +138,7 @@ class BearerAuth:
         self._cache[(token, endpoint)] = (principal, expires)
         return principal
 
-    def _own(self, token: str, endpoint: str) -> Principal:
+    async def _own(self, token: str, endpoint: str) -> Principal:
         """A token this gateway's authorization server issued, for this endpoint only."""
         assert self._tollhouse is not None
         try:
@@ -142,10 +149,25 @@ class BearerAuth:
             raise Failed("token expired") from None
         except jwt.PyJWTError as exc:
             raise Failed(f"invalid token ({type(exc).__name__})") from None
-        return Principal(subject=str(claims["sub"]), issuer=str(claims.get("tollhouse_iss", "")),
-                         display_name=str(claims.get("name", "")),
-                         groups=_names(claims.get("groups")), scopes=_names(claims.get("scope")),
-                         kind="jwt")
+        subject, issuer = str(claims["sub"]), str(claims.get("tollhouse_iss", ""))
+        name, groups = str(claims.get("name", "")), _names(claims.get("groups"))
+        if self._people is not None:
+            # the person as they are now: a deleted user's token stops working, and a role
+            # given or taken applies to this call, not the next token
+            try:
+                user = await self._people.current(issuer, subject)
+            except StoreDown as exc:  # the token is valid: carry on with what it says
+                now = time.monotonic()
+                if now - self._store_down_logged > 60:
+                    self._store_down_logged = now
+                    log.warning("users table out of reach (%s): gateway tokens keep the "
+                                "groups they were issued with", exc)
+            else:
+                if user is None:
+                    raise Failed("the token's user no longer exists")
+                name, groups = user.name, user.groups
+        return Principal(subject=subject, issuer=issuer, display_name=name, groups=groups,
+                         scopes=_names(claims.get("scope")), kind="jwt")
 
     async def _verify(self, token: str, endpoint: str) -> tuple[Principal, float]:
         try:

@@ -644,16 +644,18 @@ async def test_a_role_grants_access_through_allow_groups(tmp_path: Path) -> None
             await browser.aclose()
         refused = await mcp_call(e, "teamed", tokens["access_token"])
         assert refused.status_code == 403, refused.text
-        # given the role: an access token carries the groups of its issue, so the next one
-        # (here by refresh, which reads the user again) carries the role
+        # given the role: the gateway reads who a token's user is now, so the token issued
+        # before the change opens the endpoint on its next call
         given = await e.admin.patch(e.api("/users/pat"), json={"roles": ["ops"]})
         assert given.status_code == 200
-        assert (await mcp_call(e, "teamed", tokens["access_token"])).status_code == 403
+        allowed = await mcp_call(e, "teamed", tokens["access_token"])
+        assert ok(allowed) and allowed.json()["result"]["content"][0]["text"] == "hi"
+        assert jwt.decode(tokens["access_token"], options={"verify_signature": False}
+                          )["groups"] == []  # not because the token says so
+        # and a new token (here by refresh, which reads the user again) carries the role
         tokens = await refreshed(e, client_id, tokens)
         assert jwt.decode(tokens["access_token"], options={"verify_signature": False}
                           )["groups"] == ["ops"]
-        allowed = await mcp_call(e, "teamed", tokens["access_token"])
-        assert ok(allowed) and allowed.json()["result"]["content"][0]["text"] == "hi"
         # the role's tool profile (group_tools) applies too: add is hidden from ops
         hidden = await mcp_call(e, "teamed", tokens["access_token"], tool="add")
         assert hidden.json()["error"]["code"] == -32602
@@ -665,10 +667,10 @@ async def test_a_role_grants_access_through_allow_groups(tmp_path: Path) -> None
             await browser.aclose()
         assert jwt.decode(consented["access_token"], options={"verify_signature": False}
                           )["groups"] == ["ops"]
-        # the role taken away: the next access token no longer opens the endpoint
+        # the role taken away: the token that carries it no longer opens the endpoint
         await e.admin.patch(e.api("/users/pat"), json={"roles": []})
-        tokens = await refreshed(e, client_id, tokens)
         assert (await mcp_call(e, "teamed", tokens["access_token"])).status_code == 403
+        assert ok(await mcp_call(e, "cfgd", consented["access_token"]))
         # the server deleted: gone from discovery, and no longer a resource to authorize for
         assert (await e.admin.delete(e.api("/servers/teamed"))).status_code == 204
         browser = await signed_in(e, "pat", "pat-password")
@@ -683,6 +685,10 @@ async def test_a_role_grants_access_through_allow_groups(tmp_path: Path) -> None
             await browser.aclose()
         assert refused_resource.status_code in (302, 303)
         assert "error=invalid_target" in refused_resource.headers["location"]
+        # the user deleted: their tokens stop working on the next call
+        assert (await e.admin.delete(e.api("/users/pat"))).status_code == 204
+        gone = await mcp_call(e, "cfgd", consented["access_token"])
+        assert gone.status_code == 401, gone.text
 
 
 async def test_a_nul_anywhere_is_a_422_after_authentication(tmp_path: Path) -> None:
