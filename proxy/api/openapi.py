@@ -142,7 +142,8 @@ def document() -> dict[str, Any]:
         "/api/v1/audit": {"get": _op("Audit records, newest first", "200", audit, query=[
             "status", "endpoint", "principal", "tool", "since", "until", "cursor", "limit"])},
         "/api/v1/usage": {"get": _op("tools/call totals per principal, endpoint and tool",
-                                     "200", _list_of(UsageRow), query=["since"])},
+                                     "200", _list_of(UsageRow),
+                                     query=["since", "until", "endpoint", "principal"])},
     }
     return {"openapi": "3.1.0",
             "info": {"title": "Tollhouse management API", "version": __version__},

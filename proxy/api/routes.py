@@ -492,13 +492,22 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
 
     @route("/usage", ["GET"])
     async def usage_totals(who: Caller) -> Response:
-        try:
-            since = float(request.args.get("since", time.time() - 86400))
-        except ValueError:
-            raise Invalid([{"loc": ["query", "since"], "msg": "must be a Unix time",
-                            "type": "float_parsing"}]) from None
-        rows = await asyncio.to_thread(usage, api().db_path, since=since)
-        return _json({"items": rows, "since": since})
+        args = request.args
+        times: dict[str, float | None] = {"since": None, "until": None}
+        problems = []
+        for key in times:
+            try:
+                times[key] = float(args[key]) if key in args else None
+            except ValueError:
+                problems.append({"loc": ["query", key], "msg": "must be a Unix time",
+                                 "type": "float_parsing"})
+        if problems:
+            raise Invalid(problems)
+        since = times["since"] if times["since"] is not None else time.time() - 86400
+        rows = await asyncio.to_thread(usage, api().db_path, since=since, until=times["until"],
+                                       endpoint=args.get("endpoint"),
+                                       principal=args.get("principal"))
+        return _json({"items": rows, "since": since, "until": times["until"]})
 
     @app.route(PREFIX + "/openapi.json")
     async def openapi() -> Response:

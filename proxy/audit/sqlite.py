@@ -216,16 +216,24 @@ _USAGE_NAMES = ("principal", "endpoint", "tool", "calls", "ok", "denied", "error
                 "cancelled", "bytes_in", "bytes_out", "duration_ms")
 
 
-def usage(target: db.Target, *, since: float) -> list[dict[str, Any]]:
-    """tools/call totals per principal, endpoint and tool since `since`, busiest first."""
+def usage(target: db.Target, *, since: float, until: float | None = None,
+          endpoint: str | None = None, principal: str | None = None) -> list[dict[str, Any]]:
+    """tools/call totals per principal, endpoint and tool from `since` to before `until`
+    (default: now), of one endpoint or principal if given, busiest first."""
     counts = ", ".join(f"sum(CASE WHEN status = '{s}' THEN 1 ELSE 0 END)"
                        for s in ("ok", "denied", "error", "cancelled"))
+    where = ["method = 'tools/call'", "ts >= ?"]
+    args: list[float | str] = [since]
+    for clause, value in (("ts < ?", until), ("endpoint = ?", endpoint),
+                          ("principal = ?", principal)):
+        if value is not None:
+            where.append(clause)
+            args.append(value)
     rows = _read(target,
                  f"SELECT principal, endpoint, tool, count(*), {counts}, sum(bytes_in), "
-                 "sum(bytes_out), sum(duration_ms) FROM audit "
-                 "WHERE method = 'tools/call' AND ts >= ? "
+                 f"sum(bytes_out), sum(duration_ms) FROM audit WHERE {' AND '.join(where)} "
                  "GROUP BY principal, endpoint, tool ORDER BY count(*) DESC, principal",
-                 (since,))
+                 tuple(args))
     out = []
     for row in rows or ():
         # PostgreSQL sums integers as numeric (Decimal here): every total is an int again

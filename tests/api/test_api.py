@@ -234,6 +234,18 @@ async def test_audit_pages_newest_first_and_usage(tmp_path: Path) -> None:
         assert {p["loc"][1] for p in detail(bad)} == {"limit", "status", "since"}
         usage = (await e.admin.get(e.api("/usage"))).json()["items"]
         assert usage[0]["calls"] == 5 and usage[0]["endpoint"] == "cfgd"
+        # a period, an endpoint, a principal
+        now = time.time()
+        for params, calls in (({"until": str(now - 3600)}, []),
+                              ({"since": str(now - 3600), "until": str(now + 60)}, [5]),
+                              ({"endpoint": "other"}, []), ({"endpoint": "cfgd"}, [5]),
+                              ({"principal": usage[0]["principal"]}, [5]),
+                              ({"principal": "nobody"}, [])):
+            got = await e.admin.get(e.api("/usage"), params=params)
+            assert [r["calls"] for r in got.json()["items"]] == calls, params
+        bad_period = await e.admin.get(e.api("/usage"), params={"since": "x", "until": "y"})
+        assert bad_period.status_code == 422
+        assert [p["loc"] for p in detail(bad_period)] == [["query", "since"], ["query", "until"]]
 
 
 async def test_openapi_matches_the_routes(tmp_path: Path) -> None:
