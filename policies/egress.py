@@ -261,10 +261,14 @@ class Egress:
         for upstream in upstreams:
             self.add(upstream)
 
-    def add(self, upstream: UpstreamEgress) -> None:
-        """Register or replace an upstream (the management API's, with API_DEFAULT_ZONES)."""
+    def validate(self, upstream: UpstreamEgress) -> None:
+        """Raise ValueError if `add` would refuse this upstream; changes nothing."""
         _check_upstream(f"upstream {upstream.name!r}", upstream.zones, upstream.collections,
                         self._policies)
+
+    def add(self, upstream: UpstreamEgress) -> None:
+        """Register or replace an upstream (the management API's, with API_DEFAULT_ZONES)."""
+        self.validate(upstream)
         self.destinations.add(upstream)
         self._labels[upstream.name] = _Labels.of(upstream.collections, self._policies)
 

@@ -137,6 +137,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                 else None)
         access = next((p for p in chain.policies if isinstance(p, Access)), None)
         registry = Registry(cfg, routes, egress, access, database)
+        registry_watch = asyncio.get_running_loop().create_task(registry.watch())
         state.api = Api(registry, keys, database, web, lockouts,
                         cfg.server.max_request_bytes, clock,
                         web.accounts if web is not None else Accounts(database))
@@ -157,6 +158,8 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                 await connections.aclose()
             if keys is not None:
                 keys.close()
+            registry_watch.cancel()
+            await asyncio.wait({registry_watch}, timeout=5)
             registry.close()
             database.close()
 

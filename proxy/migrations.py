@@ -216,6 +216,27 @@ MIGRATIONS: tuple[Migration, ...] = (
         )"""),
         Sql("CREATE INDEX IF NOT EXISTS user_roles_role ON user_roles (role)"),
     )),
+    # every gateway on the database polls this counter and reloads the servers when it moved
+    Migration(11, "servers: a change counter the gateways poll", (
+        Sql("""CREATE TABLE IF NOT EXISTS servers_version (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            version {bigint} NOT NULL
+        )"""),
+        Sql("INSERT INTO servers_version (id, version) VALUES (1, 0) ON CONFLICT DO NOTHING"),
+        Only("postgresql", """CREATE OR REPLACE FUNCTION tollhouse_servers_changed()
+            RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                UPDATE servers_version SET version = version + 1 WHERE id = 1;
+                RETURN NULL;
+            END $$"""),
+        Only("postgresql", "CREATE TRIGGER servers_changed AFTER INSERT OR UPDATE OR DELETE "
+                           "ON servers FOR EACH STATEMENT EXECUTE FUNCTION "
+                           "tollhouse_servers_changed()"),
+        *(Only("sqlite", f"CREATE TRIGGER IF NOT EXISTS servers_changed_{event.lower()} "
+                         f"AFTER {event} ON servers BEGIN UPDATE servers_version "
+                         "SET version = version + 1 WHERE id = 1; END")
+          for event in ("INSERT", "UPDATE", "DELETE")),
+    )),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 USER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
@@ -44,11 +44,21 @@ class AccessIn(Strict):
     resources_deny: list[str] = Field(default_factory=list)
 
 
+def _no_credentials(url: HttpUrl) -> HttpUrl:
+    if url.username or url.password:
+        raise ValueError("a server URL may not carry credentials: every administrator "
+                         "would see them")
+    return url
+
+
+UpstreamUrl = Annotated[HttpUrl, AfterValidator(_no_credentials)]
+
+
 class ServerIn(Strict):
     """An upstream MCP server served at /mcp/<name>."""
 
     name: str = Field(pattern=NAME)
-    url: HttpUrl
+    url: UpstreamUrl
     timeout_s: float = Field(30.0, gt=0, le=3600)
     total_timeout_s: float = Field(300.0, gt=0, le=86400)
     zones: list[Zone] = Field(default_factory=_remote, min_length=1)
@@ -57,7 +67,7 @@ class ServerIn(Strict):
 
 
 class ServerPatch(Strict):
-    url: HttpUrl | None = None
+    url: UpstreamUrl | None = None
     timeout_s: float | None = Field(None, gt=0, le=3600)
     total_timeout_s: float | None = Field(None, gt=0, le=86400)
     zones: list[Literal["loopback", "lan", "remote"]] | None = Field(None, min_length=1)

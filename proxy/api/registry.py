@@ -2,28 +2,43 @@
 config`) and those created through the API (stored, `source: api`). A change takes effect on
 the next request: the edge's route table is swapped entry by entry, so a call in flight keeps
 the route it started with. Servers registered through the API may be dialled only in the zones
-they name (default `remote`), checked by the egress policy like every other upstream."""
+they name (default `remote`), checked by the egress policy like every other upstream. Several gateways on one database
+share the registry (see `Registry`)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from policies.access import Access
 from policies.egress import Egress, UpstreamEgress
 from proxy import db
-from proxy.api.errors import ApiError
+from proxy.api.errors import ApiError, Invalid
 from proxy.api.models import AccessIn, ServerIn, ServerOut
 from proxy.config import AccessConfig, Config, ToolProfile, UpstreamConfig
 from proxy.upstream import UpstreamRoute
 
+log = logging.getLogger("tollhouse.registry")
+
 
 class Registry:
+    """The servers, in memory for the edge, in the database for every gateway on it. Writes go
+    to the database first (one transaction each, the row's change and its check together) and
+    are applied here only once committed; every gateway polls the `servers_version` counter
+    (`watch`, each `POLL_S`) and reloads what changed, and the API's own routes `sync` first,
+    so a change made through any gateway's API reaches this one's edge within `POLL_S` and its
+    API at once."""
+
+    POLL_S = 1.0
+
     def __init__(self, cfg: Config, routes: dict[str, UpstreamRoute], egress: Egress,
                  access: Access | None = None, database: db.Target | None = None) -> None:
         self._access = access
@@ -35,14 +50,61 @@ class Registry:
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-registry")
         self._api: dict[str, ServerIn] = {}
         self._lock = asyncio.Lock()
+        self._version = -1
+        self._apply(*self._read_all())
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _read_all(self) -> tuple[int, dict[str, ServerIn]]:
+        sql = self._database.sql
         with self._database.transaction() as conn:
-            rows = conn.execute(self._database.sql("SELECT name, spec FROM servers"),
-                                ()).fetchall()
+            version = conn.execute(sql("SELECT version FROM servers_version WHERE id = 1"),
+                                   ()).fetchone()
+            rows = conn.execute(sql("SELECT name, spec FROM servers"), ()).fetchall()
+        found = {}
         for name, spec in rows:
-            server = ServerIn.model_validate(orjson.loads(spec))
-            if name not in self._config:
-                self._api[name] = server
-                self._install(server)
+            if name in self._config:
+                continue  # the config file wins over a row of the same name
+            try:
+                found[name] = ServerIn.model_validate(orjson.loads(spec))
+            except (ValueError, TypeError) as exc:
+                log.error("server %r in the database is not valid (%s); it is not served",
+                          name, exc)
+        return (int(version[0]) if version else 0), found
+
+    def _read_version(self) -> int:
+        with self._database.transaction() as conn:
+            row = conn.execute(self._database.sql("SELECT version FROM servers_version "
+                                                  "WHERE id = 1"), ()).fetchone()
+        return int(row[0]) if row else 0
+
+    def _apply(self, version: int, servers: dict[str, ServerIn]) -> None:
+        """Make the edge serve exactly `servers` (beside the config's), as of `version`."""
+        for name in [n for n in self._api if n not in servers]:
+            self._uninstall(name)
+        for name, server in servers.items():
+            if self._api.get(name) != server:
+                try:
+                    self._install(server)
+                except ValueError as exc:  # stored by a gateway with other egress rules
+                    log.error("server %r cannot be served here (%s)", name, exc)
+                    self._uninstall(name)
+        self._version = version
+
+    async def sync(self) -> None:
+        """Catch up with changes other gateways (or processes) made, if any."""
+        async with self._lock:
+            if await self._run(self._read_version) != self._version:
+                self._apply(*await self._run(self._read_all))
+
+    async def watch(self) -> None:
+        """Poll for changes made elsewhere until cancelled; a database error waits a turn."""
+        while True:
+            await asyncio.sleep(self.POLL_S)
+            try:
+                await self.sync()
+            except self._database.errors as exc:
+                log.warning("server registry: cannot read the database (%s)", exc)
 
     def _install(self, server: ServerIn) -> None:
         upstream = UpstreamConfig(name=server.name, url=str(server.url),
@@ -54,11 +116,14 @@ class Registry:
         if self._access is not None:
             self._access.set(server.name, _access_config(server.access))
         self._routes[server.name] = UpstreamRoute.from_config(upstream)
+        self._api[server.name] = server
 
-    def scopes_of(self, name: str) -> list[str] | None:
-        """The allow_scopes of a server registered through the API; None if there is none."""
-        server = self._api.get(name)
-        return None if server is None else list(server.access.allow_scopes)
+    def _uninstall(self, name: str) -> None:
+        self._api.pop(name, None)
+        self._routes.pop(name, None)
+        self._egress.discard(name)
+        if self._access is not None:
+            self._access.set(name, None)
 
     def _out(self, name: str) -> ServerOut:
         if name in self._config:
@@ -73,76 +138,130 @@ class Registry:
                          source="api", mcp_url=f"{self._public_url}/mcp/{s.name}",
                          access=s.access)
 
-    def list(self) -> list[ServerOut]:
+    def scopes_of(self, name: str) -> list[str] | None:
+        """The allow_scopes of a server registered through the API; None if there is none."""
+        server = self._api.get(name)
+        return None if server is None else list(server.access.allow_scopes)
+
+    async def list(self) -> list[ServerOut]:
+        await self.sync()
         return [self._out(n) for n in sorted({*self._config, *self._api})]
 
-    def get(self, name: str) -> ServerOut:
+    async def get(self, name: str) -> ServerOut:
+        await self.sync()
         if name not in self._config and name not in self._api:
             raise ApiError(404, f"server '{name}' not found")
         return self._out(name)
 
+    async def names(self) -> set[str]:
+        await self.sync()
+        return {*self._config, *self._api}
+
+    # -- writing -------------------------------------------------------------------------------
+
     async def create(self, server: ServerIn) -> ServerOut:
-        async with self._lock:
-            if server.name in self._config or server.name in self._api:
-                raise ApiError(409, f"server '{server.name}' already exists")
-            await self._store(server, created=True)
-            return self._out(server.name)
+        if server.name in self._config:
+            raise ApiError(409, f"server '{server.name}' already exists")
+        self._validate(server)
+        return await self._write(server.name, self._insert_row, server)
 
     async def replace(self, name: str, server: ServerIn) -> ServerOut:
-        async with self._lock:
-            self._writable(name)
-            await self._store(server, created=False)
-            return self._out(name)
+        self._config_is_read_only(name)
+        self._validate(server)
+        return await self._write(name, self._update_row, name, lambda _old: server)
+
+    async def patch(self, name: str, changes: dict[str, Any]) -> ServerOut:
+        """Merge `changes` (a validated ServerPatch, dumped without its unset fields) into the
+        stored server, read and written in one transaction: concurrent patches all land."""
+        self._config_is_read_only(name)
+
+        def merged(old: ServerIn) -> ServerIn:
+            try:
+                server = ServerIn.model_validate({**old.model_dump(mode="json"), **changes})
+            except ValidationError as exc:
+                raise Invalid.from_pydantic(exc) from None
+            self._validate(server)
+            return server
+
+        return await self._write(name, self._update_row, name, merged)
 
     async def delete(self, name: str) -> None:
+        self._config_is_read_only(name)
         async with self._lock:
-            self._writable(name)
-            await self._run(self._delete_row, name)
-            del self._api[name]
-            self._routes.pop(name, None)
-            self._egress.discard(name)
-            if self._access is not None:
-                self._access.set(name, None)
+            try:
+                await self._run(self._delete_row, name)
+            finally:  # deleted, or refused (named by keys, gone already): as it is now
+                await self._catch_up()
 
-    def current(self, name: str) -> ServerIn:
-        self._writable(name)
-        return self._api[name]
+    async def _write(self, name: str, fn: Any, *args: Any) -> ServerOut:
+        async with self._lock:
+            try:
+                server: ServerIn = await self._run(fn, *args)
+            except ApiError:  # taken or gone: another gateway wrote; see what it did
+                await self._catch_up()
+                raise
+            self._install(server)  # validated before the write: it cannot fail here
+            await self._catch_up()
+            return self._out(name)
 
-    def _writable(self, name: str) -> None:
+    async def _catch_up(self) -> None:
+        """After our own write: reload if anyone else wrote too (else just note the version)."""
+        version, servers = await self._run(self._read_all)
+        self._apply(version, servers)
+
+    def _config_is_read_only(self, name: str) -> None:
         if name in self._config:
             raise ApiError(400, f"server '{name}' is defined in the config file, which the API "
                                 "cannot change")
-        if name not in self._api:
-            raise ApiError(404, f"server '{name}' not found")
 
-    async def _store(self, server: ServerIn, created: bool) -> None:
+    def _validate(self, server: ServerIn) -> None:
         try:
-            self._egress.add(UpstreamEgress.from_url(server.name, str(server.url),
-                                                     list(server.zones), []))
+            self._egress.validate(UpstreamEgress.from_url(server.name, str(server.url),
+                                                          list(server.zones), []))
         except ValueError as exc:
             raise ApiError(400, f"server '{server.name}': {exc}") from None
-        await self._run(self._write_row, server, created)
-        self._api[server.name] = server
-        self._install(server)
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
 
-    def _write_row(self, server: ServerIn, created: bool) -> None:
+    def _insert_row(self, server: ServerIn) -> ServerIn:
         now = time.time()
-        spec = server.model_dump_json()
+        try:
+            with self._database.transaction() as conn:
+                conn.execute(self._database.sql(
+                    "INSERT INTO servers (name, spec, created_at, updated_at) "
+                    "VALUES (?, ?, ?, ?)"), (server.name, server.model_dump_json(), now, now))
+        except self._database.integrity_errors:
+            raise ApiError(409, f"server '{server.name}' already exists") from None
+        return server
+
+    def _update_row(self, name: str, change: Callable[[ServerIn], ServerIn]) -> ServerIn:
         sql = self._database.sql
+        lock = " FOR UPDATE" if self._database.postgresql else ""
         with self._database.transaction() as conn:
-            if created:
-                conn.execute(sql("INSERT INTO servers (name, spec, created_at, updated_at) "
-                                 "VALUES (?, ?, ?, ?)"), (server.name, spec, now, now))
-            else:
-                conn.execute(sql("UPDATE servers SET spec = ?, updated_at = ? WHERE name = ?"),
-                             (spec, now, server.name))
+            row = conn.execute(sql(f"SELECT spec FROM servers WHERE name = ?{lock}"),
+                               (name,)).fetchone()
+            if row is None:
+                raise ApiError(404, f"server '{name}' not found")
+            server = change(ServerIn.model_validate(orjson.loads(row[0])))
+            conn.execute(sql("UPDATE servers SET spec = ?, updated_at = ? WHERE name = ?"),
+                         (server.model_dump_json(), time.time(), name))
+        return server
 
     def _delete_row(self, name: str) -> None:
+        sql = self._database.sql
         with self._database.transaction() as conn:
-            conn.execute(self._database.sql("DELETE FROM servers WHERE name = ?"), (name,))
+            # a key scoped to this server would silently regain access to any later server of
+            # the same name: the keys must be edited or revoked first
+            keys = [str(key_id) for key_id, endpoints in conn.execute(
+                sql("SELECT id, endpoints FROM api_keys WHERE revoked_at IS NULL"), ()
+            ).fetchall() if name in orjson.loads(endpoints)]
+            if keys:
+                raise ApiError(409, f"server '{name}' is named by API key(s) "
+                                    f"{', '.join(sorted(keys))}; edit or revoke them first")
+            cur = conn.execute(sql("DELETE FROM servers WHERE name = ?"), (name,))
+            if cur.rowcount != 1:
+                raise ApiError(404, f"server '{name}' not found")
 
     def close(self) -> None:
         self._db.shutdown(wait=False)

@@ -182,7 +182,7 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
 
     @route("/servers", ["GET"])
     async def servers(who: Caller) -> Response:
-        return _json({"items": api().registry.list()})
+        return _json({"items": await api().registry.list()})
 
     @route("/servers", ["POST"])
     async def create_server(who: Caller) -> Response:
@@ -190,7 +190,7 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
 
     @route("/servers/<name>", ["GET"])
     async def server(who: Caller, name: str) -> Response:
-        return _json(api().registry.get(name))
+        return _json(await api().registry.get(name))
 
     @route("/servers/<name>", ["PUT"])
     async def put_server(who: Caller, name: str) -> Response:
@@ -202,13 +202,8 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
     @route("/servers/<name>", ["PATCH"])
     async def patch_server(who: Caller, name: str) -> Response:
         patch = await _body(ServerPatch)
-        data = api().registry.current(name).model_dump(mode="json")
-        data.update(patch.model_dump(mode="json", exclude_none=True))
-        try:
-            merged = ServerIn.model_validate(data)
-        except ValidationError as exc:
-            raise Invalid.from_pydantic(exc) from None
-        return _json(await api().registry.replace(name, merged))
+        return _json(await api().registry.patch(
+            name, patch.model_dump(mode="json", exclude_none=True)))
 
     @route("/servers/<name>", ["DELETE"])
     async def delete_server(who: Caller, name: str) -> Response:
@@ -225,8 +220,8 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
             raise ApiError(404, f"API key '{key_id}' not found")
         return key_id
 
-    def _endpoint_problems(endpoints: list[str]) -> list[dict[str, Any]]:
-        known = {s.name for s in api().registry.list()}
+    async def _endpoint_problems(endpoints: list[str]) -> list[dict[str, Any]]:
+        known = await api().registry.names()
         return [{"loc": ["body", "endpoints", i], "msg": f"no server named {name}",
                  "type": "value_error"} for i, name in enumerate(endpoints) if name not in known]
 
@@ -252,7 +247,7 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
     @route("/keys", ["POST"])
     async def create_key(who: Caller) -> Response:
         body = await _body(KeyIn)
-        problems = _endpoint_problems(body.endpoints)
+        problems = await _endpoint_problems(body.endpoints)
         if problems:
             raise Invalid(problems)
         key, secret = await asyncio.to_thread(api_keys.create, api().db_path, body.name,
@@ -269,7 +264,7 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
     @route("/keys/<key_id>", ["PUT"])
     async def put_key(who: Caller, key_id: str) -> Response:
         body = await _body(KeyPut)
-        problems = _id_problems(body.id, key_id) + _endpoint_problems(body.endpoints)
+        problems = _id_problems(body.id, key_id) + await _endpoint_problems(body.endpoints)
         if problems:
             raise Invalid(problems)
         return await _change_key(key_id, {"name": body.name, "endpoints": body.endpoints,
@@ -281,7 +276,7 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
         sent = body.model_fields_set - {"id"}
         problems = _id_problems(body.id, key_id)
         if "endpoints" in sent:
-            problems += _endpoint_problems(body.endpoints)
+            problems += await _endpoint_problems(body.endpoints)
         if problems:
             raise Invalid(problems)
         return await _change_key(key_id, {field: getattr(body, field) for field in sent})

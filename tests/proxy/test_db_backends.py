@@ -29,7 +29,8 @@ from proxy.oauth.server import AuthorizationServer, OAuthError, s256
 from tests.conftest import make_config
 
 TABLES = {"audit", "usage_outbox", "api_keys", "api_keys_version", "users", "oauth_keys",
-          "oauth_clients", "oauth_refresh", "upstream_tokens", "servers", "schema_migrations"}
+          "oauth_clients", "oauth_refresh", "upstream_tokens", "servers", "servers_version",
+          "roles", "user_roles", "schema_migrations"}
 
 
 def rows(database: Database, text: str, *args: Any) -> list[tuple[Any, ...]]:
