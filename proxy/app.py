@@ -85,7 +85,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     origins.add(f"{public.scheme}://{public.netloc}".lower())
     state = State()
     app.extensions["tollhouse"] = state
-    database = Database(cfg.database.url)
+    database = Database(cfg.database.url, busy_timeout_s=cfg.database.busy_timeout_s)
     database.ensure_schema()  # start-up migrations (proxy.migrations): versioned, idempotent
     per_user = any(u.auth == "per_user" for u in cfg.upstreams)
     people = cfg.oauth_server.enabled or cfg.auth.oidc.enabled or per_user

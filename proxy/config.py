@@ -137,6 +137,9 @@ class AccessConfig:
 @dataclass(frozen=True)
 class DatabaseConfig:
     url: str = "sqlite:///tollhouse.db"
+    # how long a statement waits for a lock another writer holds before the operation gives
+    # up (the management API answers 503 with Retry-After)
+    busy_timeout_s: float = 10.0
 
     @property
     def sqlite_path(self) -> str:
@@ -340,6 +343,7 @@ def _check(cfg: Config, base_dir: Path) -> None:
     _positive(lock.window_s, "auth.lockout.window_s")
     _positive(lock.lockout_s, "auth.lockout.lockout_s")
     _positive(lock.max_tracked, "auth.lockout.max_tracked")
+    _positive(cfg.database.busy_timeout_s, "database.busy_timeout_s")
     if not cfg.database.url.startswith(("sqlite:///", "postgresql://", "postgres://")):
         raise ConfigError("config: 'database.url' must be sqlite:///PATH or "
                           "postgresql://USER:PASSWORD@HOST:PORT/DBNAME")

@@ -145,8 +145,11 @@ def _quietly_close(conn: Connection) -> None:
 class Database:
     """One database named by a URL: its dialect, its SQL spelling, and pooled connections."""
 
-    def __init__(self, url: str, *, max_idle: int = 4) -> None:
+    def __init__(self, url: str, *, max_idle: int = 4, busy_timeout_s: float = 10.0) -> None:
         self.url = url
+        # a lock another writer holds is waited for this long, then the statement fails with
+        # an `unavailable` error (SQLite's busy timeout; PostgreSQL's lock_timeout)
+        self.busy_timeout_s = busy_timeout_s
         self.dialect: Dialect
         if url.startswith("sqlite:///"):
             self.dialect = "sqlite"
@@ -267,10 +270,12 @@ class Database:
                 extra["connect_timeout"] = 10
             if "application_name" not in given:
                 extra["application_name"] = "tollhouse"
+            if "options" not in given:
+                extra["options"] = f"-c lock_timeout={int(self.busy_timeout_s * 1000)}"
             return cast(Connection, psycopg.connect(self.url, autocommit=False, **extra))
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=10, check_same_thread=False)
+        conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, check_same_thread=False)
         _wal(conn)
         return conn
 

@@ -283,6 +283,8 @@ def apply(conn: Connection, dialect: Dialect,
     transaction; it is left outside one."""
     try:
         if dialect == "postgresql":
+            # another gateway's migration, or DDL behind running queries: wait it out
+            conn.execute("SET LOCAL lock_timeout = '300s'")
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,)).fetchall()
         else:
             conn.execute("BEGIN IMMEDIATE")

@@ -239,6 +239,8 @@ class Registry:
         sql = self._database.sql
         lock = " FOR UPDATE" if self._database.postgresql else ""
         with self._database.transaction() as conn:
+            if not self._database.postgresql:  # take the write lock before reading (WAL:
+                conn.execute("BEGIN IMMEDIATE")  # else a stale snapshot fails the write)
             row = conn.execute(sql(f"SELECT spec FROM servers WHERE name = ?{lock}"),
                                (name,)).fetchone()
             if row is None:
