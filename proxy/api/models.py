@@ -1,11 +1,16 @@
 """Request and response bodies of /api/v1, validated with pydantic; the OpenAPI document is
-built from these same models."""
+built from these same models.
+
+Request bodies are strict where JSON has a type of its own: a boolean is true or false (never
+"yes" or 1), a number is a JSON number (never "5" or true; an integer is a number). A PATCH
+field that cannot be null is a 422 when sent as null: its default of None stands for "not
+sent", which the routes read as "unchanged"."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl, StrictBool
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 USER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
@@ -21,6 +26,17 @@ def _remote() -> list[Zone]:
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def unsent(**constraints: Any) -> Any:
+    """The default of a PATCH field that may be left out but not sent as null: None, which
+    pydantic does not validate, while an explicit null fails the field's (non-null) type."""
+    return Field(None, **constraints)
+
+
+def number(default: Any = None, **constraints: Any) -> Any:
+    """A strict JSON number (an integer is one; "5" and true are not), finite."""
+    return Field(default, strict=True, allow_inf_nan=False, **constraints)
 
 
 class ToolProfileIn(Strict):
@@ -59,20 +75,22 @@ class ServerIn(Strict):
 
     name: str = Field(pattern=NAME)
     url: UpstreamUrl
-    timeout_s: float = Field(30.0, gt=0, le=3600)
-    total_timeout_s: float = Field(300.0, gt=0, le=86400)
+    timeout_s: float = number(30.0, gt=0, le=3600)
+    total_timeout_s: float = number(300.0, gt=0, le=86400)
     zones: list[Zone] = Field(default_factory=_remote, min_length=1)
     era: Literal["auto", "legacy", "modern"] = "auto"
     access: AccessIn = Field(default_factory=AccessIn)
 
 
 class ServerPatch(Strict):
-    url: UpstreamUrl | None = None
-    timeout_s: float | None = Field(None, gt=0, le=3600)
-    total_timeout_s: float | None = Field(None, gt=0, le=86400)
-    zones: list[Literal["loopback", "lan", "remote"]] | None = Field(None, min_length=1)
-    era: Literal["auto", "legacy", "modern"] | None = None
-    access: AccessIn | None = None
+    """The fields sent are changed; none may be null (None stands for "not sent")."""
+
+    url: UpstreamUrl = unsent()
+    timeout_s: float = number(gt=0, le=3600)
+    total_timeout_s: float = number(gt=0, le=86400)
+    zones: list[Zone] = unsent(min_length=1)
+    era: Literal["auto", "legacy", "modern"] = unsent()
+    access: AccessIn = unsent()
 
 
 class ServerOut(BaseModel):
@@ -95,7 +113,7 @@ class RoleIn(Strict):
 
 
 class RolePatch(Strict):
-    description: str | None = Field(None, max_length=500, pattern=TEXT)
+    description: str = unsent(max_length=500, pattern=TEXT)
 
 
 class Role(BaseModel):
@@ -105,14 +123,14 @@ class Role(BaseModel):
 
 
 RoleName = Annotated[str, Field(pattern=NAME)]
-Expiry = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Expiry = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
 
 
 class KeyIn(Strict):
     name: str = Field(min_length=1, max_length=100, pattern=TEXT)
     endpoints: list[str] = Field(default_factory=list)
     role: Literal["", "admin"] = ""
-    expires_in_days: float | None = Field(None, gt=0, le=36500, allow_inf_nan=False)
+    expires_in_days: float | None = number(gt=0, le=36500)
 
 
 class KeyPut(Strict):
@@ -131,9 +149,9 @@ class KeyPatch(Strict):
     if sent, must have a value (their None default stands for "not sent")."""
 
     id: str | None = None
-    name: str = Field(None, min_length=1, max_length=100, pattern=TEXT)  # type: ignore[assignment]
-    endpoints: list[str] = Field(None)  # type: ignore[arg-type]
-    role: Literal["", "admin"] = Field(None)  # type: ignore[arg-type]
+    name: str = unsent(min_length=1, max_length=100, pattern=TEXT)
+    endpoints: list[str] = unsent()
+    role: Literal["", "admin"] = unsent()
     expires_at: Expiry | None = None
 
 
@@ -156,7 +174,7 @@ class KeyCreated(KeyOut):
 class UserIn(Strict):
     name: str = Field(pattern=USER_NAME)
     password: str = Field(min_length=8, max_length=1024)
-    admin: bool = False
+    admin: StrictBool = False
     roles: list[RoleName] = Field(default_factory=list, max_length=100)
 
 
@@ -166,14 +184,16 @@ class UserPut(Strict):
 
     name: str = Field(pattern=USER_NAME)
     password: str | None = Field(None, min_length=8, max_length=1024)
-    admin: bool = False
+    admin: StrictBool = False
     roles: list[RoleName] = Field(default_factory=list, max_length=100)
 
 
 class UserPatch(Strict):
-    admin: bool | None = None
-    password: str | None = Field(None, min_length=8, max_length=1024)
-    roles: list[RoleName] | None = Field(None, max_length=100)
+    """The fields sent are changed; none may be null (None stands for "not sent")."""
+
+    admin: StrictBool = unsent()
+    password: str = unsent(min_length=8, max_length=1024)
+    roles: list[RoleName] = unsent(max_length=100)
 
 
 class UserOut(BaseModel):

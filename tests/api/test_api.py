@@ -410,6 +410,80 @@ async def test_key_edits_list_every_problem(tmp_path: Path) -> None:
         assert (after["name"], after["endpoints"], after["expires_at"]) == ("bot", [], None)
 
 
+async def test_booleans_and_numbers_are_not_coerced(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        for admin in ("yes", "true", 1, 0, None):
+            for method, path, body in (("PATCH", "/users/pat", {"admin": admin}),
+                                       ("PUT", "/users/pat", {"name": "pat", "admin": admin}),
+                                       ("POST", "/users", {"name": "kim", "password": "x" * 9,
+                                                           "admin": admin})):
+                refused = await e.admin.request(method, e.api(path), json=body)
+                assert refused.status_code == 422, (method, admin, refused.text)
+                assert [p["loc"] for p in detail(refused)] == [["body", "admin"]]
+        assert (await e.admin.get(e.api("/users/pat"))).json()["admin"] is False
+        assert (await e.admin.patch(e.api("/users/pat"), json={"admin": True})).json()["admin"]
+        # numbers: a JSON number, an integer included; a URL is still a string
+        spec = {"name": "strict", "url": "https://a.example/mcp"}
+        for field in ("timeout_s", "total_timeout_s"):
+            for value in ("5", True, "inf", [5]):
+                for method, path in (("POST", "/servers"), ("PATCH", "/servers/strict")):
+                    refused = await e.admin.request(method, e.api(path),
+                                                    json={**spec, field: value}
+                                                    if method == "POST" else {field: value})
+                    assert refused.status_code == 422, (method, field, value, refused.text)
+                    assert [p["loc"] for p in detail(refused)] == [["body", field]]
+        made = await e.admin.post(e.api("/servers"), json={**spec, "timeout_s": 5,
+                                                            "total_timeout_s": 60.5})
+        assert made.status_code == 201, made.text
+        assert (made.json()["timeout_s"], made.json()["url"]) == (5, "https://a.example/mcp")
+        patched = await e.admin.patch(e.api("/servers/strict"), json={
+            "timeout_s": 7, "url": "https://b.example/mcp"})
+        assert patched.status_code == 200, patched.text
+        assert (patched.json()["timeout_s"], patched.json()["url"]) == (7,
+                                                                         "https://b.example/mcp")
+        key = (await e.admin.post(e.api("/keys"), json={"name": "k"})).json()
+        for method, path, body in (
+                ("POST", "/keys", {"name": "k", "expires_in_days": "1"}),
+                ("POST", "/keys", {"name": "k", "expires_in_days": True}),
+                ("PATCH", f"/keys/{key['id']}", {"expires_at": "2000000000"}),
+                ("PUT", f"/keys/{key['id']}", {"name": "k", "endpoints": [],
+                                               "expires_at": True})):
+            refused = await e.admin.request(method, e.api(path), json=body)
+            assert refused.status_code == 422, (method, body, refused.text)
+            assert len(detail(refused)) == 1
+        days = await e.admin.post(e.api("/keys"), json={"name": "k", "expires_in_days": 2})
+        assert days.status_code == 201
+
+
+async def test_a_null_in_a_patch_is_a_422_naming_the_field(tmp_path: Path) -> None:
+    """null is no value for a field that cannot be null, on every PATCH alike (only a key's
+    expires_at may be null: no expiry); nothing is changed."""
+    async with env(tmp_path) as e:
+        assert (await e.admin.post(e.api("/roles"), json={"name": "ops",
+                                                          "description": "d"})).status_code == 201
+        assert (await e.admin.post(e.api("/servers"), json={
+            "name": "s1", "url": "https://a.example/mcp"})).status_code == 201
+        key = (await e.admin.post(e.api("/keys"), json={"name": "k"})).json()
+        for path, fields in (
+                ("/users/pat", ("admin", "password", "roles")),
+                ("/roles/ops", ("description",)),
+                (f"/keys/{key['id']}", ("name", "endpoints", "role")),
+                ("/servers/s1", ("url", "timeout_s", "total_timeout_s", "zones", "era",
+                                 "access"))):
+            for field in fields:
+                refused = await e.admin.patch(e.api(path), json={field: None})
+                assert refused.status_code == 422, (path, field, refused.text)
+                assert [p["loc"] for p in detail(refused)] == [["body", field]]
+            every = await e.admin.patch(e.api(path), json=dict.fromkeys(fields))
+            assert {p["loc"][1] for p in detail(every)} == set(fields)
+        assert (await e.admin.get(e.api("/roles/ops"))).json()["description"] == "d"
+        assert (await e.admin.get(e.api("/servers/s1"))).json()["timeout_s"] == 30
+        # left out is unchanged; a key's expires_at may be null
+        assert (await e.admin.patch(e.api("/users/pat"), json={})).status_code == 200
+        cleared = await e.admin.patch(e.api(f"/keys/{key['id']}"), json={"expires_at": None})
+        assert cleared.status_code == 200 and cleared.json()["expires_at"] is None
+
+
 async def test_a_narrowed_key_takes_effect_on_the_next_mcp_call(tmp_path: Path) -> None:
     async with env(tmp_path) as e:
         other = await e.admin.post(e.api("/servers"), json={
