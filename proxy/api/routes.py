@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -60,6 +61,7 @@ from proxy.signin import COOKIE, Web
 
 M = TypeVar("M", bound=BaseModel)
 PREFIX = "/api/v1"
+READS = frozenset({"GET", "HEAD", "OPTIONS"})  # not changes: no Origin/Referer check
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,9 @@ def _dump(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     raise TypeError
+
+
+Problems = list[dict[str, Any]]
 
 
 async def _body(model: type[M]) -> M:
@@ -151,13 +156,15 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
             raise ApiError(403, "administrators only")
         return who
 
-    def route(rule: str, methods: list[str], *, admin: bool = True
+    def route(rule: str, methods: list[str], *, admin: bool = True, query: bool = False
               ) -> Callable[[Callable[..., Awaitable[Response]]], Any]:
+        """`query`: the route reads its query string (the others ignore theirs)."""
+
         def wrap(handler: Callable[..., Awaitable[Response]]) -> Any:
             async def endpoint(**kwargs: Any) -> Response:
                 try:
-                    who = await caller(admin=admin, changes=request.method != "GET")
-                    await _refuse_nul(kwargs)
+                    who = await caller(admin=admin, changes=request.method not in READS)
+                    await _refuse_nul(kwargs, query)
                     return await handler(who, **kwargs)
                 except ApiError as exc:
                     return exc.response()
@@ -449,27 +456,14 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
 
     # -- audit and usage --------------------------------------------------------------------
 
-    @route("/audit", ["GET"])
+    @route("/audit", ["GET"], query=True)
     async def audit(who: Caller) -> Response:
         args = request.args
-        problems = []
-        numbers: dict[str, float | None] = {}
-        for key in ("since", "until"):
-            try:
-                numbers[key] = float(args[key]) if key in args else None
-            except ValueError:
-                problems.append({"loc": ["query", key], "msg": "must be a Unix time",
-                                 "type": "float_parsing"})
-        try:
-            limit = int(args.get("limit", "50"))
-            if not 1 <= limit <= 500:
-                raise ValueError
-        except ValueError:
-            problems.append({"loc": ["query", "limit"], "msg": "must be 1 to 500",
-                             "type": "value_error"})
-            limit = 50
+        problems: Problems = []
+        numbers = _period(args, problems)
+        limit = _limit(args.get("limit"), problems)
         status = args.get("status")
-        if status is not None and status not in ("ok", "denied", "error", "cancelled"):
+        if status is not None and status not in AUDIT_STATUSES:
             problems.append({"loc": ["query", "status"],
                              "msg": "must be ok, denied, error or cancelled",
                              "type": "literal_error"})
@@ -485,17 +479,11 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
         next_cursor = _encode_cursor(rows[-1]) if more and rows else None
         return _json({"items": rows, "next_cursor": next_cursor})
 
-    @route("/usage", ["GET"])
+    @route("/usage", ["GET"], query=True)
     async def usage_totals(who: Caller) -> Response:
         args = request.args
-        times: dict[str, float | None] = {"since": None, "until": None}
-        problems = []
-        for key in times:
-            try:
-                times[key] = float(args[key]) if key in args else None
-            except ValueError:
-                problems.append({"loc": ["query", key], "msg": "must be a Unix time",
-                                 "type": "float_parsing"})
+        problems: Problems = []
+        times = _period(args, problems)
         if problems:
             raise Invalid(problems)
         since = times["since"] if times["since"] is not None else time.time() - 86400
@@ -536,13 +524,16 @@ def _role_out(r: StoredRole) -> Role:
                 source="builtin" if r.builtin else "api")
 
 
-async def _refuse_nul(path: dict[str, Any]) -> None:
-    """A NUL anywhere in the request is a validation error (seed 004: 422): nothing this API
-    stores or looks up may hold one (PostgreSQL's text cannot)."""
+async def _refuse_nul(path: dict[str, Any], query: bool) -> None:
+    """A NUL anywhere in what the route reads is a validation error (seed 004: 422): nothing
+    this API stores or looks up may hold one (PostgreSQL's text cannot). A route that reads
+    no query string ignores it, NULs and all."""
     problems = [{"loc": ["path", k], "msg": "holds a NUL character", "type": "value_error"}
                 for k, v in path.items() if isinstance(v, str) and "\x00" in v]
-    problems += [{"loc": ["query", k], "msg": "holds a NUL character", "type": "value_error"}
-                 for k, v in request.args.items(multi=True) if "\x00" in k or "\x00" in v]
+    if query:
+        problems += [{"loc": ["query", k], "msg": "holds a NUL character",
+                      "type": "value_error"}
+                     for k, v in request.args.items(multi=True) if "\x00" in k or "\x00" in v]
     if request.method in ("POST", "PUT", "PATCH") and nul_in_body(await request.get_data(),
                                                                   "application/json"):
         problems.append({"loc": ["body"], "msg": "holds a NUL character",
@@ -555,16 +546,61 @@ def _audit_page(path: db.Target, **kwargs: Any) -> list[dict[str, Any]]:
     return audit_page(path, **kwargs)
 
 
-def _cursor(value: str | None, problems: list[dict[str, Any]]) -> tuple[float, int] | None:
+# A Unix time in a query: a plain decimal number (no exponent, sign +, _, or other digits)
+DECIMAL = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
+AUDIT_STATUSES = ("ok", "denied", "error", "cancelled")
+MAX_LIMIT = 500
+MAX_ROW_ID = 2**63 - 1  # a row id either database can hold
+
+
+def _period(args: Any, problems: Problems) -> dict[str, float | None]:
+    """`since` and `until`, each a finite plain decimal Unix time if given, `since` not after
+    `until`; every problem is added to `problems`."""
+    times: dict[str, float | None] = {"since": None, "until": None}
+    for key in times:
+        value = args.get(key)
+        if value is None:
+            continue
+        number = float(value) if DECIMAL.fullmatch(value) else math.nan
+        if math.isfinite(number):
+            times[key] = number
+        else:
+            problems.append({"loc": ["query", key], "msg": "must be a Unix time: a plain "
+                             "decimal number such as 1700000000.5", "type": "float_parsing"})
+    since, until = times["since"], times["until"]
+    if since is not None and until is not None and since > until:
+        problems.append({"loc": ["query", "since"], "msg": "must not be after until",
+                         "type": "value_error"})
+    return times
+
+
+def _limit(value: str | None, problems: Problems) -> int:
+    """A page size: ASCII digits, 1 to MAX_LIMIT (50 if not given)."""
+    if value is None:
+        return 50
+    if re.fullmatch(r"[0-9]{1,3}", value) and 1 <= int(value) <= MAX_LIMIT:
+        return int(value)
+    problems.append({"loc": ["query", "limit"], "msg": f"must be a whole number from 1 to "
+                     f"{MAX_LIMIT}", "type": "value_error"})
+    return 50
+
+
+def _cursor(value: str | None, problems: Problems) -> tuple[float, int] | None:
+    """A cursor this API gave: [ts, id], a finite float time and a row id 0..2**63-1."""
     if not value:
         return None
     try:
-        ts, row_id = orjson.loads(base64.urlsafe_b64decode(value.encode() + b"=="))
-        return float(ts), int(row_id)
-    except (ValueError, TypeError, orjson.JSONDecodeError):
-        problems.append({"loc": ["query", "cursor"], "msg": "not a cursor this API gave",
-                         "type": "value_error"})
-        return None
+        decoded = orjson.loads(base64.urlsafe_b64decode(value.encode() + b"=="))
+    except (ValueError, orjson.JSONDecodeError):
+        decoded = None
+    if isinstance(decoded, list) and len(decoded) == 2:
+        ts, row_id = decoded
+        if type(ts) is float and math.isfinite(ts) and type(row_id) is int \
+                and 0 <= row_id <= MAX_ROW_ID:
+            return ts, row_id
+    problems.append({"loc": ["query", "cursor"], "msg": "not a cursor this API gave",
+                     "type": "value_error"})
+    return None
 
 
 def _encode_cursor(row: dict[str, Any]) -> str:

@@ -4,6 +4,8 @@ and a registry change reaching the live edge while a long call is in flight."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import re
 import secrets
 import time
@@ -117,6 +119,24 @@ async def test_lockout_after_bad_keys(tmp_path: Path) -> None:
                                     headers={"Authorization": f"Bearer {e.admin_key}"})
         assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
         assert isinstance(detail(locked), str)
+
+
+async def test_reads_with_a_cookie_need_no_origin(tmp_path: Path) -> None:
+    """GET and HEAD change nothing: a browser's HEAD needs no Origin, as its GET does not."""
+    async with env(tmp_path) as e:
+        pat, root = (await signed_in(e, "pat", "pat-password"),
+                     await signed_in(e, "root", "root-password"))
+        try:
+            for client, path in ((pat, "/me"), (root, "/me"), (root, "/users")):
+                for method in ("GET", "HEAD"):
+                    read = await client.request(method, e.api(path))
+                    assert read.status_code == 200, (method, path, read.text)
+            # a change still needs the Origin
+            refused = await root.patch(e.api("/users/pat"), json={"admin": False})
+            assert refused.status_code == 403
+        finally:
+            for client in (pat, root):
+                await client.aclose()
 
 
 async def test_servers_crud_and_the_live_edge(tmp_path: Path) -> None:
@@ -246,6 +266,57 @@ async def test_audit_pages_newest_first_and_usage(tmp_path: Path) -> None:
         bad_period = await e.admin.get(e.api("/usage"), params={"since": "x", "until": "y"})
         assert bad_period.status_code == 422
         assert [p["loc"] for p in detail(bad_period)] == [["query", "since"], ["query", "until"]]
+
+
+def cursor_of(value: Any) -> str:
+    return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+
+
+async def test_an_audit_cursor_is_only_one_the_api_gave(tmp_path: Path) -> None:
+    """[time, id]: a finite float time and a row id either database can hold; anything else
+    is a 422 naming the cursor, never a 500 (an id past 2**63-1 overflowed SQLite)."""
+    async with env(tmp_path) as e:
+        fine = await e.admin.get(e.api("/audit"), params={
+            "cursor": cursor_of([1.5, 2**63 - 1])})
+        assert fine.status_code == 200 and fine.json()["items"] == []
+        for cursor in ("WzEsIDkyMjMzNzIwMzY4NTQ3NzU4MDhd",  # [1, 9223372036854775808]
+                       cursor_of([1.5, 2**63]), cursor_of([1.5, -1]), cursor_of([1.5, True]),
+                       cursor_of([1.5, 2.0]), cursor_of(["1.5", 2]), cursor_of([None, 2]),
+                       cursor_of([1, 2]), cursor_of([1.5, 2, 3]), cursor_of([1.5]),
+                       cursor_of({"ts": 1.5}), cursor_of([1.5, 2**64]),
+                       base64.urlsafe_b64encode(b"[1e400, 2]").decode(), "not base64!", "é"):
+            refused = await e.admin.get(e.api("/audit"), params={"cursor": cursor})
+            assert refused.status_code == 422, (cursor, refused.text)
+            assert [p["loc"] for p in detail(refused)] == [["query", "cursor"]], cursor
+
+
+async def test_times_and_limits_are_plain_numbers(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        for path in ("/audit", "/usage"):
+            for good in ("1700000000", "1700000000.25", "0", "-5"):
+                answer = await e.admin.get(e.api(path), params={"since": good, "until": good})
+                assert answer.status_code == 200, (path, good, answer.text)
+            for bad in ("nan", "NaN", "inf", "-inf", "Infinity", "1e400", "1e5", "9" * 400,
+                        "١٢٣", "１２３", "1_000", " 5", "5 ", "+5", "5.", ".5", "0x10", ""):
+                for key in ("since", "until"):
+                    refused = await e.admin.get(e.api(path), params={key: bad})
+                    assert refused.status_code == 422, (path, key, bad, refused.text)
+                    assert [p["loc"] for p in detail(refused)] == [["query", key]]
+            # a period that ends before it starts, listed with the other problems
+            backwards = await e.admin.get(e.api(path), params={"since": "200", "until": "100"})
+            assert backwards.status_code == 422
+            assert [(p["loc"], p["msg"]) for p in detail(backwards)] == [
+                (["query", "since"], "must not be after until")]
+        for bad in ("१०", "１０", "0", "501", "-1", "1.0", " 10", "1_0", "+10", ""):
+            refused = await e.admin.get(e.api("/audit"), params={"limit": bad})
+            assert refused.status_code == 422, (bad, refused.text)
+            assert [p["loc"] for p in detail(refused)] == [["query", "limit"]]
+        for good in ("1", "500", "050"):
+            assert (await e.admin.get(e.api("/audit"), params={"limit": good})
+                    ).status_code == 200
+        every = await e.admin.get(e.api("/audit"), params={
+            "since": "9", "until": "1", "limit": "१०", "cursor": cursor_of([1, 2**63])})
+        assert [p["loc"][1] for p in detail(every)] == ["since", "limit", "cursor"]
 
 
 async def test_openapi_matches_the_routes(tmp_path: Path) -> None:
