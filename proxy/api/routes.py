@@ -104,19 +104,45 @@ def _dump(value: Any) -> Any:
 
 
 Problems = list[dict[str, Any]]
+# A check of the raw body (a JSON object) beside the model: the problems it finds
+Check = Callable[[dict[str, Any]], Awaitable[Problems]]
 
 
-async def _body(model: type[M]) -> M:
+async def _body(model: type[M], *checks: Check) -> M:
+    """The request body validated by `model`, or one 422 listing every problem found: the
+    model's first, then each check's, in order. The checks see the raw JSON object and run
+    even when the model failed (so a body name that differs from the path is listed beside a
+    bad field); they are skipped when the body is no JSON object (the model says so). A check
+    looks only at values of the right type, and leaves the wrong ones to the model."""
     raw = await request.get_data()
     try:
         data = orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError:
         raise Invalid([{"loc": ["body"], "msg": "the body is not JSON",
                         "type": "json_invalid"}]) from None
+    problems: Problems = []
     try:
-        return model.model_validate(data)
+        body = model.model_validate(data)
     except ValidationError as exc:
-        raise Invalid.from_pydantic(exc) from None
+        problems = Invalid.from_pydantic(exc).problems
+    if isinstance(data, dict):
+        for check in checks:
+            problems += await check(data)
+    if problems:
+        raise Invalid(problems)
+    return body
+
+
+def same_as_path(field: str, value: str) -> Check:
+    """A check for `_body`: the body's `field`, if it is a string, is the path's `value` (a
+    PUT cannot rename). Left out or null, it is the model's to require or allow."""
+
+    async def check(data: dict[str, Any]) -> Problems:
+        sent = data.get(field)
+        return _mismatch(field, field).problems if isinstance(sent, str) and sent != value \
+            else []
+
+    return check
 
 
 def register(app: Quart, api: Callable[[], Api]) -> None:
@@ -227,13 +253,15 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
             raise ApiError(404, f"API key '{key_id}' not found")
         return key_id
 
-    async def _endpoint_problems(endpoints: list[str]) -> list[dict[str, Any]]:
+    async def _known_endpoints(data: dict[str, Any]) -> Problems:
+        """A check for `_body`: each of the body's endpoints names a server."""
+        endpoints = data.get("endpoints")
+        if not isinstance(endpoints, list):
+            return []
         known = await api().registry.names()
         return [{"loc": ["body", "endpoints", i], "msg": f"no server named {name}",
-                 "type": "value_error"} for i, name in enumerate(endpoints) if name not in known]
-
-    def _id_problems(body_id: str | None, key_id: str) -> list[dict[str, Any]]:
-        return [] if body_id is None or body_id == key_id else _mismatch("id", "id").problems
+                 "type": "value_error"} for i, name in enumerate(endpoints)
+                if isinstance(name, str) and name not in known]
 
     async def _change_key(key_id: str, changes: dict[str, Any]) -> Response:
         try:
@@ -253,10 +281,7 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
 
     @route("/keys", ["POST"])
     async def create_key(who: Caller) -> Response:
-        body = await _body(KeyIn)
-        problems = await _endpoint_problems(body.endpoints)
-        if problems:
-            raise Invalid(problems)
+        body = await _body(KeyIn, _known_endpoints)
         key, secret = await asyncio.to_thread(api_keys.create, api().db_path, body.name,
                                               body.endpoints, body.role, body.expires_in_days)
         return _json(KeyCreated(**key.public(), key=secret), 201)
@@ -270,22 +295,14 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
 
     @route("/keys/<key_id>", ["PUT"])
     async def put_key(who: Caller, key_id: str) -> Response:
-        body = await _body(KeyPut)
-        problems = _id_problems(body.id, key_id) + await _endpoint_problems(body.endpoints)
-        if problems:
-            raise Invalid(problems)
+        body = await _body(KeyPut, same_as_path("id", key_id), _known_endpoints)
         return await _change_key(key_id, {"name": body.name, "endpoints": body.endpoints,
                                           "role": body.role, "expires_at": body.expires_at})
 
     @route("/keys/<key_id>", ["PATCH"])
     async def patch_key(who: Caller, key_id: str) -> Response:
-        body = await _body(KeyPatch)
+        body = await _body(KeyPatch, same_as_path("id", key_id), _known_endpoints)
         sent = body.model_fields_set - {"id"}
-        problems = _id_problems(body.id, key_id)
-        if "endpoints" in sent:
-            problems += await _endpoint_problems(body.endpoints)
-        if problems:
-            raise Invalid(problems)
         return await _change_key(key_id, {field: getattr(body, field) for field in sent})
 
     @route("/keys/<key_id>", ["DELETE"])
@@ -304,12 +321,18 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
             raise ApiError(404, f"user '{name}' not found")
         return name
 
-    async def _role_problems(roles: list[str]) -> list[dict[str, Any]]:
-        if not roles:
+    async def _known_roles(data: dict[str, Any]) -> Problems:
+        """A check for `_body`: each of the body's roles (well-formed ones: the model names
+        the others) is a custom role."""
+        roles = data.get("roles")
+        if not isinstance(roles, list):
+            return []
+        named = [r for r in roles if isinstance(r, str) and re.fullmatch(NAME, r)]
+        if not named:
             return []
         known = {r.name for r in await asyncio.to_thread(api().users().roles)
                  if not r.builtin}
-        return _unknown_roles(UnknownRoles([r for r in roles if r not in known]),
+        return _unknown_roles(UnknownRoles([r for r in named if r not in known]),
                               roles).problems
 
     async def _change_user(name: str, roles: list[str] | None, **changes: Any) -> Response:
@@ -332,10 +355,7 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
 
     @route("/users", ["POST"])
     async def create_user(who: Caller) -> Response:
-        body = await _body(UserIn)
-        problems = await _role_problems(body.roles)
-        if problems:
-            raise Invalid(problems)
+        body = await _body(UserIn, _known_roles)
         try:
             user = await asyncio.to_thread(api().users().create_local, body.name, body.password,
                                            body.admin, body.roles)
@@ -354,19 +374,12 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
 
     @route("/users/<name>", ["PUT"])
     async def put_user(who: Caller, name: str) -> Response:
-        body = await _body(UserPut)
-        problems = [] if body.name == name else _mismatch("name", "name").problems
-        problems += await _role_problems(body.roles)
-        if problems:
-            raise Invalid(problems)
+        body = await _body(UserPut, same_as_path("name", name), _known_roles)
         return await _change_user(name, body.roles, admin=body.admin, password=body.password)
 
     @route("/users/<name>", ["PATCH"])
     async def patch_user(who: Caller, name: str) -> Response:
-        body = await _body(UserPatch)
-        problems = await _role_problems(body.roles or [])
-        if problems:
-            raise Invalid(problems)
+        body = await _body(UserPatch, _known_roles)
         return await _change_user(name, body.roles, admin=body.admin, password=body.password)
 
     @route("/users/<name>", ["DELETE"])
@@ -430,9 +443,7 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
 
     @route("/roles/<name>", ["PUT"])
     async def put_role(who: Caller, name: str) -> Response:
-        body = await _body(RoleIn)
-        if body.name != name:
-            raise _mismatch("name", "name")
+        body = await _body(RoleIn, same_as_path("name", name))
         return await _change_role(name, body.description)
 
     @route("/roles/<name>", ["PATCH"])

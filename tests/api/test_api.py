@@ -481,6 +481,56 @@ async def test_key_edits_list_every_problem(tmp_path: Path) -> None:
         assert (after["name"], after["endpoints"], after["expires_at"]) == ("bot", [], None)
 
 
+async def test_a_422_lists_the_path_and_reference_problems_beside_the_schema_ones(
+        tmp_path: Path) -> None:
+    """A body with a bad field and a name (or id) that differs from the path, or an unknown
+    endpoint or role: one 422 lists them all, not only the schema's."""
+    async with env(tmp_path) as e:
+        made = (await e.admin.post(e.api("/keys"), json={"name": "bot"})).json()
+        assert (await e.admin.post(e.api("/roles"), json={"name": "x"})).status_code == 201
+        cases: list[tuple[str, str, dict[str, Any], set[tuple[Any, ...]]]] = [
+            ("PUT", "/roles/x", {"name": "other", "description": "\u0007"},
+             {("body", "description"), ("body", "name")}),
+            ("PUT", "/users/pat", {"name": "other", "password": "x"},
+             {("body", "password"), ("body", "name")}),
+            ("PUT", "/users/pat", {"name": "other", "admin": "no", "roles": ["ghost", 5]},
+             {("body", "admin"), ("body", "name"), ("body", "roles", 0),
+              ("body", "roles", 1)}),
+            ("POST", "/users", {"name": "bad name!", "password": "x", "roles": ["ghost"]},
+             {("body", "name"), ("body", "password"), ("body", "roles", 0)}),
+            ("PATCH", "/users/pat", {"admin": "yes", "roles": ["x", "ghost", "admin"]},
+             {("body", "admin"), ("body", "roles", 1), ("body", "roles", 2)}),
+            ("PUT", f"/keys/{made['id']}", {"id": "bbbbbbbbbb", "name": ""},
+             {("body", "name"), ("body", "endpoints"), ("body", "expires_at"),
+              ("body", "id")}),
+            ("PUT", f"/keys/{made['id']}", {"id": "bbbbbbbbbb", "name": "ok",
+                                             "endpoints": ["zz", "cfgd"], "expires_at": "soon"},
+             {("body", "expires_at"), ("body", "id"), ("body", "endpoints", 0)}),
+            ("PATCH", f"/keys/{made['id']}", {"id": "bbbbbbbbbb", "role": "root",
+                                               "endpoints": ["zz", 7]},
+             {("body", "role"), ("body", "id"), ("body", "endpoints", 0),
+              ("body", "endpoints", 1)}),
+            ("POST", "/keys", {"name": "", "endpoints": ["zz"]},
+             {("body", "name"), ("body", "endpoints", 0)}),
+        ]
+        for method, path, body, locs in cases:
+            refused = await e.admin.request(method, e.api(path), json=body)
+            assert refused.status_code == 422, (method, path, refused.text)
+            problems = detail(refused)
+            assert {tuple(p["loc"]) for p in problems} == locs, (method, path, problems)
+            assert len(problems) == len(locs), problems
+        # the raw values are looked at only where they have the right type: no 500
+        for method, path, body in (("PUT", "/users/pat", {"name": 5, "roles": "x"}),
+                                   ("PUT", f"/keys/{made['id']}", {"id": 5, "endpoints": {}}),
+                                   ("PUT", "/roles/x", {"name": ["x"]}),
+                                   ("PUT", "/roles/x", [1, 2])):
+            refused = await e.admin.request(method, e.api(path), json=body)
+            assert refused.status_code == 422, (method, path, refused.text)
+        # nothing changed
+        assert (await e.admin.get(e.api("/users/pat"))).json()["admin"] is False
+        assert (await e.admin.get(e.api(f"/keys/{made['id']}"))).json()["name"] == "bot"
+
+
 async def test_booleans_and_numbers_are_not_coerced(tmp_path: Path) -> None:
     async with env(tmp_path) as e:
         for admin in ("yes", "true", 1, 0, None):
