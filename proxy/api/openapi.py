@@ -38,12 +38,26 @@ ERRORS = {
     "403": "Not an administrator, an endpoint-kind API key, or a cookie change without this "
            "gateway's Origin.",
     "404": "The named resource does not exist.",
-    "409": "A name already in use, a built-in role, a role someone holds, or a revoked key.",
+    "409": "A name already in use, a built-in role, a role someone holds, a server API keys "
+           "name, or a revoked key.",
     "413": "The body is over max_request_bytes.",
     "422": "Request validation: every problem found.",
-    "429": "An auth-failure lockout (Retry-After).",
+    "429": "An auth-failure lockout (Retry-After), in the OAuth shape (seed 004).",
     "503": "The database is busy or unreachable (Retry-After).",
 }
+# every authenticated operation can answer these (seed 004)
+AUTHENTICATED = ("401", "403", "429", "503")
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying",
+                               "schema": {"type": "integer", "minimum": 1}}}
+TIME = {"type": "number", "description": "a Unix time, as a plain decimal number (no "
+                                         "exponent), such as 1700000000.5"}
+QUERY: dict[str, dict[str, Any]] = {
+    "status": {"type": "string", "enum": ["ok", "denied", "error", "cancelled"]},
+    "since": TIME,
+    "until": TIME,
+    "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+}
+CONNECTION_STATUSES = ["connected", "needs_reconnect", "not_connected"]
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -51,24 +65,41 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
 
 
 def _list_of(model: type[BaseModel]) -> dict[str, Any]:
-    return {"type": "object", "properties": {"items": {"type": "array", "items": _ref(model)}}}
+    return {"type": "object", "required": ["items"],
+            "properties": {"items": {"type": "array", "items": _ref(model)}}}
+
+
+def _error(code: str) -> dict[str, Any]:
+    schema = {"422": "ValidationDetail", "429": "OAuthError"}.get(code, "Detail")
+    answer: dict[str, Any] = {"description": ERRORS[code], "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{schema}"}}}}
+    if code in ("429", "503"):
+        answer["headers"] = RETRY_AFTER
+    return answer
 
 
 def _op(summary: str, ok: str, ok_schema: dict[str, Any] | None, body: type[BaseModel] | None
-        = None, params: list[str] | None = None, query: list[str] | None = None
-        ) -> dict[str, Any]:
-    responses: dict[str, Any] = {code: {"description": text, "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/Detail" if code != "422"
-                   else "#/components/schemas/ValidationDetail"}}}} for code, text in
-        ERRORS.items()}
+        = None, params: list[str] | None = None, query: list[str] | None = None, *,
+        conflict: bool = False, precondition: bool = False) -> dict[str, Any]:
+    """An operation, with only the error statuses it can answer: those of every
+    authenticated operation; 422 where there is input (a body, a path or a query), 404 where
+    the path names something, 413 where there is a body, and 409 (`conflict`) and 400
+    (`precondition`) where the operation says so."""
+    errors = [*AUTHENTICATED]
+    errors += ["422"] if body is not None or params or query else []
+    errors += ["404"] if params else []
+    errors += ["413"] if body is not None else []
+    errors += ["409"] if conflict else []
+    errors += ["400"] if precondition else []
+    responses: dict[str, Any] = {code: _error(code) for code in sorted(errors)}
     responses[ok] = {"description": "OK"} if ok_schema is None else {
         "description": "OK", "content": {"application/json": {"schema": ok_schema}}}
     op: dict[str, Any] = {"summary": summary, "responses": responses,
                           "security": [{"bearer": []}, {"cookie": []}]}
     parameters = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
                   for p in params or []]
-    parameters += [{"name": q, "in": "query", "required": False, "schema": {"type": "string"}}
-                   for q in query or []]
+    parameters += [{"name": q, "in": "query", "required": False,
+                    "schema": QUERY.get(q, {"type": "string"})} for q in query or []]
     if parameters:
         op["parameters"] = parameters
     if body is not None:
@@ -77,8 +108,36 @@ def _op(summary: str, ok: str, ok_schema: dict[str, Any] | None, body: type[Base
     return op
 
 
+def _connections() -> dict[str, Any]:
+    """/api/v1/me/connections (proxy.connect): the signed-in person's own upstream
+    connections, served beside a per_user upstream; a browser session only."""
+    item = {"type": "object", "required": ["upstream", "status", "connect_url"], "properties": {
+        "upstream": {"type": "string"},
+        "status": {"type": "string", "enum": CONNECTION_STATUSES},
+        "connect_url": {"type": "string"}}}
+    cookie: list[dict[str, list[str]]] = [{"cookie": []}]
+    return {
+        "/api/v1/me/connections": {"get": {
+            "summary": "The signed-in person's connection to each per_user upstream",
+            "security": cookie, "responses": {
+                "200": {"description": "OK", "content": {"application/json": {"schema": {
+                    "type": "object", "required": ["items"],
+                    "properties": {"items": {"type": "array", "items": item}}}}}},
+                "401": _error("401")}}},
+        "/api/v1/me/connections/{upstream}": {"delete": {
+            "summary": "Disconnect the signed-in person from an upstream",
+            "security": cookie,
+            "parameters": [{"name": "upstream", "in": "path", "required": True,
+                            "schema": {"type": "string"}}],
+            "responses": {"204": {"description": "OK"}, "401": _error("401"),
+                          "403": _error("403"), "404": _error("404")}}},
+    }
+
+
 @cache
-def document() -> dict[str, Any]:
+def document(*, connections: bool = False) -> dict[str, Any]:
+    """The document of the routes served: `connections` when the app serves
+    /api/v1/me/connections (proxy.connect, with a per_user upstream)."""
     schemas: dict[str, Any] = {}
     for model in MODELS:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -86,37 +145,48 @@ def document() -> dict[str, Any]:
         schemas[model.__name__] = schema
     schemas["Detail"] = {"type": "object", "required": ["detail"],
                          "properties": {"detail": {"type": "string"}}}
+    schemas["OAuthError"] = {"type": "object", "required": ["error", "error_description"],
+                             "properties": {"error": {"type": "string"},
+                                            "error_description": {"type": "string"}}}
     schemas["ValidationDetail"] = {"type": "object", "required": ["detail"], "properties": {
         "detail": {"type": "array", "items": {"type": "object", "required": ["loc", "msg", "type"],
                                               "properties": {"loc": {"type": "array",
                                                                      "items": {}},
                                                              "msg": {"type": "string"},
                                                              "type": {"type": "string"}}}}}}
-    audit = {"type": "object", "properties": {
+    audit = {"type": "object", "required": ["items", "next_cursor"], "properties": {
         "items": {"type": "array", "items": {"type": "object"}},
         "next_cursor": {"type": ["string", "null"]}}}
+    usage = {"type": "object", "required": ["items", "since", "until"], "properties": {
+        "items": {"type": "array", "items": _ref(UsageRow)},
+        "since": {"type": "number"}, "until": {"type": ["number", "null"]}}}
     paths = {
         "/api/v1/roles": {
             "get": _op("The roles: built in (admin, user) and custom", "200", _list_of(Role)),
             "post": _op("Create a custom role (a group its holders are in)", "201", _ref(Role),
-                        RoleIn)},
+                        RoleIn, conflict=True)},
         "/api/v1/roles/{name}": {
             "get": _op("One role", "200", _ref(Role), params=["name"]),
             "put": _op("Replace a custom role's description", "200", _ref(Role), RoleIn,
-                       ["name"]),
+                       ["name"], conflict=True),
             "patch": _op("Change a custom role's description", "200", _ref(Role), RolePatch,
-                         ["name"]),
-            "delete": _op("Delete a custom role no user holds", "204", None, params=["name"])},
+                         ["name"], conflict=True),
+            "delete": _op("Delete a custom role no user holds", "204", None, params=["name"],
+                          conflict=True)},
         "/api/v1/me": {"get": _op("Who is calling, and whether they are an administrator",
                                   "200", _ref(Me))},
         "/api/v1/servers": {
             "get": _op("List servers (config and API)", "200", _list_of(ServerOut)),
-            "post": _op("Register a server", "201", _ref(ServerOut), ServerIn)},
+            "post": _op("Register a server", "201", _ref(ServerOut), ServerIn, conflict=True,
+                        precondition=True)},
         "/api/v1/servers/{name}": {
             "get": _op("One server", "200", _ref(ServerOut), params=["name"]),
-            "put": _op("Replace a server", "200", _ref(ServerOut), ServerIn, ["name"]),
-            "patch": _op("Change some fields", "200", _ref(ServerOut), ServerPatch, ["name"]),
-            "delete": _op("Remove a server", "204", None, params=["name"])},
+            "put": _op("Replace a server", "200", _ref(ServerOut), ServerIn, ["name"],
+                       precondition=True),
+            "patch": _op("Change some fields", "200", _ref(ServerOut), ServerPatch, ["name"],
+                         precondition=True),
+            "delete": _op("Remove a server no live API key names", "204", None,
+                          params=["name"], conflict=True, precondition=True)},
         "/api/v1/keys": {
             "get": _op("List API keys (never their secrets)", "200", _list_of(KeyOut)),
             "post": _op("Create an API key; the secret is shown once", "201",
@@ -125,26 +195,29 @@ def document() -> dict[str, Any]:
             "get": _op("One API key (never its secret)", "200", _ref(KeyOut),
                        params=["key_id"]),
             "put": _op("Replace a key's name, endpoints, role and expiry (not its secret)",
-                       "200", _ref(KeyOut), KeyPut, ["key_id"]),
+                       "200", _ref(KeyOut), KeyPut, ["key_id"], conflict=True),
             "patch": _op("Change some of a key's name, endpoints, role and expiry", "200",
-                         _ref(KeyOut), KeyPatch, ["key_id"]),
+                         _ref(KeyOut), KeyPatch, ["key_id"], conflict=True),
             "delete": _op("Revoke an API key", "204", None, params=["key_id"])},
         "/api/v1/users/{name}": {
             "get": _op("One user", "200", _ref(UserOut), params=["name"]),
             "put": _op("Replace a user's admin flag and roles (and password, if sent)", "200",
-                       _ref(UserOut), UserPut, ["name"]),
+                       _ref(UserOut), UserPut, ["name"], precondition=True),
             "patch": _op("Change a user's admin flag, roles or password", "200", _ref(UserOut),
-                         UserPatch, ["name"]),
-            "delete": _op("Remove a user", "204", None, params=["name"])},
+                         UserPatch, ["name"], precondition=True),
+            "delete": _op("Remove a user (not oneself)", "204", None, params=["name"],
+                          precondition=True)},
         "/api/v1/users": {
             "get": _op("List users", "200", _list_of(UserOut)),
-            "post": _op("Create a local user", "201", _ref(UserOut), UserIn)},
+            "post": _op("Create a local user", "201", _ref(UserOut), UserIn, conflict=True)},
         "/api/v1/audit": {"get": _op("Audit records, newest first", "200", audit, query=[
             "status", "endpoint", "principal", "tool", "since", "until", "cursor", "limit"])},
         "/api/v1/usage": {"get": _op("tools/call totals per principal, endpoint and tool",
-                                     "200", _list_of(UsageRow),
+                                     "200", usage,
                                      query=["since", "until", "endpoint", "principal"])},
     }
+    if connections:
+        paths.update(_connections())
     return {"openapi": "3.1.0",
             "info": {"title": "Tollhouse management API", "version": __version__},
             "paths": paths,

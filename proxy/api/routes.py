@@ -1,7 +1,8 @@
 """The /api/v1 routes. Callers are a signed-in person (browser cookie) or a script with an
 API key (`Authorization: Bearer th_...`). 401: no or bad credential; 403: a person who is not
 an administrator, an endpoint-kind API key, or a cookie-authenticated change without this
-gateway's Origin/Referer (seed 004); 429: an auth-failure lockout."""
+gateway's Origin/Referer (seed 004); 429: an auth-failure lockout, in the OAuth shape
+{"error", "error_description"} as at the edge (seed 004)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from proxy.accounts import (
 )
 from proxy.accounts import Role as StoredRole
 from proxy.api.audit_view import page as audit_page
-from proxy.api.errors import JSON, ApiError, Invalid
+from proxy.api.errors import JSON, ApiError, Invalid, LockedOut
 from proxy.api.models import (
     KEY_ID,
     NAME,
@@ -62,6 +63,7 @@ from proxy.signin import COOKIE, Web
 M = TypeVar("M", bound=BaseModel)
 PREFIX = "/api/v1"
 READS = frozenset({"GET", "HEAD", "OPTIONS"})  # not changes: no Origin/Referer check
+CONNECTIONS = PREFIX + "/me/connections"  # served by proxy.connect with a per_user upstream
 
 
 @dataclass(frozen=True)
@@ -158,8 +160,7 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
                 watch.append(f"key:{key_id}")
             retry = await a.lockouts.locked(watch, a.clock())
             if retry is not None:
-                raise ApiError(429, "too many failed authentications; try again later",
-                               {"Retry-After": str(max(1, int(retry) + 1))})
+                raise LockedOut(retry)
             key = await a.keys.lookup(token) if a.keys is not None else None
             if key is None:
                 await a.lockouts.failed(watch, a.clock())
@@ -192,7 +193,7 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
                     who = await caller(admin=admin, changes=request.method not in READS)
                     await _refuse_nul(kwargs, query)
                     return await handler(who, **kwargs)
-                except ApiError as exc:
+                except ApiError as exc:  # LockedOut too, in its own shape
                     return exc.response()
                 except Invalid as exc:
                     return exc.response()
@@ -505,7 +506,11 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
 
     @app.route(PREFIX + "/openapi.json")
     async def openapi() -> Response:
-        return Response(orjson.dumps(document()), 200, {"Content-Type": "application/json"})
+        # the document of the routes this app serves: /me/connections only beside a per_user
+        # upstream (proxy.connect registers them; the app may do so after this)
+        connections = any(r.rule == CONNECTIONS for r in app.url_map.iter_rules())
+        return Response(orjson.dumps(document(connections=connections)), 200,
+                        {"Content-Type": "application/json"})
 
 
 def _mismatch(field: str, what: str) -> Invalid:

@@ -46,8 +46,11 @@ class Env:
 
 
 @asynccontextmanager
-async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    db = db_backends.url()
+async def env(tmp_path: Path, per_user: bool = False) -> AsyncIterator[Env]:
+    """A gateway with one upstream (cfgd), a root and a pat, and an admin API key; with
+    `per_user`, a per_user upstream (gh) too, whose routes include /api/v1/me/connections
+    (on a database of its own: a test may build both)."""
+    db = db_backends.url("per_user" if per_user else "main")
     accounts = Accounts(db)
     accounts.create_local("root", "root-password", admin=True)
     accounts.create_local("pat", "pat-password")
@@ -55,13 +58,19 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     _, secret = api_keys.create(db, "ci", [], role="admin")
     async with serve(demo_app(), graceful_timeout=1) as upstream:
         sock, url = bound_socket()
+        upstreams: list[dict[str, Any]] = [{"name": "cfgd", "url": f"{upstream}/mcp"}]
+        if per_user:
+            upstreams.append({"name": "gh", "url": f"{upstream}/mcp", "auth": "per_user",
+                              "oauth": {"client_id": "gw",
+                                        "authorization_endpoint": "https://idp.example/auth",
+                                        "token_endpoint": "https://idp.example/token"}})
         cfg = from_dict({
             "server": {"public_url": url, "max_request_bytes": 4096},
             "auth": {"mode": "jwt", "lockout": {"max_failures": 3}},
             "oauth_server": {"enabled": True},
             "database": {"url": db},
-            "upstreams": [{"name": "cfgd", "url": f"{upstream}/mcp"}]}, env={})
-        app = create_app(cfg, secret_key="k")
+            "upstreams": upstreams}, env={})
+        app = create_app(cfg, secret_key="k", vault_keys={"k1": b"\x01" * 32})
         async with serve(app, sock=sock, graceful_timeout=1), \
                 httpx.AsyncClient(headers={"Authorization": f"Bearer {secret}"},
                                   timeout=10) as admin:
@@ -118,7 +127,15 @@ async def test_lockout_after_bad_keys(tmp_path: Path) -> None:
         locked = await attacker.get(e.api("/me"),
                                     headers={"Authorization": f"Bearer {e.admin_key}"})
         assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
-        assert isinstance(detail(locked), str)
+        # seed 004: an auth-failure lockout answers in the OAuth shape, as at the edge
+        assert locked.json() == {"error": "too_many_requests", "error_description":
+                                 "too many failed authentication attempts; try again later"}
+        doc = (await e.admin.get(e.api("/openapi.json"))).json()
+        answer = doc["paths"]["/api/v1/me"]["get"]["responses"]["429"]
+        assert answer["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/OAuthError"}
+        assert set(doc["components"]["schemas"]["OAuthError"]["required"]) == set(locked.json())
+        assert "Retry-After" in answer["headers"]
 
 
 async def test_reads_with_a_cookie_need_no_origin(tmp_path: Path) -> None:
@@ -320,16 +337,71 @@ async def test_times_and_limits_are_plain_numbers(tmp_path: Path) -> None:
 
 
 async def test_openapi_matches_the_routes(tmp_path: Path) -> None:
+    for per_user in (False, True):  # a per_user upstream adds /api/v1/me/connections
+        async with env(tmp_path, per_user=per_user) as e:
+            doc = (await e.admin.get(e.api("/openapi.json"))).json()
+            assert doc["openapi"].startswith("3.")
+            documented = {(path, method.upper()) for path, ops in doc["paths"].items()
+                          for method in ops}
+            served = {(rule.rule.replace("<", "{").replace(">", "}"), method)
+                      for rule in e.app.url_map.iter_rules()
+                      if rule.rule.startswith("/api/v1/")
+                      and not rule.rule.endswith("openapi.json")
+                      for method in rule.methods or () if method not in ("HEAD", "OPTIONS")}
+            assert documented == served, per_user
+            connections = ("/api/v1/me/connections", "GET") in documented
+            assert connections is per_user
+            if per_user:  # what a signed-in person gets matches the documented shape
+                pat = await signed_in(e, "pat", "pat-password")
+                try:
+                    mine = await pat.get(e.api("/me/connections"))
+                finally:
+                    await pat.aclose()
+                item = doc["paths"]["/api/v1/me/connections"]["get"]["responses"]["200"][
+                    "content"]["application/json"]["schema"]["properties"]["items"]["items"]
+                assert mine.status_code == 200
+                assert [set(i) for i in mine.json()["items"]] == [set(item["required"])]
+                assert mine.json()["items"][0]["status"] in item["properties"]["status"]["enum"]
+
+
+def responses(doc: dict[str, Any], path: str, method: str) -> set[str]:
+    return set(doc["paths"][f"/api/v1{path}"][method]["responses"])
+
+
+async def test_openapi_documents_what_each_operation_answers(tmp_path: Path) -> None:
     async with env(tmp_path) as e:
         doc = (await e.admin.get(e.api("/openapi.json"))).json()
-        assert doc["openapi"].startswith("3.")
-        documented = {(path, method.upper()) for path, ops in doc["paths"].items()
-                      for method in ops}
-        served = {(rule.rule.replace("<", "{").replace(">", "}"), method)
-                  for rule in e.app.url_map.iter_rules() if rule.rule.startswith("/api/v1/")
-                  and not rule.rule.endswith("openapi.json")
-                  for method in rule.methods or () if method not in ("HEAD", "OPTIONS")}
-        assert documented == served
+        auth = {"401", "403", "429", "503"}  # every authenticated operation
+        assert responses(doc, "/me", "get") == {"200", *auth}
+        assert responses(doc, "/users", "get") == {"200", *auth}
+        assert responses(doc, "/users", "post") == {"201", "409", "413", "422", *auth}
+        assert responses(doc, "/users/{name}", "get") == {"200", "404", "422", *auth}
+        assert responses(doc, "/users/{name}", "patch") == {"200", "400", "404", "413", "422",
+                                                           *auth}
+        assert responses(doc, "/users/{name}", "delete") == {"204", "400", "404", "422", *auth}
+        assert responses(doc, "/keys/{key_id}", "put") == {"200", "404", "409", "413", "422",
+                                                          *auth}
+        assert responses(doc, "/keys/{key_id}", "delete") == {"204", "404", "422", *auth}
+        assert responses(doc, "/roles/{name}", "delete") == {"204", "404", "409", "422", *auth}
+        assert responses(doc, "/servers/{name}", "delete") == {"204", "400", "404", "409",
+                                                              "422", *auth}
+        assert responses(doc, "/audit", "get") == {"200", "422", *auth}
+        # /usage answers the period it covers
+        usage = (await e.admin.get(e.api("/usage"))).json()
+        schema = doc["paths"]["/api/v1/usage"]["get"]["responses"]["200"]["content"][
+            "application/json"]["schema"]
+        assert set(usage) == set(schema["properties"]) == set(schema["required"])
+        # typed query parameters
+        query = {p["name"]: p["schema"] for p in doc["paths"]["/api/v1/audit"]["get"][
+            "parameters"]}
+        assert query["since"]["type"] == query["until"]["type"] == "number"
+        assert (query["limit"]["type"], query["limit"]["minimum"], query["limit"]["maximum"]
+                ) == ("integer", 1, 500)
+        assert set(query["status"]["enum"]) == {"ok", "denied", "error", "cancelled"}
+        assert query["cursor"] == query["tool"] == {"type": "string"}
+        # a route with no query ignores the one it is sent (nothing there is read)
+        ignored = await e.admin.get(e.api("/me"), params={"x": "a\x00b"})
+        assert ignored.status_code == 200
 
 
 async def test_unknown_api_paths_keep_the_detail_shape(tmp_path: Path) -> None:
