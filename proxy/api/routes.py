@@ -228,9 +228,7 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
 
     @route("/servers/<name>", ["PUT"])
     async def put_server(who: Caller, name: str) -> Response:
-        body = await _body(ServerIn)
-        if body.name != name:
-            raise _mismatch("name", "name")
+        body = await _body(ServerIn, same_as_path("name", name))
         return _json(await api().registry.replace(name, body))
 
     @route("/servers/<name>", ["PATCH"])

@@ -227,3 +227,15 @@ async def test_a_server_re_pointed_and_deleted_under_a_call_in_flight(
             rest = [line async for line in lines if line.startswith("data:")]
         final = orjson.loads(rest[-1][5:])
         assert final["id"] == 7 and final["result"]["content"][0]["text"] == "counted to 20"
+
+
+async def test_a_put_lists_a_name_mismatch_beside_the_schema_problems(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async with world(monkeypatch, gateways=1) as w:
+        (one,) = w.gateways
+        spec = {"name": "a1", "url": f"{w.upstream}/mcp", "zones": ["loopback"]}
+        assert (await one.admin.post(one.api("/servers"), json=spec)).status_code == 201
+        both = await one.admin.put(one.api("/servers/a1"), json={"name": "other",
+                                                                   "url": "ftp://x"})
+        assert both.status_code == 422
+        assert [p["loc"] for p in both.json()["detail"]] == [["body", "url"], ["body", "name"]]
