@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import sqlite3
@@ -101,34 +102,61 @@ class SqliteAuditSink:
             self._db.close()
 
     def _write(self, batch: list[AuditRecord], final: bool) -> None:
-        rows = [_row(r) for r in batch]
-        usage = [(r.call_id, orjson.dumps(r.usage_event()).decode(), r.ts, r.ts)
-                 for r in batch if r.call_id]
-        for attempt in range(5):
+        failure = self._attempt(batch, tries=5)
+        if failure is None:
+            return
+        refused = batch
+        if len(batch) > 1 and not isinstance(failure, self._db.unavailable):
+            # the database answers but refused the batch (a value it cannot store): one row
+            # at a time, so that only the rows it refuses leave it
+            refused = [r for r in batch if self._attempt([r], tries=1) is not None]
+        if not refused:
+            return
+        try:
+            with self._fallback.open("ab") as fh:
+                for record in refused:
+                    fh.write(_line(record) + b"\n")
+        except OSError as exc:  # the last resort failed too: say so, loudly, with the count
+            log.critical("audit: %d records lost: neither the database nor %s could take "
+                         "them (%s)", len(refused), self._fallback, exc)
+            return
+        log.error("audit: %d records written to %s instead of the database",
+                  len(refused), self._fallback)
+
+    def _attempt(self, batch: list[AuditRecord], tries: int) -> Exception | None:
+        """Write the batch (its audit rows and usage events in one transaction), retrying a
+        database error with backoff; None when written, else the last failure."""
+        failure: Exception | None = None
+        for attempt in range(tries):
             try:
+                rows = [_row(r) for r in batch]
+                usage = [(r.call_id, orjson.dumps(r.usage_event()).decode(), r.ts, r.ts)
+                         for r in batch if r.call_id]
                 if self._conn is None:  # the last one was lost (a database restart, say)
                     self._conn = connect(self._db)
                 cur = self._conn.cursor()
-                try:  # the audit rows and their usage events in one transaction
+                try:
                     cur.executemany(self._insert, rows)
                     if usage:
                         cur.executemany(self._outbox, usage)
                 finally:
                     cur.close()
                 self._conn.commit()
-                self.written += len(rows)
-                if usage and self.on_outbox is not None:
-                    self.on_outbox()
-                return
-            except self._db.errors as exc:
-                log.warning("audit write failed (attempt %d): %s", attempt + 1, exc)
+            except Exception as exc:  # noqa: BLE001 - a database error, or a value no driver sends
+                failure = exc
+                log.warning("audit write failed (attempt %d): %s", attempt + 1,
+                            type(exc).__name__ if not isinstance(exc, self._db.errors) else exc)
                 self._reset()
-                time.sleep(self._retry_backoff_s * 2**attempt)
-        with self._fallback.open("ab") as fh:
-            for record in batch:
-                fh.write(orjson.dumps(record.as_dict()) + b"\n")
-        log.error("audit: %d records written to %s instead of the database",
-                  len(batch), self._fallback)
+                if not isinstance(exc, self._db.errors):
+                    return failure  # the same rows would fail the same way
+                if attempt + 1 < tries:
+                    time.sleep(self._retry_backoff_s * 2**attempt)
+                continue
+            self.written += len(batch)
+            if usage and self.on_outbox is not None:
+                self.on_outbox()
+            return None
+        return failure
 
     def _reset(self) -> None:
         """Roll back the failed batch; drop the connection if it is gone or cannot."""
@@ -143,6 +171,14 @@ class SqliteAuditSink:
 
 
 DatabaseAuditSink = SqliteAuditSink
+
+
+def _line(record: AuditRecord) -> bytes:
+    """One JSON line of the fallback file; any value, even one orjson cannot encode."""
+    try:
+        return orjson.dumps(record.as_dict())
+    except TypeError:
+        return json.dumps(record.as_dict(), default=str).encode()
 
 
 def _text(value: str | None) -> str | None:

@@ -45,6 +45,21 @@ async def test_a_nul_from_a_client_is_stored_escaped_and_loses_no_record() -> No
         "a\\u0000b", "c\\u0000", "p\\u0000")
 
 
+async def test_a_row_the_database_refuses_leaves_only_itself_out(tmp_path: Path) -> None:
+    db = db_backends.url()
+    fallback = tmp_path / "audit-fallback.jsonl"
+    sink = SqliteAuditSink(db, retry_backoff_s=0.001, fallback_path=str(fallback))
+    sink.emit(record(1, call_id="c1"))
+    sink.emit(record(2, bytes_in=2**70))  # no backend stores it (SQLite: the driver refuses)
+    sink.emit(record(3, call_id="c3"))
+    await sink.close()
+    assert sorted(r["request_id"] for r in query(db)) == ["1", "3"]
+    assert db_backends.rows(db, "SELECT call_id FROM usage_outbox ORDER BY call_id") == [
+        ("c1",), ("c3",)]
+    lines = fallback.read_bytes().splitlines()
+    assert [orjson.loads(line)["request_id"] for line in lines] == ["2"]
+
+
 async def test_filters_newest_first(tmp_path: Path) -> None:
     db = db_backends.url()
     sink = SqliteAuditSink(db)
