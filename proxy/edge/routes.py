@@ -20,6 +20,15 @@ def nul_in_body(raw: bytes | str, mimetype: str) -> bool:
     return pattern.search(raw if isinstance(raw, bytes) else raw.encode()) is not None
 
 
+def _unavailable() -> tuple[type[Exception], ...]:
+    """Either database's `unavailable` errors (see proxy.db.Database.unavailable)."""
+    import sqlite3
+
+    import psycopg
+
+    return (sqlite3.OperationalError, psycopg.OperationalError)
+
+
 def register(app: Quart) -> None:
     """The few routes that stay on Quart beside the MCP edge."""
 
@@ -52,6 +61,14 @@ def register(app: Quart) -> None:
         # a bug: logged with its traceback here, never shown to the client
         if isinstance(exc, HTTPException):
             return await http_error(exc)
+        if isinstance(exc, _unavailable()):  # locked past busy_timeout_s, or unreachable
+            log.warning("database unavailable on %s: %s", request.path, exc)
+            message = "the database is busy; retry"
+            busy = (orjson.dumps({"detail": message}) if request.path.startswith("/api/v1")
+                    else orjson.dumps({"error": "temporarily_unavailable",
+                                       "error_description": message}))
+            return Response(busy, 503, {"Content-Type": "application/json",
+                                        "Retry-After": "1"})
         log.exception("unexpected failure", exc_info=exc)
         body = (b'{"detail":"internal error"}' if request.path.startswith("/api/v1")
                 else b'{"error":"server_error","error_description":"internal error"}')

@@ -1,0 +1,50 @@
+"""A database held by another writer past database.busy_timeout_s: the routes outside /mcp
+answer 503 with Retry-After in their own shape (was a 500), and work again once it is free."""
+
+from __future__ import annotations
+
+import httpx
+
+from proxy.accounts import Accounts
+from proxy.app import create_app
+from proxy.config import from_dict
+from proxy.db import Database
+from tests import db_backends
+from tests.servers import bound_socket, serve
+
+CLIENT = {"redirect_uris": ["http://127.0.0.1/cb"], "token_endpoint_auth_method": "none"}
+
+
+async def test_a_held_database_is_a_503_then_served_again() -> None:
+    database = db_backends.open_database()
+    Accounts(database).create_local("root", "root-password")
+    sock, url = bound_socket()
+    cfg = from_dict({"server": {"public_url": url}, "auth": {"mode": "jwt"},
+                     "oauth_server": {"enabled": True},
+                     "database": {"url": database.url, "busy_timeout_s": 0.3},
+                     "upstreams": [{"name": "e", "url": "http://127.0.0.1:9/mcp"}]}, env={})
+    async with serve(create_app(cfg, secret_key="k"), sock=sock), \
+            httpx.AsyncClient(follow_redirects=False, headers={"Origin": url}) as client:
+        holder = Database(database.url)
+        try:
+            with holder.lease() as conn:  # another writer holds the tables
+                if holder.postgresql:
+                    conn.execute("LOCK TABLE users, oauth_clients IN ACCESS EXCLUSIVE MODE")
+                else:
+                    conn.execute("BEGIN EXCLUSIVE")  # WAL: writers wait, readers do not
+                busy = [await client.post(f"{url}/oauth/register", json=CLIENT)]
+                if holder.postgresql:
+                    busy.append(await client.post(f"{url}/signin", data={
+                        "name": "root", "password": "root-password"}))
+                conn.rollback()
+        finally:
+            holder.close()
+        for response in busy:
+            assert response.status_code == 503, response.text
+            assert response.headers["Retry-After"] == "1"
+            assert response.json() == {"error": "temporarily_unavailable",
+                                       "error_description": "the database is busy; retry"}
+        assert (await client.post(f"{url}/oauth/register", json=CLIENT)).status_code == 201
+        signed = await client.post(f"{url}/signin", data={"name": "root",
+                                                          "password": "root-password"})
+        assert signed.status_code == 303
