@@ -123,14 +123,15 @@ def _connections() -> dict[str, Any]:
                 "200": {"description": "OK", "content": {"application/json": {"schema": {
                     "type": "object", "required": ["items"],
                     "properties": {"items": {"type": "array", "items": item}}}}}},
-                "401": _error("401")}}},
+                "401": _error("401"), "503": _error("503")}}},
         "/api/v1/me/connections/{upstream}": {"delete": {
             "summary": "Disconnect the signed-in person from an upstream",
             "security": cookie,
             "parameters": [{"name": "upstream", "in": "path", "required": True,
                             "schema": {"type": "string"}}],
             "responses": {"204": {"description": "OK"}, "401": _error("401"),
-                          "403": _error("403"), "404": _error("404")}}},
+                          "403": _error("403"), "404": _error("404"),
+                          "503": _error("503")}}},
     }
 
 
