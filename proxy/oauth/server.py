@@ -5,6 +5,13 @@ values). Codes live a minute in memory and are used once; a code presented twice
 it produced. Refresh tokens rotate on every use, and a refresh token used twice revokes its
 whole family (RFC 9700 / OAuth 2.1). Access tokens are short-lived ES256 JWTs whose audience
 is one endpoint's resource URL (RFC 8707).
+
+No scope is ever granted. Tollhouse has no model of which scopes a person may hold, so a
+requested `scope` is ignored (RFC 6749 section 3.3 lets the server issue a narrower scope than
+asked), the token response then says `"scope": ""` (section 5.1: the issued scope differs from
+the requested one), and the access token carries no scope claim. People get into endpoints
+through allow_subjects / allow_groups (custom roles act as groups); `allow_scopes` is for
+tokens from external issuers that do model scopes.
 """
 
 from __future__ import annotations
@@ -65,7 +72,7 @@ class Grant:
     challenge: str
     user: User
     resource: str
-    scope: str
+    scope_requested: bool  # a scope was asked for: none is granted, and the answer says so
     family: str
 
 
@@ -225,7 +232,7 @@ class AuthorizationServer:
         code = secrets.token_urlsafe(32)
         with self._lock:
             self._codes[code] = Grant(client.client_id, redirect_uri, params["code_challenge"],
-                                      user, resource, params.get("scope", ""),
+                                      user, resource, bool(params.get("scope")),
                                       secrets.token_urlsafe(12))
         return code
 
@@ -252,19 +259,22 @@ class AuthorizationServer:
         resource = form.get("resource") or grant.resource
         if resource != grant.resource:
             raise OAuthError("invalid_target", "resource differs from the authorization")
-        return self._tokens(client.client_id, grant.user, resource, grant.scope, grant.family)
+        return self._tokens(client.client_id, grant.user, resource, grant.family,
+                            scope_requested=grant.scope_requested)
 
     def refresh(self, client: Client, form: dict[str, str], user_lookup: Callable[[str], User | None]
                 ) -> dict[str, Any]:
         token = form.get("refresh_token", "")
         with self._db.transaction() as conn:
             row = conn.execute(self._sql(
-                "SELECT family, client_id, user_id, resource, scope, expires_at, used_at, "
+                "SELECT family, client_id, user_id, resource, expires_at, used_at, "
                 "revoked_at FROM oauth_refresh WHERE token_sha256 = ?"), (_sha(token),)
             ).fetchone()
         if row is None:
             raise OAuthError("invalid_grant", "unknown refresh token")
-        family, client_id, user_id, resource, scope, expires_at, used_at, revoked_at = row
+        # the row's scope column is not read: a grant made before no scope was granted may
+        # hold one, and it must not reach a new access token
+        family, client_id, user_id, resource, expires_at, used_at, revoked_at = row
         if revoked_at is not None:
             raise OAuthError("invalid_grant", "the refresh token was revoked")
         if used_at is not None:
@@ -288,17 +298,20 @@ class AuthorizationServer:
         if not won:  # a concurrent use won the race
             self._revoke_family(family)
             raise OAuthError("invalid_grant", "refresh token reused; its family is revoked")
-        return self._tokens(client.client_id, user, resource, scope, family)
+        return self._tokens(client.client_id, user, resource, family,
+                            scope_requested=bool(form.get("scope")))
 
-    def _tokens(self, client_id: str, user: User, resource: str, scope: str, family: str
-                ) -> dict[str, Any]:
+    def _tokens(self, client_id: str, user: User, resource: str, family: str, *,
+                scope_requested: bool) -> dict[str, Any]:
         now = self._clock()
         self.keys.rotate_if_due(now)
         key = self.keys.current
         ttl = self._cfg.access_token_ttl_s
+        # no "scope" claim: this server grants none. "uid" names the user row, so a token of a
+        # deleted user is not taken for a new user who got the same name (and subject).
         claims = {"iss": self.issuer, "sub": user.subject, "aud": resource,
                   "iat": int(now), "exp": int(now + ttl), "jti": secrets.token_urlsafe(12),
-                  "client_id": client_id, "scope": scope, "tollhouse_iss": user.issuer,
+                  "client_id": client_id, "tollhouse_iss": user.issuer, "uid": user.id,
                   "fam": family,
                   "name": user.name, "groups": sorted(user.groups)}
         access = jwt.encode(claims, key.private, algorithm="ES256", headers={"kid": key.kid})
@@ -307,12 +320,12 @@ class AuthorizationServer:
             conn.execute(self._sql(
                 "INSERT INTO oauth_refresh (token_sha256, family, client_id, user_id, resource, "
                 "scope, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)"),
-                (_sha(refresh), family, client_id, user.id, resource, scope,
+                (_sha(refresh), family, client_id, user.id, resource, "",
                  now + self._cfg.refresh_token_ttl_s))
-        out = {"access_token": access, "token_type": "Bearer", "expires_in": ttl,
-               "refresh_token": refresh}
-        if scope:
-            out["scope"] = scope
+        out: dict[str, Any] = {"access_token": access, "token_type": "Bearer",
+                               "expires_in": ttl, "refresh_token": refresh}
+        if scope_requested:
+            out["scope"] = ""  # RFC 6749 section 5.1: the issued scope differs from the request
         return out
 
     def _revoke_family(self, family: str) -> None:

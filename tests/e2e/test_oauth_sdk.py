@@ -23,6 +23,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
 import httpx2
+import jwt
 import orjson
 from mcp import types
 from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
@@ -32,6 +33,7 @@ from pydantic import AnyUrl
 from proxy.accounts import Accounts
 from proxy.app import create_app
 from proxy.config import from_dict
+from proxy.db import Database
 from tests import db_backends
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app
@@ -67,7 +69,9 @@ class Gw:
 
 @asynccontextmanager
 async def oauth_gateway(tmp_path: Path, *, endpoints: tuple[str, ...] = ("up",),
-                        auth: dict[str, Any] | None = None) -> AsyncIterator[Gw]:
+                        auth: dict[str, Any] | None = None,
+                        access: dict[str, Any] | None = None,
+                        server: dict[str, Any] | None = None) -> AsyncIterator[Gw]:
     upstream_app, probe = stateful_sse_app()
     database = db_backends.open_database()
     Accounts(database).create_local(USER, PASSWORD)
@@ -76,11 +80,12 @@ async def oauth_gateway(tmp_path: Path, *, endpoints: tuple[str, ...] = ("up",),
         sock, url = bound_socket()
         try:
             cfg = from_dict({
-                "server": {"listen": "127.0.0.1:8080", "public_url": url},
+                "server": {"listen": "127.0.0.1:8080", "public_url": url, **(server or {})},
                 "auth": {"mode": "jwt", **(auth or {})},
                 "oauth_server": {"enabled": True},
                 "database": {"url": db_path},
-                "upstreams": [{"name": n, "url": f"{upstream_url}/mcp"} for n in endpoints],
+                "upstreams": [{"name": n, "url": f"{upstream_url}/mcp",
+                               **({"access": access} if access else {})} for n in endpoints],
             }, env={})
             app = create_app(cfg, secret_key="test-secret")
             async with serve(app, sock=sock, graceful_timeout=1):
@@ -480,3 +485,55 @@ async def test_repeated_bad_client_secrets_lock_out(tmp_path: Path) -> None:
         right = await f.token(client_secret=f.client_secret, **form)
         assert right.status_code == 429
 
+
+
+def claims_of(access_token: str) -> dict[str, Any]:
+    return dict(jwt.decode(access_token, options={"verify_signature": False}))
+
+
+async def test_a_requested_scope_is_never_granted(tmp_path: Path) -> None:
+    """Tollhouse has no model of which scopes a person may hold: a scope asked for at
+    /oauth/authorize (or on a refresh) is ignored, the answer says "scope": "" (RFC 6749
+    section 5.1), and the access token carries no scope claim, so a person cannot give
+    themselves `mcp:admin` and pass an endpoint's allow_scopes."""
+    async with flow(tmp_path, access={"allow_scopes": ["mcp:admin"]}) as f:
+        verifier = secrets.token_urlsafe(48)
+        back = query(await f.person.consent(f.authorize_url(verifier, scope="mcp:admin")))
+        issued = await f.exchange(back["code"], verifier)
+        assert issued.status_code == 200, issued.text
+        tokens = issued.json()
+        assert tokens["scope"] == ""
+        claims = claims_of(tokens["access_token"])
+        assert "scope" not in claims
+        ((user_id,),) = db_backends.rows(f.gw.db_path, "SELECT id FROM users WHERE name = ?",
+                                         USER)
+        assert claims["uid"] == str(user_id)
+        refused = await f.mcp(tokens["access_token"])
+        assert refused.status_code == 403, refused.text
+        # a refresh that asks for the scope again gets none either
+        again = await f.token(grant_type="refresh_token", refresh_token=tokens["refresh_token"],
+                              scope="mcp:admin")
+        assert again.status_code == 200, again.text
+        assert again.json()["scope"] == ""
+        assert "scope" not in claims_of(again.json()["access_token"])
+        assert (await f.mcp(again.json()["access_token"])).status_code == 403
+        # a grant stored before this rule, with a scope in its row, refreshes without it
+        old = again.json()["refresh_token"]
+        stored = Database(f.gw.db_path)
+        try:
+            with stored.transaction() as conn:
+                conn.execute(stored.sql("UPDATE oauth_refresh SET scope = ?"), ("mcp:admin",))
+        finally:
+            stored.close()
+        legacy = await f.refresh(old)
+        assert legacy.status_code == 200, legacy.text
+        assert "scope" not in legacy.json()
+        assert "scope" not in claims_of(legacy.json()["access_token"])
+
+
+async def test_no_scope_asked_no_scope_member(tmp_path: Path) -> None:
+    async with flow(tmp_path) as f:
+        verifier = secrets.token_urlsafe(48)
+        tokens = (await f.exchange(await f.code(verifier), verifier)).json()
+        assert "scope" not in tokens and "scope" not in claims_of(tokens["access_token"])
+        assert (await f.mcp(tokens["access_token"])).status_code == 200
