@@ -76,10 +76,26 @@ def see_other(location: str, status: int = 303) -> Response:
     return Response(b"", status, {"Location": location, "Cache-Control": "no-store"})
 
 
+DEFAULT_NEXT = "/signin/done"
+
+
 def safe_next(value: str | None) -> str:
-    """Only a path on this gateway: never an open redirect."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
-        return "/signin/done"
+    """Only a path on this gateway: never an open redirect. Browsers drop tabs and newlines
+    from a URL and read a backslash as a slash (`/\t/evil.example` becomes `//evil.example`),
+    and a control character would break the Location header: any of them, any whitespace or
+    other character outside visible ASCII, a backslash, a scheme or a host sends the person to
+    the default page instead."""
+    if not value or not value.startswith("/") or value.startswith(("//", "/\\")):
+        return DEFAULT_NEXT
+    # visible ASCII only: no whitespace, no control character, nothing a header cannot carry
+    if "\\" in value or not all("!" <= c <= "~" for c in value):
+        return DEFAULT_NEXT
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return DEFAULT_NEXT
+    if parts.scheme or parts.netloc:
+        return DEFAULT_NEXT
     return value
 
 

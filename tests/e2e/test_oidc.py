@@ -229,8 +229,10 @@ async def test_next_is_kept_and_never_leaves_the_gateway(tmp_path: Path) -> None
         browser = await s.browser()
         response = await s.sign_in(browser, "/admin/users?page=2")
         assert response.headers["location"] == "/admin/users?page=2"
-        response = await s.sign_in(browser, "//evil.example/steal")
-        assert response.headers["location"] == "/signin/done"
+        for target in ("//evil.example/steal", "/\t/evil.example", "/\n/evil.example",
+                       "/\\evil.example", "https://evil.example/"):
+            response = await s.sign_in(browser, target)
+            assert response.headers["location"] == "/signin/done", target
 
 
 async def test_the_sign_in_page_offers_the_provider_without_javascript(tmp_path: Path) -> None:

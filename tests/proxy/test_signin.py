@@ -11,6 +11,7 @@ import pytest
 from proxy.accounts import Accounts, check_password, hash_password
 from proxy.app import create_app
 from proxy.config import from_dict
+from proxy.signin import safe_next
 from tests import db_backends
 from tests.servers import serve
 
@@ -65,7 +66,15 @@ async def test_forms_from_elsewhere_are_403(cfg, headers: dict[str, str]) -> Non
         assert referer.status_code == 303
 
 
-@pytest.mark.parametrize("target", ["//evil.example/x", "https://evil.example/", "/\\evil"])
+# browsers drop tabs and newlines from a URL and read a backslash as a slash, so each of
+# these would land on evil.example (or, with a control character, break the Location header)
+OFF_SITE = ["//evil.example/x", "https://evil.example/", "/\\evil", "/\t/evil.example",
+            "/\n/evil.example", "/\r/evil.example", "/\x0b/evil.example", "/ /evil.example",
+            "\t//evil.example", "/\u3000/evil.example", "http:/x",
+            "/a\r\nSet-Cookie: x=1"]
+
+
+@pytest.mark.parametrize("target", OFF_SITE)
 async def test_next_never_leaves_the_gateway(cfg, target: str) -> None:
     async with serve(create_app(cfg, secret_key="k")) as url, \
             httpx.AsyncClient(base_url=url) as client:
@@ -73,7 +82,17 @@ async def test_next_never_leaves_the_gateway(cfg, target: str) -> None:
                                                        "password": "correct-horse",
                                                        "next": target},
                                      headers={"Origin": ORIGIN})
+        assert response.status_code == 303
         assert response.headers["location"] == "/signin/done"
+        form = await client.get("/signin", params={"next": target})
+        assert form.status_code == 200
+        assert "name='next' value='/signin/done'" in form.text
+
+
+@pytest.mark.parametrize("target", ["/connect/gh", "/oauth/authorize?client_id=c&state=a%20b",
+                                    "/signin/done"])
+def test_next_keeps_paths_on_the_gateway(target: str) -> None:
+    assert safe_next(target) == target
 
 
 async def test_failed_sign_ins_lock_out_the_address_and_the_account(cfg) -> None:
