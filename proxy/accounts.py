@@ -125,6 +125,10 @@ class BuiltinRole(Exception):
     pass
 
 
+class LastAdmin(Exception):
+    """The change would leave no administrator among the users."""
+
+
 class Accounts:
     """The users and roles tables. Every call is blocking database work: the gateway runs them
     in a thread (`asyncio.to_thread`); the CLI calls them directly. `target` is the app's
@@ -235,13 +239,16 @@ class Accounts:
         password of a federated user, UnknownRoles for a role that is not a custom role."""
         sql = self._db.sql
         with self._db.transaction() as conn:
-            row = conn.execute(sql("SELECT id, issuer FROM users WHERE name = ?"),
+            self._write_lock(conn)
+            row = conn.execute(sql("SELECT id, issuer, is_admin FROM users WHERE name = ?"),
                                (name,)).fetchone()
             if row is None:
                 return None
             user_id, issuer = str(row[0]), str(row[1])
             if password is not None and issuer != LOCAL_ISSUER:
                 raise NotLocal(name)
+            if admin is False and row[2]:
+                self._not_the_last_admin(conn)
             if admin is not None:
                 conn.execute(sql("UPDATE users SET is_admin = ? WHERE id = ?"),
                              (int(admin), user_id))
@@ -253,14 +260,39 @@ class Accounts:
         self._changed()
         return self.by_name(name)
 
-    def delete(self, name: str) -> bool:
+    def delete(self, name: str) -> User | None:
+        """Delete a user, their roles and their upstream tokens (a later user of the same name
+        must not inherit the accounts they connected); the user deleted, or None. LastAdmin if
+        they are the last administrator."""
         sql = self._db.sql
         with self._db.transaction() as conn:
-            conn.execute(sql("DELETE FROM user_roles WHERE user_id IN (SELECT id FROM users "
-                             "WHERE name = ?)"), (name,))
-            cur = conn.execute(sql("DELETE FROM users WHERE name = ?"), (name,))
+            self._write_lock(conn)
+            row = conn.execute(sql(f"SELECT {_COLUMNS} FROM users WHERE name = ?"),
+                               (name,)).fetchone()
+            if row is None:
+                return None
+            user = _user(row, frozenset())
+            if user.is_admin:
+                self._not_the_last_admin(conn)
+            conn.execute(sql("DELETE FROM user_roles WHERE user_id = ?"), (user.id,))
+            conn.execute(sql("DELETE FROM upstream_tokens WHERE principal = ?"),
+                         (user.principal().key,))
+            conn.execute(sql("DELETE FROM users WHERE id = ?"), (user.id,))
         self._changed()
-        return bool(cur.rowcount)
+        return user
+
+    def _write_lock(self, conn: db.Connection) -> None:
+        """Serialize changes to who is an administrator: SQLite takes its write lock now; on
+        PostgreSQL the administrators' rows are locked by `_not_the_last_admin`."""
+        if not self._db.postgresql:
+            conn.execute("BEGIN IMMEDIATE")
+
+    def _not_the_last_admin(self, conn: db.Connection) -> None:
+        lock = " FOR UPDATE" if self._db.postgresql else ""
+        admins = conn.execute(self._db.sql(f"SELECT id FROM users WHERE is_admin <> 0{lock}"),
+                              ()).fetchall()
+        if len(admins) <= 1:
+            raise LastAdmin()
 
     def list(self) -> list[User]:
         with self._db.transaction() as conn:
@@ -382,6 +414,10 @@ class BrowserSessions(Protocol):
 
     async def delete(self, session_id: str) -> None: ...
 
+    async def end_for(self, user_id: str, keep: str | None = None) -> int:
+        """End every session of a user but `keep`; how many ended."""
+        ...
+
 
 class MemoryBrowserSessions:
     """Server-side browser sessions in the live-state store (memory here); the cookie holds
@@ -401,4 +437,11 @@ class MemoryBrowserSessions:
 
     async def delete(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
+
+    async def end_for(self, user_id: str, keep: str | None = None) -> int:
+        ended = [sid for sid, uid in list(self._sessions.items())
+                 if uid == user_id and sid != keep]
+        for sid in ended:
+            self._sessions.pop(sid, None)
+        return len(ended)
 

@@ -16,6 +16,7 @@ from quart import Quart
 
 from policies import build_egress, default_policies
 from policies.access import Access
+from policies.egress import parse_networks
 from proxy import edge, metadata, signin
 from proxy.accounts import Accounts, MemoryBrowserSessions
 from proxy.api import routes as api_routes
@@ -140,7 +141,10 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         registry_watch = asyncio.get_running_loop().create_task(registry.watch())
         state.api = Api(registry, keys, database, web, lockouts,
                         cfg.server.max_request_bytes, clock,
-                        web.accounts if web is not None else Accounts(database))
+                        web.accounts if web is not None else Accounts(database),
+                        forget_person=getattr(connections, "forget", None),
+                        trusted_proxies=parse_networks(cfg.server.trusted_proxies,
+                                                       "server.trusted_proxies"))
         state.gateway = Gateway(
             routes=routes, authenticator=authenticator, chain=chain, sessions=sessions,
             inflight=inflight, upstream=upstream, audit=audit,

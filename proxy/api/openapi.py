@@ -203,11 +203,11 @@ def document(*, connections: bool = False) -> dict[str, Any]:
         "/api/v1/users/{name}": {
             "get": _op("One user", "200", _ref(UserOut), params=["name"]),
             "put": _op("Replace a user's admin flag and roles (and password, if sent)", "200",
-                       _ref(UserOut), UserPut, ["name"], precondition=True),
+                       _ref(UserOut), UserPut, ["name"], precondition=True, conflict=True),
             "patch": _op("Change a user's admin flag, roles or password", "200", _ref(UserOut),
-                         UserPatch, ["name"], precondition=True),
-            "delete": _op("Remove a user (not oneself)", "204", None, params=["name"],
-                          precondition=True)},
+                         UserPatch, ["name"], precondition=True, conflict=True),
+            "delete": _op("Remove a user (not oneself, not the last administrator)", "204",
+                          None, params=["name"], precondition=True, conflict=True)},
         "/api/v1/users": {
             "get": _op("List users", "200", _list_of(UserOut)),
             "post": _op("Create a local user", "201", _ref(UserOut), UserIn, conflict=True)},

@@ -19,10 +19,12 @@ import orjson
 from pydantic import BaseModel, ValidationError
 from quart import Quart, Response, request
 
+from policies.egress import caller_address
 from proxy import db
 from proxy.accounts import (
     Accounts,
     BuiltinRole,
+    LastAdmin,
     NotLocal,
     RoleExists,
     RoleInUse,
@@ -58,6 +60,7 @@ from proxy.audit.sqlite import usage
 from proxy.auth import keys as api_keys
 from proxy.auth.lockout import LockoutStore
 from proxy.edge.routes import nul_in_body
+from proxy.egress import IPNetwork
 from proxy.signin import COOKIE, Web
 
 M = TypeVar("M", bound=BaseModel)
@@ -85,6 +88,10 @@ class Api:
     max_body: int
     clock: Callable[[], float] = time.monotonic
     accounts: Accounts | None = None  # built at start-up (it opens the database)
+    # drops what the gateway keeps in memory of a person (their upstream tokens), by
+    # principal key, when their user is deleted
+    forget_person: Callable[[str], None] | None = None
+    trusted_proxies: tuple[IPNetwork, ...] = ()
 
     def users(self) -> Accounts:
         assert self.accounts is not None
@@ -151,13 +158,14 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
     async def caller(*, admin: bool = True, changes: bool = False) -> Caller:
         a = api()
         authorization = request.headers.get("Authorization", "")
-        peer = request.remote_addr or "?"
         if authorization.lower().startswith("bearer "):
             token = authorization[7:].strip()
-            watch = [f"api-ip:{peer}"]
-            key_id = api_keys.key_id_of(token)
-            if key_id:
-                watch.append(f"key:{key_id}")
+            # by the caller's address (through trusted proxies) only: a key's secret cannot
+            # be guessed, and its id is public, so locking the id out would let anyone
+            # shut the key's owner out
+            client = caller_address(request.remote_addr, ",".join(
+                request.headers.getlist("X-Forwarded-For")), a.trusted_proxies)
+            watch = [f"api-ip:{client or request.remote_addr or '?'}"]
             retry = await a.lockouts.locked(watch, a.clock())
             if retry is not None:
                 raise LockedOut(retry)
@@ -334,6 +342,10 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
         return _unknown_roles(UnknownRoles([r for r in named if r not in known]),
                               roles).problems
 
+    def _last_admin(name: str) -> ApiError:
+        return ApiError(409, f"user '{name}' is the last administrator; make another user "
+                             "an administrator first")
+
     async def _change_user(name: str, roles: list[str] | None, **changes: Any) -> Response:
         try:
             changed = await asyncio.to_thread(
@@ -343,8 +355,15 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
                                 "has no password here") from None
         except UnknownRoles as exc:  # deleted since the request was checked
             raise _unknown_roles(exc, roles or []) from None
+        except LastAdmin:
+            raise _last_admin(name) from None
         if changed is None:
             raise ApiError(404, f"user '{name}' not found")
+        web = api().web
+        if changes.get("password") is not None and web is not None:
+            # a new password ends the person's other browser sessions (one stolen with the
+            # old password among them); the caller's own session, if it is theirs, stays
+            await web.sessions.end_for(changed.id, keep=request.cookies.get(COOKIE))
         return _json(_user_out(changed))
 
     @route("/users", ["GET"])
@@ -385,8 +404,17 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
     async def delete_user(who: Caller, name: str) -> Response:
         if who.via == "cookie" and who.name == name:
             raise ApiError(400, "an administrator cannot delete their own account")
-        if not await asyncio.to_thread(api().users().delete, _user_name(name)):
+        try:
+            gone = await asyncio.to_thread(api().users().delete, _user_name(name))
+        except LastAdmin:
+            raise _last_admin(name) from None
+        if gone is None:
             raise ApiError(404, f"user '{name}' not found")
+        web, forget = api().web, api().forget_person
+        if web is not None:
+            await web.sessions.end_for(gone.id)
+        if forget is not None:
+            forget(gone.principal().key)
         return Response(b"", 204)
 
     # -- roles ------------------------------------------------------------------------------

@@ -46,10 +46,9 @@ class _Issuer:
 class Failed(Exception):
     """A credential was presented and did not hold; `reason` is for the audit log only."""
 
-    def __init__(self, reason: str, credential: str | None = None) -> None:
+    def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.credential = credential
 
 
 class BearerAuth:
@@ -58,7 +57,7 @@ class BearerAuth:
     Verified JWTs are cached by their exact text until they expire, so a client that sends the
     same token on every call costs one signature check, not one per call. API keys are looked up
     in memory on every call (revocation takes effect on the next request). Presented credentials
-    that fail count towards a lockout of the client address and of the credential itself.
+    that fail count towards a lockout of the client address.
     """
 
     def __init__(self, cfg: Config, base_dir: Path, http: httpx.AsyncClient,
@@ -100,10 +99,10 @@ class BearerAuth:
         if token is None:
             raise Unauthenticated("auth: no bearer credential", headers=self.challenge(endpoint))
         now = self._clock()
+        # by the caller's address only: an API key's secret and a JWT's signature cannot be
+        # guessed, so locking a key id or a subject out would only let anyone who knows one
+        # (they are public) shut its owner out
         watch = [f"ip:{peer}"] if peer else []
-        key_id = api_keys.key_id_of(token) if api_keys.looks_like_key(token) else None
-        if key_id is not None:
-            watch.append(f"key:{key_id}")
         retry = await self._lockouts.locked(watch, now)
         if retry is not None:
             raise LockedOut("auth: locked out after repeated failures", retry)
@@ -112,8 +111,6 @@ class BearerAuth:
                 return await self._api_key(token, endpoint)
             return await self._jwt(token, endpoint)
         except Failed as failure:
-            if failure.credential:
-                watch.append(failure.credential)
             await self._lockouts.failed(watch, now)
             raise Unauthenticated(f"auth: {failure.reason}",
                                   headers=self.challenge(endpoint, "invalid_token")) from None
@@ -163,11 +160,16 @@ class BearerAuth:
                     log.warning("users table out of reach (%s): gateway tokens keep the "
                                 "groups they were issued with", exc)
             else:
-                if user is None:
+                uid = claims.get("uid")
+                if user is None or (uid is not None and uid != user.id):
+                    # deleted, or deleted and a new user of the same name made since
                     raise Failed("the token's user no longer exists")
                 name, groups = user.name, user.groups
+        # no scopes: this gateway grants none (it has no model of who may hold which), so a
+        # `scope` claim, from a token issued before that rule, opens nothing (allow_scopes is
+        # for tokens of external issuers; Tollhouse's own users get in by subject or group)
         return Principal(subject=subject, issuer=issuer, display_name=name, groups=groups,
-                         scopes=_names(claims.get("scope")), kind="jwt")
+                         kind="jwt")
 
     async def _verify(self, token: str, endpoint: str) -> tuple[Principal, float]:
         try:
@@ -175,38 +177,37 @@ class BearerAuth:
             unverified = jwt.decode(token, options={"verify_signature": False})
         except jwt.PyJWTError:
             raise Failed("malformed token") from None
-        credential = _subject_key(unverified)
         issuer = self._issuers.get(str(unverified.get("iss", "")))
         if issuer is None:
-            raise Failed("untrusted issuer", credential)
+            raise Failed("untrusted issuer")
         cfg = issuer.cfg
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in cfg.algorithms:
-            raise Failed(f"algorithm {str(alg)[:16]!r} not allowed for this issuer", credential)
+            raise Failed(f"algorithm {str(alg)[:16]!r} not allowed for this issuer")
         key: Any = issuer.static_key
         if issuer.jwks is not None:
             kid = header.get("kid")
             if not isinstance(kid, str) or kty_for(alg) is None:
-                raise Failed("token names no usable key id", credential)
+                raise Failed("token names no usable key id")
             key = await issuer.jwks.key(kid, alg)
             if key is None:
-                raise Failed("unknown key id", credential)
+                raise Failed("unknown key id")
         audience = cfg.audience or f"{self._public_url}/mcp/{endpoint}"
         try:
             claims = jwt.decode(token, key, algorithms=[alg], audience=audience,
                                 issuer=cfg.issuer, leeway=cfg.leeway_s,
                                 options={"require": ["exp", "iss", "aud"]})
         except jwt.ExpiredSignatureError:
-            raise Failed("token expired", credential) from None
+            raise Failed("token expired") from None
         except jwt.ImmatureSignatureError:
-            raise Failed("token not yet valid", credential) from None
+            raise Failed("token not yet valid") from None
         except jwt.InvalidAudienceError:
-            raise Failed("wrong audience", credential) from None
+            raise Failed("wrong audience") from None
         except jwt.PyJWTError as exc:
-            raise Failed(f"invalid token ({type(exc).__name__})", credential) from None
+            raise Failed(f"invalid token ({type(exc).__name__})") from None
         subject = claims.get(cfg.subject_claim)
         if not isinstance(subject, str) or not subject:
-            raise Failed("token has no subject", credential)
+            raise Failed("token has no subject")
         principal = Principal(
             subject=subject, issuer=cfg.issuer, display_name=str(claims.get(cfg.name_claim, "")),
             groups=_names(claims.get(cfg.groups_claim)),
@@ -244,13 +245,6 @@ def _names(value: object) -> frozenset[str]:
     if isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
         return frozenset(str(v) for v in value if isinstance(v, (str, int)))
     return frozenset()
-
-
-def _subject_key(claims: dict[str, Any]) -> str | None:
-    sub, iss = claims.get("sub"), claims.get("iss")
-    if isinstance(sub, str) and sub and isinstance(iss, str):
-        return f"sub:{iss[:100]}|{sub[:100]}"
-    return None
 
 
 def _bearer(authorization: str | None) -> str | None:

@@ -46,7 +46,8 @@ class Env:
 
 
 @asynccontextmanager
-async def env(tmp_path: Path, per_user: bool = False) -> AsyncIterator[Env]:
+async def env(tmp_path: Path, per_user: bool = False, trusted_proxies: list[str] | None = None
+              ) -> AsyncIterator[Env]:
     """A gateway with one upstream (cfgd), a root and a pat, and an admin API key; with
     `per_user`, a per_user upstream (gh) too, whose routes include /api/v1/me/connections
     (on a database of its own: a test may build both)."""
@@ -65,7 +66,8 @@ async def env(tmp_path: Path, per_user: bool = False) -> AsyncIterator[Env]:
                                         "authorization_endpoint": "https://idp.example/auth",
                                         "token_endpoint": "https://idp.example/token"}})
         cfg = from_dict({
-            "server": {"public_url": url, "max_request_bytes": 4096},
+            "server": {"public_url": url, "max_request_bytes": 4096,
+                       "trusted_proxies": trusted_proxies or []},
             "auth": {"mode": "jwt", "lockout": {"max_failures": 3}},
             "oauth_server": {"enabled": True},
             "database": {"url": db},
@@ -376,9 +378,10 @@ async def test_openapi_documents_what_each_operation_answers(tmp_path: Path) -> 
         assert responses(doc, "/users", "get") == {"200", *auth}
         assert responses(doc, "/users", "post") == {"201", "409", "413", "422", *auth}
         assert responses(doc, "/users/{name}", "get") == {"200", "404", "422", *auth}
-        assert responses(doc, "/users/{name}", "patch") == {"200", "400", "404", "413", "422",
-                                                           *auth}
-        assert responses(doc, "/users/{name}", "delete") == {"204", "400", "404", "422", *auth}
+        assert responses(doc, "/users/{name}", "patch") == {"200", "400", "404", "409", "413",
+                                                             "422", *auth}
+        assert responses(doc, "/users/{name}", "delete") == {"204", "400", "404", "409", "422",
+                                                              *auth}
         assert responses(doc, "/keys/{key_id}", "put") == {"200", "404", "409", "413", "422",
                                                           *auth}
         assert responses(doc, "/keys/{key_id}", "delete") == {"204", "404", "422", *auth}
@@ -995,3 +998,84 @@ async def test_a_nul_anywhere_is_a_422_after_authentication(tmp_path: Path) -> N
                                                          "description": "a \\u0000 b"})
         assert fine.status_code == 201 and fine.json()["description"] == "a \\u0000 b"
         assert (await e.admin.get(e.api("/servers/n"))).status_code == 404
+
+
+async def test_the_last_administrator_stays_one(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:  # root is the only administrator among the users
+        demoted = await e.admin.patch(e.api("/users/root"), json={"admin": False})
+        assert demoted.status_code == 409 and detail(demoted) == (
+            "user 'root' is the last administrator; make another user an administrator first")
+        replaced = await e.admin.put(e.api("/users/root"), json={"name": "root"})
+        assert replaced.status_code == 409  # PUT without admin means admin: false
+        assert (await e.admin.patch(e.api("/users/pat"), json={"admin": True})).is_success
+        assert (await e.admin.patch(e.api("/users/root"), json={"admin": False})).is_success
+        last = await e.admin.delete(e.api("/users/pat"))
+        assert last.status_code == 409 and "last administrator" in detail(last)
+        assert (await e.admin.get(e.api("/users/pat"))).json()["admin"] is True
+        # two demotions at once: one of them is refused
+        assert (await e.admin.patch(e.api("/users/root"), json={"admin": True})).is_success
+        both = await asyncio.gather(
+            e.admin.patch(e.api("/users/root"), json={"admin": False}),
+            e.admin.patch(e.api("/users/pat"), json={"admin": False}))
+        assert sorted(r.status_code for r in both) == [200, 409]
+        users = (await e.admin.get(e.api("/users"))).json()["items"]
+        assert sum(u["admin"] for u in users) == 1
+
+
+async def test_a_new_password_ends_the_persons_other_sessions(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        pat_a = await signed_in(e, "pat", "pat-password")
+        pat_b = await signed_in(e, "pat", "pat-password")
+        root_a = await signed_in(e, "root", "root-password")
+        root_b = await signed_in(e, "root", "root-password")
+        try:
+            assert (await pat_a.get(e.api("/me"))).status_code == 200
+            changed = await e.admin.patch(e.api("/users/pat"), json={"password": "new-password"})
+            assert changed.status_code == 200
+            assert (await pat_a.get(e.api("/me"))).status_code == 401
+            assert (await pat_b.get(e.api("/me"))).status_code == 401
+            # a person changing their own password keeps the session they did it from
+            own = await root_a.patch(e.api("/users/root"), headers={"Origin": e.url},
+                                     json={"password": "root-new-password"})
+            assert own.status_code == 200
+            assert (await root_a.get(e.api("/me"))).status_code == 200
+            assert (await root_b.get(e.api("/me"))).status_code == 401
+        finally:
+            for client in (pat_a, pat_b, root_a, root_b):
+                await client.aclose()
+
+
+async def test_deleting_a_user_ends_their_sessions_and_drops_their_upstream_tokens(
+        tmp_path: Path) -> None:
+    from proxy.connect.vault import Vault
+
+    async with env(tmp_path) as e:
+        vault = Vault(db_backends.open_database(), {"k1": b"\x01" * 32})
+        vault.put("gh", "tollhouse:local|local:pat", {"access_token": "A", "expires_at": None})
+        vault.put("gh", "tollhouse:local|local:root", {"access_token": "R", "expires_at": None})
+        pat = await signed_in(e, "pat", "pat-password")
+        try:
+            assert (await e.admin.delete(e.api("/users/pat"))).status_code == 204
+            assert (await pat.get(e.api("/me"))).status_code == 401
+        finally:
+            await pat.aclose()
+        assert vault.get("gh", "tollhouse:local|local:pat") is None
+        kept = vault.get("gh", "tollhouse:local|local:root")
+        assert kept is not None and kept.tokens["access_token"] == "R"
+
+
+async def test_api_lockouts_go_by_the_callers_address_through_trusted_proxies(
+        tmp_path: Path) -> None:
+    async with env(tmp_path, trusted_proxies=["127.0.0.1"]) as e, \
+            httpx.AsyncClient(timeout=10) as client:
+        def via(address: str, key: str) -> dict[str, str]:
+            return {"X-Forwarded-For": address, "Authorization": f"Bearer {key}"}
+
+        for _ in range(3):
+            bad = await client.get(e.api("/me"), headers=via("203.0.113.7", "th_nope"))
+            assert bad.status_code == 401
+        locked = await client.get(e.api("/me"), headers=via("203.0.113.7", e.admin_key))
+        assert locked.status_code == 429 and locked.json()["error"] == "too_many_requests"
+        other = await client.get(e.api("/me"), headers=via("198.51.100.2", e.admin_key))
+        assert other.status_code == 200  # another client behind the same proxy
+
