@@ -1079,3 +1079,21 @@ async def test_api_lockouts_go_by_the_callers_address_through_trusted_proxies(
         other = await client.get(e.api("/me"), headers=via("198.51.100.2", e.admin_key))
         assert other.status_code == 200  # another client behind the same proxy
 
+
+
+async def test_a_deleted_users_token_does_not_pass_for_a_new_user_of_the_same_name(
+        tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        client_id = await oauth_client(e)
+        browser = await signed_in(e, "pat", "pat-password")
+        try:
+            tokens = await consented_tokens(e, browser, client_id, "cfgd")
+        finally:
+            await browser.aclose()
+        assert ok(await mcp_call(e, "cfgd", tokens["access_token"]))
+        assert (await e.admin.delete(e.api("/users/pat"))).status_code == 204
+        again = await e.admin.post(e.api("/users"), json={"name": "pat",
+                                                          "password": "another-password"})
+        assert again.status_code == 201
+        stale = await mcp_call(e, "cfgd", tokens["access_token"])
+        assert stale.status_code == 401, stale.text
