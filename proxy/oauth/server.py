@@ -86,12 +86,20 @@ def s256(verifier: str) -> str:
 
 
 def valid_redirect_uri(uri: str) -> bool:
-    """https anywhere, or http on a loopback host (native and CLI clients); no fragments."""
+    """https anywhere, or http on a loopback host (native and CLI clients); no fragments.
+
+    Only visible ASCII, no backslash and no userinfo: Python and browsers disagree on
+    `http://evil.example\\@127.0.0.1/cb` (Python reads host 127.0.0.1, a browser evil.example),
+    `https://trusted@evil.example/` shows a misleading name on the consent page, and a
+    whitespace or control character breaks the Location header the code is sent in."""
+    if not uri or "\\" in uri or not all("!" <= c <= "~" for c in uri):
+        return False
     try:
         parts = urlsplit(uri)
+        _ = parts.port  # raises ValueError on a port that is not a number
     except ValueError:
         return False
-    if parts.fragment or not parts.hostname:
+    if parts.fragment or not parts.hostname or "@" in parts.netloc:
         return False
     if parts.scheme == "https":
         return True
@@ -211,7 +219,8 @@ class AuthorizationServer:
         if client is None:
             raise OAuthError("invalid_client", "unknown client_id")
         redirect_uri = params.get("redirect_uri", "")
-        if redirect_uri not in client.redirect_uris:
+        # checked again: a client registered before a rule was added may hold a URI it breaks
+        if redirect_uri not in client.redirect_uris or not valid_redirect_uri(redirect_uri):
             raise OAuthError("invalid_request", "redirect_uri is not registered for this client")
         return client, redirect_uri
 

@@ -537,3 +537,38 @@ async def test_no_scope_asked_no_scope_member(tmp_path: Path) -> None:
         tokens = (await f.exchange(await f.code(verifier), verifier)).json()
         assert "scope" not in tokens and "scope" not in claims_of(tokens["access_token"])
         assert (await f.mcp(tokens["access_token"])).status_code == 200
+
+
+# Python and browsers disagree on a backslash before "@", userinfo misleads on the consent
+# page, and whitespace or a control character would break the Location header at redirect
+MISLEADING_REDIRECTS = ["http://evil.example\\@127.0.0.1/cb", "http://evil.example\\@localhost/cb",
+                        "https://trusted.example@evil.example/cb",
+                        "https://user:pw@evil.example/cb", "https://a.example/cb\r\nX-A: b",
+                        "https://a.example/c b", "https://a.example/cb\t",
+                        "http://127.0.0.1:abc/cb", "https://a.example/\u00e9"]
+
+
+async def test_misleading_redirect_uris_are_refused_at_registration(tmp_path: Path) -> None:
+    async with oauth_gateway(tmp_path) as gw, httpx.AsyncClient(timeout=10) as http:
+        for uri in MISLEADING_REDIRECTS:
+            r = await http.post(f"{gw.url}/oauth/register",
+                                json={"client_name": "x", "redirect_uris": [uri]})
+            assert r.status_code == 400, (uri, r.text)
+            assert r.json()["error"] == "invalid_redirect_uri"
+        assert gw.clients() == []
+
+
+async def test_a_stored_misleading_redirect_uri_is_refused_at_authorize(tmp_path: Path) -> None:
+    """A client registered before the stricter rule: its URI is not redirected to."""
+    async with flow(tmp_path) as f:
+        bad = "http://evil.example\\@127.0.0.1/cb"
+        stored = Database(f.gw.db_path)
+        try:
+            with stored.transaction() as conn:
+                conn.execute(stored.sql("UPDATE oauth_clients SET redirect_uris = ?"),
+                             (orjson.dumps([bad]).decode(),))
+        finally:
+            stored.close()
+        r = await f.http.get(f.authorize_url(secrets.token_urlsafe(48), redirect_uri=bad))
+        assert r.status_code == 400 and "location" not in r.headers
+        assert r.json()["error"] == "invalid_request"

@@ -42,6 +42,12 @@ async def test_literal_addresses_are_checked_too() -> None:
       "not its own URL"),
      ({"client_id": URL}, "redirect_uris"),
      ({"client_id": URL, "redirect_uris": ["http://evil.example/cb"]}, "redirect_uris"),
+     ({"client_id": URL, "redirect_uris": ["http://evil.example\\@127.0.0.1/cb"]},
+      "redirect_uris"),
+     ({"client_id": URL, "redirect_uris": ["https://trusted.example@evil.example/cb"]},
+      "redirect_uris"),
+     ({"client_id": URL, "redirect_uris": ["https://a.example/cb\r\nX-A: b"]},
+      "redirect_uris"),
      ({"client_id": URL, "redirect_uris": ["https://a/cb"],
        "token_endpoint_auth_method": "client_secret_post"}, "authenticates with none")],
 )
