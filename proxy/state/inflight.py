@@ -43,6 +43,11 @@ class CallHandle:
 
 
 class InFlightRegistry(Protocol):
+    """Every call in flight under its key (endpoint, principal, session id or "", request id).
+    Several calls may share one key: a principal's sessionless (2026-07-28) clients, or
+    clients sharing an API key, all number their requests from 1. Each stays registered
+    until it is discarded, and a cancel reaches every call under the key."""
+
     def add(self, key: Hashable, handle: CallHandle) -> None: ...
 
     def discard(self, key: Hashable, handle: CallHandle) -> None: ...
@@ -51,19 +56,46 @@ class InFlightRegistry(Protocol):
 
 
 class MemoryInFlight:
+    """One handle per key in the common case; a list only while calls share a key, so the
+    hot path allocates nothing beyond the dict entry."""
+
     def __init__(self) -> None:
-        self._calls: dict[Hashable, CallHandle] = {}
+        self._calls: dict[Hashable, CallHandle | list[CallHandle]] = {}
+        self._count = 0
 
     def add(self, key: Hashable, handle: CallHandle) -> None:
-        self._calls[key] = handle
+        held = self._calls.get(key)
+        if held is None:
+            self._calls[key] = handle
+        elif isinstance(held, list):
+            held.append(handle)
+        else:
+            self._calls[key] = [held, handle]
+        self._count += 1
 
     def discard(self, key: Hashable, handle: CallHandle) -> None:
-        if self._calls.get(key) is handle:
+        held = self._calls.get(key)
+        if held is handle:
             del self._calls[key]
+        elif isinstance(held, list) and handle in held:
+            held.remove(handle)
+            if len(held) == 1:
+                self._calls[key] = held[0]
+        else:
+            return
+        self._count -= 1
 
     async def cancel(self, key: Hashable, reason: str) -> bool:
-        handle = self._calls.get(key)
-        return handle.cancel(reason) if handle is not None else False
+        """Cancel every call under `key`; True if any was cancelled."""
+        held = self._calls.get(key)
+        if held is None:
+            return False
+        if not isinstance(held, list):
+            return held.cancel(reason)
+        cancelled = False
+        for handle in tuple(held):
+            cancelled = handle.cancel(reason) or cancelled
+        return cancelled
 
     def __len__(self) -> int:
-        return len(self._calls)
+        return self._count

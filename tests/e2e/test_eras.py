@@ -244,6 +244,37 @@ async def test_modern_cancel_request_ends_only_the_callers_own_call(tmp_path: Pa
         await asyncio.wait_for(probe.cancelled.wait(), DEADLINE)
 
 
+def sse_or_json(response: httpx.Response) -> dict[str, Any]:
+    if response.headers["content-type"].startswith("text/event-stream"):
+        return orjson.loads(response.content.rsplit(b"data: ", 1)[-1].split(b"\r\n")[0])
+    return orjson.loads(response.content)
+
+
+async def test_sessionless_calls_sharing_an_id_all_stay_cancellable(tmp_path: Path) -> None:
+    """Two sessionless clients of one principal both number a call 1: the second call,
+    finishing first, must not unregister the first, and a cancel for id 1 reaches it."""
+    async with stack(tmp_path, stateful_sse_app, "auto") as (endpoint, probe, db):
+        body, headers = modern_request("tools/call", {"name": "wait_forever", "arguments": {}},
+                                       request_id=1)
+        quick, quick_headers = modern_request("tools/call", ECHO, request_id=1)
+        cancel = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                               "params": {"requestId": 1, "_meta": envelope()}})
+        note_headers = {**headers, "mcp-method": "notifications/cancelled"}
+        note_headers.pop("mcp-name")
+        async with httpx.AsyncClient(timeout=DEADLINE) as one, \
+                httpx.AsyncClient(timeout=DEADLINE) as two:
+            pending = asyncio.create_task(one.post(endpoint, content=body, headers=headers))
+            await asyncio.wait_for(probe.started.wait(), DEADLINE)
+            echoed = await two.post(endpoint, content=quick, headers=quick_headers)
+            assert sse_or_json(echoed)["result"]["content"][0]["text"] == "hi"
+            assert (await one.post(endpoint, content=cancel, headers=note_headers)
+                    ).status_code == 202
+            response = await asyncio.wait_for(pending, DEADLINE)
+        assert sse_or_json(response)["error"] == {"code": -32800,
+                                                  "message": "cancelled by the client"}
+        await asyncio.wait_for(probe.cancelled.wait(), DEADLINE)
+
+
 @pytest.mark.parametrize("make", [stateful_sse_app, stateless_json_app],
                          ids=["stateful", "stateless"])
 async def test_legacy_client_on_a_modern_only_upstream(tmp_path: Path, make: Any) -> None:

@@ -22,6 +22,8 @@ class Upstream:
     def __init__(self, *, stream: bool = False) -> None:
         self.stream = stream
         self.started = asyncio.Event()
+        self.hanging = 0
+        self.more_hanging = asyncio.Event()
         self.notified = asyncio.Event()
         self.notifications: list[dict] = []
         self.streams: list[Hanging] = []
@@ -35,7 +37,11 @@ class Upstream:
             self.notifications.append(msg)
             self.notified.set()
             return httpx.Response(202)
+        if msg["params"]["name"] == "quick":
+            return httpx.Response(200, json={"jsonrpc": "2.0", "id": msg["id"], "result": {}})
         self.started.set()
+        self.hanging += 1
+        self.more_hanging.set()
         if self.stream:
             body = Hanging()
             self.streams.append(body)
@@ -174,4 +180,39 @@ async def test_cancel_for_an_unknown_request_is_harmless() -> None:
         note = await gw.post({"jsonrpc": "2.0", "method": "notifications/cancelled",
                               "params": {"requestId": 12345}})
         assert note.status_code == 202
+        await assert_nothing_left(gw)
+
+
+async def wait_hanging(up: Upstream, count: int) -> None:
+    async with asyncio.timeout(DEADLINE):
+        while up.hanging < count:
+            up.more_hanging.clear()
+            await up.more_hanging.wait()
+
+
+async def test_calls_sharing_an_id_all_stay_registered() -> None:
+    """Without a session (a sessionless client, or clients sharing one API key) two calls of
+    one principal may carry the same id: one finishing must not unregister the other."""
+    up = Upstream()
+    async with running_gateway(make_config(), up.transport) as gw:
+        pending = asyncio.create_task(gw.post(call()))
+        await wait_hanging(up, 1)
+        quick = {**call(), "params": {"name": "quick", "arguments": {}}}
+        assert (await gw.post(quick)).json()["result"] == {}
+        assert len(gw.gateway.inflight) == 1
+        assert (await gw.post(CANCEL)).status_code == 202
+        response = await asyncio.wait_for(pending, DEADLINE)
+        assert response.json()["error"]["code"] == -32800
+        await assert_nothing_left(gw)
+
+
+async def test_a_cancel_reaches_every_call_of_the_principal_with_that_id() -> None:
+    up = Upstream()
+    async with running_gateway(make_config(), up.transport) as gw:
+        pending = [asyncio.create_task(gw.post(call())) for _ in range(2)]
+        await wait_hanging(up, 2)
+        assert len(gw.gateway.inflight) == 2
+        assert (await gw.post(CANCEL)).status_code == 202
+        for response in await asyncio.wait_for(asyncio.gather(*pending), DEADLINE):
+            assert response.json()["error"]["code"] == -32800
         await assert_nothing_left(gw)
