@@ -96,7 +96,8 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         web = Web(Accounts(database),
                   MemoryBrowserSessions(cfg.oauth_server.browser_session_ttl_s, clock),
                   lockouts, cfg.server.public_url.rstrip("/"), clock,
-                  oidc_enabled=cfg.auth.oidc.enabled)
+                  oidc_enabled=cfg.auth.oidc.enabled,
+                  trusted_proxies=Web.networks(cfg.server.trusted_proxies))
         state.web = web
     if cfg.oauth_server.enabled:
         ring = oauth_keys.KeyRing(database, os.environ.get("TOLLHOUSE_SECRET_KEY", "")

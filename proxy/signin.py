@@ -17,8 +17,10 @@ from urllib.parse import urlsplit
 import orjson
 from quart import Quart, Response, request
 
+from policies.egress import caller_address, parse_networks
 from proxy.accounts import Accounts, BrowserSessions, User
 from proxy.auth.lockout import LockoutStore
+from proxy.egress import IPNetwork
 
 COOKIE = "tollhouse_session"
 
@@ -33,6 +35,22 @@ class Web:
     public_url: str
     clock: Callable[[], float] = time.monotonic
     oidc_enabled: bool = False
+    # server.trusted_proxies: behind one of them the client is the nearest untrusted
+    # X-Forwarded-For hop; without any, X-Forwarded-For is never read
+    trusted_proxies: tuple[IPNetwork, ...] = ()
+
+    @classmethod
+    def networks(cls, trusted_proxies: list[str] | tuple[str, ...]) -> tuple[IPNetwork, ...]:
+        return parse_networks(trusted_proxies, "server.trusted_proxies")
+
+    def client_address(self, remote_addr: str | None, headers: Any) -> str:
+        """The address failed attempts are counted against: the connection's peer, or, when
+        the peer is a trusted proxy, the client it names (else every client behind the proxy
+        would share one lockout, and one attacker would lock them all out)."""
+        forwarded_for = ",".join(headers.getlist("X-Forwarded-For")) or None
+        address = caller_address(remote_addr, forwarded_for, self.trusted_proxies,
+                                 forwarded=headers.get("Forwarded"))
+        return str(address) if address is not None else f"peer:{remote_addr or '?'}"
 
     @property
     def secure(self) -> bool:
@@ -135,7 +153,7 @@ def register(app: Quart, web: Callable[[], Web]) -> None:
         form = await request.form
         name, password = form.get("name", ""), form.get("password", "")
         next_url = safe_next(form.get("next"))
-        peer = request.remote_addr or "?"
+        peer = w.client_address(request.remote_addr, request.headers)
         watch = [f"signin-ip:{peer}", f"signin-user:{name[:100]}"]
         retry = await w.lockouts.locked(watch, w.clock())
         if retry is not None:  # seed 004: lockouts answer in the OAuth shape

@@ -174,7 +174,8 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
                 raise OAuthError("invalid_client", "malformed Basic credentials", 401) from None
         await known(client_id)
         w = web()
-        watch = [f"oauth-ip:{request.remote_addr}", f"oauth-client:{(client_id or '')[:100]}"]
+        peer = w.client_address(request.remote_addr, request.headers)
+        watch = [f"oauth-ip:{peer}", f"oauth-client:{(client_id or '')[:100]}"]
         retry = await w.lockouts.locked(watch, w.clock())
         if retry is not None:
             raise OAuthError("too_many_requests", "too many failed attempts; try again later",

@@ -572,3 +572,37 @@ async def test_a_stored_misleading_redirect_uri_is_refused_at_authorize(tmp_path
         r = await f.http.get(f.authorize_url(secrets.token_urlsafe(48), redirect_uri=bad))
         assert r.status_code == 400 and "location" not in r.headers
         assert r.json()["error"] == "invalid_request"
+
+
+async def _bad_secrets(f: Flow, forwarded_for: str) -> None:
+    for i in range(3):  # three different clients: only the address counter reaches the limit
+        bad = await f.http.post(f"{f.gw.url}/oauth/token", data={
+            "grant_type": "refresh_token", "refresh_token": "x", "client_id": f"nobody-{i}"},
+            headers={"X-Forwarded-For": forwarded_for})
+        assert bad.status_code == 401, bad.text
+
+
+async def test_token_lockout_behind_a_trusted_proxy_is_per_client_address(tmp_path: Path
+                                                                          ) -> None:
+    async with flow(tmp_path, auth={"lockout": {"max_failures": 3}},
+                    server={"trusted_proxies": ["127.0.0.0/8"]}) as f:
+        await _bad_secrets(f, "203.0.113.9")
+        form = {"grant_type": "refresh_token", "refresh_token": "unknown"}
+        elsewhere = await f.http.post(f"{f.gw.url}/oauth/token",
+                                      data={**form, "client_id": f.client_id},
+                                      headers={"X-Forwarded-For": "198.51.100.7"})
+        assert elsewhere.status_code == 400 and elsewhere.json()["error"] == "invalid_grant"
+        locked = await f.http.post(f"{f.gw.url}/oauth/token",
+                                   data={**form, "client_id": f.client_id},
+                                   headers={"X-Forwarded-For": "203.0.113.9"})
+        assert locked.status_code == 429, locked.text
+
+
+async def test_token_lockout_ignores_x_forwarded_for_without_trusted_proxies(tmp_path: Path
+                                                                             ) -> None:
+    async with flow(tmp_path, auth={"lockout": {"max_failures": 3}}) as f:
+        await _bad_secrets(f, "203.0.113.9")
+        spoofed = await f.http.post(f"{f.gw.url}/oauth/token", data={
+            "grant_type": "refresh_token", "refresh_token": "unknown",
+            "client_id": f.client_id}, headers={"X-Forwarded-For": "198.51.100.7"})
+        assert spoofed.status_code == 429, spoofed.text

@@ -18,13 +18,17 @@ from tests.servers import serve
 ORIGIN = "http://127.0.0.1:8080"
 
 
-@pytest.fixture
-def cfg(tmp_path: Path):
+def make_cfg(**server: object):
     db = db_backends.url()
     Accounts(db_backends.open_database()).create_local("alice", "correct-horse", admin=True)
-    return from_dict({"auth": {"mode": "jwt", "lockout": {"max_failures": 3}},
+    return from_dict({"server": server, "auth": {"mode": "jwt", "lockout": {"max_failures": 3}},
                       "oauth_server": {"enabled": True}, "database": {"url": db},
                       "upstreams": [{"name": "e", "url": "http://127.0.0.1:9/mcp"}]}, env={})
+
+
+@pytest.fixture
+def cfg(tmp_path: Path):
+    return make_cfg()
 
 
 def test_passwords_are_scrypt_hashed_and_salted() -> None:
@@ -114,3 +118,38 @@ async def test_failed_sign_ins_lock_out_the_address_and_the_account(cfg) -> None
                                                            "password": "correct-horse"},
                                          headers={"Origin": ORIGIN})
             assert again.status_code == 429
+
+
+async def _fail_three_times(client: httpx.AsyncClient, forwarded_for: str) -> None:
+    for i in range(3):  # three unknown names: only the address counter reaches the limit
+        wrong = await client.post("/signin", data={"name": f"nobody{i}", "password": "guess"},
+                                  headers={"Origin": ORIGIN, "X-Forwarded-For": forwarded_for})
+        assert wrong.status_code == 401
+
+
+async def test_behind_a_trusted_proxy_the_lockout_is_the_clients_not_the_proxys(tmp_path: Path
+                                                                               ) -> None:
+    cfg = make_cfg(trusted_proxies=["127.0.0.1"])
+    async with serve(create_app(cfg, secret_key="k")) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        await _fail_three_times(client, "203.0.113.9")
+        right = {"name": "alice", "password": "correct-horse"}
+        # another client behind the same proxy signs in
+        other = await client.post("/signin", data=right,
+                                  headers={"Origin": ORIGIN, "X-Forwarded-For": "198.51.100.7"})
+        assert other.status_code == 303, other.text
+        # the attacker's own address is locked out; a hop it wrote itself does not help
+        attacker = await client.post("/signin", data=right, headers={
+            "Origin": ORIGIN, "X-Forwarded-For": "198.51.100.7, 203.0.113.9"})
+        assert attacker.status_code == 429
+
+
+async def test_without_trusted_proxies_x_forwarded_for_is_ignored(cfg) -> None:
+    async with serve(create_app(cfg, secret_key="k")) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        await _fail_three_times(client, "203.0.113.9")
+        spoofed = await client.post("/signin", data={"name": "alice",
+                                                      "password": "correct-horse"},
+                                    headers={"Origin": ORIGIN,
+                                             "X-Forwarded-For": "198.51.100.7"})
+        assert spoofed.status_code == 429  # the peer address is what is locked out
