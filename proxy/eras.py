@@ -32,6 +32,10 @@ PV = "io.modelcontextprotocol/protocolVersion"
 CLIENT_INFO = "io.modelcontextprotocol/clientInfo"
 CLIENT_CAPS = "io.modelcontextprotocol/clientCapabilities"
 SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+LOG_LEVEL = "io.modelcontextprotocol/logLevel"
+# the syslog (RFC 5424) severities MCP's LoggingLevel names; any other value is -32602 (seed 004)
+LOG_LEVELS = frozenset({"debug", "info", "notice", "warning", "error", "critical", "alert",
+                        "emergency"})
 
 # methods of the 2026-07-28 revision; anything else is 404 -32601 on the modern leg
 MODERN_METHODS = frozenset({
@@ -101,6 +105,10 @@ def _envelope(msg: McpMessage) -> str:
     if info is not None and not (isinstance(info, dict) and isinstance(info.get("name"), str)
                                  and isinstance(info.get("version"), str)):
         raise InvalidEnvelope()
+    if LOG_LEVEL in meta:
+        level = meta[LOG_LEVEL]
+        if not isinstance(level, str) or level not in LOG_LEVELS:
+            raise InvalidEnvelope("Invalid _meta envelope: unknown log level")
     return version
 
 

@@ -142,6 +142,25 @@ VALIDATION = {
             "_meta": {"io.modelcontextprotocol/protocolVersion": MODERN}}}),
             modern_request("tools/list")[1]),
         400, -32602, None),
+    "unknown log level": (
+        lambda: case(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {
+            "_meta": {**envelope(), "io.modelcontextprotocol/logLevel": "bogus"}}}),
+            modern_request("tools/list")[1]),
+        400, -32602, None),
+    "log level not a string": (
+        lambda: case(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {
+            "_meta": {**envelope(), "io.modelcontextprotocol/logLevel": 5}}}),
+            modern_request("tools/list")[1]),
+        400, -32602, None),
+    "log level in the wrong case": (
+        lambda: case(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {
+            "_meta": {**envelope(), "io.modelcontextprotocol/logLevel": "DEBUG"}}}),
+            modern_request("tools/list")[1]),
+        400, -32602, None),
+    "a known log level": (
+        lambda: case(*modern_request("tools/call", {**ECHO, "_meta": envelope(**{
+            "io.modelcontextprotocol/logLevel": "warning"})})),
+        200, None, None),
     "Mcp-Session-Id on a modern request": (
         lambda: case(*modern_request("tools/list", mcp_session_id="abc")),
         400, -32600, None),
