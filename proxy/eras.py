@@ -48,6 +48,19 @@ CACHEABLE = frozenset({"server/discover", "tools/list", "prompts/list", "resourc
                        "resources/templates/list", "resources/read"})
 
 
+KNOWN_VERSIONS = frozenset(LEGACY_VERSIONS + MODERN_VERSIONS)
+
+
+def check_header(version: str | None) -> None:
+    """An MCP-Protocol-Version header naming a revision of neither era is -32022 (seed 003),
+    checked before the header decides anything else (the era, whether a session is read).
+    `supported` lists the 2026-07-28 revisions, as seed 003 has it: a legacy client learns
+    its version from initialize and never reads it."""
+    if version is not None and version not in KNOWN_VERSIONS:
+        raise UnsupportedVersion(data={"supported": list(MODERN_VERSIONS),
+                                       "requested": version})
+
+
 def claims_modern(version: str | None) -> bool:
     """A header value naming a revision newer than the handshake era."""
     return version is not None and version not in LEGACY_VERSIONS

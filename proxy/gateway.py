@@ -34,6 +34,7 @@ from proxy.errors import (
     OriginNotAllowed,
     SessionNotFound,
     UnsupportedMediaType,
+    UnsupportedVersion,
     UpstreamHTTPError,
     UpstreamProtocolError,
     render,
@@ -96,8 +97,10 @@ class Gateway(Legs):
             principal = await self.auth.authenticate(req.headers.get("authorization"),
                                                      route.name, req.peer)
             record.principal = principal.subject
+            version = req.headers.get("mcp-protocol-version")
+            eras.check_header(version)
             session = None
-            if not eras.claims_modern(req.headers.get("mcp-protocol-version")):
+            if not eras.claims_modern(version):
                 session = await self._session(req.headers, route, principal)
             if session is not None:
                 record.session_hash = session.id_hash
@@ -369,10 +372,12 @@ class Gateway(Legs):
         """GET and DELETE: Origin, identity and session, as for a POST. Neither exists in the
         2026-07-28 era: one that claims it is 405."""
         self._check_origin(req.headers)
-        if eras.claims_modern(req.headers.get("mcp-protocol-version")):
+        version = req.headers.get("mcp-protocol-version")
+        if version in eras.MODERN_VERSIONS:
             raise MethodNotAllowed(headers={"Allow": "POST"})
         principal = await self.auth.authenticate(req.headers.get("authorization"), route.name,
                                                  req.peer)
+        eras.check_header(version)
         return await self._session(req.headers, route, principal)
 
     # -- shared steps ------------------------------------------------------------------------
@@ -475,7 +480,8 @@ def _id_text(request_id: Any) -> str:
 
 
 def _late_id(exc: GatewayError, body: bytes) -> Any:
-    """Errors raised before parsing answer id null (seed 004); later ones echo the id."""
-    if isinstance(exc, InvalidRequest) and body:
+    """Errors raised before parsing answer id null (seed 004); later ones echo the id, and
+    so does an unsupported MCP-Protocol-Version, checked before parsing but about the body."""
+    if isinstance(exc, (InvalidRequest, UnsupportedVersion)) and body:
         return jsonrpc.request_id_of(body)
     return None

@@ -102,6 +102,10 @@ VALIDATION = {
     "header version disagrees with envelope": (
         lambda: case(*modern_request("tools/list", **{"mcp_protocol_version": "2099-01-01"})),
         400, -32022, {"supported": [MODERN], "requested": "2099-01-01"}),
+    "unknown version in the header, no envelope": (
+        lambda: case(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+                     {**modern_request("tools/list")[1], "mcp-protocol-version": "2027-01-01"}),
+        400, -32022, {"supported": [MODERN], "requested": "2027-01-01"}),
     "MCP-Protocol-Version missing": (
         lambda: case(modern_request("tools/list")[0],
                      {k: v for k, v in modern_request("tools/list")[1].items()

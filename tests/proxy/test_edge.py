@@ -185,3 +185,32 @@ async def test_notifications_and_responses_are_relayed_as_202() -> None:
         assert (note.status_code, answer.status_code) == (202, 202)
         assert router.seen[-1].headers["mcp-session-id"] == "UPSTREAM-SID"
         assert orjson.loads(router.seen[-1].content)["id"] == "srv-1"
+
+
+async def test_an_unsupported_protocol_version_header_is_32022_before_the_session() -> None:
+    """A revision of neither era in MCP-Protocol-Version: -32022 with supported/requested
+    (seed 003), not the -32600 a modern request with a session id gets, nor -32602."""
+    router, transport = upstream()
+    async with running_gateway(make_config(), transport) as gw:
+        sid = (await gw.post(INIT)).headers["mcp-session-id"]
+        seen = len(router.seen)
+        for headers in ({"Mcp-Session-Id": sid, "MCP-Protocol-Version": "1999-01-01"},
+                        {"MCP-Protocol-Version": "2027-01-01"},
+                        {"Mcp-Session-Id": "made-up", "MCP-Protocol-Version": "1999-01-01"}):
+            response = await gw.post(CALL, headers=headers)
+            assert response.status_code == 400
+            assert error_of(response) == {"jsonrpc": "2.0", "id": 2, "error": {
+                "code": -32022, "message": "Unsupported protocol version", "data": {
+                    "supported": ["2026-07-28"],
+                    "requested": headers["MCP-Protocol-Version"]}}}
+        for method in ("GET", "DELETE"):
+            response = await gw.client.request(method, gw.endpoint(), headers={
+                "Mcp-Session-Id": sid, "MCP-Protocol-Version": "1999-01-01"})
+            assert response.status_code == 400
+            assert error_of(response)["error"]["code"] == -32022
+        assert len(router.seen) == seen  # nothing went upstream
+        # every legacy revision still goes through on the session
+        for version in ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"):
+            ok = await gw.post(CALL, headers={"Mcp-Session-Id": sid,
+                                              "MCP-Protocol-Version": version})
+            assert ok.status_code == 200 and ok.json()["result"] == {}
