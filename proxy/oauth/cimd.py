@@ -1,11 +1,16 @@
 """Client ID Metadata Documents: a client whose `client_id` is an https URL describes itself in
 the JSON document at that URL. The document is fetched through the egress guard (every address
 the host resolves to must be in the `remote` zone and no cloud metadata address; the connection
-goes to exactly those addresses), capped at 64 KiB, checked, and cached for an hour."""
+goes to exactly those addresses), capped at 64 KiB, checked, and cached for an hour. A
+failure is cached for a minute, and concurrent requests for one URL share one fetch, so a
+client_id cannot be used to make the gateway fetch the same URL over and over."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httpx
@@ -17,14 +22,20 @@ from proxy.oauth.server import Client, OAuthError, valid_redirect_uri
 from proxy.upstream.transport import AiohttpTransport
 
 LIMIT = 65536
+FAILURE_TTL_S = 60.0
 
 
 class MetadataDocuments:
-    def __init__(self, resolver: Resolver | None = None, zones: tuple[str, ...] = ("remote",)
-                 ) -> None:
+    def __init__(self, resolver: Resolver | None = None, zones: tuple[str, ...] = ("remote",),
+                 clock: Callable[[], float] = time.monotonic,
+                 failure_ttl_s: float = FAILURE_TTL_S) -> None:
         self._resolver = resolver or SystemResolver()
         self._zones = zones
-        self._cache: TTLCache[str, Client] = TTLCache(maxsize=10_000, ttl=3600)
+        self._cache: TTLCache[str, Client] = TTLCache(maxsize=10_000, ttl=3600, timer=clock)
+        # (error, description, status) of a recent failure: answered again without fetching
+        self._failures: TTLCache[str, tuple[str, str, int]] = TTLCache(
+            maxsize=10_000, ttl=failure_ttl_s, timer=clock)
+        self._fetching: dict[str, asyncio.Task[Client]] = {}
         self._http: httpx.AsyncClient | None = None
 
     @staticmethod
@@ -35,6 +46,33 @@ class MetadataDocuments:
         cached = self._cache.get(client_id)
         if cached is not None:
             return cached
+        failed = self._failures.get(client_id)
+        if failed is not None:
+            raise OAuthError(*failed)
+        task = self._fetching.get(client_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._fetch_once(client_id))
+            self._fetching[client_id] = task
+            task.add_done_callback(lambda done: self._settled(client_id, done))
+        # shielded: a caller that goes away does not cancel the fetch the others wait for
+        return await asyncio.shield(task)
+
+    def _settled(self, client_id: str, task: asyncio.Task[Client]) -> None:
+        if self._fetching.get(client_id) is task:
+            del self._fetching[client_id]
+        if not task.cancelled():
+            task.exception()  # retrieved here too, whether or not anyone still waits
+
+    async def _fetch_once(self, client_id: str) -> Client:
+        try:
+            client = await self._fetch(client_id)
+        except OAuthError as exc:
+            self._failures[client_id] = (exc.error, exc.wire_message, exc.status)
+            raise
+        self._cache[client_id] = client
+        return client
+
+    async def _fetch(self, client_id: str) -> Client:
         parts = urlsplit(client_id)
         host = parts.hostname
         if not host or parts.fragment or parts.username or parts.password:
@@ -59,9 +97,7 @@ class MetadataDocuments:
         except httpx.HTTPError:
             raise OAuthError("invalid_client",
                              "the client metadata document could not be fetched") from None
-        client = self._parse(client_id, body)
-        self._cache[client_id] = client
-        return client
+        return self._parse(client_id, body)
 
     async def _admit(self, host: str, port: int) -> list[str]:
         try:

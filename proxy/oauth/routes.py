@@ -172,15 +172,16 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
                 client_id, secret = (unquote(p) for p in pair.split(":", 1))
             except (ValueError, UnicodeDecodeError):
                 raise OAuthError("invalid_client", "malformed Basic credentials", 401) from None
-        await known(client_id)
         w = web()
         peer = w.client_address(request.remote_addr, request.headers)
         watch = [f"oauth-ip:{peer}", f"oauth-client:{(client_id or '')[:100]}"]
+        # the lockout first: a locked-out caller makes the gateway fetch nothing
         retry = await w.lockouts.locked(watch, w.clock())
         if retry is not None:
             raise OAuthError("too_many_requests", "too many failed attempts; try again later",
                              429, {"Retry-After": str(max(1, int(retry) + 1))})
         try:
+            await known(client_id)  # a metadata document that cannot be had is a failure too
             return await db(server().authenticate_client, client_id, secret)
         except OAuthError:
             await w.lockouts.failed(watch, w.clock())

@@ -25,6 +25,7 @@ import httpx
 import httpx2
 import jwt
 import orjson
+import pytest
 from mcp import types
 from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
@@ -34,6 +35,8 @@ from proxy.accounts import Accounts
 from proxy.app import create_app
 from proxy.config import from_dict
 from proxy.db import Database
+from proxy.oauth.cimd import MetadataDocuments
+from proxy.oauth.server import Client, OAuthError
 from tests import db_backends
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app
@@ -574,11 +577,11 @@ async def test_a_stored_misleading_redirect_uri_is_refused_at_authorize(tmp_path
         assert r.json()["error"] == "invalid_request"
 
 
-async def _bad_secrets(f: Flow, forwarded_for: str) -> None:
+async def _bad_secrets(f: Flow, forwarded_for: str | None = None) -> None:
     for i in range(3):  # three different clients: only the address counter reaches the limit
         bad = await f.http.post(f"{f.gw.url}/oauth/token", data={
             "grant_type": "refresh_token", "refresh_token": "x", "client_id": f"nobody-{i}"},
-            headers={"X-Forwarded-For": forwarded_for})
+            headers={"X-Forwarded-For": forwarded_for} if forwarded_for else {})
         assert bad.status_code == 401, bad.text
 
 
@@ -606,3 +609,23 @@ async def test_token_lockout_ignores_x_forwarded_for_without_trusted_proxies(tmp
             "grant_type": "refresh_token", "refresh_token": "unknown",
             "client_id": f.client_id}, headers={"X-Forwarded-For": "198.51.100.7"})
         assert spoofed.status_code == 429, spoofed.text
+
+
+async def test_a_locked_out_caller_makes_the_gateway_fetch_no_metadata_document(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fetched: list[str] = []
+
+    async def client(self: MetadataDocuments, client_id: str) -> Client:
+        fetched.append(client_id)
+        raise OAuthError("invalid_client", "the client metadata document could not be fetched")
+
+    monkeypatch.setattr(MetadataDocuments, "client", client)
+    async with flow(tmp_path, auth={"lockout": {"max_failures": 3}}) as f:
+        await _bad_secrets(f)
+        document = "https://client.example/oauth/client.json"
+        for path in ("/oauth/token", "/oauth/revoke"):
+            locked = await f.http.post(f"{f.gw.url}{path}", data={
+                "grant_type": "refresh_token", "refresh_token": "x", "token": "x",
+                "client_id": document})
+            assert locked.status_code == 429, locked.text
+        assert fetched == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 import pytest
 
@@ -14,8 +16,15 @@ URL = "https://client.example/oauth/client.json"
 class Resolver:
     def __init__(self, *addresses: str) -> None:
         self.addresses = list(addresses)
+        self.calls = 0
+        self.entered = asyncio.Event()
+        self.release: asyncio.Event | None = None  # when set: each lookup waits for it
 
     async def resolve(self, host: str, port: int) -> list[str]:
+        self.calls += 1
+        self.entered.set()
+        if self.release is not None:
+            await self.release.wait()
         return self.addresses
 
 
@@ -61,3 +70,40 @@ def test_a_good_document() -> None:
         {"client_id": URL, "client_name": "Editor", "redirect_uris": ["http://127.0.0.1:3/cb"]}))
     assert (client.client_id, client.name, client.redirect_uris, client.auth_method) == (
         URL, "Editor", ("http://127.0.0.1:3/cb",), "none")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_failure_is_cached_for_a_minute() -> None:
+    resolver, clock = Resolver("127.0.0.1"), Clock()
+    docs = MetadataDocuments(resolver, clock=clock)
+    for _ in range(3):
+        with pytest.raises(OAuthError, match="egress policy") as info:
+            await docs.client(URL)
+        assert info.value.error == "invalid_client" and info.value.status == 400
+    assert resolver.calls == 1
+    clock.now += 61
+    with pytest.raises(OAuthError, match="egress policy"):
+        await docs.client(URL)
+    assert resolver.calls == 2
+
+
+async def test_concurrent_requests_for_one_url_share_one_fetch() -> None:
+    resolver = Resolver("127.0.0.1")
+    resolver.release = asyncio.Event()
+    docs = MetadataDocuments(resolver)
+    callers = [asyncio.create_task(docs.client(URL)) for _ in range(10)]
+    await asyncio.wait_for(resolver.entered.wait(), 5)
+    callers[0].cancel()  # one caller going away does not cancel the others' fetch
+    resolver.release.set()
+    results = await asyncio.gather(*callers, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError)
+    assert all(isinstance(r, OAuthError) and "egress policy" in r.wire_message
+               for r in results[1:])
+    assert resolver.calls == 1
