@@ -34,7 +34,8 @@ class McpMessage:
 
 
 def parse(body: bytes) -> McpMessage:
-    """Raise ParseError for non-JSON, InvalidRequest for anything that is not one message."""
+    """Raise ParseError for a body that is not JSON or not a JSON-RPC 2.0 object (seed 004),
+    InvalidRequest for a batch or a JSON-RPC object that is not one well-formed message."""
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -42,7 +43,7 @@ def parse(body: bytes) -> McpMessage:
     if isinstance(obj, list):
         raise InvalidRequest("Invalid Request: batches are not supported")
     if not isinstance(obj, dict) or obj.get("jsonrpc") != "2.0":
-        raise InvalidRequest("Invalid Request: not a JSON-RPC 2.0 message")
+        raise ParseError("Parse error: not a JSON-RPC 2.0 object")
     request_id = obj.get("id")
     has_id = "id" in obj
     if has_id and not _valid_id(request_id):

@@ -97,7 +97,9 @@ async def test_foreign_origin_is_403_before_credentials() -> None:
         (b"{not json", 400, -32700, None),
         (b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]', 400, -32600, None),
         (b'{"jsonrpc":"2.0","id":5}', 400, -32600, 5),
-        (b'{"hello":"world"}', 400, -32600, None),
+        (b'{"hello":"world"}', 400, -32700, None),
+        (b'"hello"', 400, -32700, None),
+        (b'{"jsonrpc":"1.0","id":3,"method":"ping"}', 400, -32700, None),
         (b'{"jsonrpc":"2.0","id":1,"method":"x","params":"no"}', 400, -32600, 1),
     ],
 )
