@@ -26,6 +26,7 @@ class GatewayError(Exception):
     audit_status: ClassVar[AuditStatus] = "error"
     expose_detail: ClassVar[bool] = True
     oauth_error: ClassVar[str] = "invalid_request"
+    with_id: ClassVar[bool] = True  # a JSON-RPC body carries "id" (null when unknown)
 
     def __init__(self, detail: str | None = None, *, data: dict[str, Any] | None = None,
                  headers: dict[str, str] | None = None) -> None:
@@ -273,6 +274,19 @@ class UpstreamStreamCut(UpstreamFailure):
     message = "upstream stream ended before the response"
 
 
+class UpstreamBadGateway(GatewayError):
+    """An upstream failure where there is no call to answer: a notification or a response the
+    client posted, the GET stream, a DELETE. The 2025-11-25 Streamable HTTP transport answers
+    input it cannot accept with an HTTP error status whose body MAY be a JSON-RPC error
+    response that has no id (its schema makes `id` optional there): 502, -32000, no `id`,
+    never the upstream's body or headers, so it cannot pass for the client's own 401 or 403."""
+
+    http_status = 502
+    code = -32000
+    message = "upstream failure"
+    with_id = False
+
+
 class Cancelled(GatewayError):
     http_status = 200
     code = -32800
@@ -290,10 +304,12 @@ class InternalError(GatewayError):
 
 
 def jsonrpc_error_body(code: int, message: str, request_id: Any = None,
-                       data: dict[str, Any] | None = None) -> bytes:
+                       data: dict[str, Any] | None = None, *, with_id: bool = True) -> bytes:
     error: dict[str, Any] = {"code": code, "message": message}
     if data is not None:
         error["data"] = data
+    if not with_id:
+        return orjson.dumps({"jsonrpc": "2.0", "error": error})
     return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": error})
 
 
@@ -307,7 +323,8 @@ def render(exc: GatewayError, request_id: Any = None) -> tuple[int, dict[str, st
         body = orjson.dumps({"jsonrpc": "2.0", "id": request_id,
                              "result": tool_error_result(exc)})
     else:
-        body = jsonrpc_error_body(exc.code, exc.wire_message, request_id, exc.data)
+        body = jsonrpc_error_body(exc.code, exc.wire_message, request_id, exc.data,
+                                  with_id=exc.with_id)
     return exc.http_status, {"Content-Type": "application/json", **exc.headers}, body
 
 

@@ -35,6 +35,8 @@ from proxy.errors import (
     SessionNotFound,
     UnsupportedMediaType,
     UnsupportedVersion,
+    UpstreamBadGateway,
+    UpstreamFailure,
     UpstreamHTTPError,
     UpstreamProtocolError,
     render,
@@ -296,11 +298,14 @@ class Gateway(Legs):
             await self.inflight.cancel(target, CLIENT_CANCELLED)
         headers = self.upstream.headers(
             route, req.headers, session.upstream_session_id if session else None)
-        response = await self.upstream.open(route, "POST", headers, msg.body)
         try:
-            await self._check_status(response, session)
-        finally:
-            await response.aclose()
+            response = await self.upstream.open(route, "POST", headers, msg.body)
+            try:
+                await self._check_status(response, session)
+            finally:
+                await response.aclose()
+        except UpstreamFailure as exc:  # no call to answer: 502, no id (2025-11-25 transport)
+            raise UpstreamBadGateway(exc.wire_message) from None
         return EdgeResponse(202, {"Mcp-Session-Id": session.id} if session else {})
 
     async def _check_status(self, response: Any, session: Session | None) -> None:
@@ -316,69 +321,96 @@ class Gateway(Legs):
     # -- GET: the server-to-client stream; DELETE: end the session ---------------------------
 
     async def get(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
+        """The server-to-client stream, relayed. Audited once, when it opens or is refused;
+        an upstream failure is 502 with no upstream status, body or headers."""
+        started = time.perf_counter()
+        record = AuditRecord(endpoint=route.name, method="GET")
         try:
-            session = await self._guard_bodyless(route, req)
+            session = await self._guard_bodyless(route, req, record)
             if session is not None and session.bridged_envelope is not None:
                 # a 2026-07-28 upstream has no server-to-client stream to offer
+                record.note = "no GET stream on a 2026-07-28 upstream"
+                self._emit(record, started)
                 return EdgeResponse(405, {"Allow": "POST, DELETE"})
             headers = self.upstream.headers(
                 route, req.headers, session.upstream_session_id if session else None, get=True)
-            response = await self.upstream.open(route, "GET", headers, stream_timeout=True)
-            if response.status_code >= 300:
+            try:
+                response = await self.upstream.open(route, "GET", headers, stream_timeout=True)
+            except UpstreamFailure as exc:
+                raise UpstreamBadGateway(exc.wire_message) from None
+            status = response.status_code
+            if status >= 300:
                 await response.aclose()
-                if response.status_code == 404 and session and session.upstream_session_id:
+                if status == 404 and session and session.upstream_session_id:
                     await self.sessions.delete(session.id)
                     raise SessionNotFound()
-                return EdgeResponse(response.status_code, _allow(response))
+                if status == 405:  # the upstream offers no GET stream: the spec's own answer
+                    record.note = "upstream offers no GET stream"
+                    self._emit(record, started)
+                    return EdgeResponse(405, _allow(response))
+                raise UpstreamBadGateway(f"upstream answered HTTP {status}")
             if not response.headers.get("content-type", "").startswith("text/event-stream"):
                 await response.aclose()
-                raise UpstreamProtocolError("upstream GET stream is not text/event-stream")
+                raise UpstreamBadGateway("upstream GET stream is not text/event-stream")
             out = dict(SSE_HEADERS)
             if session is not None:
                 out["Mcp-Session-Id"] = session.id
+            self._emit(record, started)
             return EdgeResponse(200, out, stream=StreamRelay(response, spawn=self.spawn))
         except GatewayError as exc:
-            return self._refuse(exc, AuditRecord(endpoint=route.name, method="GET"), 0.0, None,
-                                audit=exc.audit_status == "denied")
+            return self._refuse(exc, record, started, None)
         except Exception:
             log.exception("unexpected failure on GET /mcp/%s", route.name)
-            return self._refuse(InternalError(), AuditRecord(endpoint=route.name, method="GET"),
-                                0.0, None)
+            return self._refuse(InternalError(), record, started, None)
 
     async def delete(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
+        """End a session here and upstream. Audited once; an upstream failure is 502 and
+        leaves the session as it was."""
+        started = time.perf_counter()
+        record = AuditRecord(endpoint=route.name, method="DELETE")
         try:
-            session = await self._guard_bodyless(route, req)
+            session = await self._guard_bodyless(route, req, record)
             if session is None:
                 raise InvalidRequest("Invalid Request: Mcp-Session-Id header required")
             if session.upstream_session_id is not None:
                 headers = self.upstream.headers(route, req.headers, session.upstream_session_id)
-                response = await self.upstream.open(route, "DELETE", headers)
-                await response.aclose()
+                try:
+                    response = await self.upstream.open(route, "DELETE", headers)
+                    await response.aclose()
+                except UpstreamFailure as exc:
+                    raise UpstreamBadGateway(exc.wire_message) from None
                 if response.status_code == 405:
+                    record.note = "upstream does not let clients end sessions"
+                    self._emit(record, started)
                     return EdgeResponse(405, _allow(response))
                 if response.status_code >= 300 and response.status_code != 404:
-                    raise UpstreamHTTPError(response.status_code)
+                    raise UpstreamBadGateway(f"upstream answered HTTP {response.status_code}")
             await self.sessions.delete(session.id)
+            self._emit(record, started)
             return EdgeResponse(200)
         except GatewayError as exc:
-            return self._refuse(exc, AuditRecord(endpoint=route.name, method="DELETE"), 0.0,
-                                None, audit=exc.audit_status == "denied")
+            return self._refuse(exc, record, started, None)
         except Exception:
             log.exception("unexpected failure on DELETE /mcp/%s", route.name)
-            return self._refuse(InternalError(),
-                                AuditRecord(endpoint=route.name, method="DELETE"), 0.0, None)
+            return self._refuse(InternalError(), record, started, None)
 
-    async def _guard_bodyless(self, route: UpstreamRoute, req: EdgeRequest) -> Session | None:
+    async def _guard_bodyless(self, route: UpstreamRoute, req: EdgeRequest,
+                              record: AuditRecord) -> Session | None:
         """GET and DELETE: Origin, identity and session, as for a POST. Neither exists in the
         2026-07-28 era: one that claims it is 405."""
         self._check_origin(req.headers)
         version = req.headers.get("mcp-protocol-version")
         if version in eras.MODERN_VERSIONS:
+            record.era = "modern"
             raise MethodNotAllowed(headers={"Allow": "POST"})
         principal = await self.auth.authenticate(req.headers.get("authorization"), route.name,
                                                  req.peer)
+        record.principal = principal.subject
         eras.check_header(version)
-        return await self._session(req.headers, route, principal)
+        session = await self._session(req.headers, route, principal)
+        if session is not None:
+            record.session_hash = session.id_hash
+        return session
 
     # -- shared steps ------------------------------------------------------------------------
 

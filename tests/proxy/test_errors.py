@@ -56,6 +56,9 @@ def test_every_error_renders_in_a_documented_shape(cls: type) -> None:
         assert structured["retryable"] is errors.TOOL_ERROR_CODES[structured["code"]]
     elif cls.surface == "oauth":
         assert set(obj) == {"error", "error_description"} and status in (400, 401, 413, 429)
+    elif not cls.with_id:  # no call to answer: an HTTP error whose JSON-RPC body has no id
+        assert set(obj) == {"jsonrpc", "error"} and status == 502
+        assert obj["error"]["code"] == -32000
     else:
         assert obj["jsonrpc"] == "2.0" and obj["id"] == 9
         assert obj["error"]["code"] in SEED_004_CODES

@@ -71,6 +71,10 @@ def test_arbitrary_requests_get_documented_answers() -> None:
                 future = asyncio.run_coroutine_threadsafe(
                     gw.client.request(method, gw.endpoint(), content=body, headers=headers), loop)
                 response = future.result(timeout=10)
+                if response.status_code == 502:  # an upstream failure with no call to answer
+                    obj = response.json()
+                    assert set(obj) == {"jsonrpc", "error"} and obj["error"]["code"] == -32000
+                    return
                 assert response.status_code < 500, (response.status_code, response.text)
                 if response.content:
                     obj = response.json()

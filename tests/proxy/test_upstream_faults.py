@@ -173,3 +173,119 @@ async def test_upstream_cookies_never_carry_over_between_calls() -> None:
         await gw.post(CALL)
         assert "set-cookie" not in first.headers
         assert [r.headers.get("cookie") for r in seen] == [None, None]
+
+
+# -- where there is no call to answer: one-way messages, the GET stream, DELETE ----------------
+
+ONE_WAY_FAULTS = [
+    (httpx.ConnectError("refused"), "upstream unavailable"),
+    (httpx.ReadTimeout("idle"), "upstream timed out"),
+    (httpx.Response(500, text=f"Traceback ... token={SECRET}"), "upstream answered HTTP 500"),
+    (httpx.Response(401, text=SECRET, headers={"www-authenticate": "Bearer realm=up"}),
+     "upstream answered HTTP 401"),
+]
+
+
+def bad_gateway(response: httpx.Response, message: str) -> None:
+    """2025-11-25 transport: an HTTP error status whose body is a JSON-RPC error with no id."""
+    assert response.status_code == 502
+    assert response.json() == {"jsonrpc": "2.0", "error": {"code": -32000, "message": message}}
+    assert SECRET not in response.text
+    assert "www-authenticate" not in response.headers
+    assert "x-upstream" not in response.headers
+
+
+@pytest.mark.parametrize(("effect", "message"), ONE_WAY_FAULTS)
+@pytest.mark.parametrize("body", [
+    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    {"jsonrpc": "2.0", "id": "srv-1", "result": {}},  # the client's answer to a server request
+], ids=["notification", "response"])
+async def test_one_way_upstream_failure_is_502_without_an_id(body: dict, effect: object,
+                                                             message: str) -> None:
+    async with running_gateway(make_config(), route(effect)) as gw:
+        bad_gateway(await gw.post(body), message)
+        (record,) = await gw.audit.wait_for(1)
+        assert (record.status, record.error_message) == ("error", message)
+        assert record.method == body.get("method")
+
+
+def get_route(effect: object, *, post: object = None) -> httpx.MockTransport:
+    router = respx.Router()
+    router.get("http://upstream.test/mcp").mock(side_effect=effect)
+    if post is not None:
+        router.post("http://upstream.test/mcp").mock(side_effect=post)
+    return httpx.MockTransport(router.async_handler)
+
+
+@pytest.mark.parametrize(("effect", "message"), [
+    *ONE_WAY_FAULTS,
+    (httpx.Response(403, headers={"x-upstream": "1"}), "upstream answered HTTP 403"),
+    (httpx.Response(200, json={"a": 1}), "upstream GET stream is not text/event-stream"),
+])
+async def test_get_upstream_failure_is_502_and_audited(effect: object, message: str) -> None:
+    async with running_gateway(make_config(), get_route(effect)) as gw:
+        bad_gateway(await gw.client.get(gw.endpoint()), message)
+        (record,) = await gw.audit.wait_for(1)
+        assert (record.method, record.status, record.error_message) == ("GET", "error", message)
+
+
+async def test_get_stream_opened_or_refused_is_audited() -> None:
+    stream = Chunks(sse(PROGRESS))
+    effects = [sse_response(stream), httpx.Response(405, headers={"allow": "POST"})]
+    async with running_gateway(make_config(), get_route(effects)) as gw:
+        opened = await gw.client.get(gw.endpoint())
+        assert opened.status_code == 200 and opened.content == b"".join(stream.chunks)
+        refused = await gw.client.get(gw.endpoint())
+        assert refused.status_code == 405 and refused.headers["allow"] == "POST"
+        modern = await gw.client.get(gw.endpoint(), headers={"MCP-Protocol-Version": "2026-07-28"})
+        assert modern.status_code == 405
+        first, second, third = await gw.audit.wait_for(3)
+        assert (first.method, first.status) == ("GET", "ok")
+        assert (second.method, second.status, second.note) == (
+            "GET", "ok", "upstream offers no GET stream")
+        assert (third.method, third.status, third.era) == ("GET", "error", "modern")
+
+
+def session_upstream(delete: object) -> httpx.MockTransport:
+    def answer(request: httpx.Request) -> httpx.Response:
+        msg = orjson.loads(request.content)
+        return httpx.Response(200, json={"jsonrpc": "2.0", "id": msg["id"], "result": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "serverInfo": {"name": "up", "version": "1"}}}, headers={"mcp-session-id": "UP-1"})
+
+    router = respx.Router()
+    router.post("http://upstream.test/mcp").mock(side_effect=answer)
+    router.delete("http://upstream.test/mcp").mock(side_effect=delete)
+    return httpx.MockTransport(router.async_handler)
+
+
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "1"}}}
+
+
+async def test_delete_outcomes_are_audited() -> None:
+    effects = [httpx.Response(500, text=SECRET, headers={"x-upstream": "1"}),
+               httpx.ConnectError("refused"), httpx.Response(200)]
+    async with running_gateway(make_config(), session_upstream(effects)) as gw:
+        sid = (await gw.post(INIT)).headers["mcp-session-id"]
+        session = await gw.gateway.sessions.get(sid)
+        assert session is not None
+        missing = await gw.client.delete(gw.endpoint())
+        assert missing.status_code == 400 and missing.json()["error"]["code"] == -32600
+        bad_gateway(await gw.client.delete(gw.endpoint(), headers={"Mcp-Session-Id": sid}),
+                    "upstream answered HTTP 500")
+        bad_gateway(await gw.client.delete(gw.endpoint(), headers={"Mcp-Session-Id": sid}),
+                    "upstream unavailable")
+        assert await gw.gateway.sessions.get(sid) is not None  # a failed DELETE ends nothing
+        ended = await gw.client.delete(gw.endpoint(), headers={"Mcp-Session-Id": sid})
+        assert ended.status_code == 200
+        assert await gw.gateway.sessions.get(sid) is None
+        records = (await gw.audit.wait_for(5))[1:]  # after the initialize
+        assert [(r.method, r.status) for r in records] == [
+            ("DELETE", "error"), ("DELETE", "error"), ("DELETE", "error"), ("DELETE", "ok")]
+        assert records[0].error_message == "Invalid Request: Mcp-Session-Id header required"
+        assert records[1].error_message == "upstream answered HTTP 500"
+        assert records[2].error_message == "upstream unavailable"
+        assert records[3].session_hash == session.id_hash
+        assert records[1].session_hash == session.id_hash
