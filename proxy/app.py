@@ -149,7 +149,8 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         state.gateway = Gateway(
             routes=routes, authenticator=authenticator, chain=chain, sessions=sessions,
             inflight=inflight, upstream=upstream, audit=audit,
-            allowed_origins=frozenset(origins), identity=identity, connections=connections)
+            allowed_origins=frozenset(origins), identity=identity, connections=connections,
+            trusted_proxies=cfg.server.trusted_proxies)
         try:
             yield
         finally:

@@ -12,11 +12,12 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import orjson
 
+from policies.egress import caller_address, parse_networks
 from proxy import eras, jsonrpc
 from proxy.audit import AuditRecord, AuditSink
 from proxy.auth import Authenticator, Principal
@@ -62,7 +63,8 @@ class Gateway(Legs):
                  chain: Chain, sessions: SessionStore, inflight: InFlightRegistry,
                  upstream: UpstreamClient, audit: AuditSink, allowed_origins: frozenset[str],
                  identity: IdentityForwarder | None = None,
-                 connections: Connections | None = None) -> None:
+                 connections: Connections | None = None,
+                 trusted_proxies: Sequence[str] = ()) -> None:
         self.routes = routes
         self.auth = authenticator
         self.chain = chain
@@ -74,6 +76,7 @@ class Gateway(Legs):
         self.identity = identity or IdentityForwarder.none()
         self.connections = connections
         self.bridge = Bridge(upstream, {name: r.era for name, r in routes.items()})
+        self.trusted_proxies = parse_networks(trusted_proxies, "server.trusted_proxies")
         self._tasks: set[asyncio.Task[None]] = set()
 
     def route(self, name: str) -> UpstreamRoute:
@@ -97,7 +100,7 @@ class Gateway(Legs):
             self._check_origin(req.headers)
             _check_media(req.headers)
             principal = await self.auth.authenticate(req.headers.get("authorization"),
-                                                     route.name, req.peer)
+                                                     route.name, self._caller(req))
             record.principal = principal.subject
             version = req.headers.get("mcp-protocol-version")
             eras.check_header(version)
@@ -404,7 +407,7 @@ class Gateway(Legs):
             record.era = "modern"
             raise MethodNotAllowed(headers={"Allow": "POST"})
         principal = await self.auth.authenticate(req.headers.get("authorization"), route.name,
-                                                 req.peer)
+                                                 self._caller(req))
         record.principal = principal.subject
         eras.check_header(version)
         session = await self._session(req.headers, route, principal)
@@ -413,6 +416,18 @@ class Gateway(Legs):
         return session
 
     # -- shared steps ------------------------------------------------------------------------
+
+    def _caller(self, req: EdgeRequest) -> str | None:
+        """The address auth-failure lockouts key on: the socket peer, or, when the peer is a
+        trusted proxy, the client address it wrote in X-Forwarded-For (read as the egress
+        policy reads it), so one caller behind the proxy cannot lock out everyone behind it.
+        The peer when the caller cannot be told (a proxy that sent only `Forwarded`)."""
+        if not self.trusted_proxies or not req.forwarded:
+            return req.peer
+        xff = ",".join(v for k, v in req.forwarded if k == "x-forwarded-for") or None
+        forwarded = next((v for k, v in req.forwarded if k == "forwarded"), None)
+        address = caller_address(req.peer, xff, self.trusted_proxies, forwarded=forwarded)
+        return str(address) if address is not None else req.peer
 
     def _check_origin(self, headers: Mapping[str, str]) -> None:
         origin = headers.get("origin")
