@@ -500,7 +500,9 @@ class Gateway(Legs):
 
 def _check_media(headers: Mapping[str, str]) -> None:
     ctype = headers.get("content-type", "")
-    if not ctype.lower().startswith("application/json"):
+    # the media type exactly (application/jsonx is not JSON), parameters such as charset allowed
+    if ctype != "application/json" and \
+            ctype.partition(";")[0].strip().lower() != "application/json":
         raise UnsupportedMediaType()
     accept = headers.get("accept")
     if accept is None:

@@ -120,6 +120,14 @@ async def test_media_types() -> None:
     async with running_gateway(make_config(), transport) as gw:
         text = await gw.post(CALL, headers={"Content-Type": "text/plain"})
         assert text.status_code == 415 and error_of(text)["error"]["code"] == -32600
+        for ctype in ("application/jsonx", "application/json-seq", "application/json5",
+                      "application/jsonx; charset=utf-8", "json", ""):
+            response = await gw.post(CALL, headers={"Content-Type": ctype})
+            assert response.status_code == 415, ctype
+        for ctype in ("application/json; charset=utf-8", "Application/JSON",
+                      "application/json ; charset=UTF-8", "application/json;"):
+            response = await gw.post(CALL, headers={"Content-Type": ctype})
+            assert response.status_code == 200, ctype
         json_only = await gw.post(CALL, headers={"Accept": "application/json"})
         assert json_only.status_code == 406
         anything = await gw.post(CALL, headers={"Accept": "*/*"})
