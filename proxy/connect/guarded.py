@@ -1,6 +1,14 @@
 """HTTP to an upstream's authorization server through the egress guard: the host is resolved
-once, every address must be in a zone the upstream may use and not a cloud metadata address,
-and the connection goes to exactly those addresses. Redirects are never followed."""
+once, every address must be in a zone the request may use and not a cloud metadata address,
+and the connection goes to exactly those addresses. Redirects are never followed.
+
+Two kinds of URL go through here. One the operator wrote in the config (an upstream's URL, from
+which its protected-resource metadata URL is made, or an `[upstreams.oauth]` endpoint) may use
+the upstream's `zones`, and may name a cloud metadata address literally, as an upstream URL may.
+One that came from a discovery document (the authorization server, its token, registration
+and revocation endpoints) is what the upstream, or whoever controls its documents, chose: it
+never reaches a cloud metadata address, and reaches loopback or the LAN only when the upstream
+itself is there (see `discovery_zones`)."""
 
 from __future__ import annotations
 
@@ -28,12 +36,20 @@ class GuardedClient:
                                        follow_redirects=False, trust_env=False, timeout=10.0)
         self._pinned = transport is None
 
-    async def request(self, method: str, url: str, zones: Collection[str],
-                      **kwargs: Any) -> httpx.Response:
+    async def request(self, method: str, url: str, zones: Collection[str], *,
+                      operator_url: bool = False, **kwargs: Any) -> httpx.Response:
+        """`operator_url`: the operator wrote this URL (or its origin) in the config, so a
+        cloud metadata address it names literally is allowed. A URL from a discovery document
+        never is."""
         parts = urlsplit(url)
+        if parts.scheme not in ("http", "https"):
+            raise EgressRefused()
         host = parts.hostname or ""
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        addresses = await self._admit(host, port, zones, literal_ok=url)
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            raise EgressRefused() from None
+        addresses = await self._admit(host, port, zones, operator_url)
         try:
             if not self._pinned:
                 return await self._http.request(method, url, **kwargs)
@@ -43,11 +59,33 @@ class GuardedClient:
             raise UpstreamUnavailable("the upstream's authorization server is unreachable") \
                 from None
 
-    async def _admit(self, host: str, port: int, zones: Collection[str], literal_ok: str
-                     ) -> list[str]:
+    async def discovery_zones(self, upstream_url: str, zones: Collection[str]) -> set[str]:
+        """The zones a URL from the upstream's discovery documents may use: `remote`, and
+        loopback or lan only where the upstream's own (operator-written) host is, all within
+        the upstream's `zones`. A remote upstream cannot send the gateway into the LAN."""
+        allowed = {"remote"}
+        host = urlsplit(upstream_url).hostname or ""
         try:
-            literal = ipaddress.ip_address(host.strip("[]"))
-            addresses = [str(literal)]
+            addresses = [str(ipaddress.ip_address(host.strip("[]")))]
+        except ValueError:
+            try:
+                addresses = await self._resolver.resolve(host, 443)
+            except OSError:
+                addresses = []
+        for text in addresses:
+            try:
+                allowed.add(classify(ipaddress.ip_address(text)))
+            except ValueError:
+                continue
+        return allowed & set(zones)
+
+    async def _admit(self, host: str, port: int, zones: Collection[str], operator_url: bool
+                     ) -> list[str]:
+        if not host:
+            raise EgressRefused()
+        literal = host.strip("[]")
+        try:
+            addresses = [str(ipaddress.ip_address(literal))]
         except ValueError:
             try:
                 addresses = await self._resolver.resolve(host, port)
@@ -58,7 +96,9 @@ class GuardedClient:
             raise UpstreamUnavailable("the upstream's authorization server does not resolve")
         for text in addresses:
             ip = ipaddress.ip_address(text)
-            if classify(ip) not in zones or (is_metadata(ip) and text != host.strip("[]")):
+            if classify(ip) not in zones:
+                raise EgressRefused()
+            if is_metadata(ip) and not (operator_url and text == literal):
                 raise EgressRefused()
         return addresses
 

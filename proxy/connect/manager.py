@@ -15,11 +15,12 @@ import base64
 import hashlib
 import logging
 import secrets
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 from urllib.parse import urlencode, urlsplit
 
 import httpx
@@ -66,6 +67,9 @@ class Endpoints:
     client_id: str
     client_secret: str
     scopes: tuple[str, ...]
+    # None: the operator configured these URLs. Else they came from discovery documents, and
+    # the gateway sends requests to them only in these zones (never to a metadata address)
+    discovered_zones: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,22 @@ def _browser(session_id: str) -> str:
     return hashlib.sha256(session_id.encode()).hexdigest()
 
 
+def _http_url(value: object) -> TypeGuard[str]:
+    """A string that is an absolute http(s) URL with a host (from a discovery document)."""
+    if not isinstance(value, str) or not value.startswith(("https://", "http://")):
+        return False
+    try:
+        return bool(urlsplit(value).hostname)
+    except ValueError:
+        return False
+
+
+# RFC 6749 section 5.2 error codes: shown as they are; any other answer is described generically
+OAUTH_ERRORS = frozenset({"invalid_request", "invalid_client", "invalid_grant",
+                          "unauthorized_client", "unsupported_grant_type", "invalid_scope",
+                          "invalid_target"})
+
+
 class Connections:
     def __init__(self, cfg: Config, vault: Vault, guarded: GuardedClient,
                  clock: Callable[[], float] = time.time) -> None:
@@ -101,9 +121,14 @@ class Connections:
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-vault")
         self.last_lists: dict[tuple[str, str], dict[str, Any]] = {}  # (upstream, method)
         # the hot path: a person's unsealed token for a minute, so a call costs no database
-        # read; every change to the row (refresh, reconnect, disconnect) replaces or drops it
+        # read; every change to the row (refresh, reconnect, disconnect) replaces or drops it.
+        # `forget` may come from another thread (a user deleted): the lock guards both tables
         self._hot: TTLCache[tuple[str, str], tuple[str, float | None]] = TTLCache(
             maxsize=100_000, ttl=60)
+        self._hot_lock = threading.Lock()
+        # how often each person was forgotten: a token read before a `forget` is not cached
+        # after it
+        self._forgotten: dict[str, int] = {}
 
     async def _in_db(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
@@ -130,52 +155,90 @@ class Connections:
         self._endpoints[name] = found
         return found
 
-    async def _json(self, up: UpstreamConfig, method: str, url: str, **kwargs: Any) -> Any:
-        response = await self._guarded.request(method, url, up.zones, **kwargs)
-        if response.status_code >= 400:
-            raise ConnectFailed(f"{urlsplit(url).path} answered HTTP {response.status_code}")
+    def _zones(self, name: str, ep: Endpoints) -> tuple[Collection[str], bool]:
+        """Where a request to one of these endpoints may go, and whether the operator wrote
+        its URL (only then may it name a cloud metadata address literally)."""
+        if ep.discovered_zones is None:
+            return self.upstreams[name].zones, True
+        return ep.discovered_zones, False
+
+    async def _json(self, up: UpstreamConfig, method: str, url: str, zones: Collection[str],
+                    operator_url: bool, what: str, **kwargs: Any) -> dict[str, Any]:
+        """A JSON object from the upstream's side. A failure names only `what` failed: the
+        status or the kind of error could tell a person which internal addresses answer."""
         try:
-            return response.json()
+            response = await self._guarded.request(method, url, zones,
+                                                   operator_url=operator_url, **kwargs)
+        except UpstreamFailure as exc:
+            log.info("connect %s: %s %s failed: %s", up.name, method, url, exc)
+            raise ConnectFailed(f"{what} could not be fetched") from None
+        if response.status_code >= 400:
+            log.info("connect %s: %s %s answered HTTP %s", up.name, method, url,
+                     response.status_code)
+            raise ConnectFailed(f"{what} could not be fetched")
+        try:
+            body = response.json()
         except ValueError:
-            raise ConnectFailed(f"{urlsplit(url).path} answered no JSON") from None
+            body = None
+        if not isinstance(body, dict):
+            raise ConnectFailed(f"{what} is not a JSON object")
+        return body
 
     async def _discover(self, up: UpstreamConfig) -> Endpoints:
         parts = urlsplit(up.url)
         origin = f"{parts.scheme}://{parts.netloc}"
+        # the protected-resource metadata is at the origin the operator configured; what it
+        # names was chosen by the upstream, so it may reach fewer places
         prm = await self._json(up, "GET", f"{origin}/.well-known/oauth-protected-resource"
-                                          f"{parts.path}")
-        servers = prm.get("authorization_servers") if isinstance(prm, dict) else None
-        if not isinstance(servers, list) or not servers or not isinstance(servers[0], str):
+                                          f"{parts.path}", up.zones, True,
+                               "the upstream's protected-resource metadata")
+        zones = frozenset(await self._guarded.discovery_zones(up.url, up.zones))
+        servers = prm.get("authorization_servers")
+        if not isinstance(servers, list) or not servers or not _http_url(servers[0]):
             raise ConnectFailed("the upstream names no authorization server")
         issuer = servers[0].rstrip("/")
         isp = urlsplit(issuer)
         meta = await self._json(up, "GET", f"{isp.scheme}://{isp.netloc}/.well-known/"
-                                           f"oauth-authorization-server{isp.path}")
-        if not isinstance(meta, dict) or meta.get("issuer", "").rstrip("/") != issuer:
+                                           f"oauth-authorization-server{isp.path}", zones, False,
+                                "the authorization server's metadata")
+        found_issuer = meta.get("issuer")
+        if not isinstance(found_issuer, str) or found_issuer.rstrip("/") != issuer:
             raise ConnectFailed("the authorization server's metadata names another issuer")
-        if "S256" not in meta.get("code_challenge_methods_supported", []):
+        methods = meta.get("code_challenge_methods_supported")
+        if not isinstance(methods, list) or "S256" not in methods:
             raise ConnectFailed("the authorization server does not offer PKCE S256")
+        authorization, token = meta.get("authorization_endpoint"), meta.get("token_endpoint")
+        revocation = meta.get("revocation_endpoint") or ""
+        if not _http_url(authorization) or not _http_url(token) \
+                or not (revocation == "" or _http_url(revocation)):
+            raise ConnectFailed("the authorization server's metadata lacks a usable "
+                                "authorization or token endpoint")
         o = up.oauth
         client_id, secret = o.client_id, o.client_secret
         if not client_id:
             registration = meta.get("registration_endpoint")
-            if not isinstance(registration, str):
+            if not _http_url(registration):
                 raise ConnectFailed("no client_id is configured and the authorization server "
                                     "offers no dynamic client registration")
-            registered = await self._json(up, "POST", registration, json={
+            registered = await self._json(up, "POST", registration, zones, False,
+                                          "dynamic client registration", json={
                 "client_name": f"Tollhouse ({self.public_url})",
                 "redirect_uris": [f"{self.public_url}/connect/{up.name}/callback"],
                 "token_endpoint_auth_method": "client_secret_post",
                 "grant_types": ["authorization_code", "refresh_token"],
                 "response_types": ["code"]})
-            client_id = str(registered.get("client_id", ""))
-            secret = str(registered.get("client_secret", ""))
-            if not client_id:
+            got_id, got_secret = registered.get("client_id"), registered.get("client_secret")
+            if not isinstance(got_id, str) or not got_id:
                 raise ConnectFailed("dynamic client registration returned no client_id")
-        scopes = tuple(o.scopes) or tuple(s for s in prm.get("scopes_supported", [])
-                                          if isinstance(s, str))
-        return Endpoints(str(meta["authorization_endpoint"]), str(meta["token_endpoint"]),
-                         str(meta.get("revocation_endpoint") or ""), client_id, secret, scopes)
+            if got_secret is not None and not isinstance(got_secret, str):
+                raise ConnectFailed("dynamic client registration returned a malformed "
+                                    "client_secret")
+            client_id, secret = got_id, got_secret or ""
+        offered = prm.get("scopes_supported")
+        scopes = tuple(o.scopes) or (tuple(s for s in offered if isinstance(s, str))
+                                     if isinstance(offered, list) else ())
+        return Endpoints(str(authorization), str(token), str(revocation), client_id, secret,
+                         scopes, discovered_zones=zones)
 
     # -- the connect flow ------------------------------------------------------------------
 
@@ -208,14 +271,15 @@ class Connections:
             "redirect_uri": pending.redirect_uri, "code_verifier": pending.verifier,
             "resource": self.resource(name)})
         await self._in_db(self._vault.put, name, principal, tokens)
-        self._hot.pop((name, principal), None)
+        self._drop(name, principal)
 
     async def _token(self, name: str, ep: Endpoints, form: dict[str, str]) -> dict[str, Any]:
         form = {**form, "client_id": ep.client_id}
         if ep.client_secret:
             form["client_secret"] = ep.client_secret
-        response = await self._guarded.request("POST", ep.token_endpoint,
-                                               self.upstreams[name].zones, data=form)
+        zones, operator_url = self._zones(name, ep)
+        response = await self._guarded.request("POST", ep.token_endpoint, zones,
+                                               operator_url=operator_url, data=form)
         try:
             body = response.json()
         except ValueError:
@@ -223,8 +287,11 @@ class Connections:
         if response.status_code != 200 or not isinstance(body, dict) \
                 or not isinstance(body.get("access_token"), str):
             error = body.get("error") if isinstance(body, dict) else None
-            raise ConnectFailed(str(error) if isinstance(error, str) else
-                                f"the token endpoint answered HTTP {response.status_code}")
+            if isinstance(error, str) and error in OAUTH_ERRORS:
+                raise ConnectFailed(error)
+            log.info("connect %s: the token endpoint answered HTTP %s", name,
+                     response.status_code)
+            raise ConnectFailed("the token endpoint refused the request")
         lifetime = body.get("expires_in")
         tokens = {"access_token": body["access_token"],
                   "refresh_token": body.get("refresh_token") or form.get("refresh_token"),
@@ -238,7 +305,9 @@ class Connections:
         """This person's access token for this upstream, refreshed first if it is about to
         expire; UpstreamNotConnected / UpstreamNeedsReconnect otherwise."""
         margin = self.upstreams[name].oauth.refresh_margin_s
-        hot = self._hot.get((name, principal))
+        with self._hot_lock:
+            hot = self._hot.get((name, principal))
+            epoch = self._forgotten.get(principal, 0)
         if hot is not None and (hot[1] is None or hot[1] - self._clock() >= margin):
             return hot[0]
         connection = await self._in_db(self._vault.get, name, principal)
@@ -250,13 +319,25 @@ class Connections:
         if expires is not None and expires - self._clock() < margin:
             return await self.refresh(name, principal, connection.tokens["access_token"])
         token = str(connection.tokens["access_token"])
-        self._hot[(name, principal)] = (token, expires)
+        self._remember(name, principal, token, expires, epoch)
         return token
+
+    def _remember(self, name: str, principal: str, token: str, expires: float | None,
+                  epoch: int) -> None:
+        """Cache a token read while the person's epoch was `epoch`, unless they were
+        forgotten since (the row it came from may be gone)."""
+        with self._hot_lock:
+            if self._forgotten.get(principal, 0) == epoch:
+                self._hot[(name, principal)] = (token, expires)
+
+    def _drop(self, name: str, principal: str) -> None:
+        with self._hot_lock:
+            self._hot.pop((name, principal), None)
 
     async def refresh(self, name: str, principal: str, stale: str) -> str:
         """One refresh for everyone waiting on the same person's token."""
         key = (name, principal)
-        self._hot.pop(key, None)
+        self._drop(name, principal)
         pending = self._refreshing.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
@@ -274,6 +355,8 @@ class Connections:
             del self._refreshing[key]
 
     async def _refresh(self, name: str, principal: str, stale: str) -> str:
+        with self._hot_lock:
+            epoch = self._forgotten.get(principal, 0)
         connection = await self._in_db(self._vault.get, name, principal)
         if connection is None:
             raise UpstreamNotConnected(name, self.connect_url(name))
@@ -294,13 +377,24 @@ class Connections:
                 await self._in_db(self._vault.mark, name, principal, "needs_reconnect")
                 raise UpstreamNeedsReconnect(name, self.connect_url(name)) from None
             raise UpstreamFailure("the upstream's token refresh failed") from None
-        await self._in_db(self._vault.put, name, principal, tokens)
-        self._hot[(name, principal)] = (str(tokens["access_token"]), tokens.get("expires_at"))
+        if not await self._in_db(self._vault.replace, name, principal, tokens):
+            # disconnected, or the person deleted, while the refresh was under way: the row
+            # is not brought back (a new person of the same name must not inherit it)
+            raise UpstreamNotConnected(name, self.connect_url(name))
+        self._remember(name, principal, str(tokens["access_token"]), tokens.get("expires_at"),
+                       epoch)
         return str(tokens["access_token"])
 
-    def forget(self, name: str, principal: str) -> None:
-        """Drop the in-memory copy of a person's token: the vault row changed elsewhere."""
-        self._hot.pop((name, principal), None)
+    def forget(self, principal: str, upstream: str | None = None) -> None:
+        """Drop the in-memory copies of a person's upstream tokens (`principal` is the
+        Principal key, "issuer|subject"), for every upstream or one: their vault rows were
+        deleted or changed elsewhere. Call it when a user is deleted, so a new user of the
+        same name is never served the old one's token. Safe from any thread."""
+        with self._hot_lock:
+            self._forgotten[principal] = self._forgotten.get(principal, 0) + 1
+            for key in [k for k in list(self._hot)
+                        if k[1] == principal and (upstream is None or k[0] == upstream)]:
+                self._hot.pop(key, None)
 
     # -- the person's view -----------------------------------------------------------------
 
@@ -309,7 +403,7 @@ class Connections:
         return {name: known.get(name, "not_connected") for name in self.upstreams}
 
     async def disconnect(self, name: str, principal: str) -> None:
-        self._hot.pop((name, principal), None)
+        self._drop(name, principal)
         connection = await self._in_db(self._vault.get, name, principal)
         await self._in_db(self._vault.delete, name, principal)
         if connection is None or not connection.tokens:
@@ -324,8 +418,9 @@ class Connections:
                                 "client_id": ep.client_id}
                         if ep.client_secret:
                             form["client_secret"] = ep.client_secret
-                        await self._guarded.request("POST", ep.revocation_endpoint,
-                                                    self.upstreams[name].zones, data=form)
+                        zones, operator_url = self._zones(name, ep)
+                        await self._guarded.request("POST", ep.revocation_endpoint, zones,
+                                                    operator_url=operator_url, data=form)
         except (ConnectFailed, UpstreamFailure, httpx.HTTPError) as exc:
             log.info("revoking %s tokens at the upstream failed: %s", name, type(exc).__name__)
 

@@ -5,6 +5,7 @@ gateway's own pages)."""
 from __future__ import annotations
 
 import html
+import logging
 from collections.abc import Callable
 from urllib.parse import urlencode
 
@@ -17,10 +18,20 @@ from proxy.errors import GatewayError
 from proxy.signin import COOKIE, Web, page, see_other
 
 JSON = {"Content-Type": "application/json", "Cache-Control": "no-store"}
+log = logging.getLogger("tollhouse.connect")
 
 
 def _detail(message: str, status: int) -> Response:
     return Response(orjson.dumps({"detail": message}), status, JSON)
+
+
+def _unreachable(upstream: str, exc: GatewayError, title: str = "Cannot connect") -> Response:
+    """One message whatever went wrong on the way to the authorization server: refused by
+    the egress policy, unresolvable or unreachable would tell which addresses answer."""
+    log.info("connect %s: %s", upstream, exc)
+    return page(title, f"<p>Tollhouse could not reach the authorization server of "
+                       f"{html.escape(upstream)}. Try again later, or ask your "
+                       "administrator.</p>", 502)
 
 
 def register(app: Quart, connections: Callable[[], Connections], web: Callable[[], Web]) -> None:
@@ -46,8 +57,10 @@ def register(app: Quart, connections: Callable[[], Connections], web: Callable[[
             return page(f"Connect {upstream}", body)
         try:
             location = await c.begin(upstream, user.principal().key, cookie)
-        except (ConnectFailed, GatewayError) as exc:
+        except ConnectFailed as exc:
             return page("Cannot connect", f"<p>{html.escape(str(exc))}</p>", 502)
+        except GatewayError as exc:
+            return _unreachable(upstream, exc)
         return see_other(location)
 
     @app.route("/connect/<upstream>/callback")
@@ -69,7 +82,7 @@ def register(app: Quart, connections: Callable[[], Connections], web: Callable[[
         except ConnectFailed as exc:
             return page("Not connected", f"<p>{html.escape(str(exc))}</p>", 400)
         except GatewayError as exc:
-            return page("Not connected", f"<p>{html.escape(exc.wire_message)}</p>", 502)
+            return _unreachable(upstream, exc, "Not connected")
         return page("Connected", f"<p>Your {html.escape(upstream)} account is connected to "
                                  f"{html.escape(user.name)}.</p>"
                                  "<p><a href='/connections'>Your connections</a></p>")

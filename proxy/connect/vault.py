@@ -84,17 +84,35 @@ class Vault:
     def _ad(upstream: str, principal: str) -> bytes:
         return f"{upstream}\n{principal}".encode()
 
-    def put(self, upstream: str, principal: str, tokens: dict[str, Any],
-            status: str = "connected") -> None:
+    def _seal(self, upstream: str, principal: str, tokens: dict[str, Any]) -> str:
         nonce = secrets.token_bytes(12)
         sealed = nonce + self._aead[self._current].encrypt(
             nonce, orjson.dumps(tokens), self._ad(upstream, principal))
+        return base64.b64encode(sealed).decode()
+
+    def put(self, upstream: str, principal: str, tokens: dict[str, Any],
+            status: str = "connected") -> None:
         expires = tokens.get("expires_at")
         with self._db.transaction() as conn:
             conn.execute(self._put, (upstream, principal, self._current,
-                                     base64.b64encode(sealed).decode(), status,
+                                     self._seal(upstream, principal, tokens), status,
                                      expires if isinstance(expires, (int, float)) else None,
                                      time.time()))
+
+    def replace(self, upstream: str, principal: str, tokens: dict[str, Any],
+                status: str = "connected") -> bool:
+        """Rewrite an existing row; False, and nothing written, when there is none: a row
+        deleted meanwhile (a disconnect, the person deleted) is not brought back by a refresh
+        or a reseal that read it before."""
+        expires = tokens.get("expires_at")
+        with self._db.transaction() as conn:
+            changed = conn.execute(self._sql(
+                "UPDATE upstream_tokens SET kid = ?, sealed = ?, status = ?, expires_at = ?, "
+                "updated_at = ? WHERE upstream = ? AND principal = ?"),
+                (self._current, self._seal(upstream, principal, tokens), status,
+                 expires if isinstance(expires, (int, float)) else None, time.time(),
+                 upstream, principal)).rowcount
+        return bool(changed == 1)
 
     def get(self, upstream: str, principal: str) -> Connection | None:
         with self._db.transaction() as conn:
@@ -113,7 +131,7 @@ class Vault:
         except InvalidTag:
             return Connection("needs_reconnect", {}, None)  # not this person's row
         if kid != self._current and status == "connected":
-            self.put(upstream, principal, tokens, status)  # reseal under the current key
+            self.replace(upstream, principal, tokens, status)  # reseal under the current key
         return Connection(status, tokens, expires)
 
     def mark(self, upstream: str, principal: str, status: str) -> None:

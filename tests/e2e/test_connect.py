@@ -16,6 +16,8 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import jwt
 import orjson
+import pytest
+from quart import Quart, Response
 
 from proxy.accounts import Accounts
 from proxy.app import create_app
@@ -45,7 +47,7 @@ class World:
 
     def edited(self, person: str) -> None:
         """The test changed a vault row behind the gateway's back: drop its in-memory copy."""
-        self.state.connections.forget("gh", f"tollhouse:local|local:{person}")
+        self.state.connections.forget(f"tollhouse:local|local:{person}", "gh")
 
     def mcp_token(self, person: str) -> str:
         """The person's bearer at the gateway: same principal as their browser sign-in."""
@@ -320,3 +322,62 @@ async def test_explicit_client_configuration(tmp_path: Path) -> None:
         # no dynamic registration happened beside the one done by hand
         assert db_backends.rows(w.inner_db, "SELECT count(*) FROM oauth_clients") == [(1,)]
         await alice.aclose()
+
+
+@asynccontextmanager
+async def discovering_gateway(documents: dict[str, Any]) -> AsyncIterator[tuple[str, str]]:
+    """A gateway with one per_user upstream that discovers, in front of an upstream serving
+    `documents` by path ("{self}" in a string is that upstream's own URL). Yields the
+    gateway's URL and the upstream's."""
+    upstream = Quart("discovery")
+    me: dict[str, str] = {}
+
+    @upstream.route("/<path:path>")
+    async def document(path: str) -> Any:
+        body = documents.get("/" + path)
+        if body is None:
+            return {"error": "not found"}, 404
+        text = orjson.dumps(body).decode().replace("{self}", me["url"])
+        return Response(text, 200, {"Content-Type": "application/json"})
+
+    database = db_backends.open_database()
+    Accounts(database).create_local("alice", "alice-pass-1")
+    async with serve(upstream, graceful_timeout=1) as upstream_url:
+        me["url"] = upstream_url
+        sock, url = bound_socket()
+        cfg = from_dict({"server": {"public_url": url}, "auth": {"mode": "jwt"},
+                         "database": {"url": database.url},
+                         "upstreams": [{"name": "gh", "url": f"{upstream_url}/mcp",
+                                        "auth": "per_user", "oauth": {"discover": True}}]},
+                        env={})
+        async with serve(create_app(cfg, vault_keys=VAULT_KEYS), sock=sock,
+                         graceful_timeout=1):
+            yield url, upstream_url
+
+
+PRM = "/.well-known/oauth-protected-resource/mcp"
+AS_META = "/.well-known/oauth-authorization-server"
+
+
+@pytest.mark.parametrize(("documents", "says"), [
+    ({PRM: {"authorization_servers": ["http://169.254.169.254"]}},
+     "the authorization server&#x27;s metadata could not be fetched"),
+    ({PRM: {"authorization_servers": ["http://[::ffff:169.254.169.254]"]}},
+     "the authorization server&#x27;s metadata could not be fetched"),
+    ({PRM: {"authorization_servers": ["{self}"]},
+      AS_META: {"issuer": 5, "code_challenge_methods_supported": ["S256"]}},
+     "names another issuer"),
+    ({PRM: {"authorization_servers": ["{self}"]},
+      AS_META: {"issuer": "{self}", "code_challenge_methods_supported": ["S256"]}},
+     "usable authorization or token endpoint"),
+], ids=["metadata address", "mapped metadata address", "issuer not a string",
+        "no endpoints"])
+async def test_a_bad_discovery_is_a_plain_failure_page(documents: dict[str, Any], says: str,
+                                                      ) -> None:
+    async with discovering_gateway(documents) as (url, _), \
+            httpx.AsyncClient(follow_redirects=False, timeout=10) as alice:
+        await sign_in(alice, url, "alice", "alice-pass-1")
+        page = await alice.get(f"{url}/connect/gh?start=1")
+        assert page.status_code == 502, page.text
+        assert says in page.text
+        assert "HTTP" not in page.text and "egress" not in page.text
