@@ -89,9 +89,10 @@ class Gateway(Legs):
 
     async def post(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
         started = time.perf_counter()
+        version = req.headers.get("mcp-protocol-version")
+        modern_claim = eras.claims_modern(version)
         # the header's claim until the body says otherwise, so refusals before parsing name it
-        record = AuditRecord(endpoint=route.name, era="modern" if eras.claims_modern(
-            req.headers.get("mcp-protocol-version")) else "legacy")
+        record = AuditRecord(endpoint=route.name, era="modern" if modern_claim else "legacy")
         body = b""
         msg: McpMessage | None = None
         try:
@@ -102,10 +103,9 @@ class Gateway(Legs):
             principal = await self.auth.authenticate(req.headers.get("authorization"),
                                                      route.name, self._caller(req))
             record.principal = principal.subject
-            version = req.headers.get("mcp-protocol-version")
             eras.check_header(version)
             session = None
-            if not eras.claims_modern(version):
+            if not modern_claim:
                 session = await self._session(req.headers, route, principal)
             if session is not None:
                 record.session_hash = session.id_hash
