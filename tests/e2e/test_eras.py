@@ -276,7 +276,7 @@ def sse_or_json(response: httpx.Response) -> dict[str, Any]:
 async def test_sessionless_calls_sharing_an_id_all_stay_cancellable(tmp_path: Path) -> None:
     """Two sessionless clients of one principal both number a call 1: the second call,
     finishing first, must not unregister the first, and a cancel for id 1 reaches it."""
-    async with stack(tmp_path, stateful_sse_app, "auto") as (endpoint, probe, db):
+    async with stack(tmp_path, stateful_sse_app, "auto") as (endpoint, probe, _db):
         body, headers = modern_request("tools/call", {"name": "wait_forever", "arguments": {}},
                                        request_id=1)
         quick, quick_headers = modern_request("tools/call", ECHO, request_id=1)

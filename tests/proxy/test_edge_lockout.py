@@ -11,7 +11,8 @@ import jwt
 import orjson
 import respx
 
-from tests.conftest import MCP_HEADERS, make_config, running_gateway
+from proxy.config import Config
+from tests.conftest import MCP_HEADERS, RunningGateway, make_config, running_gateway
 
 SECRET = "edge-lockout-hs256-secret-0123456789abcdef"
 ISSUER = "https://issuer.test/"
@@ -26,7 +27,7 @@ def token(secret: str = SECRET) -> str:
                        "iat": now, "exp": now + 300}, secret, algorithm="HS256")
 
 
-def config(trusted_proxies: list[str]):  # type: ignore[no-untyped-def]
+def config(trusted_proxies: list[str]) -> Config:
     return make_config(
         server={"trusted_proxies": trusted_proxies},
         auth={"mode": "jwt", "lockout": {"max_failures": 2, "window_s": 60, "lockout_s": 120},
@@ -42,7 +43,7 @@ def upstream() -> httpx.MockTransport:
     return httpx.MockTransport(router.async_handler)
 
 
-async def call(gw, bearer: str, forwarded_for: str, method: str = "POST"  # type: ignore[no-untyped-def]
+async def call(gw: RunningGateway, bearer: str, forwarded_for: str, method: str = "POST"
                ) -> int:
     headers = {**MCP_HEADERS, "Authorization": f"Bearer {bearer}",
                "X-Forwarded-For": forwarded_for}
