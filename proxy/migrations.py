@@ -21,7 +21,7 @@ import sys
 import time
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Literal, TextIO
 
 from proxy.db import Connection, Database, Dialect, ddl, sql
 
@@ -63,6 +63,32 @@ class Migration:
     version: int
     name: str
     steps: tuple[Step, ...]
+
+
+def _change_counter(table: str, each: Literal["ROW", "STATEMENT"]) -> tuple[Step, ...]:
+    """`<table>_version`, a one-row counter that triggers bump in the transaction of every
+    insert, update or delete of `table` (PostgreSQL: once per row or per statement; SQLite:
+    per row), whoever writes: what a gateway polls to learn that the table changed."""
+    return (
+        Sql(f"""CREATE TABLE IF NOT EXISTS {table}_version (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            version {{bigint}} NOT NULL
+        )"""),
+        Sql(f"INSERT INTO {table}_version (id, version) VALUES (1, 0) ON CONFLICT DO NOTHING"),
+        Only("postgresql", f"""CREATE OR REPLACE FUNCTION tollhouse_{table}_changed()
+            RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                UPDATE {table}_version SET version = version + 1 WHERE id = 1;
+                RETURN NULL;
+            END $$"""),
+        Only("postgresql", f"CREATE TRIGGER {table}_changed AFTER INSERT OR UPDATE OR DELETE "
+                           f"ON {table} FOR EACH {each} EXECUTE FUNCTION "
+                           f"tollhouse_{table}_changed()"),
+        *(Only("sqlite", f"CREATE TRIGGER IF NOT EXISTS {table}_changed_{event.lower()} "
+                         f"AFTER {event} ON {table} BEGIN UPDATE {table}_version "
+                         "SET version = version + 1 WHERE id = 1; END")
+          for event in ("INSERT", "UPDATE", "DELETE")),
+    )
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -171,24 +197,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         )"""),
     )),
     Migration(8, "API keys: a change counter the gateway polls", (
-        Sql("""CREATE TABLE IF NOT EXISTS api_keys_version (
-            id INTEGER PRIMARY KEY CHECK (id = 1),
-            version {bigint} NOT NULL
-        )"""),
-        Sql("INSERT INTO api_keys_version (id, version) VALUES (1, 0) ON CONFLICT DO NOTHING"),
         # any change to api_keys, by any writer, bumps the counter in the same transaction
-        Only("postgresql", """CREATE OR REPLACE FUNCTION tollhouse_api_keys_changed()
-            RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                UPDATE api_keys_version SET version = version + 1 WHERE id = 1;
-                RETURN NULL;
-            END $$"""),
-        Only("postgresql", "CREATE TRIGGER api_keys_changed AFTER INSERT OR UPDATE OR DELETE "
-                           "ON api_keys FOR EACH ROW EXECUTE FUNCTION tollhouse_api_keys_changed()"),
-        *(Only("sqlite", f"CREATE TRIGGER IF NOT EXISTS api_keys_changed_{event.lower()} "
-                         f"AFTER {event} ON api_keys BEGIN UPDATE api_keys_version "
-                         "SET version = version + 1 WHERE id = 1; END")
-          for event in ("INSERT", "UPDATE", "DELETE")),
+        *_change_counter("api_keys", each="ROW"),
     )),
     Migration(9, "upstream servers registered through the management API", (
         Sql("""CREATE TABLE IF NOT EXISTS servers (
@@ -218,24 +228,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     )),
     # every gateway on the database polls this counter and reloads the servers when it moved
     Migration(11, "servers: a change counter the gateways poll", (
-        Sql("""CREATE TABLE IF NOT EXISTS servers_version (
-            id INTEGER PRIMARY KEY CHECK (id = 1),
-            version {bigint} NOT NULL
-        )"""),
-        Sql("INSERT INTO servers_version (id, version) VALUES (1, 0) ON CONFLICT DO NOTHING"),
-        Only("postgresql", """CREATE OR REPLACE FUNCTION tollhouse_servers_changed()
-            RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                UPDATE servers_version SET version = version + 1 WHERE id = 1;
-                RETURN NULL;
-            END $$"""),
-        Only("postgresql", "CREATE TRIGGER servers_changed AFTER INSERT OR UPDATE OR DELETE "
-                           "ON servers FOR EACH STATEMENT EXECUTE FUNCTION "
-                           "tollhouse_servers_changed()"),
-        *(Only("sqlite", f"CREATE TRIGGER IF NOT EXISTS servers_changed_{event.lower()} "
-                         f"AFTER {event} ON servers BEGIN UPDATE servers_version "
-                         "SET version = version + 1 WHERE id = 1; END")
-          for event in ("INSERT", "UPDATE", "DELETE")),
+        *_change_counter("servers", each="STATEMENT"),
     )),
 )
 

@@ -180,6 +180,26 @@ def database(database_url: str) -> Iterator[Database]:
         db.close()
 
 
+@contextmanager
+def tables_held(url: str, *tables: str) -> Iterator[None]:
+    """Another writer holding `tables` for the block: on PostgreSQL an ACCESS EXCLUSIVE lock
+    (reads wait too), on SQLite the database's exclusive lock (WAL: writers wait, readers
+    do not). Released by a rollback at the end."""
+    holder = Database(url)
+    try:
+        with holder.lease() as conn:
+            if holder.postgresql:
+                conn.execute(f"LOCK TABLE {', '.join(tables)} IN ACCESS EXCLUSIVE MODE")
+            else:
+                conn.execute("BEGIN EXCLUSIVE")
+            try:
+                yield
+            finally:
+                conn.rollback()
+    finally:
+        holder.close()
+
+
 def rows(target: str | Database, text: str, *args: Any) -> list[tuple[Any, ...]]:
     """Rows of a query (written with `?` placeholders) on either backend."""
     database = target if isinstance(target, Database) else Database(target)

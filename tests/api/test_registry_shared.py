@@ -18,7 +18,6 @@ from proxy.api.registry import Registry
 from proxy.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
-from proxy.db import Database
 from proxy.demo import demo_app
 from tests import db_backends
 from tests.conftest import MCP_HEADERS
@@ -158,18 +157,9 @@ async def test_a_write_the_database_refuses_leaves_the_edge_as_it_was(
         spec = {"name": "steady", "url": f"{w.upstream}/mcp", "zones": ["loopback"]}
         assert (await one.admin.post(one.api("/servers"), json=spec)).status_code == 201
         assert (await one.call("steady")).status_code == 200
-        holder = Database(w.database)
-        try:
-            with holder.lease() as conn:  # another writer holds the table
-                if holder.postgresql:
-                    conn.execute("LOCK TABLE servers IN ACCESS EXCLUSIVE MODE")
-                else:
-                    conn.execute("BEGIN EXCLUSIVE")
-                moved = await one.admin.put(one.api("/servers/steady"), json={
-                    **spec, "url": "https://elsewhere.example/mcp", "zones": ["remote"]})
-                conn.rollback()
-        finally:
-            holder.close()
+        with db_backends.tables_held(w.database, "servers"):  # another writer holds it
+            moved = await one.admin.put(one.api("/servers/steady"), json={
+                **spec, "url": "https://elsewhere.example/mcp", "zones": ["remote"]})
         assert moved.status_code == 503 and moved.headers["Retry-After"] == "1"
         assert moved.json() == {"detail": "the database is busy; retry"}
         # the edge still serves the server as stored, and the API shows it so

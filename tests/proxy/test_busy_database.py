@@ -8,7 +8,6 @@ import httpx
 from proxy.accounts import Accounts
 from proxy.app import create_app
 from proxy.config import from_dict
-from proxy.db import Database
 from tests import db_backends
 from tests.servers import bound_socket, serve
 
@@ -25,20 +24,11 @@ async def test_a_held_database_is_a_503_then_served_again() -> None:
                      "upstreams": [{"name": "e", "url": "http://127.0.0.1:9/mcp"}]}, env={})
     async with serve(create_app(cfg, secret_key="k"), sock=sock), \
             httpx.AsyncClient(follow_redirects=False, headers={"Origin": url}) as client:
-        holder = Database(database.url)
-        try:
-            with holder.lease() as conn:  # another writer holds the tables
-                if holder.postgresql:
-                    conn.execute("LOCK TABLE users, oauth_clients IN ACCESS EXCLUSIVE MODE")
-                else:
-                    conn.execute("BEGIN EXCLUSIVE")  # WAL: writers wait, readers do not
-                busy = [await client.post(f"{url}/oauth/register", json=CLIENT)]
-                if holder.postgresql:
-                    busy.append(await client.post(f"{url}/signin", data={
-                        "name": "root", "password": "root-password"}))
-                conn.rollback()
-        finally:
-            holder.close()
+        with db_backends.tables_held(database.url, "users", "oauth_clients"):
+            busy = [await client.post(f"{url}/oauth/register", json=CLIENT)]
+            if database.postgresql:  # (SQLite in WAL mode lets readers through)
+                busy.append(await client.post(f"{url}/signin", data={
+                    "name": "root", "password": "root-password"}))
         for response in busy:
             assert response.status_code == 503, response.text
             assert response.headers["Retry-After"] == "1"
