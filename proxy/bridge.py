@@ -9,7 +9,6 @@ principals, and re-opens it when the upstream forgets it.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import re
@@ -20,6 +19,7 @@ from cachetools import TTLCache
 
 from proxy import __version__, eras
 from proxy.errors import GatewayError, UpstreamFailure, UpstreamProtocolError
+from proxy.singleflight import SingleFlight
 from proxy.sse import EventSplitter, event_data
 from proxy.upstream import UpstreamClient, UpstreamRoute, map_errors
 
@@ -36,10 +36,11 @@ class Bridge:
         self._upstream = upstream
         self._verdicts: dict[str, eras.Era] = {
             name: era for name, era in configured.items() if era in ("legacy", "modern")}  # type: ignore[misc]
-        self._probes: dict[str, asyncio.Future[eras.Era]] = {}
+        self._probes: SingleFlight[str, eras.Era] = SingleFlight()
         self._sessions: TTLCache[tuple[str, str], tuple[str | None, dict[str, Any]]] = TTLCache(
             maxsize=100_000, ttl=session_ttl_s)
-        self._opening: dict[tuple[str, str], asyncio.Future[tuple[str | None, dict[str, Any]]]] = {}
+        self._opening: SingleFlight[tuple[str, str], tuple[str | None, dict[str, Any]]] = (
+            SingleFlight())
         self._init_results: dict[str, dict[str, Any]] = {}
         self._discovered: dict[str, dict[str, Any]] = {}
         # upstreams that speak only 2026-07-28: configured so, or learned when one refused a
@@ -66,23 +67,13 @@ class Bridge:
         known = self._verdicts.get(route.name)
         if known is not None:
             return known
-        pending = self._probes.get(route.name)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[eras.Era] = asyncio.get_running_loop().create_future()
-        self._probes[route.name] = future
-        try:
-            verdict = await self._probe(route)
-            self._verdicts[route.name] = verdict
-            future.set_result(verdict)
-            log.info("upstream %s speaks the %s era", route.name, verdict)
-            return verdict
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: a failed probe is retried on the next call
-            raise
-        finally:
-            del self._probes[route.name]
+        return await self._probes.run(route.name, lambda: self._learn(route))
+
+    async def _learn(self, route: UpstreamRoute) -> eras.Era:
+        verdict = await self._probe(route)  # a failed probe is retried on the next call
+        self._verdicts[route.name] = verdict
+        log.info("upstream %s speaks the %s era", route.name, verdict)
+        return verdict
 
     async def _probe(self, route: UpstreamRoute) -> eras.Era:
         body = orjson.dumps({"jsonrpc": "2.0", "id": "tollhouse-discover",
@@ -109,24 +100,13 @@ class Bridge:
         if held is not None:
             self._sessions[key] = held  # restart the idle timer
             return held[0]
-        pending = self._opening.get(key)
-        if pending is not None:
-            return (await asyncio.shield(pending))[0]
-        future: asyncio.Future[tuple[str | None, dict[str, Any]]] = (
-            asyncio.get_running_loop().create_future())
-        self._opening[key] = future
-        try:
+        async def open_and_keep() -> tuple[str | None, dict[str, Any]]:
             opened = await self._open(route, extra)
             self._sessions[key] = opened
             self._init_results[route.name] = opened[1]
-            future.set_result(opened)
-            return opened[0]
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()
-            raise
-        finally:
-            del self._opening[key]
+            return opened
+
+        return (await self._opening.run(key, open_and_keep))[0]
 
     def forget(self, route: UpstreamRoute, principal_key: str) -> None:
         self._sessions.pop((route.name, principal_key), None)

@@ -30,6 +30,7 @@ from proxy.config import Config, UpstreamConfig
 from proxy.connect.guarded import GuardedClient
 from proxy.connect.vault import Vault
 from proxy.errors import UpstreamFailure
+from proxy.singleflight import SingleFlight
 
 log = logging.getLogger("tollhouse.connect")
 T = TypeVar("T")
@@ -117,7 +118,7 @@ class Connections:
         self._clock = clock
         self._endpoints: dict[str, Endpoints] = {}
         self._pending: TTLCache[str, Pending] = TTLCache(maxsize=10_000, ttl=600)
-        self._refreshing: dict[tuple[str, str], asyncio.Future[str]] = {}
+        self._refreshing: SingleFlight[tuple[str, str], str] = SingleFlight()
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-vault")
         self.last_lists: dict[tuple[str, str], dict[str, Any]] = {}  # (upstream, method)
         # the hot path: a person's unsealed token for a minute, so a call costs no database
@@ -338,21 +339,7 @@ class Connections:
         """One refresh for everyone waiting on the same person's token."""
         key = (name, principal)
         self._drop(name, principal)
-        pending = self._refreshing.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._refreshing[key] = future
-        try:
-            token = await self._refresh(name, principal, stale)
-            future.set_result(token)
-            return token
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()
-            raise
-        finally:
-            del self._refreshing[key]
+        return await self._refreshing.run(key, lambda: self._refresh(name, principal, stale))
 
     async def _refresh(self, name: str, principal: str, stale: str) -> str:
         with self._hot_lock:

@@ -1,0 +1,37 @@
+"""One call in flight per key: whoever asks for the same key meanwhile awaits that call's
+outcome instead of making their own (an upstream's era probe, a session being opened, a
+person's token being refreshed)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class SingleFlight(Generic[K, V]):
+    def __init__(self) -> None:
+        self._running: dict[K, asyncio.Future[V]] = {}
+
+    async def run(self, key: K, call: Callable[[], Awaitable[V]]) -> V:
+        """`call()`'s result, shared with everyone who asks for `key` while it runs. A
+        failure reaches every waiter and is not remembered: the next ask calls again. A
+        waiter that is cancelled does not cancel the call (it is shielded)."""
+        pending = self._running.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[V] = asyncio.get_running_loop().create_future()
+        self._running[key] = future
+        try:
+            value = await call()
+            future.set_result(value)
+            return value
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: no "never retrieved" warning when nobody waited
+            raise
+        finally:
+            del self._running[key]
