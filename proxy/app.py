@@ -76,6 +76,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
     routes = {u.name: UpstreamRoute.from_config(u) for u in cfg.upstreams}
+    trusted = parse_networks(cfg.server.trusted_proxies, "server.trusted_proxies")
     base_dir = base_dir or Path.cwd()
     identity = IdentityForwarder(cfg, base_dir)
     lockouts = MemoryLockoutStore(cfg.auth.lockout, clock)
@@ -97,7 +98,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                   MemoryBrowserSessions(cfg.oauth_server.browser_session_ttl_s, clock),
                   lockouts, cfg.server.public_url.rstrip("/"), clock,
                   oidc_enabled=cfg.auth.oidc.enabled,
-                  trusted_proxies=Web.networks(cfg.server.trusted_proxies))
+                  trusted_proxies=trusted)
         state.web = web
     if cfg.oauth_server.enabled:
         ring = oauth_keys.KeyRing(database, os.environ.get("TOLLHOUSE_SECRET_KEY", "")
@@ -144,13 +145,12 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                         cfg.server.max_request_bytes, clock,
                         web.accounts if web is not None else Accounts(database),
                         forget_person=getattr(connections, "forget", None),
-                        trusted_proxies=parse_networks(cfg.server.trusted_proxies,
-                                                       "server.trusted_proxies"))
+                        trusted_proxies=trusted)
         state.gateway = Gateway(
             routes=routes, authenticator=authenticator, chain=chain, sessions=sessions,
             inflight=inflight, upstream=upstream, audit=audit,
             allowed_origins=frozenset(origins), identity=identity, connections=connections,
-            trusted_proxies=cfg.server.trusted_proxies)
+            trusted_proxies=trusted)
         try:
             yield
         finally:

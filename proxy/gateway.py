@@ -17,13 +17,14 @@ from typing import Any
 
 import orjson
 
-from policies.egress import caller_address, parse_networks
+from policies.egress import caller_address
 from proxy import eras, jsonrpc
 from proxy.audit import AuditRecord, AuditSink
 from proxy.auth import Authenticator, Principal
 from proxy.bridge import Bridge
 from proxy.chain import CallContext, Chain
 from proxy.connect.manager import Connections
+from proxy.egress import IPNetwork
 from proxy.errors import (
     Cancelled,
     EndpointNotFound,
@@ -64,7 +65,7 @@ class Gateway(Legs):
                  upstream: UpstreamClient, audit: AuditSink, allowed_origins: frozenset[str],
                  identity: IdentityForwarder | None = None,
                  connections: Connections | None = None,
-                 trusted_proxies: Sequence[str] = ()) -> None:
+                 trusted_proxies: Sequence[IPNetwork] = ()) -> None:
         self.routes = routes
         self.auth = authenticator
         self.chain = chain
@@ -76,7 +77,7 @@ class Gateway(Legs):
         self.identity = identity or IdentityForwarder.none()
         self.connections = connections
         self.bridge = Bridge(upstream, {name: r.era for name, r in routes.items()})
-        self.trusted_proxies = parse_networks(trusted_proxies, "server.trusted_proxies")
+        self.trusted_proxies = tuple(trusted_proxies)  # parsed once, by create_app
         self._tasks: set[asyncio.Task[None]] = set()
 
     def route(self, name: str) -> UpstreamRoute:

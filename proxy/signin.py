@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,12 +17,23 @@ from urllib.parse import urlsplit
 import orjson
 from quart import Quart, Response, request
 
-from policies.egress import caller_address, parse_networks
+from policies.egress import caller_address
 from proxy.accounts import Accounts, BrowserSessions, User
 from proxy.auth.lockout import LockoutStore
 from proxy.egress import IPNetwork
 
 COOKIE = "tollhouse_session"
+
+
+def client_address(remote_addr: str | None, headers: Any,
+                   trusted_proxies: Sequence[IPNetwork]) -> str:
+    """The address failed attempts are counted against, on a Quart route: the connection's
+    peer, or, when the peer is a trusted proxy, the client it names (else every client behind
+    the proxy would share one lockout, and one attacker would lock them all out)."""
+    forwarded_for = ",".join(headers.getlist("X-Forwarded-For")) or None
+    address = caller_address(remote_addr, forwarded_for, trusted_proxies,
+                             forwarded=headers.get("Forwarded"))
+    return str(address) if address is not None else f"peer:{remote_addr or '?'}"
 
 
 @dataclass
@@ -39,18 +50,8 @@ class Web:
     # X-Forwarded-For hop; without any, X-Forwarded-For is never read
     trusted_proxies: tuple[IPNetwork, ...] = ()
 
-    @classmethod
-    def networks(cls, trusted_proxies: list[str] | tuple[str, ...]) -> tuple[IPNetwork, ...]:
-        return parse_networks(trusted_proxies, "server.trusted_proxies")
-
     def client_address(self, remote_addr: str | None, headers: Any) -> str:
-        """The address failed attempts are counted against: the connection's peer, or, when
-        the peer is a trusted proxy, the client it names (else every client behind the proxy
-        would share one lockout, and one attacker would lock them all out)."""
-        forwarded_for = ",".join(headers.getlist("X-Forwarded-For")) or None
-        address = caller_address(remote_addr, forwarded_for, self.trusted_proxies,
-                                 forwarded=headers.get("Forwarded"))
-        return str(address) if address is not None else f"peer:{remote_addr or '?'}"
+        return client_address(remote_addr, headers, self.trusted_proxies)
 
     @property
     def secure(self) -> bool:

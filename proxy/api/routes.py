@@ -19,7 +19,6 @@ import orjson
 from pydantic import BaseModel, ValidationError
 from quart import Quart, Response, request
 
-from policies.egress import caller_address
 from proxy import db
 from proxy.accounts import (
     Accounts,
@@ -61,7 +60,7 @@ from proxy.auth import keys as api_keys
 from proxy.auth.lockout import LockoutStore
 from proxy.edge.routes import nul_in_body
 from proxy.egress import IPNetwork
-from proxy.signin import COOKIE, Web
+from proxy.signin import COOKIE, Web, client_address
 
 M = TypeVar("M", bound=BaseModel)
 PREFIX = "/api/v1"
@@ -163,9 +162,8 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
             # by the caller's address (through trusted proxies) only: a key's secret cannot
             # be guessed, and its id is public, so locking the id out would let anyone
             # shut the key's owner out
-            client = caller_address(request.remote_addr, ",".join(
-                request.headers.getlist("X-Forwarded-For")), a.trusted_proxies)
-            watch = [f"api-ip:{client or request.remote_addr or '?'}"]
+            client = client_address(request.remote_addr, request.headers, a.trusted_proxies)
+            watch = [f"api-ip:{client}"]
             retry = await a.lockouts.locked(watch, a.clock())
             if retry is not None:
                 raise LockedOut(retry)
