@@ -38,6 +38,8 @@ from proxy.errors import GatewayError
 from proxy.oauth.keys import KeyRing
 
 
+_LEEWAY_S = 30  # clock skew allowed on an access token's exp
+
 class OAuthError(GatewayError):
     """RFC 6749 section 5.2: {"error", "error_description"}."""
 
@@ -130,6 +132,9 @@ class AuthorizationServer:
         self._lock = threading.Lock()
         self._codes: TTLCache[str, Grant] = TTLCache(maxsize=100_000, ttl=self._cfg.code_ttl_s)
         self._used_codes: TTLCache[str, str] = TTLCache(maxsize=100_000, ttl=600)
+        # claims whose signature was checked, by (token, resource): one ES256 check a token
+        self._verified: TTLCache[tuple[str, str], dict[str, Any]] = TTLCache(
+            maxsize=50_000, ttl=self._cfg.access_token_ttl_s + _LEEWAY_S)
         self._revoked_jti: TTLCache[str, bool] = TTLCache(
             maxsize=100_000, ttl=self._cfg.access_token_ttl_s + 60)
         self._revoked_families: TTLCache[str, bool] = TTLCache(
@@ -365,14 +370,23 @@ class AuthorizationServer:
     # -- at the MCP edge -----------------------------------------------------------------------
 
     def verify_access(self, token: str, resource: str) -> dict[str, Any]:
-        """The claims of a valid access token for this resource; raises jwt.PyJWTError."""
-        header = jwt.get_unverified_header(token)
-        key = self.keys.public(str(header.get("kid", "")))
-        if key is None or header.get("alg") != "ES256":
-            raise jwt.InvalidTokenError("unknown signing key")
-        claims: dict[str, Any] = jwt.decode(token, key, algorithms=["ES256"], audience=resource,
-                                            issuer=self.issuer, leeway=30,
-                                            options={"require": ["exp", "iss", "aud", "sub"]})
+        """The claims of a valid access token for this resource; raises jwt.PyJWTError. The
+        signature is checked once per token and resource (the checked claims are kept until
+        the token expires); expiry and revocation are checked on every call."""
+        verified = self._verified.get((token, resource))
+        if verified is None:
+            header = jwt.get_unverified_header(token)
+            key = self.keys.public(str(header.get("kid", "")))
+            if key is None or header.get("alg") != "ES256":
+                raise jwt.InvalidTokenError("unknown signing key")
+            verified = jwt.decode(token, key, algorithms=["ES256"], audience=resource,
+                                  issuer=self.issuer, leeway=_LEEWAY_S,
+                                  options={"require": ["exp", "iss", "aud", "sub"]})
+            self._verified[(token, resource)] = verified
+        elif not isinstance(verified.get("exp"), int | float) or \
+                verified["exp"] + _LEEWAY_S < time.time():
+            raise jwt.ExpiredSignatureError("Signature has expired")
+        claims: dict[str, Any] = verified
         with self._lock:
             revoked = self._revoked_jti.get(str(claims.get("jti"))) or \
                 self._revoked_families.get(str(claims.get("fam")))

@@ -492,6 +492,29 @@ def oauth_server(database: Database) -> AuthorizationServer:
     return AuthorizationServer(cfg, database, ring)
 
 
+def test_an_access_token_is_verified_once_but_expiry_and_revocation_every_time(
+        database: Database) -> None:
+    import jwt
+
+    server = oauth_server(database)
+    resource = f"{server.issuer}/mcp/e"
+    user = Accounts(database).create_local("ann", "ann-password")
+    token = server._tokens("c", user, resource, "fam-1", scope_requested=False)["access_token"]
+    assert server.verify_access(token, resource)["sub"] == user.subject
+    assert (token, resource) in server._verified  # the signature is not checked again
+    with pytest.raises(jwt.InvalidAudienceError):  # another endpoint: checked afresh
+        server.verify_access(token, f"{server.issuer}/mcp/other")
+    server._verified[(token, resource)] = {**server._verified[(token, resource)],
+                                           "exp": time.time() - 60}
+    with pytest.raises(jwt.ExpiredSignatureError):  # expiry is read on every call
+        server.verify_access(token, resource)
+    fresh = server._tokens("c", user, resource, "fam-2", scope_requested=False)["access_token"]
+    assert server.verify_access(fresh, resource)
+    server._revoke_family("fam-2")
+    with pytest.raises(jwt.InvalidTokenError, match="revoked"):  # revocation too
+        server.verify_access(fresh, resource)
+
+
 def test_oauth_clients_refresh_rotation_and_family_revocation(database: Database) -> None:
     server = oauth_server(database)
     resource = f"{server.issuer}/mcp/e"  # make_config's one endpoint
