@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,20 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     revoke.add_argument("id")
 
     args = parser.parse_args(argv)
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "serve": _serve, "demo": _demo, "keys": _keys, "usage": _usage, "users": _users,
+        "db": _db, "audit": _audit}
     try:
-        if args.command == "serve":
-            return _serve(args)
-        if args.command == "demo":
-            return _demo(args)
-        if args.command == "keys":
-            return _keys(args)
-        if args.command == "usage":
-            return _usage(args)
-        if args.command == "users":
-            return _users(args)
-        if args.command == "db":
-            return _db(args)
-        return _audit(args)
+        return commands[args.command](args)
     except ConfigError as exc:
         print(f"tollhouse: {exc}", file=sys.stderr)
         return 2
