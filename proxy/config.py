@@ -141,10 +141,6 @@ class DatabaseConfig:
     # up (the management API answers 503 with Retry-After)
     busy_timeout_s: float = 10.0
 
-    @property
-    def sqlite_path(self) -> str:
-        return self.url.removeprefix("sqlite:///") or ":memory:"
-
 
 @dataclass(frozen=True)
 class UpstreamOAuthConfig:

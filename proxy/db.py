@@ -417,20 +417,3 @@ def using(target: Target) -> Iterator[Database]:
     finally:
         if database is not target:
             database.close()
-
-
-def connect(path: str, schema: str = "") -> sqlite3.Connection:
-    """A SQLite connection usable from any one thread at a time, `schema` run on it. Kept for
-    callers not yet on `Database`; new code uses `Database` and `proxy.migrations`."""
-    if path.startswith("sqlite:///"):
-        path = path.removeprefix("sqlite:///") or ":memory:"
-    elif "://" in path:
-        raise ValueError("db.connect(path, schema) is SQLite only: use Database for "
-                         f"{path.partition('://')[0]}:// URLs")
-    if path != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=10, check_same_thread=False)
-    _wal(conn)
-    if schema:
-        conn.executescript(schema)
-    return conn

@@ -170,9 +170,6 @@ class SqliteAuditSink:
             self._conn = None
 
 
-DatabaseAuditSink = SqliteAuditSink
-
-
 def _line(record: AuditRecord) -> bytes:
     """One JSON line of the fallback file; any value, even one orjson cannot encode."""
     try:

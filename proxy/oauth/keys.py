@@ -27,12 +27,6 @@ class SecretKeyMissing(Exception):
     pass
 
 
-def connect(target: db.Target) -> db.Database:
-    """The database the key ring and the authorization server keep their tables in (kept for
-    callers that still pass a path: `KeyRing` and `AuthorizationServer` take the Database)."""
-    return db.resolve(target)
-
-
 @dataclass(frozen=True)
 class SigningKey:
     kid: str

@@ -37,7 +37,6 @@ from proxy.config import Config
 from proxy.errors import GatewayError
 from proxy.oauth.keys import KeyRing
 
-
 _LEEWAY_S = 30  # clock skew allowed on an access token's exp
 
 class OAuthError(GatewayError):
