@@ -343,13 +343,16 @@ class CountingReceiver:
         self.hold = asyncio.Event()
         self.hold.set()
         self.started = asyncio.Event()
+        self.waiting = 0  # deliveries held at once
 
     async def authorize(self, request: dict[str, Any]) -> dict[str, Any]:
         return {"allow": True}
 
     async def record(self, event: dict[str, Any]) -> None:
         self.started.set()
+        self.waiting += 1
         await self.hold.wait()
+        self.waiting -= 1
         await asyncio.sleep(0)
         self.seen[event["call_id"]] = self.seen.get(event["call_id"], 0) + 1
 
@@ -366,6 +369,7 @@ async def test_two_workers_on_one_database_send_each_event_once(database: Databa
         sink.emit(record(i, call_id=f"c{i:03d}"))
     await sink.close()
     receiver = CountingReceiver()
+    receiver.hold.clear()  # each worker's first delivery waits: both hold a claim at once
     # two gateways' workers, each with its own connections to the one database
     others = Database(database.url)
     workers = [OutboxWorker(database, receiver, retry_max_s=0.05),
@@ -373,6 +377,8 @@ async def test_two_workers_on_one_database_send_each_event_once(database: Databa
     loop = asyncio.get_running_loop()
     tasks = [loop.create_task(w.run()) for w in workers]
     try:
+        await _until(lambda: receiver.waiting == 2)
+        receiver.hold.set()
         await _until(lambda: sum(w.delivered for w in workers) >= 120)
     finally:
         for task in tasks:
