@@ -67,54 +67,61 @@ def claims_modern(version: str | None) -> bool:
 
 
 def classify(msg: McpMessage, headers: Mapping[str, str]) -> Era:
-    """Body first, cross-checked with the header; `initialize` is always a legacy opening."""
-    if msg.method == "initialize":
-        return "legacy"
+    """Body first, cross-checked with the header. An `initialize` is a legacy opening unless it
+    carries the 2026-07-28 envelope: that revision removed it, and `validate` answers 404 -32601
+    as for any method it lacks. An `initialize` whose only claim is `protocolVersion:
+    "2026-07-28"` negotiates down (seed 003)."""
     meta = (msg.params or {}).get("_meta")
     if isinstance(meta, dict) and PV in meta:
         return "modern"
+    if msg.method == "initialize":
+        return "legacy"
     return "modern" if claims_modern(headers.get("mcp-protocol-version")) else "legacy"
 
 
 def validate(msg: McpMessage, headers: Mapping[str, str], duplicated: Collection[str]) -> None:
-    """Raise the first failed check of a modern request; return when it may proceed."""
+    """Raise the first failed check of a modern request; return when it may proceed.
+
+    The order is the official SDK's ladder: the envelope's presence (-32602), then the mirrored
+    headers against the body (-32020, whatever revisions the two name), then whether the
+    revision is served (-32022), then the rest of the envelope's shape. A header naming a
+    revision of neither era on a request with no envelope is -32022 before anything else."""
+    header_version = headers.get("mcp-protocol-version")
+    meta = (msg.params or {}).get("_meta")
+    if not (isinstance(meta, dict) and PV in meta):
+        check_header(header_version)
     if "mcp-session-id" in headers:
         raise InvalidRequest("Invalid Request: Mcp-Session-Id is not used with protocol "
                              "version 2026-07-28")
     if msg.kind == "response":
         raise InvalidRequest("Invalid Request: a 2026-07-28 client sends no responses")
-    version = _envelope(msg)
-    header_version = headers.get("mcp-protocol-version")
-    for requested in (version, header_version):
-        if requested is not None and requested not in MODERN_VERSIONS:
-            raise UnsupportedVersion(data={"supported": list(MODERN_VERSIONS),
-                                           "requested": requested})
-    if header_version != version or "mcp-protocol-version" in duplicated:
+    if not isinstance(meta, dict) or PV not in meta or not isinstance(meta.get(CLIENT_CAPS),
+                                                                         dict):
+        raise InvalidEnvelope()
+    version = meta[PV]
+    if header_version is None or header_version != version \
+            or "mcp-protocol-version" in duplicated:
         raise _mismatch("MCP-Protocol-Version")
-    if msg.kind == "notification":
-        return
-    if headers.get("mcp-method") != msg.method or "mcp-method" in duplicated:
-        raise _mismatch("Mcp-Method")
-    field = NAMED.get(msg.method or "")
-    if field is not None:
-        target = (msg.params or {}).get(field)
-        sent = decode_header(headers.get("mcp-name"))
-        if not isinstance(target, str) or sent != target or "mcp-name" in duplicated:
-            raise _mismatch("Mcp-Name")
-    if msg.method not in MODERN_METHODS:
+    if msg.kind != "notification":
+        if headers.get("mcp-method") != msg.method or "mcp-method" in duplicated:
+            raise _mismatch("Mcp-Method")
+        field = NAMED.get(msg.method or "")
+        if field is not None:
+            target = (msg.params or {}).get(field)
+            sent = decode_header(headers.get("mcp-name"))
+            if not isinstance(target, str) or sent != target or "mcp-name" in duplicated:
+                raise _mismatch("Mcp-Name")
+    if version not in MODERN_VERSIONS:
+        raise UnsupportedVersion(data={"supported": list(MODERN_VERSIONS),
+                                       "requested": version})
+    _check_envelope(meta)
+    if msg.kind != "notification" and msg.method not in MODERN_METHODS:
         raise MethodNotFound(data={"method": msg.method})
 
 
-def _envelope(msg: McpMessage) -> str:
-    """The envelope's protocol version, after checking the envelope's shape."""
-    meta = (msg.params or {}).get("_meta")
-    if not isinstance(meta, dict):
-        raise InvalidEnvelope()
-    version = meta.get(PV)
-    caps = meta.get(CLIENT_CAPS)
+def _check_envelope(meta: dict[str, Any]) -> None:
+    """The envelope's optional members, once its version is known to be served."""
     info = meta.get(CLIENT_INFO)
-    if not isinstance(version, str) or not isinstance(caps, dict):
-        raise InvalidEnvelope()
     if info is not None and not (isinstance(info, dict) and isinstance(info.get("name"), str)
                                  and isinstance(info.get("version"), str)):
         raise InvalidEnvelope()
@@ -122,7 +129,6 @@ def _envelope(msg: McpMessage) -> str:
         level = meta[LOG_LEVEL]
         if not isinstance(level, str) or level not in LOG_LEVELS:
             raise InvalidEnvelope("Invalid _meta envelope: unknown log level")
-    return version
 
 
 def _mismatch(header: str) -> GatewayError:

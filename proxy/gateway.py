@@ -104,20 +104,26 @@ class Gateway(Legs):
             principal = await self.auth.authenticate(req.headers.get("authorization"),
                                                      route.name, self._caller(req))
             record.principal = principal.subject
-            eras.check_header(version)
             session = None
             if not modern_claim:
                 session = await self._session(req.headers, route, principal)
             if session is not None:
                 record.session_hash = session.id_hash
-            msg = jsonrpc.parse(body)
+            try:
+                msg = jsonrpc.parse(body)
+            except GatewayError:
+                eras.check_header(version)  # no envelope to weigh the header against
+                raise
             record.method, record.tool = msg.method, msg.tool
             if msg.kind == "request":
                 record.request_id = _id_text(msg.id)
             era = record.era = eras.classify(msg, req.headers)
             if era == "modern":
+                # a header of neither era is -32022 there, unless an envelope contradicts it
                 eras.validate(msg, req.headers, req.duplicated)
                 record.client_name = eras.client_name(msg)
+            else:
+                eras.check_header(version)
             ctx = CallContext(principal, route.name, str(route.url), era=era,
                               session_hash=record.session_hash, arguments_size=len(body),
                               api_key_id=principal.api_key_id, peer_ip=req.peer,

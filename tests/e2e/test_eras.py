@@ -99,9 +99,32 @@ VALIDATION = {
             "_meta": {**envelope(), "io.modelcontextprotocol/protocolVersion": "2099-01-01"}}}),
             {**modern_request("tools/list")[1], "mcp-protocol-version": "2099-01-01"}),
         400, -32022, {"supported": [MODERN], "requested": "2099-01-01"}),
-    "header version disagrees with envelope": (
+    # the mismatch is named whatever the two revisions are (the SDK's ladder and the suite)
+    "header names an unknown revision, the envelope a served one": (
         lambda: case(*modern_request("tools/list", **{"mcp_protocol_version": "2099-01-01"})),
-        400, -32022, {"supported": [MODERN], "requested": "2099-01-01"}),
+        400, -32020, {"mismatch": "MCP-Protocol-Version"}),
+    "header names the served revision, the envelope an unknown one": (
+        lambda: case(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {
+            "_meta": {**envelope(), "io.modelcontextprotocol/protocolVersion": "v999.0.0"}}}),
+            modern_request("tools/list")[1]),
+        400, -32020, {"mismatch": "MCP-Protocol-Version"}),
+    "no header, the envelope an unknown revision": (
+        lambda: case(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {
+            "_meta": {**envelope(), "io.modelcontextprotocol/protocolVersion": "2099-01-01"}}}),
+            {k: v for k, v in modern_request("tools/list")[1].items()
+             if k != "mcp-protocol-version"}),
+        400, -32020, {"mismatch": "MCP-Protocol-Version"}),
+    "header and envelope agree on a legacy revision": (
+        lambda: case(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {
+            "_meta": {**envelope(), "io.modelcontextprotocol/protocolVersion": "2025-11-25"}}}),
+            {**modern_request("tools/list")[1], "mcp-protocol-version": "2025-11-25"}),
+        400, -32022, {"supported": [MODERN], "requested": "2025-11-25"}),
+    # 2026-07-28 removed initialize: with the envelope it is a method the revision lacks
+    "initialize with the 2026-07-28 envelope": (
+        lambda: case(*modern_request("initialize", {
+            "protocolVersion": MODERN, "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}})),
+        404, -32601, {"method": "initialize"}),
     "unknown version in the header, no envelope": (
         lambda: case(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
                      {**modern_request("tools/list")[1], "mcp-protocol-version": "2027-01-01"}),
