@@ -287,6 +287,54 @@ class UpstreamBadGateway(GatewayError):
     with_id = False
 
 
+NO_ID = object()  # an upstream error that carried no id at all
+
+
+class UpstreamRejected(GatewayError):
+    """The upstream's own JSON-RPC error, relayed: its verdict on the request, not a failure to
+    reach it. Code, message and data are the upstream's (so codes beyond seed 004's list can
+    reach the client); the HTTP status is chosen by `status_for`, never the upstream's 401, 403
+    or 404, which would pass for the gateway's own answer about the caller's credential or
+    session. Audited as an error with the upstream's code."""
+
+    http_status = 200
+    code = -32000
+    message = "upstream error"
+
+    def __init__(self, error: dict[str, Any], status: int, *, call: bool = True,
+                 upstream_id: Any = NO_ID, retry_after: str | None = None) -> None:
+        super().__init__(f"upstream error {error['code']}",
+                         headers={"Retry-After": retry_after} if retry_after else None)
+        self.error = error
+        self.status = status
+        self.call = call  # answers the client's request: the error carries its id
+        self.upstream_id = upstream_id  # otherwise the id the upstream gave, if any
+
+    @staticmethod
+    def status_for(upstream_status: int, code: int, *, modern: bool, call: bool) -> int | None:
+        """The status a relayed error keeps, or None when it is not relayed at all. For a call:
+        400 and 429 stay; a 2026-07-28 request's 404 `-32601` stays 404 (that revision says
+        so); anything else is 200. Where there is no call to answer, the client's mistake keeps
+        its 4xx, except 401, 403 and 407: those refuse the gateway's own upstream credential,
+        which is an upstream failure (502), never the client's."""
+        if call:
+            if upstream_status in (400, 429):
+                return upstream_status
+            if upstream_status == 404 and modern and code == -32601:
+                return 404
+            return 200
+        if upstream_status in (401, 403, 407):
+            return None
+        return upstream_status
+
+    def body(self, request_id: Any) -> bytes:
+        if self.call:
+            return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": self.error})
+        if self.upstream_id is NO_ID:
+            return orjson.dumps({"jsonrpc": "2.0", "error": self.error})
+        return orjson.dumps({"jsonrpc": "2.0", "id": self.upstream_id, "error": self.error})
+
+
 class Cancelled(GatewayError):
     http_status = 200
     code = -32800
@@ -315,6 +363,9 @@ def jsonrpc_error_body(code: int, message: str, request_id: Any = None,
 
 def render(exc: GatewayError, request_id: Any = None) -> tuple[int, dict[str, str], bytes]:
     """Return (HTTP status, headers, body) for `exc` on the MCP edge."""
+    if isinstance(exc, UpstreamRejected):
+        body = exc.body(request_id)
+        return exc.status, {"Content-Type": "application/json", **exc.headers}, body
     if exc.surface == "plain":
         body = orjson.dumps({"error": exc.wire_message})
     elif exc.surface == "oauth":

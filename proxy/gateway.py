@@ -48,7 +48,7 @@ from proxy.jsonrpc import McpMessage
 from proxy.legs import Leg, Legs, refusing_input, with_completion
 from proxy.relay import StreamRelay
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
-from proxy.upstream import UpstreamClient, UpstreamRoute, map_errors
+from proxy.upstream import NO_CALL, UpstreamClient, UpstreamRoute, map_errors, rejection
 from proxy.upstream.identity import IdentityForwarder
 
 log = logging.getLogger("tollhouse.gateway")
@@ -194,7 +194,8 @@ class Gateway(Legs):
                     rewrite(leg.local)
                 return await self._answer_here(route, msg, leg.local, ctx, record, started)
             assert response is not None
-            await self._check_status(response, session)
+            await self._check_status(response, session, call_id=msg.id,
+                                     modern=ctx.era == "modern")
             out_headers: dict[str, str]
             if msg.method == "initialize":
                 session = await self.sessions.create(
@@ -318,11 +319,24 @@ class Gateway(Legs):
             raise UpstreamBadGateway(exc.wire_message) from None
         return EdgeResponse(202, {"Mcp-Session-Id": session.id} if session else {})
 
-    async def _check_status(self, response: Any, session: Session | None) -> None:
+    async def _check_status(self, response: Any, session: Session | None, *,
+                            call_id: Any = NO_CALL, modern: bool = False) -> None:
+        """Return for a 2xx. An upstream's own JSON-RPC error is relayed (for a call: only
+        one for this call's id, which the upstream's 'session not found' never is); a 404 on
+        the upstream session ends the gateway's session; anything else is an upstream failure."""
         status = response.status_code
         if status < 300:
             return
-        await response.aclose()
+        try:
+            if call_id is NO_CALL and status == 404 and session is not None \
+                    and session.upstream_session_id is not None:
+                rejected = None
+            else:
+                rejected = await rejection(response, call_id=call_id, modern=modern)
+        finally:
+            await response.aclose()
+        if rejected is not None:
+            raise rejected
         if status == 404 and session is not None and session.upstream_session_id is not None:
             await self.sessions.delete(session.id)
             raise SessionNotFound()
@@ -350,7 +364,15 @@ class Gateway(Legs):
                 raise UpstreamBadGateway(exc.wire_message) from None
             status = response.status_code
             if status >= 300:
-                await response.aclose()
+                try:
+                    gone = status == 404 and session is not None \
+                        and session.upstream_session_id is not None
+                    # an upstream's JSON-RPC error is the client's mistake: it keeps its 4xx
+                    rejected = None if gone or status == 405 else await rejection(response)
+                finally:
+                    await response.aclose()
+                if rejected is not None:
+                    raise rejected
                 if status == 404 and session and session.upstream_session_id:
                     await self.sessions.delete(session.id)
                     raise SessionNotFound()
@@ -386,9 +408,15 @@ class Gateway(Legs):
                 headers = self.upstream.headers(route, req.headers, session.upstream_session_id)
                 try:
                     response = await self.upstream.open(route, "DELETE", headers)
-                    await response.aclose()
+                    try:
+                        rejected = None if response.status_code in (404, 405) \
+                            else await rejection(response)
+                    finally:
+                        await response.aclose()
                 except UpstreamFailure as exc:
                     raise UpstreamBadGateway(exc.wire_message) from None
+                if rejected is not None:
+                    raise rejected
                 if response.status_code == 405:
                     record.note = "upstream does not let clients end sessions"
                     self._emit(record, started)

@@ -1,16 +1,21 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from http.cookiejar import CookieJar, DefaultCookiePolicy
+from typing import Any
 
 import httpx
+import orjson
 
 from proxy.config import UpstreamConfig
 from proxy.egress import Destinations, dialling
 from proxy.errors import (
+    NO_ID,
     UpstreamFailure,
+    UpstreamRejected,
     UpstreamStreamCut,
     UpstreamTimeout,
     UpstreamUnavailable,
@@ -68,6 +73,71 @@ def map_errors() -> Iterator[None]:
         raise UpstreamStreamCut("upstream connection broke") from None
     except httpx.HTTPError:
         raise UpstreamFailure() from None
+
+
+# An upstream error body is read whole only up to this size: past it, it is not relayed.
+ERROR_BODY_CAP = 64 * 1024
+_RETRY_AFTER = re.compile(r"[0-9]{1,10}|[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} "
+                          r"[0-9]{2}:[0-9]{2}:[0-9]{2} GMT")
+NO_CALL = object()
+
+
+async def rejection(response: httpx.Response, *, call_id: Any = NO_CALL,
+                    modern: bool = False) -> UpstreamRejected | None:
+    """The upstream's own JSON-RPC error in a 4xx answer, as the error to relay, or None when
+    the answer is an upstream failure instead: another status, a body that is not JSON, too
+    large, cut, or not a JSON-RPC error (for a call: not one for `call_id`). The caller closes
+    the response."""
+    status = response.status_code
+    if not 400 <= status < 500:
+        return None
+    call = call_id is not NO_CALL
+    ctype = response.headers.get("content-type", "")
+    if ctype != "application/json" and \
+            ctype.partition(";")[0].strip().lower() != "application/json":
+        return None
+    try:
+        data = await _read_capped(response, ERROR_BODY_CAP)
+    except UpstreamFailure:
+        return None
+    try:
+        obj = orjson.loads(data) if data else None
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or obj.get("jsonrpc") != "2.0" or "result" in obj:
+        return None
+    error = obj.get("error")
+    if not isinstance(error, dict):
+        return None
+    code, message = error.get("code"), error.get("message")
+    if type(code) is not int or not isinstance(message, str):
+        return None
+    if call and ("id" not in obj or type(obj["id"]) is not type(call_id)
+                 or obj["id"] != call_id):
+        return None
+    kept = UpstreamRejected.status_for(status, code, modern=modern, call=call)
+    if kept is None:
+        return None
+    out: dict[str, Any] = {"code": code, "message": message}
+    if "data" in error:
+        out["data"] = error["data"]
+    retry_after = response.headers.get("retry-after") if kept == 429 else None
+    if retry_after is not None and not _RETRY_AFTER.fullmatch(retry_after.strip()):
+        retry_after = None
+    return UpstreamRejected(out, kept, call=call, upstream_id=obj.get("id", NO_ID),
+                            retry_after=retry_after.strip() if retry_after else None)
+
+
+async def _read_capped(response: httpx.Response, cap: int) -> bytes | None:
+    chunks: list[bytes] = []
+    size = 0
+    with map_errors():
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > cap:
+                return None
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def build_transport(*, pinned: bool = False) -> httpx.AsyncBaseTransport:

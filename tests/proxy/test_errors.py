@@ -38,6 +38,12 @@ def test_every_error_renders_in_a_documented_shape(cls: type) -> None:
         assert exc.headers["Retry-After"] == "2"
     elif issubclass(cls, errors.PolicyDenied):
         exc = cls("policy: rule")
+    elif cls is errors.UpstreamRejected:  # the upstream's own code, beyond seed 004's list
+        exc = cls({"code": -32021, "message": "missing capability"}, 400)
+        assert render(exc, 9)[2] == (b'{"jsonrpc":"2.0","id":9,"error":'
+                                     b'{"code":-32021,"message":"missing capability"}}')
+        assert exc.audit_reason == "upstream error -32021"
+        return
     else:
         exc = cls()
     status, headers, body = render(exc, request_id=9)

@@ -289,3 +289,115 @@ async def test_delete_outcomes_are_audited() -> None:
         assert records[2].error_message == "upstream unavailable"
         assert records[3].session_hash == session.id_hash
         assert records[1].session_hash == session.id_hash
+
+
+# -- the upstream's own JSON-RPC error on a 4xx: its verdict on the request, relayed ----------
+
+MODERN_CALL_HEADERS = {"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call",
+                       "Mcp-Name": "echo"}
+MODERN_CALL = {**CALL, "params": {**CALL["params"], "_meta": {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {}}}}
+
+
+def upstream_error(status: int, code: int, request_id: object = 2, **headers: str
+                   ) -> httpx.Response:
+    error = {"code": code, "message": f"upstream says {code}", "data": {"why": "because"}}
+    return httpx.Response(status, headers={"x-upstream": "1", **headers},
+                          json={"jsonrpc": "2.0", "id": request_id, "error": error})
+
+
+@pytest.mark.parametrize(("effect", "modern", "status"), [
+    (upstream_error(400, -32021), False, 400),        # missing required client capability
+    (upstream_error(400, -32020), True, 400),         # an Mcp-Param-* header mismatch
+    (upstream_error(400, -32602), False, 400),
+    (upstream_error(404, -32601), True, 404),         # 2026-07-28 says 404 for it
+    (upstream_error(404, -32601), False, 200),        # a legacy request: not the session's 404
+    (upstream_error(401, -32001), False, 200),        # never the gateway's own 401
+    (upstream_error(403, -32001), True, 200),
+    (upstream_error(422, -32602), False, 200),
+    (upstream_error(429, -32029, **{"retry-after": "7"}), False, 429),
+], ids=lambda v: str(v) if not isinstance(v, httpx.Response) else f"http{v.status_code}")
+async def test_an_upstream_jsonrpc_error_on_a_4xx_is_relayed(effect: httpx.Response, modern: bool,
+                                                             status: int) -> None:
+    era = "modern" if modern else "legacy"
+    cfg = make_config(upstreams=[{"name": "e", "url": "http://upstream.test/mcp", "era": era}])
+    async with running_gateway(cfg, route(effect)) as gw:
+        if modern:
+            response = await gw.post(MODERN_CALL, headers=MODERN_CALL_HEADERS)
+        else:
+            response = await gw.post(CALL)
+        assert response.status_code == status, response.text
+        code = effect.json()["error"]["code"]
+        assert response.json() == {"jsonrpc": "2.0", "id": 2, "error": {
+            "code": code, "message": f"upstream says {code}", "data": {"why": "because"}}}
+        assert "x-upstream" not in response.headers
+        assert response.headers.get("retry-after") == ("7" if status == 429 else None)
+        (record,) = await gw.audit.wait_for(1)
+        assert (record.status, record.error_message) == ("error", f"upstream error {code}")
+
+
+@pytest.mark.parametrize("effect", [
+    upstream_error(400, -32602, request_id=3),        # another call's id
+    upstream_error(400, -32602, request_id="2"),      # "2" is not 2
+    upstream_error(400, -32602, request_id=None),
+    httpx.Response(400, json={"jsonrpc": "2.0", "id": 2, "result": {}}),
+    httpx.Response(400, json={"jsonrpc": "2.0", "id": 2, "error": {"code": "x", "message": "m"}}),
+    httpx.Response(400, json={"id": 2, "error": {"code": -32602, "message": "m"}}),
+    httpx.Response(400, text='{"jsonrpc": "2.0", "id": 2, "error": {"code": -1, "message": "m"}}',
+                   headers={"content-type": "text/plain"}),
+    httpx.Response(400, content=b'{"jsonrpc": "2.0", "id": 2, "error": {"code": -1, "message": "'
+                   + b"x" * 70_000 + b'"}}', headers={"content-type": "application/json"}),
+    httpx.Response(400, text=f"Bad Request {SECRET}"),
+    upstream_error(500, -32603),                      # a 5xx stays an upstream failure
+], ids=["other-id", "string-id", "null-id", "result", "bad-code", "no-jsonrpc", "text-plain",
+        "too-large", "text", "http500"])
+async def test_a_4xx_without_a_jsonrpc_error_for_this_call_stays_32000(effect: httpx.Response
+                                                                       ) -> None:
+    async with running_gateway(make_config(), route(effect)) as gw:
+        response = await gw.post(CALL)
+        status = effect.status_code
+        assert response.status_code == 200
+        assert response.json() == {"jsonrpc": "2.0", "id": 2, "error": {
+            "code": -32000, "message": f"upstream answered HTTP {status}"}}
+        assert SECRET not in response.text
+
+
+@pytest.mark.parametrize("body", [
+    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    {"jsonrpc": "2.0", "id": "srv-1", "result": {}},
+], ids=["notification", "response"])
+async def test_where_there_is_no_call_an_upstream_4xx_error_keeps_its_status(body: dict) -> None:
+    effects = [httpx.Response(400, json={"jsonrpc": "2.0", "id": None, "error": {
+                   "code": -32600, "message": "Bad Request: malformed"}}),
+               httpx.Response(400, json={"jsonrpc": "2.0", "error": {
+                   "code": -32602, "message": "no"}}),
+               httpx.Response(401, json={"jsonrpc": "2.0", "id": None, "error": {
+                   "code": -32001, "message": "bad token"}})]
+    async with running_gateway(make_config(), route(effects)) as gw:
+        first = await gw.post(body)
+        assert first.status_code == 400
+        assert first.json() == {"jsonrpc": "2.0", "id": None, "error": {
+            "code": -32600, "message": "Bad Request: malformed"}}
+        second = await gw.post(body)
+        assert second.status_code == 400
+        assert second.json() == {"jsonrpc": "2.0", "error": {"code": -32602, "message": "no"}}
+        # the upstream refusing the gateway's credential is not the client's mistake
+        bad_gateway(await gw.post(body), "upstream answered HTTP 401")
+        records = await gw.audit.wait_for(3)
+        assert [(r.status, r.error_message) for r in records] == [
+            ("error", "upstream error -32600"), ("error", "upstream error -32602"),
+            ("error", "upstream answered HTTP 401")]
+
+
+async def test_get_and_delete_relay_an_upstream_4xx_error() -> None:
+    refusal = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "no stream"}}
+    async with running_gateway(make_config(), get_route(httpx.Response(400, json=refusal))) as gw:
+        response = await gw.client.get(gw.endpoint())
+        assert (response.status_code, response.json()) == (400, refusal)
+    async with running_gateway(make_config(), session_upstream(
+            httpx.Response(409, json=refusal))) as gw:
+        sid = (await gw.post(INIT)).headers["mcp-session-id"]
+        response = await gw.client.delete(gw.endpoint(), headers={"Mcp-Session-Id": sid})
+        assert (response.status_code, response.json()) == (409, refusal)
+        assert await gw.gateway.sessions.get(sid) is not None
