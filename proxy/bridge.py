@@ -19,6 +19,7 @@ from cachetools import TTLCache
 
 from proxy import __version__, eras
 from proxy.errors import GatewayError, UpstreamFailure, UpstreamProtocolError
+from proxy.jsonrpc import McpMessage
 from proxy.singleflight import SingleFlight
 from proxy.sse import EventSplitter, event_data
 from proxy.upstream import UpstreamClient, UpstreamRoute, map_errors
@@ -208,6 +209,25 @@ def with_envelope(msg_body: bytes, envelope: dict[str, Any]) -> bytes:
     meta = params.get("_meta")
     params["_meta"] = {**(meta if isinstance(meta, dict) else {}), **envelope}
     return orjson.dumps(obj)
+
+
+ENVELOPE_PREFIX = "io.modelcontextprotocol/"
+
+
+def without_envelope(msg: McpMessage) -> bytes | None:
+    """A 2026-07-28 request as a legacy upstream takes it: the envelope's
+    `io.modelcontextprotocol/*` keys out of `params._meta`, every other `_meta` key (a
+    progressToken, a vendor's own) kept. None when there is nothing to take out."""
+    params = msg.params
+    meta = params.get("_meta") if params is not None else None
+    if not isinstance(meta, dict) or not any(k.startswith(ENVELOPE_PREFIX) for k in meta):
+        return None
+    assert params is not None
+    kept = {k: v for k, v in meta.items() if not k.startswith(ENVELOPE_PREFIX)}
+    out = {k: v for k, v in params.items() if k != "_meta"}
+    if kept:
+        out["_meta"] = kept
+    return orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "method": msg.method, "params": out})
 
 
 def encode_header(value: str) -> str:

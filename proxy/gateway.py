@@ -173,7 +173,8 @@ class Gateway(Legs):
                     await response.aclose()
                     self.bridge.forget(route, principal.key)
                     leg = await self._leg(route, req, msg, session, ctx)
-                    response = await self.upstream.open(route, "POST", leg.headers, msg.body)
+                    response = await self.upstream.open(route, "POST", leg.headers,
+                                                        leg.body or msg.body)
                 elif response.status_code == 401 and leg.bearer is not None \
                         and self.connections is not None:
                     # this person's upstream token was refused: refresh once, retry once

@@ -92,10 +92,13 @@ class Legs:
         if msg.method == "server/discover":
             init = self.bridge.initialize_result(route) or {}
             return Leg([], local=eras.discover_from_initialize(init, route.name))
+        # only the legacy era goes on: no 2026-only header, no envelope (a legacy-only server
+        # may refuse any request that claims a later revision)
         headers = self.upstream.headers(route, {"content-type": "application/json"}, usid,
                                         extra=identity)
         headers.append(("mcp-protocol-version", bridge.LEGACY_VERSION))
-        return Leg(headers, usid, bridge.LEGACY_VERSION, bridged=True)
+        return Leg(headers, usid, bridge.LEGACY_VERSION, bridged=True,
+                   body=bridge.without_envelope(msg))
 
     def _to_modern(self, route: UpstreamRoute, msg: McpMessage, session: Session,
                    identity: list[tuple[str, str]] | None) -> Leg:

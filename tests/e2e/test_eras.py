@@ -19,7 +19,7 @@ from proxy.app import create_app
 from proxy.audit import query
 from proxy.config import from_dict
 from tests import db_backends
-from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app, stateless_json_app
+from tests.e2e.upstreams import UpstreamProbe, build_app, stateful_sse_app, stateless_json_app
 from tests.servers import serve
 
 DEADLINE = 10.0
@@ -238,6 +238,42 @@ async def test_discover_built_from_a_legacy_upstream(tmp_path: Path) -> None:
         assert result["resultType"] == "complete" and result["cacheScope"] == "private"
         assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"]
         assert "tools" in result["capabilities"]
+
+
+def legacy_only_app() -> Any:
+    return build_app(stateless=False, json_response=False, legacy_only=True)
+
+
+@pytest.mark.parametrize("mode", [MODERN, "auto"])
+async def test_a_modern_client_reaches_a_legacy_only_upstream(tmp_path: Path, mode: str) -> None:
+    """An upstream that refuses every request claiming a later revision (TypeScript SDK v1
+    servers do) still serves 2026-07-28 clients: the bridge sends it the legacy era only."""
+    async with stack(tmp_path, legacy_only_app, "auto") as (endpoint, probe, _db):
+        async with Client(endpoint, mode=mode) as client:
+            assert "echo" in {t.name for t in (await client.list_tools()).tools}
+            result = await client.call_tool("echo", {"text": "across eras"})
+            assert result.content[0].text == "across eras"
+        refused = [x for x in probe.exchanges if x.status == 400 and x.rpc_method != "server/discover"]
+        assert refused == []
+
+
+async def test_the_bridge_strips_the_2026_envelope_and_keeps_other_meta(tmp_path: Path) -> None:
+    async with stack(tmp_path, legacy_only_app, "legacy") as (endpoint, probe, _db):
+        meta = {**envelope(), "progressToken": "p-1", "com.example/trace": "t-1"}
+        body, headers = modern_request("tools/call", {**ECHO, "_meta": meta},
+                                       mcp_param_region="eu")
+        async with httpx.AsyncClient(timeout=DEADLINE) as raw:
+            response = await raw.post(endpoint, content=body, headers=headers)
+        assert response.status_code == 200, response.text
+        events = [orjson.loads(line[6:]) for line in response.content.splitlines()
+                  if line.startswith(b"data: ")] or [response.json()]
+        assert events[-1]["result"]["content"][0]["text"] == "hi"
+        (call,) = [x for x in probe.exchanges if x.rpc_method == "tools/call"]
+        assert call.status == 200
+        assert call.rpc["params"]["_meta"] == {"progressToken": "p-1", "com.example/trace": "t-1"}
+        assert call.request_header("mcp-protocol-version") == "2025-11-25"
+        for name in ("mcp-method", "mcp-name", "mcp-param-region"):
+            assert call.request_header(name) is None
 
 
 async def test_bridged_server_request_ends_the_call_clearly(tmp_path: Path) -> None:

@@ -320,6 +320,58 @@ def _recording(app: ASGIApp, probe: UpstreamProbe) -> ASGIApp:
     return wrapped
 
 
+NOT_INITIALIZED = {"jsonrpc": "2.0", "id": None,
+                   "error": {"code": -32000, "message": "Bad Request: Server not initialized"}}
+LEGACY_REVISIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+
+
+def _refusing_2026(app: ASGIApp) -> ASGIApp:
+    """A legacy-only server that knows nothing of 2026-07-28: any POST carrying a marker of it
+    (an ``io.modelcontextprotocol/*`` key in ``params._meta``, an ``Mcp-Method``, ``Mcp-Name``
+    or ``Mcp-Param-*`` header, an ``MCP-Protocol-Version`` of another revision) is answered
+    HTTP 400 ``-32000 Bad Request: Server not initialized``, as TypeScript SDK v1 servers
+    answer it. The body is read up front and replayed to the app."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            msg = json.loads(body)
+        except ValueError:
+            msg = None
+        params = msg.get("params") if isinstance(msg, dict) else None
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        version = headers.get("mcp-protocol-version")
+        if (isinstance(meta, dict) and any(k.startswith("io.modelcontextprotocol/") for k in meta)) \
+                or any(k in ("mcp-method", "mcp-name") or k.startswith("mcp-param-") for k in headers) \
+                or (version is not None and version not in LEGACY_REVISIONS):
+            payload = json.dumps(NOT_INITIALIZED).encode()
+            await send({"type": "http.response.start", "status": 400,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": payload})
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await app(scope, replay, send)
+
+    return wrapped
+
+
 def _cancelling_on_disconnect(app: ASGIApp) -> ASGIApp:
     """Cancel the handling of a POST when its client disconnects before the response is done.
 
@@ -372,6 +424,7 @@ def build_app(
     dns_rebinding_protection: bool = True,
     session_idle_timeout: float | None = None,
     cancel_on_disconnect: bool = False,
+    legacy_only: bool = False,
 ) -> tuple[ASGIApp, UpstreamProbe]:
     """Build an upstream app with the given transport flavour; see the module docstring.
 
@@ -385,6 +438,9 @@ def build_app(
     per-request transport that does not know the request id), so a dropped connection is the
     only cancellation signal it can see. In stateful mode tools run in the session's task
     group and are cancelled only by ``notifications/cancelled``, DELETE or shutdown.
+
+    ``legacy_only=True`` refuses every POST that claims a revision after 2025-11-25, as
+    servers on the TypeScript SDK v1 do (see ``_refusing_2026``).
     """
     probe = UpstreamProbe()
     server = _build_server(probe, name)
@@ -403,6 +459,8 @@ def build_app(
     asgi: ASGIApp = app
     if cancel_on_disconnect:
         asgi = _cancelling_on_disconnect(asgi)
+    if legacy_only:
+        asgi = _refusing_2026(asgi)
     return _recording(asgi, probe), probe
 
 
