@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from proxy import bodycap
 from proxy.errors import BodyTimeout, BodyTooLarge, GatewayError, MethodNotAllowed, render
 from proxy.exchange import EdgeRequest, EdgeResponse
 from proxy.gateway import Gateway
@@ -75,14 +76,22 @@ class McpEdge:
                 result = await gateway.get(route, request)
             else:
                 result = await gateway.delete(route, request)
-            await _send(send, result)
+            if body.refused is None or result.stream is not None:
+                await _send(send, result)
+            else:  # a body refused before its end: its rest is read before the connection ends
+                await bodycap.refuse(scope, receive, send, result.status, _headers(result),
+                                     result.body, ended=False, declared=body.refused[0],
+                                     received=body.refused[1])
         finally:
             if body.watcher is not None:
                 body.watcher.cancel()
 
 
 class _Body:
-    """Reads the request body under the size cap and the body timeout."""
+    """Reads the request body under the size cap and the body timeout. `refused` is set
+    (declared length, bytes read) when the cap refused the body before its end."""
+
+    refused: tuple[int | None, int] | None = None
 
     def __init__(self, receive: Receive, content_length: str | None, cap: int,
                  timeout_s: float, *, watch: bool) -> None:
@@ -94,12 +103,16 @@ class _Body:
         self.watcher: asyncio.Task[None] | None = None
 
     async def read(self) -> bytes:
+        declared: int | None = None
         if self._declared is not None:
             try:
-                if int(self._declared) > self._cap:
-                    raise BodyTooLarge()
+                declared = int(self._declared)
             except ValueError:
                 pass
+            else:
+                if declared > self._cap:
+                    self.refused = (declared, 0)
+                    raise BodyTooLarge()
         chunks: list[bytes] = []
         size = 0
         try:
@@ -110,10 +123,13 @@ class _Body:
                         raise asyncio.CancelledError()
                     chunk = message.get("body", b"")
                     size += len(chunk)
+                    more = message.get("more_body", False)
                     if size > self._cap:
+                        if more:
+                            self.refused = (declared, size)
                         raise BodyTooLarge()
                     chunks.append(chunk)
-                    if not message.get("more_body", False):
+                    if not more:
                         break
         except TimeoutError:
             raise BodyTimeout() from None
@@ -141,9 +157,12 @@ def _rendered(exc: GatewayError) -> EdgeResponse:
     return EdgeResponse(status, headers, body)
 
 
+def _headers(result: EdgeResponse) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in result.headers.items()]
+
+
 async def _send(send: Send, result: EdgeResponse) -> None:
-    headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
-               for k, v in result.headers.items()]
+    headers = _headers(result)
     if result.stream is None:
         headers.append((b"content-length", str(len(result.body)).encode()))
         await send({"type": "http.response.start", "status": result.status, "headers": headers})
