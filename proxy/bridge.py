@@ -31,48 +31,64 @@ CLIENT_INFO = {"name": "tollhouse", "version": __version__}
 JSON_TYPES = ("content-type", "application/json")
 
 
+RouteKey = tuple[str, str]
+
+
+def _key(route: UpstreamRoute) -> RouteKey:
+    """What the bridge learns is about one upstream at one URL: a server re-pointed through
+    the API is learned afresh."""
+    return route.name, route.url_text
+
+
 class Bridge:
-    def __init__(self, upstream: UpstreamClient, configured: dict[str, str],
-                 session_ttl_s: float = 1800.0) -> None:
+    """The era of a route is read from the route itself on every call (`era` in its config
+    or its API record: a change through /api/v1 applies on the next call); for `auto`, what
+    was learned about that name at that URL."""
+
+    def __init__(self, upstream: UpstreamClient, session_ttl_s: float = 1800.0) -> None:
         self._upstream = upstream
-        self._verdicts: dict[str, eras.Era] = {
-            name: era for name, era in configured.items() if era in ("legacy", "modern")}  # type: ignore[misc]
-        self._probes: SingleFlight[str, eras.Era] = SingleFlight()
-        self._sessions: TTLCache[tuple[str, str], tuple[str | None, dict[str, Any]]] = TTLCache(
-            maxsize=100_000, ttl=session_ttl_s)
-        self._opening: SingleFlight[tuple[str, str], tuple[str | None, dict[str, Any]]] = (
+        self._verdicts: dict[RouteKey, eras.Era] = {}
+        self._probes: SingleFlight[RouteKey, eras.Era] = SingleFlight()
+        self._sessions: TTLCache[tuple[RouteKey, str], tuple[str | None, dict[str, Any]]] = (
+            TTLCache(maxsize=100_000, ttl=session_ttl_s))
+        self._opening: SingleFlight[tuple[RouteKey, str], tuple[str | None, dict[str, Any]]] = (
             SingleFlight())
-        self._init_results: dict[str, dict[str, Any]] = {}
-        self._discovered: dict[str, dict[str, Any]] = {}
-        # upstreams that speak only 2026-07-28: configured so, or learned when one refused a
-        # legacy initialize after answering server/discover
-        self._modern_only = {name for name, era in configured.items() if era == "modern"}
+        self._init_results: dict[RouteKey, dict[str, Any]] = {}
+        self._discovered: dict[RouteKey, dict[str, Any]] = {}
+        # `auto` upstreams learned to speak only 2026-07-28: one refused a legacy initialize
+        # after answering server/discover
+        self._modern_only: set[RouteKey] = set()
 
     def modern_only(self, route: UpstreamRoute) -> bool:
-        return route.name in self._modern_only
+        if route.era in ("legacy", "modern"):
+            return route.era == "modern"
+        return _key(route) in self._modern_only
 
     def mark_modern_only(self, route: UpstreamRoute) -> None:
-        self._modern_only.add(route.name)
+        self._modern_only.add(_key(route))
 
     async def discover(self, route: UpstreamRoute) -> dict[str, Any]:
         """The upstream's DiscoverResult (probed once and kept)."""
-        if route.name not in self._discovered:
-            self._verdicts.pop(route.name, None)
-            await self.era(route)
-        result = self._discovered.get(route.name)
+        key = _key(route)
+        if key not in self._discovered:
+            await self._probes.run(key, lambda: self._learn(route))
+        result = self._discovered.get(key)
         if result is None:
             raise UpstreamProtocolError("upstream answered no server/discover")
         return result
 
     async def era(self, route: UpstreamRoute) -> eras.Era:
-        known = self._verdicts.get(route.name)
+        if route.era == "legacy" or route.era == "modern":
+            return route.era
+        key = _key(route)
+        known = self._verdicts.get(key)
         if known is not None:
             return known
-        return await self._probes.run(route.name, lambda: self._learn(route))
+        return await self._probes.run(key, lambda: self._learn(route))
 
     async def _learn(self, route: UpstreamRoute) -> eras.Era:
         verdict = await self._probe(route)  # a failed probe is retried on the next call
-        self._verdicts[route.name] = verdict
+        self._verdicts[_key(route)] = verdict
         log.info("upstream %s speaks the %s era", route.name, verdict)
         return verdict
 
@@ -88,7 +104,7 @@ class Bridge:
         result = obj.get("result") if obj else None
         versions = result.get("supportedVersions") if isinstance(result, dict) else None
         if isinstance(versions, list) and eras.MODERN_VERSIONS[0] in versions:
-            self._discovered[route.name] = result  # type: ignore[assignment]
+            self._discovered[_key(route)] = result  # type: ignore[assignment]
             return "modern"
         return "legacy"
 
@@ -96,7 +112,7 @@ class Bridge:
                       extra: list[tuple[str, str]] | None) -> str | None:
         """The upstream session id held for this principal at this upstream (None when the
         upstream is stateless), opening one if there is none."""
-        key = (route.name, principal_key)
+        key = (_key(route), principal_key)
         held = self._sessions.get(key)
         if held is not None:
             self._sessions[key] = held  # restart the idle timer
@@ -104,16 +120,16 @@ class Bridge:
         async def open_and_keep() -> tuple[str | None, dict[str, Any]]:
             opened = await self._open(route, extra)
             self._sessions[key] = opened
-            self._init_results[route.name] = opened[1]
+            self._init_results[key[0]] = opened[1]
             return opened
 
         return (await self._opening.run(key, open_and_keep))[0]
 
     def forget(self, route: UpstreamRoute, principal_key: str) -> None:
-        self._sessions.pop((route.name, principal_key), None)
+        self._sessions.pop((_key(route), principal_key), None)
 
     def initialize_result(self, route: UpstreamRoute) -> dict[str, Any] | None:
-        return self._init_results.get(route.name)
+        return self._init_results.get(_key(route))
 
     async def _open(self, route: UpstreamRoute, extra: list[tuple[str, str]] | None
                     ) -> tuple[str | None, dict[str, Any]]:

@@ -76,7 +76,7 @@ class Gateway(Legs):
         self.allowed_origins = allowed_origins
         self.identity = identity or IdentityForwarder.none()
         self.connections = connections
-        self.bridge = Bridge(upstream, {name: r.era for name, r in routes.items()})
+        self.bridge = Bridge(upstream)  # reads each route's era live: the API may change it
         self.trusted_proxies = tuple(trusted_proxies)  # parsed once, by create_app
         self._tasks: set[asyncio.Task[None]] = set()
 

@@ -41,6 +41,7 @@ class UpstreamRoute:
     era: str
     call_timeout_ext: dict[str, float | None]
     stream_timeout_ext: dict[str, float | None]
+    url_text: str = ""  # the URL as configured, for keys (httpx.URL is costly to print)
 
     @classmethod
     def from_config(cls, cfg: UpstreamConfig) -> UpstreamRoute:
@@ -57,6 +58,7 @@ class UpstreamRoute:
             era=cfg.era,
             call_timeout_ext=call.as_dict(),
             stream_timeout_ext=stream.as_dict(),
+            url_text=cfg.url,
         )
 
 

@@ -17,6 +17,7 @@ from mcp import Client
 
 from proxy.app import create_app
 from proxy.audit import query
+from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from tests import db_backends
 from tests.e2e.upstreams import UpstreamProbe, build_app, stateful_sse_app, stateless_json_app
@@ -410,3 +411,35 @@ async def test_listen_on_a_legacy_upstream_is_404(tmp_path: Path) -> None:
         assert response.status_code == 404
         assert response.json()["error"] == {"code": -32601, "message": "Method not found",
                                              "data": {"method": "subscriptions/listen"}}
+
+
+async def test_an_era_set_through_the_api_applies_on_the_next_call(tmp_path: Path) -> None:
+    """A server created with an era after start-up, and its era changed, bridge (or not) on
+    their very next call: the bridge reads the live route, not a copy taken at start-up."""
+    app, probe = stateful_sse_app()
+    db = db_backends.url()
+    _, secret = api_keys.create(db, "ops", [], role="admin")
+    cfg = from_dict({"auth": {"mode": "jwt"}, "database": {"url": db}}, env={})
+    async with serve(app, graceful_timeout=1) as upstream, \
+            serve(create_app(cfg), graceful_timeout=1) as url, \
+            httpx.AsyncClient(headers={"Authorization": f"Bearer {secret}"},
+                              timeout=DEADLINE) as admin:
+        spec = {"name": "late", "url": f"{upstream}/mcp", "zones": ["loopback"],
+                "era": "legacy"}
+        assert (await admin.post(f"{url}/api/v1/servers", json=spec)).status_code == 201
+
+        async def echo(text: str) -> str | None:
+            body, headers = modern_request("tools/call", {"name": "echo",
+                                                          "arguments": {"text": text}})
+            response = await admin.post(f"{url}/mcp/late", content=body, headers=headers)
+            assert response.status_code == 200, response.text
+            (call,) = [c for c in probe.tool_calls("echo") if c.arguments["text"] == text]
+            return call.protocol_version
+
+        assert await echo("first") == "2025-11-25"  # bridged onto a gateway-held session
+        changed = await admin.patch(f"{url}/api/v1/servers/late", json={"era": "modern"})
+        assert changed.status_code == 200
+        assert await echo("second") == MODERN  # straight through, on the next call
+        assert (await admin.patch(f"{url}/api/v1/servers/late",
+                                  json={"era": "legacy"})).status_code == 200
+        assert await echo("third") == "2025-11-25"
