@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 
-.PHONY: demo test install bench
+.PHONY: demo test install bench conformance
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,13 @@ test: $(VENV)/.installed
 		echo "== the test suite on $$backend"; \
 		TOLLHOUSE_TEST_DATABASE=$$backend $(VENV)/bin/python -m pytest $(PYTEST_ARGS); \
 	done
+
+# The official MCP conformance suite, directly against an official-SDK server and through the
+# gateway, both eras; the same test is part of `make test` (README, "The conformance suite").
+# It installs the two pinned suite releases (and Node 22 when the machine's node is older)
+# from the npm registry into .conformance/ on first use.
+conformance: $(VENV)/.installed
+	TOLLHOUSE_TEST_DATABASE=$${TOLLHOUSE_TEST_DATABASE:-sqlite} $(VENV)/bin/python -m pytest tests/conformance $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/pip install --quiet -e '.[test,bench]'
