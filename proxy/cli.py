@@ -12,7 +12,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +119,7 @@ def _logging(level: str) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     cfg, base_dir = _load(args)
+    _check_secrets(cfg, base_dir, os.environ)
     _logging(args.log_level)
     from proxy.app import create_app
 
@@ -132,6 +133,52 @@ def _serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _check_secrets(cfg: Config, base_dir: Path, env: Mapping[str, str]) -> None:
+    """Every secret serve will read, checked before anything is opened or written (no database
+    file, no migration): a missing or malformed one is a config error, one line and exit 2."""
+    from proxy.connect.vault import keys_from_env
+    from proxy.oauth.keys import NO_SECRET
+
+    if cfg.oauth_server.enabled and not env.get("TOLLHOUSE_SECRET_KEY"):
+        raise ConfigError(NO_SECRET)
+    if any(u.auth == "per_user" for u in cfg.upstreams):
+        keys_from_env(env)  # raises VaultKeyMissing, a ConfigError naming what to set
+    if cfg.auth.signing_key_pem and any(u.identity == "jwt" for u in cfg.upstreams):
+        _check_pem(cfg.auth.signing_key_pem, "auth.signing_key_pem", base_dir, private=True)
+    for i, issuer in enumerate(cfg.auth.issuers if cfg.auth.mode == "jwt" else ()):
+        if issuer.public_key_pem:
+            _check_pem(issuer.public_key_pem, f"auth.issuers[{i}].public_key_pem", base_dir,
+                       private=False)
+
+
+def _check_pem(value: str, key: str, base_dir: Path, *, private: bool) -> None:
+    """A PEM key inline (often `${VAR}`) or in a file, parsed as the gateway will parse it."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import (load_pem_private_key,
+                                                              load_pem_public_key)
+
+    kind = "an EC P-256 private key" if private else "a public key"
+    if "-----BEGIN" in value:
+        pem, where = value, ""
+    else:
+        where = f" ({base_dir / value})"
+        try:
+            pem = (base_dir / value).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+            raise ConfigError(f"config: '{key}'{where} cannot be read: {reason}: set it to "
+                              f"{kind} in PEM, inline or as a file next to the config") from None
+    try:
+        parsed: Any = (load_pem_private_key(pem.encode(), password=None) if private
+                       else load_pem_public_key(pem.encode()))
+    except (ValueError, TypeError):  # the cryptography error text names no key: ours does
+        parsed = None
+    if parsed is None or (private and not (isinstance(parsed, ec.EllipticCurvePrivateKey)
+                                           and parsed.curve.name == "secp256r1")):
+        raise ConfigError(f"config: '{key}'{where} is not {kind} in PEM: set it to one, inline "
+                          "or as a file next to the config")
 
 
 async def _run_hypercorn(app: Any, binds: list[str], grace_s: float,

@@ -24,12 +24,17 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from proxy import db
+from proxy.config import ConfigError
 
 _PUT_COLUMNS = ("upstream", "principal", "kid", "sealed", "status", "expires_at", "updated_at")
 
 
-class VaultKeyMissing(Exception):
-    pass
+_HOW = ("set TOLLHOUSE_VAULT_KEYS to kid=<32 random bytes in base64>, newest first, comma "
+        "separated (make one with `openssl rand -base64 32`)")
+
+
+class VaultKeyMissing(ConfigError):
+    """A start-up refusal like any config error: one line, exit 2 (proxy.cli)."""
 
 
 def keys_from_env(env: Mapping[str, str] | None = None) -> dict[str, bytes]:
@@ -42,16 +47,21 @@ def keys_from_env(env: Mapping[str, str] | None = None) -> dict[str, bytes]:
         try:
             key = base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
-            raise VaultKeyMissing(f"TOLLHOUSE_VAULT_KEYS: key {kid!r} is not base64") from None
-        if len(key) != 32 or not kid:
-            raise VaultKeyMissing(f"TOLLHOUSE_VAULT_KEYS: key {kid!r} must be 32 bytes")
+            raise VaultKeyMissing(f"config: TOLLHOUSE_VAULT_KEYS: key {kid!r} is not base64: "
+                                  f"{_HOW}") from None
+        if not kid:
+            raise VaultKeyMissing(f"config: TOLLHOUSE_VAULT_KEYS: a key has no id: {_HOW}")
+        if len(key) != 32:
+            raise VaultKeyMissing(f"config: TOLLHOUSE_VAULT_KEYS: key {kid!r} is {len(key)} "
+                                  f"bytes, not 32: {_HOW}")
         keys[kid] = key
     if not keys and env.get("TOLLHOUSE_SECRET_KEY"):
         keys["s1"] = hashlib.sha256(b"tollhouse-vault|" + env["TOLLHOUSE_SECRET_KEY"].encode()
                                     ).digest()
     if not keys:
-        raise VaultKeyMissing("a per_user upstream needs TOLLHOUSE_VAULT_KEYS or "
-                              "TOLLHOUSE_SECRET_KEY in the environment")
+        raise VaultKeyMissing("config: a per_user upstream needs TOLLHOUSE_VAULT_KEYS or "
+                              f"TOLLHOUSE_SECRET_KEY in the environment: {_HOW}, or set "
+                              "TOLLHOUSE_SECRET_KEY to a long random string")
     return keys
 
 

@@ -16,15 +16,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import jwt
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from proxy import db
+from proxy.config import ConfigError
+
+NO_SECRET = ("config: oauth_server.enabled needs TOLLHOUSE_SECRET_KEY in the environment: set it "
+             "to a long random string that stays the same across restarts (make one once, e.g. "
+             "with `openssl rand -base64 32`)")
+WRONG_SECRET = ("config: TOLLHOUSE_SECRET_KEY does not open the signing keys stored in the "
+                "database: set it to the value they were sealed with")
 
 
-class SecretKeyMissing(Exception):
-    pass
+class SecretKeyMissing(ConfigError):
+    """A start-up refusal like any config error: one line, exit 2 (proxy.cli)."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,7 @@ class KeyRing:
     def __init__(self, target: db.Target, secret: str, rotation_s: float,
                  token_ttl_s: float) -> None:
         if not secret:
-            raise SecretKeyMissing("TOLLHOUSE_SECRET_KEY must be set when oauth_server.enabled")
+            raise SecretKeyMissing(NO_SECRET)
         self._aead = AESGCM(hashlib.sha256(b"tollhouse-keys|" + secret.encode()).digest())
         self._db = db.resolve(target)
         self._db.ensure_schema()
@@ -58,7 +66,10 @@ class KeyRing:
                                              "ORDER BY created_at"), ()).fetchall()
         for kid, sealed, created in rows:
             raw = base64.b64decode(sealed)
-            pem = self._aead.decrypt(raw[:12], raw[12:], kid.encode())
+            try:
+                pem = self._aead.decrypt(raw[:12], raw[12:], kid.encode())
+            except InvalidTag:
+                raise SecretKeyMissing(WRONG_SECRET) from None
             private = serialization.load_pem_private_key(pem, password=None)
             assert isinstance(private, ec.EllipticCurvePrivateKey)
             keys.append(SigningKey(kid, private, created))
