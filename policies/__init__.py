@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from proxy.chain import Policy
     from proxy.config import Config
     from proxy.egress import Resolver
+    from proxy.state.ratelimit import RateLimitStore
 
 
 def build_egress(cfg: Config, resolver: Resolver | None = None) -> Egress:
@@ -25,20 +26,23 @@ def build_egress(cfg: Config, resolver: Resolver | None = None) -> Egress:
 
 
 def default_policies(cfg: Config, metering: MeteringBackend | None = None,
-                     egress: Egress | None = None) -> list[Policy]:
+                     egress: Egress | None = None,
+                     rate_limits: RateLimitStore | None = None) -> list[Policy]:
     """The policies this config asks for; a policy with nothing to decide is left out, so it
-    costs nothing on the hot path. The imports are here, not at the top, because proxy.config
-    embeds policy rules (policies.rate_limit): loading this package must not import the config
-    back."""
+    costs nothing on the hot path. `rate_limits` is the buckets' store, built with the other
+    live state at start-up (proxy.state.open_stores); it is needed when the config has rate
+    limits. The imports are here, not at the top, because proxy.config embeds policy rules
+    (policies.rate_limit): loading this package must not import the config back."""
     from policies.access import Access
     from policies.rate_limit import RateLimit
-    from proxy.state.ratelimit import MemoryRateLimitStore
 
     policies: list[Policy] = []
     if Access.wanted(cfg) or cfg.auth.mode == "jwt":  # the API may add rules at run time
         policies.append(Access(cfg))
     if cfg.rate_limits:
-        policies.append(RateLimit(cfg.rate_limits, MemoryRateLimitStore(max_keys=100_000)))
+        if rate_limits is None:
+            raise ValueError("rate limits are configured but no rate-limit store was given")
+        policies.append(RateLimit(cfg.rate_limits, rate_limits))
     if egress is not None:
         policies.append(egress)
     if metering is not None:

@@ -11,8 +11,7 @@ only: at run time it needs nothing that imports the config back.
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -117,11 +116,9 @@ class RateLimit:
     name: ClassVar[str] = "rate_limit"
     order: ClassVar[int] = 200
 
-    def __init__(self, rules: list[RateLimitRule], store: RateLimitStore,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, rules: list[RateLimitRule], store: RateLimitStore) -> None:
         validate_rules(rules)
         self._store = store
-        self._clock = clock
         self._by_method: dict[str, list[_Compiled]] = {}
         for rule in rules:
             count, period_s = parse_rate(rule.rate)
@@ -147,6 +144,6 @@ class RateLimit:
                 limits.append(Limit(key, rule.interval_us, rule.tolerance_us))
         if not limits:
             return
-        refused = await self._store.take(limits, round(self._clock() * US))
+        refused = await self._store.take(limits)
         if refused is not None:
             raise RateLimited(matched[refused.position].reason, refused.retry_after_s)

@@ -1,4 +1,5 @@
-"""People: local accounts and federated ones, and their browser sessions.
+"""People: local accounts and federated ones (their browser sessions are live state, in
+`proxy.state.browser`, re-exported here).
 
 A user is one principal whichever way they arrive: a browser cookie, a token Tollhouse issued,
 or an external JWT with the same (issuer, subject). Local accounts have issuer `tollhouse:local`
@@ -21,14 +22,13 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
-
-from cachetools import TTLCache
 
 from proxy import db
 from proxy.auth.principal import Principal
+from proxy.state.browser import BrowserSessions as BrowserSessions
+from proxy.state.browser import MemoryBrowserSessions as MemoryBrowserSessions
 
 LOCAL_ISSUER = "tollhouse:local"
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32, "maxmem": 64 * 1024 * 1024}
@@ -405,43 +405,3 @@ class Accounts:
 def _unique(names: Iterable[str]) -> tuple[str, ...]:
     """The names in their first order, each once."""
     return tuple(dict.fromkeys(names))
-
-
-class BrowserSessions(Protocol):
-    async def create(self, user_id: str) -> str: ...
-
-    async def user_id(self, session_id: str) -> str | None: ...
-
-    async def delete(self, session_id: str) -> None: ...
-
-    async def end_for(self, user_id: str, keep: str | None = None) -> int:
-        """End every session of a user but `keep`; how many ended."""
-        ...
-
-
-class MemoryBrowserSessions:
-    """Server-side browser sessions in the live-state store (memory here); the cookie holds
-    only a random id."""
-
-    def __init__(self, ttl_s: float = 8 * 3600, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
-        self._sessions: TTLCache[str, str] = TTLCache(maxsize=100_000, ttl=ttl_s, timer=clock)
-
-    async def create(self, user_id: str) -> str:
-        session_id = secrets.token_urlsafe(32)
-        self._sessions[session_id] = user_id
-        return session_id
-
-    async def user_id(self, session_id: str) -> str | None:
-        return self._sessions.get(session_id)
-
-    async def delete(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
-
-    async def end_for(self, user_id: str, keep: str | None = None) -> int:
-        ended = [sid for sid, uid in list(self._sessions.items())
-                 if uid == user_id and sid != keep]
-        for sid in ended:
-            self._sessions.pop(sid, None)
-        return len(ended)
-

@@ -18,14 +18,13 @@ from policies import build_egress, default_policies
 from policies.access import Access
 from policies.egress import parse_networks
 from proxy import edge, metadata, signin
-from proxy.accounts import Accounts, MemoryBrowserSessions
+from proxy.accounts import Accounts
 from proxy.api import routes as api_routes
 from proxy.api.registry import Registry
 from proxy.api.routes import Api
 from proxy.audit import AuditSink, SqliteAuditSink
 from proxy.auth import Authenticator, BearerAuth, NoAuth
 from proxy.auth.keys import KeyIndex
-from proxy.auth.lockout import MemoryLockoutStore
 from proxy.auth.people import LiveUsers
 from proxy.bodycap import BodyCap
 from proxy.chain import Chain
@@ -43,7 +42,7 @@ from proxy.oauth import routes as oauth_routes
 from proxy.oauth.cap import OAuthBodyCap
 from proxy.oauth.server import AuthorizationServer
 from proxy.signin import Web
-from proxy.state import MemoryInFlight, MemorySessionStore
+from proxy.state import MemoryInFlight, MemorySessionStore, Stores, open_stores
 from proxy.upstream import UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
 
@@ -61,6 +60,7 @@ class State:
     oauth: AuthorizationServer | None = None
     connections: Connections | None = None
     api: Api | None = None
+    stores: Stores | None = None
 
 
 def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None,
@@ -79,13 +79,15 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     trusted = parse_networks(cfg.server.trusted_proxies, "server.trusted_proxies")
     base_dir = base_dir or Path.cwd()
     identity = IdentityForwarder(cfg, base_dir)
-    lockouts = MemoryLockoutStore(cfg.auth.lockout, clock)
+    stores = open_stores(cfg, clock)  # every piece of shared live state ([state] url)
+    lockouts = stores.lockouts
     sessions = MemorySessionStore(cfg.server.session_idle_timeout_s, cfg.server.max_sessions)
     inflight = MemoryInFlight()
     origins = {o.rstrip("/").lower() for o in cfg.server.allowed_origins}
     public = urlsplit(cfg.server.public_url)
     origins.add(f"{public.scheme}://{public.netloc}".lower())
     state = State()
+    state.stores = stores
     app.extensions["tollhouse"] = state
     database = Database(cfg.database.url, busy_timeout_s=cfg.database.busy_timeout_s)
     database.ensure_schema()  # start-up migrations (proxy.migrations): versioned, idempotent
@@ -94,25 +96,26 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     web: Web | None = None
     oauth_server: AuthorizationServer | None = None
     if people:
-        web = Web(Accounts(database),
-                  MemoryBrowserSessions(cfg.oauth_server.browser_session_ttl_s, clock),
+        web = Web(Accounts(database), stores.browser_sessions,
                   lockouts, cfg.server.public_url.rstrip("/"), clock,
                   oidc_enabled=cfg.auth.oidc.enabled,
-                  trusted_proxies=trusted)
+                  trusted_proxies=trusted, signin_flows=stores.signin_flows)
         state.web = web
     if cfg.oauth_server.enabled:
         ring = oauth_keys.KeyRing(database, os.environ.get("TOLLHOUSE_SECRET_KEY", "")
                                   if secret_key is None else secret_key,
                                   cfg.oauth_server.key_rotation_s,
                                   cfg.oauth_server.access_token_ttl_s)
-        oauth_server = AuthorizationServer(cfg, database, ring, endpoints=routes)
+        oauth_server = AuthorizationServer(cfg, database, ring, endpoints=routes,
+                                           codes=stores.codes, revocations=stores.revocations,
+                                           consents=stores.consent_flows)
         state.oauth = oauth_server
     connections: Connections | None = None
     if per_user:
         keys = vault_keys or keys_from_env(
             None if secret_key is None else {"TOLLHOUSE_SECRET_KEY": secret_key})
         connections = Connections(cfg, Vault(database, keys),
-                                  GuardedClient(resolver))
+                                  GuardedClient(resolver), flows=stores.connect_flows)
         state.connections = connections
 
     @app.while_serving  # type: ignore[type-var]
@@ -128,7 +131,8 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                                       cfg.metering.retry_max_s)
                 audit.on_outbox = worker.wake_threadsafe
                 worker_task = asyncio.get_running_loop().create_task(worker.run())
-        chain = Chain(default_policies(cfg, metering=backend, egress=egress))
+        chain = Chain(default_policies(cfg, metering=backend, egress=egress,
+                                       rate_limits=stores.rate_limits))
         state.outbox = worker
         keys = None
         authenticator: Authenticator = NoAuth()

@@ -143,6 +143,13 @@ class DatabaseConfig:
 
 
 @dataclass(frozen=True)
+class StateConfig:
+    """Where the live state is kept (proxy.state): "memory", in this one process."""
+
+    url: str = "memory"
+
+
+@dataclass(frozen=True)
 class UpstreamOAuthConfig:
     """How Tollhouse gets each person's own token for a per_user upstream."""
 
@@ -193,6 +200,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
+    state: StateConfig = field(default_factory=StateConfig)
     upstreams: list[UpstreamConfig] = field(default_factory=list)
     rate_limits: list[RateLimitRule] = field(default_factory=list)
     metering: MeteringConfig = field(default_factory=MeteringConfig)
@@ -343,6 +351,10 @@ def _check(cfg: Config, base_dir: Path) -> None:
     if not cfg.database.url.startswith(("sqlite:///", "postgresql://", "postgres://")):
         raise ConfigError("config: 'database.url' must be sqlite:///PATH or "
                           "postgresql://USER:PASSWORD@HOST:PORT/DBNAME")
+    if cfg.state.url != "memory":  # the scheme alone is shown: a store URL may hold a password
+        scheme = cfg.state.url.partition("://")[0] if "://" in cfg.state.url else cfg.state.url
+        raise ConfigError(f"config: 'state.url' must be \"memory\" ({scheme[:20]!r} is not a "
+                          "store this version has)")
     seen: set[str] = set()
     for i, up in enumerate(cfg.upstreams):
         where = f"upstreams[{i}]"

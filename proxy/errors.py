@@ -407,3 +407,19 @@ class BodyTimeout(GatewayError):
     http_status = 408
     code = -32600
     message = "Request body not received in time"
+
+
+class StoreUnavailable(GatewayError):
+    """A live-state store this request needs cannot answer (a shared store down or out of
+    reach): 503 with Retry-After, nothing forwarded. On the MCP edge seed 000's boundary
+    message for a missing runtime dependency; on /api/v1 `{"detail": ...}`; on /oauth/
+    `temporarily_unavailable`. `detail` says what is unavailable (the audit log, /api/v1)."""
+
+    http_status = 503
+    code = -32000
+    message = "Resident runtime unavailable"
+    expose_detail = False
+    oauth_error = "temporarily_unavailable"
+
+    def __init__(self, detail: str | None = None, retry_after_s: float = 1.0) -> None:
+        super().__init__(detail, headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))})

@@ -31,21 +31,20 @@ from urllib.parse import quote_plus, urlencode, urlsplit
 
 import httpx
 import jwt
-from cachetools import TTLCache
 from jwt.algorithms import get_default_algorithms
 from quart import Quart, Response, request
 
 from proxy.auth.jwks import JwksCache, kty_for
 from proxy.config import OidcConfig
 from proxy.signin import Web, page, safe_next
+from proxy.state.flows import FlowStore, ForeignFlow
 
 log = logging.getLogger("tollhouse.oidc")
 
 BINDING_COOKIE = "tollhouse_oidc"
 COOKIE_PATH = "/signin/oidc"
 CALLBACK_PATH = "/signin/oidc/callback"
-FLOW_TTL_S = 600
-MAX_FLOWS = 10_000
+FLOW_TTL_S = 600  # the binding cookie's lifetime: the flow store keeps a flow as long
 DISCOVERY_TTL_S = 3600.0
 JWKS_REFRESH_S = 3600.0
 JWKS_MIN_REFETCH_S = 30.0
@@ -86,7 +85,6 @@ class Discovery:
 class _Flow:
     nonce: str
     verifier: str
-    binding: str  # SHA-256 hex of the browser cookie's value
     next_url: str
 
 
@@ -174,12 +172,14 @@ class OidcSignIn:
     """The relying party: discovery, the pending sign-ins, the code exchange and verification."""
 
     def __init__(self, cfg: OidcConfig, http: Callable[[], httpx.AsyncClient],
-                 redirect_uri: str, clock: Callable[[], float] = time.monotonic) -> None:
+                 redirect_uri: str, flows: FlowStore,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self.redirect_uri = redirect_uri
         self._http = http
         self._clock = clock
-        self.flows: TTLCache[str, _Flow] = TTLCache(MAX_FLOWS, FLOW_TTL_S, timer=clock)
+        # pending sign-ins by state, bound to the browser's binding cookie (as a digest)
+        self.flows = flows
         self._discovery: Discovery | None = None
         self._discovered_at = 0.0
         self._jwks: JwksCache | None = None
@@ -213,12 +213,13 @@ class OidcSignIn:
         self._discovery, self._discovered_at = fresh, now
         return fresh
 
-    def begin(self, binding: str, next_url: str, discovery: Discovery) -> str:
+    async def begin(self, binding: str, next_url: str, discovery: Discovery) -> str:
         """Keep a new sign-in's secrets; the provider URL to send the browser to."""
         state = secrets.token_urlsafe(32)
         nonce = secrets.token_urlsafe(32)
         verifier = secrets.token_urlsafe(64)
-        self.flows[state] = _Flow(nonce, verifier, _digest(binding), next_url)
+        await self.flows.put(state, _digest(binding),
+                             {"nonce": nonce, "verifier": verifier, "next_url": next_url})
         query = urlencode({
             "response_type": "code",
             "client_id": self.cfg.client_id,
@@ -232,21 +233,20 @@ class OidcSignIn:
         endpoint = discovery.authorization_endpoint
         return f"{endpoint}{'&' if '?' in endpoint else '?'}{query}"
 
-    def take(self, state: str | None, binding: str | None) -> _Flow:
+    async def take(self, state: str | None, binding: str | None) -> _Flow:
         """The pending sign-in for `state` if this browser started it; used up once taken."""
         if not state:
             raise SignInFailed("The sign-in response has no state. Start the sign-in again.")
-        flow = self.flows.get(state)
+        try:
+            flow = await self.flows.take(state, _digest(binding or ""))
+        except ForeignFlow:
+            # not used up: the browser that started it can still finish
+            raise SignInFailed("This sign-in was started in another browser. Start the sign-in "
+                               "again in this one.") from None
         if flow is None:
             raise SignInFailed("This sign-in is unknown, has expired or was already used. "
                                "Start the sign-in again.")
-        if not hmac.compare_digest(_digest(binding or ""), flow.binding):
-            # not used up: the browser that started it can still finish
-            raise SignInFailed("This sign-in was started in another browser. Start the sign-in "
-                               "again in this one.")
-        if self.flows.pop(state, None) is not flow:
-            raise SignInFailed("This sign-in was already used. Start the sign-in again.")
-        return flow
+        return _Flow(flow["nonce"], flow["verifier"], flow["next_url"])
 
     async def redeem(self, discovery: Discovery, code: str, verifier: str) -> str:
         """The ID token for an authorization code, from the provider's token endpoint."""
@@ -350,7 +350,7 @@ def register(app: Quart, web: Callable[[], Web], cfg: OidcConfig,
     `http` gives the gateway's shared AsyncClient (read on each call: it lives while the app
     serves); `redirect_base` is the gateway's public URL without a trailing slash."""
     rp = OidcSignIn(cfg, http, f"{redirect_base.rstrip('/')}{CALLBACK_PATH}",
-                    clock=lambda: web().clock())
+                    web().signin_flows, clock=lambda: web().clock())
     app.extensions["tollhouse_oidc"] = rp
 
     @app.route("/signin/oidc", methods=["GET"])
@@ -364,7 +364,7 @@ def register(app: Quart, web: Callable[[], Web], cfg: OidcConfig,
         binding = request.cookies.get(BINDING_COOKIE) or ""
         if not _BINDING_FORMAT.fullmatch(binding):  # one value per browser: tabs may overlap
             binding = secrets.token_urlsafe(32)
-        response = Response("", 303, {"Location": rp.begin(binding, next_url, discovery),
+        response = Response("", 303, {"Location": await rp.begin(binding, next_url, discovery),
                                       "Cache-Control": "no-store"})
         response.set_cookie(BINDING_COOKIE, binding, max_age=FLOW_TTL_S, path=COOKIE_PATH,
                             httponly=True, samesite="Lax", secure=w.secure)
@@ -376,7 +376,7 @@ def register(app: Quart, web: Callable[[], Web], cfg: OidcConfig,
             return Response("", 200, {"Cache-Control": "no-store"})
         args = request.args
         try:
-            flow = rp.take(args.get("state"), request.cookies.get(BINDING_COOKIE))
+            flow = await rp.take(args.get("state"), request.cookies.get(BINDING_COOKIE))
             if "error" in args:
                 raise SignInFailed("The identity provider did not sign you in "
                                    f"({_protocol_code(args.get('error'))}).")

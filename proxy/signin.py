@@ -7,10 +7,11 @@ Referer, of this gateway: anything else is 403 (seed 004).
 
 from __future__ import annotations
 
+import asyncio
 import html
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,8 +20,9 @@ from quart import Quart, Response, request
 
 from policies.egress import caller_address
 from proxy.accounts import Accounts, BrowserSessions, User
-from proxy.auth.lockout import LockoutStore
+from proxy.auth.lockout import Attempt, Locked, LockoutStore
 from proxy.egress import IPNetwork
+from proxy.state.flows import FlowStore
 
 COOKIE = "tollhouse_session"
 
@@ -49,6 +51,8 @@ class Web:
     # server.trusted_proxies: behind one of them the client is the nearest untrusted
     # X-Forwarded-For hop; without any, X-Forwarded-For is never read
     trusted_proxies: tuple[IPNetwork, ...] = ()
+    # pending OIDC sign-ins (proxy.oidc), between the redirect and the provider's callback
+    signin_flows: FlowStore = field(kw_only=True)
 
     def client_address(self, remote_addr: str | None, headers: Any) -> str:
         return client_address(remote_addr, headers, self.trusted_proxies)
@@ -155,19 +159,18 @@ def register(app: Quart, web: Callable[[], Web]) -> None:
         name, password = form.get("name", ""), form.get("password", "")
         next_url = safe_next(form.get("next"))
         peer = w.client_address(request.remote_addr, request.headers)
-        watch = [f"signin-ip:{peer}", f"signin-user:{name[:100]}"]
-        retry = await w.lockouts.locked(watch, w.clock())
-        if retry is not None:  # seed 004: lockouts answer in the OAuth shape
+        watch = (f"signin-ip:{peer}", f"signin-user:{name[:100]}")
+        try:
+            async with Attempt(w.lockouts, watch) as attempt:
+                user = await asyncio.to_thread(w.accounts.verify_local, name, password)
+                attempt.failed = user is None
+        except Locked as locked:  # seed 004: lockouts answer in the OAuth shape
             return Response(orjson.dumps({
                 "error": "too_many_requests",
                 "error_description": "too many failed sign-ins; try again later"}), 429,
                 {"Content-Type": "application/json", "Cache-Control": "no-store",
-                 "Retry-After": str(max(1, int(retry) + 1))})
-        import asyncio
-
-        user = await asyncio.to_thread(w.accounts.verify_local, name, password)
+                 "Retry-After": str(max(1, int(locked.retry_after_s) + 1))})
         if user is None:
-            await w.lockouts.failed(watch, w.clock())
             return page("Sign in to Tollhouse",
                         _form(next_url, "Wrong name or password.", w.oidc_enabled), 401)
         return await w.sign_in(user, next_url)

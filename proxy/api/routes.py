@@ -57,7 +57,7 @@ from proxy.api.openapi import document
 from proxy.api.registry import Registry
 from proxy.audit.sqlite import usage
 from proxy.auth import keys as api_keys
-from proxy.auth.lockout import LockoutStore
+from proxy.auth.lockout import Attempt, Locked, LockoutStore
 from proxy.edge.routes import nul_in_body
 from proxy.egress import IPNetwork
 from proxy.signin import COOKIE, Web, client_address
@@ -163,13 +163,13 @@ def register(app: Quart, api: Callable[[], Api]) -> None:
             # be guessed, and its id is public, so locking the id out would let anyone
             # shut the key's owner out
             client = client_address(request.remote_addr, request.headers, a.trusted_proxies)
-            watch = [f"api-ip:{client}"]
-            retry = await a.lockouts.locked(watch, a.clock())
-            if retry is not None:
-                raise LockedOut(retry)
-            key = await a.keys.lookup(token) if a.keys is not None else None
+            try:
+                async with Attempt(a.lockouts, (f"api-ip:{client}",)) as attempt:
+                    key = await a.keys.lookup(token) if a.keys is not None else None
+                    attempt.failed = key is None
+            except Locked as locked:
+                raise LockedOut(locked.retry_after_s) from None
             if key is None:
-                await a.lockouts.failed(watch, a.clock())
                 raise ApiError(401, "invalid or expired credential",
                                {"WWW-Authenticate": "Bearer"})
             if key.endpoints:

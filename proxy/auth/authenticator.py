@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from proxy.auth import keys as api_keys
 from proxy.auth.jwks import JwksCache, kty_for
-from proxy.auth.lockout import LockoutStore
+from proxy.auth.lockout import Attempt, Locked, LockoutStore
 from proxy.auth.people import LiveUsers, StoreDown
 from proxy.auth.principal import ANONYMOUS, Principal
 from proxy.config import Config, IssuerConfig
@@ -54,8 +54,10 @@ class Failed(Exception):
 class BearerAuth:
     """Bearer credentials: JWTs from the configured issuers, or Tollhouse API keys.
 
-    Verified JWTs are cached by their exact text until they expire, so a client that sends the
-    same token on every call costs one signature check, not one per call. API keys are looked up
+    Verified JWTs are cached by their exact text until they expire (at most 300 s), so a client
+    that sends the same token on every call costs one signature check, not one per call: this
+    per-process cache holds only what the token itself says, so it is never staler than the
+    token (an external issuer's tokens cannot be revoked here). API keys are looked up
     in memory on every call (revocation takes effect on the next request). Presented credentials
     that fail count towards a lockout of the client address.
     """
@@ -98,22 +100,24 @@ class BearerAuth:
         token = _bearer(authorization)
         if token is None:
             raise Unauthenticated("auth: no bearer credential", headers=self.challenge(endpoint))
-        now = self._clock()
         # by the caller's address only: an API key's secret and a JWT's signature cannot be
         # guessed, so locking a key id or a subject out would only let anyone who knows one
         # (they are public) shut its owner out
-        watch = [f"ip:{peer}"] if peer else []
-        retry = await self._lockouts.locked(watch, now)
-        if retry is not None:
-            raise LockedOut("auth: locked out after repeated failures", retry)
+        watch = (f"ip:{peer}",) if peer else ()
         try:
-            if api_keys.looks_like_key(token):
-                return await self._api_key(token, endpoint)
-            return await self._jwt(token, endpoint)
-        except Failed as failure:
-            await self._lockouts.failed(watch, now)
-            raise Unauthenticated(f"auth: {failure.reason}",
-                                  headers=self.challenge(endpoint, "invalid_token")) from None
+            async with Attempt(self._lockouts, watch) as attempt:
+                try:
+                    if api_keys.looks_like_key(token):
+                        return await self._api_key(token, endpoint)
+                    return await self._jwt(token, endpoint)
+                except Failed as failure:
+                    attempt.failed = True
+                    raise Unauthenticated(f"auth: {failure.reason}",
+                                          headers=self.challenge(endpoint, "invalid_token")
+                                          ) from None
+        except Locked as locked:
+            raise LockedOut("auth: locked out after repeated failures",
+                            locked.retry_after_s) from None
 
     async def _api_key(self, token: str, endpoint: str) -> Principal:
         key = await self._keys.lookup(token) if self._keys is not None else None
@@ -127,7 +131,8 @@ class BearerAuth:
 
     async def _jwt(self, token: str, endpoint: str) -> Principal:
         if self._tollhouse is not None and _issuer_of(token) == self._public_url:
-            return await self._own(token, endpoint)  # not cached: revocation applies at once
+            # not cached here: the authorization server checks revocation on every call
+            return await self._own(token, endpoint)
         cached = self._cache.get((token, endpoint))
         if cached is not None and cached[1] > time.time():
             return cached[0]
@@ -139,7 +144,8 @@ class BearerAuth:
         """A token this gateway's authorization server issued, for this endpoint only."""
         assert self._tollhouse is not None
         try:
-            claims = self._tollhouse.verify_access(token, f"{self._public_url}/mcp/{endpoint}")
+            claims = await self._tollhouse.verify_access(
+                token, f"{self._public_url}/mcp/{endpoint}")
         except jwt.InvalidAudienceError:
             raise Failed("token issued for another endpoint") from None
         except jwt.ExpiredSignatureError:
@@ -216,7 +222,7 @@ class BearerAuth:
 
 
 class TokenVerifier(Protocol):
-    def verify_access(self, token: str, resource: str) -> dict[str, Any]: ...
+    async def verify_access(self, token: str, resource: str) -> dict[str, Any]: ...
 
 
 def _issuer_of(token: str) -> str | None:

@@ -1,56 +1,56 @@
-"""Auth-failure lockouts: too many bad credentials from one address, or for one known key id or
-subject, within a window lock it out for a while. The state sits behind a small store interface
-(in memory here; a shared store can replace it)."""
+"""Auth-failure lockouts where a credential is presented: one helper for the MCP edge, the
+management API, the sign-in form and the OAuth client authentication alike. Each keys on the
+caller's address (through trusted proxies); sign-in also on the user name and the token
+endpoint on the client id, whose secrets can be guessed. The state is a `LockoutStore` of
+`proxy.state` (re-exported here)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Sequence
+from types import TracebackType
 
-from cachetools import TTLCache
-
-from proxy.config import LockoutConfig
+from proxy.state.lockouts import LockoutStore as LockoutStore
+from proxy.state.lockouts import MemoryLockoutStore as MemoryLockoutStore
 
 
-class LockoutStore(Protocol):
-    async def locked(self, keys: Sequence[str], now: float) -> float | None:
-        """Seconds until the first locked key is free again, or None when none is locked."""
+class Locked(Exception):
+    """The caller is locked out; each surface answers 429 with Retry-After in its shape."""
 
-    async def failed(self, keys: Sequence[str], now: float) -> None:
-        """Count one failure against each key; lock a key that reached the threshold."""
-
-
-class _Entry:
-    __slots__ = ("count", "locked_until", "window_start")
-
-    def __init__(self, now: float) -> None:
-        self.count = 0
-        self.window_start = now
-        self.locked_until = 0.0
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"locked out for {retry_after_s:.0f} s")
+        self.retry_after_s = retry_after_s
 
 
-class MemoryLockoutStore:
-    def __init__(self, cfg: LockoutConfig, clock: Callable[[], float] = time.monotonic) -> None:
-        self._cfg = cfg
-        ttl = max(cfg.window_s, cfg.lockout_s)
-        self._entries: TTLCache[str, _Entry] = TTLCache(cfg.max_tracked, ttl, timer=clock)
+class Attempt:
+    """One credential check under the lockout:
 
-    async def locked(self, keys: Sequence[str], now: float) -> float | None:
-        for key in keys:
-            entry = self._entries.get(key)
-            if entry is not None and entry.locked_until > now:
-                return entry.locked_until - now
-        return None
+        async with Attempt(store, keys) as attempt:
+            ...check the credential; for a bad one set `attempt.failed = True`...
 
-    async def failed(self, keys: Sequence[str], now: float) -> None:
-        for key in keys:
-            entry = self._entries.get(key)
-            if entry is None or now - entry.window_start >= self._cfg.window_s:
-                entry = _Entry(now)
-            entry.count += 1
-            if entry.count >= self._cfg.max_failures:
-                entry.locked_until = now + self._cfg.lockout_s
-                entry.count = 0
-                entry.window_start = now
-            self._entries[key] = entry  # re-set: the TTL restarts from the latest failure
+    Entering raises `Locked` when a key is locked already, before anything is checked.
+    Leaving settles the attempt in one store operation, counting the failure, and raises
+    `Locked` in place of whatever the block returned or raised when a key was locked, by this
+    caller's parallel attempts too: so N guesses sent at once get at most `max_failures`
+    answers that tell anything. With no keys (no address known) nothing is asked."""
+
+    __slots__ = ("_keys", "_store", "failed")
+
+    def __init__(self, store: LockoutStore, keys: Sequence[str]) -> None:
+        self._store = store
+        self._keys = keys
+        self.failed = False
+
+    async def __aenter__(self) -> Attempt:
+        if self._keys:
+            retry = await self._store.locked(self._keys)
+            if retry is not None:
+                raise Locked(retry)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if not self._keys or (exc_type is not None and not issubclass(exc_type, Exception)):
+            return  # cancelled: there is no answer to hold back
+        retry = await self._store.attempt(self._keys, failed=self.failed)
+        if retry is not None:
+            raise Locked(retry) from None

@@ -31,6 +31,7 @@ from proxy.connect.guarded import GuardedClient
 from proxy.connect.vault import Vault
 from proxy.errors import UpstreamFailure
 from proxy.singleflight import SingleFlight
+from proxy.state.flows import FlowStore, ForeignFlow
 
 log = logging.getLogger("tollhouse.connect")
 T = TypeVar("T")
@@ -73,22 +74,15 @@ class Endpoints:
     discovered_zones: frozenset[str] | None = None
 
 
-@dataclass(frozen=True)
-class Pending:
-    upstream: str
-    principal: str
-    browser: str  # hash of the browser session id
-    verifier: str
-    redirect_uri: str
-
-
 def _s256(verifier: str) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(
         b"=").decode()
 
 
-def _browser(session_id: str) -> str:
-    return hashlib.sha256(session_id.encode()).hexdigest()
+def _starter(principal: str, browser_session: str) -> str:
+    """Who may finish a connect flow: the person, in the browser session that began it (a
+    digest: the store never holds the session id)."""
+    return hashlib.sha256(f"{principal}\x00{browser_session}".encode()).hexdigest()
 
 
 def _http_url(value: object) -> TypeGuard[str]:
@@ -109,7 +103,7 @@ OAUTH_ERRORS = frozenset({"invalid_request", "invalid_client", "invalid_grant",
 
 class Connections:
     def __init__(self, cfg: Config, vault: Vault, guarded: GuardedClient,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *, flows: FlowStore) -> None:
         self.public_url = cfg.server.public_url.rstrip("/")
         self.upstreams: dict[str, UpstreamConfig] = {
             u.name: u for u in cfg.upstreams if u.auth == "per_user"}
@@ -117,12 +111,15 @@ class Connections:
         self._guarded = guarded
         self._clock = clock
         self._endpoints: dict[str, Endpoints] = {}
-        self._pending: TTLCache[str, Pending] = TTLCache(maxsize=10_000, ttl=600)
+        # connect flows under way, by upstream and state, bound to the person and browser
+        self._flows = flows
         self._refreshing: SingleFlight[tuple[str, str], str] = SingleFlight()
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-vault")
         self.last_lists: dict[tuple[str, str], dict[str, Any]] = {}  # (upstream, method)
         # the hot path: a person's unsealed token for a minute, so a call costs no database
-        # read; every change to the row (refresh, reconnect, disconnect) replaces or drops it.
+        # read; every change to the row (refresh, reconnect, disconnect) in this process
+        # replaces or drops it, and one made by another gateway process is seen here at most
+        # 60 s late (a per-process cache, not shared state: the vault row is the truth).
         # `forget` may come from another thread (a user deleted): the lock guards both tables
         self._hot: TTLCache[tuple[str, str], tuple[str, float | None]] = TTLCache(
             maxsize=100_000, ttl=60)
@@ -248,8 +245,8 @@ class Connections:
         state = secrets.token_urlsafe(32)
         verifier = secrets.token_urlsafe(48)
         redirect_uri = f"{self.public_url}/connect/{name}/callback"
-        self._pending[state] = Pending(name, principal, _browser(browser_session), verifier,
-                                       redirect_uri)
+        await self._flows.put(f"{name}:{state}", _starter(principal, browser_session),
+                              {"verifier": verifier, "redirect_uri": redirect_uri})
         query = {"response_type": "code", "client_id": ep.client_id,
                  "redirect_uri": redirect_uri, "state": state, "code_challenge": _s256(verifier),
                  "code_challenge_method": "S256", "resource": self.resource(name)}
@@ -260,16 +257,17 @@ class Connections:
 
     async def finish(self, name: str, state: str, code: str, principal: str,
                      browser_session: str) -> None:
-        pending = self._pending.get(state)
-        if pending is None or pending.upstream != name:
+        try:
+            pending = await self._flows.take(f"{name}:{state}",
+                                             _starter(principal, browser_session))
+        except ForeignFlow:
+            raise ConnectFailed("this connect flow was started by someone else") from None
+        if pending is None:
             raise ConnectFailed("this connect link is unknown or has expired; start again")
-        if pending.principal != principal or pending.browser != _browser(browser_session):
-            raise ConnectFailed("this connect flow was started by someone else")
-        del self._pending[state]
         ep = await self.endpoints(name)
         tokens = await self._token(name, ep, {
             "grant_type": "authorization_code", "code": code,
-            "redirect_uri": pending.redirect_uri, "code_verifier": pending.verifier,
+            "redirect_uri": pending["redirect_uri"], "code_verifier": pending["verifier"],
             "resource": self.resource(name)})
         await self._in_db(self._vault.put, name, principal, tokens)
         self._drop(name, principal)

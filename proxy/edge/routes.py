@@ -7,6 +7,8 @@ import orjson
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
+from proxy.errors import StoreUnavailable
+
 log = logging.getLogger("tollhouse")
 
 # a NUL in a JSON body (raw, or an unescaped \u0000), or in any other body (raw, or %00)
@@ -73,6 +75,15 @@ def register(app: Quart) -> None:
         body = (b'{"detail":"internal error"}' if request.path.startswith("/api/v1")
                 else b'{"error":"server_error","error_description":"internal error"}')
         return Response(body, 500, {"Content-Type": "application/json"})
+
+    @app.errorhandler(StoreUnavailable)
+    async def store_unavailable(exc: StoreUnavailable) -> Response:
+        log.warning("live-state store unavailable on %s: %s", request.path, exc)
+        detail = exc.detail or "the live-state store is unavailable; retry"
+        body = (orjson.dumps({"detail": detail}) if request.path.startswith("/api/v1")
+                else orjson.dumps({"error": exc.oauth_error, "error_description": detail}))
+        return Response(body, exc.http_status, {"Content-Type": "application/json",
+                                                **exc.headers})
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:

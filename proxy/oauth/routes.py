@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import html
 import secrets
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import unquote, urlencode
 
 import orjson
-from cachetools import TTLCache
 from quart import Quart, Response, request
 
+from proxy.auth.lockout import Attempt, Locked
 from proxy.oauth.cimd import MetadataDocuments
 from proxy.oauth.server import AuthorizationServer, Client, OAuthError
 from proxy.signin import COOKIE, Web, page, see_other
+from proxy.state.flows import ForeignFlow
 
-T = TypeVar("T")
 JSON = {"Content-Type": "application/json", "Cache-Control": "no-store", "Pragma": "no-cache"}
 
 
@@ -36,21 +36,14 @@ def _error(exc: OAuthError) -> Response:
 def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callable[[], Web],
              documents: MetadataDocuments | None = None) -> None:
     documents = documents or MetadataDocuments()
-    # every step that reads or writes the authorization server's tables runs here, in order,
-    # off the event loop (one connection, one thread)
-    database = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-oauth")
-
-    async def db(fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(database, fn, *args)
+    # the authorization server's database-only steps run in a worker thread (asyncio.to_thread);
+    # the steps that touch live state are its async methods
 
     async def known(client_id: str | None) -> None:
         """A client_id that is an https URL is a metadata document: fetch it (cached)."""
         if client_id and documents.applies(client_id) \
-                and await db(server().client, client_id) is None:
+                and await asyncio.to_thread(server().client, client_id) is None:
             server().cimd[client_id] = await documents.client(client_id)
-
-    # a consent form's token, bound to the browser session and to the exact request
-    consents: TTLCache[str, tuple[str, dict[str, str]]] = TTLCache(maxsize=100_000, ttl=600)
 
     @app.route("/.well-known/oauth-authorization-server")
     async def metadata() -> Response:
@@ -65,7 +58,7 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
         params = {k: v for k, v in request.args.items()}
         try:
             await known(params.get("client_id"))
-            client, redirect_uri = await db(server().check_authorize, params)
+            client, redirect_uri = await asyncio.to_thread(server().check_authorize, params)
         except OAuthError as exc:
             return _error(exc)  # never redirect to a URI that is not registered
         try:
@@ -79,8 +72,9 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
         if user is None or cookie is None:
             here = request.full_path if request.query_string else request.path
             return see_other("/signin?" + urlencode({"next": here}))
+        # a consent form's token, bound to the browser session and to the exact request
         token = secrets.token_urlsafe(24)
-        consents[token] = (cookie, params)
+        await server().consents.put(token, _binding(cookie), params)
         endpoint = server().endpoint_of(resource) or "?"
         body = (f"<p><strong>{html.escape(client.name)}</strong> asks to act as "
                 f"<strong>{html.escape(user.name)}</strong> on the Tollhouse endpoint "
@@ -99,24 +93,27 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
             return _error(OAuthError("access_denied", "the consent form must come from this "
                                      "gateway", 403))
         form = await request.form
-        held = consents.pop(form.get("consent", ""), None)
         cookie = request.cookies.get(COOKIE)
-        if held is None or cookie is None or held[0] != cookie:
+        try:
+            params = await server().consents.take(form.get("consent", ""),
+                                                  _binding(cookie or ""))
+        except ForeignFlow:
+            params = None  # left for the browser session that was shown the form
+        if params is None or cookie is None:
             return _error(OAuthError("invalid_request", "the consent expired or belongs to "
                                      "another browser session"))
-        params = held[1]
         user = await w.user(cookie)
         if user is None:
             return _error(OAuthError("access_denied", "sign in again", 401))
         try:
-            client, redirect_uri = await db(server().check_authorize, params)
+            client, redirect_uri = await asyncio.to_thread(server().check_authorize, params)
             resource = server().check_request(params)
         except OAuthError as exc:
             return _error(exc)
         if form.get("decision") != "allow":
             return _back(redirect_uri, params, {"error": "access_denied",
                                                 "error_description": "the user declined"})
-        code = server().issue_code(client, redirect_uri, params, user, resource)
+        code = await server().issue_code(client, redirect_uri, params, user, resource)
         return _back(redirect_uri, params, {"code": code, "iss": server().issuer})
 
     @app.route("/oauth/token", methods=["POST"])
@@ -126,9 +123,9 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
             client = await _client(form)
             grant = form.get("grant_type")
             if grant == "authorization_code":
-                return _json(await db(server().exchange_code, client, form))
+                return _json(await server().exchange_code(client, form))
             if grant == "refresh_token":
-                return _json(await db(server().refresh, client, form, web().accounts.get))
+                return _json(await server().refresh(client, form, web().accounts.get))
             raise OAuthError("unsupported_grant_type",
                              "grant_type must be authorization_code or refresh_token")
         except OAuthError as exc:
@@ -141,7 +138,7 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
                 metadata = orjson.loads(await request.get_data())
             except orjson.JSONDecodeError:
                 raise OAuthError("invalid_client_metadata", "the body is not JSON") from None
-            return _json(await db(server().register, metadata), 201)
+            return _json(await asyncio.to_thread(server().register, metadata), 201)
         except OAuthError as exc:
             return _error(exc)
 
@@ -150,7 +147,7 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
         try:
             form = await _form()
             client = await _client(form)
-            await db(server().revoke, client, form.get("token", ""))
+            await server().revoke(client, form.get("token", ""))
             return Response(b"", 200, {"Cache-Control": "no-store"})
         except OAuthError as exc:
             return _error(exc)
@@ -174,18 +171,26 @@ def register(app: Quart, server: Callable[[], AuthorizationServer], web: Callabl
                 raise OAuthError("invalid_client", "malformed Basic credentials", 401) from None
         w = web()
         peer = w.client_address(request.remote_addr, request.headers)
-        watch = [f"oauth-ip:{peer}", f"oauth-client:{(client_id or '')[:100]}"]
-        # the lockout first: a locked-out caller makes the gateway fetch nothing
-        retry = await w.lockouts.locked(watch, w.clock())
-        if retry is not None:
-            raise OAuthError("too_many_requests", "too many failed attempts; try again later",
-                             429, {"Retry-After": str(max(1, int(retry) + 1))})
+        watch = (f"oauth-ip:{peer}", f"oauth-client:{(client_id or '')[:100]}")
         try:
-            await known(client_id)  # a metadata document that cannot be had is a failure too
-            return await db(server().authenticate_client, client_id, secret)
-        except OAuthError:
-            await w.lockouts.failed(watch, w.clock())
-            raise
+            # the lockout first: a locked-out caller makes the gateway fetch nothing
+            async with Attempt(w.lockouts, watch) as attempt:
+                try:
+                    await known(client_id)  # a metadata document that cannot be had fails too
+                    return await asyncio.to_thread(server().authenticate_client, client_id,
+                                                   secret)
+                except OAuthError:
+                    attempt.failed = True
+                    raise
+        except Locked as locked:
+            raise OAuthError("too_many_requests", "too many failed attempts; try again later",
+                             429, {"Retry-After": str(max(1, int(locked.retry_after_s) + 1))}
+                             ) from None
+
+
+def _binding(cookie: str) -> str:
+    """What a consent is bound to: the browser session, as a digest (never the cookie)."""
+    return hashlib.sha256(cookie.encode()).hexdigest()
 
 
 def _back(redirect_uri: str, params: dict[str, str], answer: dict[str, str]) -> Response:

@@ -1,8 +1,8 @@
 """The authorization server's decisions, free of the web framework: clients, codes, tokens.
 
 Client secrets and refresh tokens are stored only as SHA-256 hashes (both are 256-bit random
-values). Codes live a minute in memory and are used once; a code presented twice revokes what
-it produced. Refresh tokens rotate on every use, and a refresh token used twice revokes its
+values). Codes live a minute in the live-state store (proxy.state.codes) and are used once; a
+code presented twice revokes what it produced. Refresh tokens rotate on every use, and a refresh token used twice revokes its
 whole family (RFC 9700 / OAuth 2.1). Access tokens are short-lived ES256 JWTs whose audience
 is one endpoint's resource URL (RFC 8707).
 
@@ -12,15 +12,19 @@ asked), the token response then says `"scope": ""` (section 5.1: the issued scop
 the requested one), and the access token carries no scope claim. People get into endpoints
 through allow_subjects / allow_groups (custom roles act as groups); `allow_scopes` is for
 tokens from external issuers that do model scopes.
+
+Methods that touch live state (codes, revocations) are async and run their database steps in
+a worker thread themselves; those that only read or write the database are plain functions
+that the routes run in a thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
 import secrets
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,8 +40,20 @@ from proxy.accounts import User
 from proxy.config import Config
 from proxy.errors import GatewayError
 from proxy.oauth.keys import KeyRing
+from proxy.state.codes import CodeStore
+from proxy.state.flows import FlowStore
+from proxy.state.revocations import RevocationStore
 
 _LEEWAY_S = 30  # clock skew allowed on an access token's exp
+
+class _FamilyRevoked(Exception):
+    """Raised in the database thread: the family's rows are revoked; the store must be told."""
+
+    def __init__(self, family: str, error: OAuthError) -> None:
+        super().__init__(family)
+        self.family = family
+        self.error = error
+
 
 class OAuthError(GatewayError):
     """RFC 6749 section 5.2: {"error", "error_description"}."""
@@ -76,6 +92,24 @@ class Grant:
     scope_requested: bool  # a scope was asked for: none is granted, and the answer says so
     family: str
 
+    def to_json(self) -> dict[str, Any]:
+        """The grant as the code store keeps it (a JSON object, as a shared store needs)."""
+        u = self.user
+        return {"client_id": self.client_id, "redirect_uri": self.redirect_uri,
+                "challenge": self.challenge, "resource": self.resource,
+                "scope_requested": self.scope_requested, "family": self.family,
+                "user": {"id": u.id, "name": u.name, "issuer": u.issuer, "subject": u.subject,
+                         "is_admin": u.is_admin, "groups": sorted(u.groups),
+                         "roles": sorted(u.roles)}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Grant:
+        u = data["user"]
+        user = User(u["id"], u["name"], u["issuer"], u["subject"], u["is_admin"],
+                    frozenset(u["groups"]), frozenset(u["roles"]))
+        return cls(data["client_id"], data["redirect_uri"], data["challenge"], user,
+                   data["resource"], data["scope_requested"], data["family"])
+
 
 def _sha(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
@@ -113,7 +147,8 @@ class AuthorizationServer:
 
     def __init__(self, cfg: Config, target: db.Target, keys: KeyRing,
                  clock: Callable[[], float] = time.time,
-                 endpoints: Mapping[str, object] | None = None) -> None:
+                 endpoints: Mapping[str, object] | None = None, *, codes: CodeStore,
+                 revocations: RevocationStore, consents: FlowStore) -> None:
         self.issuer = cfg.server.public_url.rstrip("/")
         # the live endpoints (the edge's routes, which the management API changes), else the
         # config's: a server added through /api/v1 can be authorized for at once
@@ -126,19 +161,18 @@ class AuthorizationServer:
         self._sql = self._db.sql
         self.keys = keys
         self._clock = clock
-        # the in-memory tables below are touched from the event loop and from the database
-        # thread: one lock guards them all
-        self._lock = threading.Lock()
-        self._codes: TTLCache[str, Grant] = TTLCache(maxsize=100_000, ttl=self._cfg.code_ttl_s)
-        self._used_codes: TTLCache[str, str] = TTLCache(maxsize=100_000, ttl=600)
-        # claims whose signature was checked, by (token, resource): one ES256 check a token
+        self._codes = codes
+        self._revocations = revocations
+        # pending consent forms, bound to the browser session (the routes put and take them)
+        self.consents = consents
+        # per-process caches, which only save work:
+        # claims whose signature was checked, by (token, resource): one ES256 check a token.
+        # Never stale: they are what the signed token says, expiry and revocation are checked
+        # on every call, and an entry goes when the token expires.
         self._verified: TTLCache[tuple[str, str], dict[str, Any]] = TTLCache(
             maxsize=50_000, ttl=self._cfg.access_token_ttl_s + _LEEWAY_S)
-        self._revoked_jti: TTLCache[str, bool] = TTLCache(
-            maxsize=100_000, ttl=self._cfg.access_token_ttl_s + 60)
-        self._revoked_families: TTLCache[str, bool] = TTLCache(
-            maxsize=100_000, ttl=self._cfg.access_token_ttl_s + 60)
-        # clients described by a metadata document at their client_id URL, fetched and cached
+        # clients described by a metadata document at their client_id URL, fetched and
+        # cached: a changed document is seen here at most an hour late
         self.cimd: TTLCache[str, Client] = TTLCache(maxsize=10_000, ttl=3600)
 
     # -- clients -------------------------------------------------------------------------------
@@ -240,28 +274,23 @@ class AuthorizationServer:
                              "resource must name one of this gateway's endpoints")
         return resource
 
-    def issue_code(self, client: Client, redirect_uri: str, params: dict[str, str],
-                   user: User, resource: str) -> str:
+    async def issue_code(self, client: Client, redirect_uri: str, params: dict[str, str],
+                         user: User, resource: str) -> str:
         code = secrets.token_urlsafe(32)
-        with self._lock:
-            self._codes[code] = Grant(client.client_id, redirect_uri, params["code_challenge"],
-                                      user, resource, bool(params.get("scope")),
-                                      secrets.token_urlsafe(12))
+        grant = Grant(client.client_id, redirect_uri, params["code_challenge"], user, resource,
+                      bool(params.get("scope")), secrets.token_urlsafe(12))
+        await self._codes.put(code, grant.to_json(), grant.family)
         return code
 
     # -- tokens --------------------------------------------------------------------------------
 
-    def exchange_code(self, client: Client, form: dict[str, str]) -> dict[str, Any]:
-        code = form.get("code", "")
-        with self._lock:
-            grant = self._codes.pop(code, None)
-            family = self._used_codes.get(code) if grant is None else None
-            if grant is not None:
-                self._used_codes[code] = grant.family
-        if grant is None:
-            if family is not None:  # a code presented twice: what it produced is revoked
-                self._revoke_family(family)
+    async def exchange_code(self, client: Client, form: dict[str, str]) -> dict[str, Any]:
+        taken = await self._codes.take(form.get("code", ""))
+        if taken.grant is None:
+            if taken.used_tag is not None:  # a code presented twice: what it produced is revoked
+                await self._revoke_family(taken.used_tag)
             raise OAuthError("invalid_grant", "the code is invalid, expired or already used")
+        grant = Grant.from_json(taken.grant)
         if grant.client_id != client.client_id:
             raise OAuthError("invalid_grant", "the code was issued to another client")
         if form.get("redirect_uri") != grant.redirect_uri:
@@ -272,11 +301,21 @@ class AuthorizationServer:
         resource = form.get("resource") or grant.resource
         if resource != grant.resource:
             raise OAuthError("invalid_target", "resource differs from the authorization")
-        return self._tokens(client.client_id, grant.user, resource, grant.family,
-                            scope_requested=grant.scope_requested)
+        return await asyncio.to_thread(self._tokens, client.client_id, grant.user, resource,
+                                       grant.family, scope_requested=grant.scope_requested)
 
-    def refresh(self, client: Client, form: dict[str, str], user_lookup: Callable[[str], User | None]
-                ) -> dict[str, Any]:
+    async def refresh(self, client: Client, form: dict[str, str],
+                      user_lookup: Callable[[str], User | None]) -> dict[str, Any]:
+        """Rotate a refresh token (its database steps in a thread); a reuse revokes the
+        family, in the database and in the live-state store, before the refusal."""
+        try:
+            return await asyncio.to_thread(self._refresh, client, form, user_lookup)
+        except _FamilyRevoked as revoked:
+            await self._revocations.revoke_family(revoked.family)
+            raise revoked.error from None
+
+    def _refresh(self, client: Client, form: dict[str, str],
+                 user_lookup: Callable[[str], User | None]) -> dict[str, Any]:
         token = form.get("refresh_token", "")
         with self._db.transaction() as conn:
             row = conn.execute(self._sql(
@@ -290,9 +329,8 @@ class AuthorizationServer:
         family, client_id, user_id, resource, expires_at, used_at, revoked_at = row
         if revoked_at is not None:
             raise OAuthError("invalid_grant", "the refresh token was revoked")
-        if used_at is not None:
-            self._revoke_family(family)  # reuse: someone else holds a copy
-            raise OAuthError("invalid_grant", "refresh token reused; its family is revoked")
+        if used_at is not None:  # reuse: someone else holds a copy
+            raise self._family_revoked(family, "refresh token reused; its family is revoked")
         if client_id != client.client_id:
             raise OAuthError("invalid_grant", "the refresh token belongs to another client")
         if expires_at < self._clock():
@@ -302,15 +340,13 @@ class AuthorizationServer:
             raise OAuthError("invalid_target", "resource differs from the original grant")
         user = user_lookup(user_id)
         if user is None:
-            self._revoke_family(family)
-            raise OAuthError("invalid_grant", "the user no longer exists")
+            raise self._family_revoked(family, "the user no longer exists")
         with self._db.transaction() as conn:
             won = conn.execute(self._sql("UPDATE oauth_refresh SET used_at = ? WHERE "
                                          "token_sha256 = ? AND used_at IS NULL"),
                                (self._clock(), _sha(token))).rowcount == 1
         if not won:  # a concurrent use won the race
-            self._revoke_family(family)
-            raise OAuthError("invalid_grant", "refresh token reused; its family is revoked")
+            raise self._family_revoked(family, "refresh token reused; its family is revoked")
         return self._tokens(client.client_id, user, resource, family,
                             scope_requested=bool(form.get("scope")))
 
@@ -341,34 +377,45 @@ class AuthorizationServer:
             out["scope"] = ""  # RFC 6749 section 5.1: the issued scope differs from the request
         return out
 
-    def _revoke_family(self, family: str) -> None:
+    def _revoke_family_rows(self, family: str) -> None:
         with self._db.transaction() as conn:
             conn.execute(self._sql("UPDATE oauth_refresh SET revoked_at = ? WHERE family = ? "
                                    "AND revoked_at IS NULL"), (self._clock(), family))
-        with self._lock:
-            self._revoked_families[family] = True
 
-    def revoke(self, client: Client, token: str) -> None:
+    def _family_revoked(self, family: str, description: str) -> _FamilyRevoked:
+        """In the database thread: revoke the family's rows; the caller raises the result,
+        and `refresh` revokes it in the live-state store too."""
+        self._revoke_family_rows(family)
+        return _FamilyRevoked(family, OAuthError("invalid_grant", description))
+
+    async def _revoke_family(self, family: str) -> None:
+        await asyncio.to_thread(self._revoke_family_rows, family)
+        await self._revocations.revoke_family(family)
+
+    async def revoke(self, client: Client, token: str) -> None:
         """RFC 7009: a refresh token revokes its family; an access token is refused from now
         on. An unknown token is not an error."""
-        with self._db.transaction() as conn:
-            row = conn.execute(self._sql("SELECT family, client_id FROM oauth_refresh WHERE "
-                                         "token_sha256 = ?"), (_sha(token),)).fetchone()
+        row = await asyncio.to_thread(self._refresh_row_owner, token)
         if row is not None:
             if row[1] == client.client_id:
-                self._revoke_family(row[0])
+                await self._revoke_family(row[0])
             return
         try:
             claims = jwt.decode(token, options={"verify_signature": False})
         except jwt.PyJWTError:
             return
         if claims.get("client_id") == client.client_id and isinstance(claims.get("jti"), str):
-            with self._lock:
-                self._revoked_jti[claims["jti"]] = True
+            await self._revocations.revoke_token(claims["jti"])
+
+    def _refresh_row_owner(self, token: str) -> tuple[str, str] | None:
+        with self._db.transaction() as conn:
+            row = conn.execute(self._sql("SELECT family, client_id FROM oauth_refresh WHERE "
+                                         "token_sha256 = ?"), (_sha(token),)).fetchone()
+        return None if row is None else (row[0], row[1])
 
     # -- at the MCP edge -----------------------------------------------------------------------
 
-    def verify_access(self, token: str, resource: str) -> dict[str, Any]:
+    async def verify_access(self, token: str, resource: str) -> dict[str, Any]:
         """The claims of a valid access token for this resource; raises jwt.PyJWTError. The
         signature is checked once per token and resource (the checked claims are kept until
         the token expires); expiry and revocation are checked on every call."""
@@ -386,10 +433,7 @@ class AuthorizationServer:
                 verified["exp"] + _LEEWAY_S < time.time():
             raise jwt.ExpiredSignatureError("Signature has expired")
         claims: dict[str, Any] = verified
-        with self._lock:
-            revoked = self._revoked_jti.get(str(claims.get("jti"))) or \
-                self._revoked_families.get(str(claims.get("fam")))
-        if revoked:
+        if await self._revocations.revoked(str(claims.get("jti")), str(claims.get("fam"))):
             raise jwt.InvalidTokenError("revoked")
         return claims
 

@@ -1,11 +1,14 @@
-"""Live state behind small interfaces: sessions and the in-flight calls that can be cancelled.
+"""Live state behind small async interfaces, one module per kind: MCP sessions, the in-flight
+calls that can be cancelled, rate-limit buckets, auth-failure lockouts, browser sessions,
+OAuth codes and revocations, and pending browser flows.
 
-One process keeps them in memory; a shared store (Redis) can replace the implementations
-without touching the edge.
+Every store is built once at start-up by `open_stores` from `[state] url`; no other module
+keeps shared live state of its own. Stores own time: no caller passes a clock reading in.
 """
 
 from proxy.state.inflight import CallHandle, InFlightRegistry, MemoryInFlight
 from proxy.state.sessions import MemorySessionStore, Session, SessionStore
+from proxy.state.stores import Stores, open_stores
 
 __all__ = ["CallHandle", "InFlightRegistry", "MemoryInFlight", "MemorySessionStore", "Session",
-           "SessionStore"]
+           "SessionStore", "Stores", "open_stores"]

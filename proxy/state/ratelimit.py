@@ -7,12 +7,15 @@ reads a bucket in one step and writes it in another, which is where concurrent c
 or double-count tokens.
 
 Times are integer microseconds, so boundary decisions are exact (a burst of 100 admits 100
-calls, never 99 through rounding) and fit the 2^53 integers of Lua numbers.
+calls, never 99 through rounding) and fit the 2^53 integers of Lua numbers. The store owns the
+clock: a caller's monotonic reading means nothing to another process, so a Redis store takes
+`now` from `redis.call("TIME")` inside the script, and the memory store from its own clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from cachetools import TLRUCache
@@ -38,11 +41,11 @@ class Refused(NamedTuple):
 
 
 class RateLimitStore(Protocol):
-    async def take(self, limits: Sequence[Limit], now_us: int) -> Refused | None:
-        """Admit the call at `now_us` against every limit, or refuse it and change nothing.
+    async def take(self, limits: Sequence[Limit]) -> Refused | None:
+        """Admit the call now against every limit, or refuse it and change nothing.
 
-        All or nothing: a limit that refuses means no other limit is charged either. A shared
-        store may use its own clock for `now_us` so that all processes agree."""
+        All or nothing: a limit that refuses means no other limit is charged either. "Now" is
+        the store's clock (Redis: the script's TIME), so every process sharing it agrees."""
 
 
 class MemoryRateLimitStore:
@@ -54,15 +57,18 @@ class MemoryRateLimitStore:
     the least recently used is forgotten (its caller gets a fresh burst), so size it well
     above the number of active callers."""
 
-    def __init__(self, max_keys: int = 100_000) -> None:
+    def __init__(self, max_keys: int = 100_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if max_keys < 1:
             raise ValueError("max_keys must be at least 1")
+        self._clock = clock
         self._now = 0
         self._tats: TLRUCache[str, int, int] = TLRUCache(
             maxsize=max_keys, ttu=lambda _key, tat, _now: tat, timer=lambda: self._now)
 
-    async def take(self, limits: Sequence[Limit], now_us: int) -> Refused | None:
-        self._now = now_us = max(self._now, now_us)  # the cache's clock never runs backwards
+    async def take(self, limits: Sequence[Limit]) -> Refused | None:
+        # the cache's clock never runs backwards
+        self._now = now_us = max(self._now, round(self._clock() * US))
         new_tats: list[int] = []
         refused: Refused | None = None
         for i, (key, interval_us, tolerance_us) in enumerate(limits):

@@ -24,6 +24,7 @@ from proxy.accounts import Accounts, MemoryBrowserSessions, User
 from proxy.auth.lockout import MemoryLockoutStore
 from proxy.config import LockoutConfig, OidcConfig
 from proxy.signin import COOKIE, Web
+from proxy.state.flows import MemoryFlowStore
 from tests import db_backends
 from tests.e2e.oidc_provider import OidcProvider, running_provider
 from tests.servers import serve
@@ -114,7 +115,8 @@ async def oidc_stack(tmp_path: Path, provider: OidcProvider | None = None,
         app = Quart("tollhouse-oidc-test")
         gateway = await exits.enter_async_context(serve(app, graceful_timeout=1))
         web = Web(accounts, MemoryBrowserSessions(clock=clock),
-                  MemoryLockoutStore(LockoutConfig(), clock), gateway, clock, oidc_enabled=True)
+                  MemoryLockoutStore(LockoutConfig(), clock), gateway, clock, oidc_enabled=True,
+                  signin_flows=MemoryFlowStore(clock=clock))
         signin.register(app, lambda: web)
         oidc.register(app, lambda: web, cfg, lambda: http, gateway)
         provider.redirect_uris = {f"{gateway}/signin/oidc/callback"}

@@ -7,6 +7,7 @@ from proxy.chain import CallContext, Chain
 from proxy.config import from_dict
 from proxy.errors import InternalError, PolicyDenied
 from proxy.jsonrpc import McpMessage, parse
+from proxy.state.ratelimit import MemoryRateLimitStore
 
 CALL = parse(b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}')
 CTX = CallContext(principal=ANONYMOUS, endpoint="e", upstream_url="http://u/")
@@ -69,4 +70,7 @@ def test_default_policies_in_chain_order() -> None:
                                               "algorithms": ["HS256"]}]},
         "rate_limits": [{"name": "per-user", "rate": "5/s"}],
         "upstreams": [{"name": "a", "url": "http://h/", "access": {"tools_deny": ["x*"]}}]})
-    assert Chain(default_policies(cfg)).names == ["access", "rate_limit"]
+    policies = default_policies(cfg, rate_limits=MemoryRateLimitStore())
+    assert Chain(policies).names == ["access", "rate_limit"]
+    with pytest.raises(ValueError, match="no rate-limit store"):  # built at start-up, not here
+        default_policies(cfg)

@@ -37,7 +37,7 @@ def make_ctx(principal: Principal = ALICE, endpoint: str = "e",
 
 
 def make_policy(*rules: RateLimitRule, clock: Clock | None = None) -> RateLimit:
-    return RateLimit(list(rules), MemoryRateLimitStore(), clock or Clock())
+    return RateLimit(list(rules), MemoryRateLimitStore(clock=clock or Clock()))
 
 
 async def passes(policy: RateLimit, call: McpMessage | None = None,

@@ -22,6 +22,7 @@ from proxy.config import from_dict
 from proxy.connect.guarded import EgressRefused, GuardedClient
 from proxy.connect.manager import ConnectFailed, Connections, UpstreamNotConnected
 from proxy.connect.vault import Vault
+from proxy.state.flows import MemoryFlowStore
 from tests import db_backends
 
 VAULT_KEYS = {"k1": b"\x01" * 32}
@@ -72,7 +73,8 @@ async def connections(upstream: Upstream, url: str = "https://mcp.example/mcp",
                      "upstreams": [{"name": "gh", "url": url, "auth": "per_user",
                                     "oauth": oauth or {"discover": True}}]}, env={})
     guarded = GuardedClient(Resolver(), transport=httpx.MockTransport(upstream))
-    c = Connections(cfg, Vault(db_backends.open_database(), VAULT_KEYS), guarded)
+    c = Connections(cfg, Vault(db_backends.open_database(), VAULT_KEYS), guarded,
+                    flows=MemoryFlowStore())
     try:
         yield c
     finally:
@@ -228,7 +230,7 @@ async def test_forget_drops_every_cached_token_of_the_person() -> None:
     database = db_backends.open_database()
     vault = Vault(database, VAULT_KEYS)
     c = Connections(cfg, vault, GuardedClient(Resolver(), transport=httpx.MockTransport(
-        Upstream({}))))
+        Upstream({}))), flows=MemoryFlowStore())
     try:
         bob, carol = "tollhouse:local|local:bob", "tollhouse:local|local:carol"
         for name in ("gh", "jira"):
@@ -291,7 +293,7 @@ async def test_a_token_read_before_forget_is_not_cached_after_it() -> None:
     database = db_backends.open_database()
     vault = SlowVault(database, VAULT_KEYS)
     c = Connections(per_user_cfg(), vault, GuardedClient(
-        Resolver(), transport=httpx.MockTransport(Upstream({}))))
+        Resolver(), transport=httpx.MockTransport(Upstream({}))), flows=MemoryFlowStore())
     bob = "tollhouse:local|local:bob"
     try:
         vault.put("gh", bob, {"access_token": "OLD-BOB", "refresh_token": "r",
@@ -322,7 +324,7 @@ async def test_a_refresh_does_not_bring_back_a_deleted_row() -> None:
                                          "expires_in": 3600})
 
     c = Connections(per_user_cfg(), vault, GuardedClient(
-        Resolver(), transport=httpx.MockTransport(token_endpoint)))
+        Resolver(), transport=httpx.MockTransport(token_endpoint)), flows=MemoryFlowStore())
     try:
         vault.put("gh", bob, {"access_token": "OLD", "refresh_token": "r",
                               "expires_at": time.time() + 1})

@@ -26,6 +26,9 @@ from proxy.db import Database
 from proxy.metering import OutboxWorker
 from proxy.oauth.keys import KeyRing
 from proxy.oauth.server import AuthorizationServer, OAuthError, s256
+from proxy.state.codes import MemoryCodeStore
+from proxy.state.flows import MemoryFlowStore
+from proxy.state.revocations import MemoryRevocationStore
 from tests.conftest import make_config
 
 TABLES = {"audit", "usage_outbox", "api_keys", "api_keys_version", "users", "oauth_keys",
@@ -495,10 +498,13 @@ def oauth_server(database: Database) -> AuthorizationServer:
     cfg = make_config(auth={"mode": "jwt"}, oauth_server={"enabled": True})
     ring = KeyRing(database, "test-secret", cfg.oauth_server.key_rotation_s,
                    cfg.oauth_server.access_token_ttl_s)
-    return AuthorizationServer(cfg, database, ring)
+    return AuthorizationServer(
+        cfg, database, ring, codes=MemoryCodeStore(cfg.oauth_server.code_ttl_s),
+        revocations=MemoryRevocationStore(cfg.oauth_server.access_token_ttl_s + 60),
+        consents=MemoryFlowStore())
 
 
-def test_an_access_token_is_verified_once_but_expiry_and_revocation_every_time(
+async def test_an_access_token_is_verified_once_but_expiry_and_revocation_every_time(
         database: Database) -> None:
     import jwt
 
@@ -506,22 +512,22 @@ def test_an_access_token_is_verified_once_but_expiry_and_revocation_every_time(
     resource = f"{server.issuer}/mcp/e"
     user = Accounts(database).create_local("ann", "ann-password")
     token = server._tokens("c", user, resource, "fam-1", scope_requested=False)["access_token"]
-    assert server.verify_access(token, resource)["sub"] == user.subject
+    assert (await server.verify_access(token, resource))["sub"] == user.subject
     assert (token, resource) in server._verified  # the signature is not checked again
     with pytest.raises(jwt.InvalidAudienceError):  # another endpoint: checked afresh
-        server.verify_access(token, f"{server.issuer}/mcp/other")
+        await server.verify_access(token, f"{server.issuer}/mcp/other")
     server._verified[(token, resource)] = {**server._verified[(token, resource)],
                                            "exp": time.time() - 60}
     with pytest.raises(jwt.ExpiredSignatureError):  # expiry is read on every call
-        server.verify_access(token, resource)
+        await server.verify_access(token, resource)
     fresh = server._tokens("c", user, resource, "fam-2", scope_requested=False)["access_token"]
-    assert server.verify_access(fresh, resource)
-    server._revoke_family("fam-2")
+    assert await server.verify_access(fresh, resource)
+    await server._revoke_family("fam-2")
     with pytest.raises(jwt.InvalidTokenError, match="revoked"):  # revocation too
-        server.verify_access(fresh, resource)
+        await server.verify_access(fresh, resource)
 
 
-def test_oauth_clients_refresh_rotation_and_family_revocation(database: Database) -> None:
+async def test_oauth_clients_refresh_rotation_and_family_revocation(database: Database) -> None:
     server = oauth_server(database)
     resource = f"{server.issuer}/mcp/e"  # make_config's one endpoint
     assert server.endpoint_of(resource) == "e" and server.endpoint_of(resource + "x") is None
@@ -539,27 +545,27 @@ def test_oauth_clients_refresh_rotation_and_family_revocation(database: Database
 
     alice = Accounts(database).create_local("alice", "correct-horse")
     verifier = "v" * 50
-    code = server.issue_code(client, "http://127.0.0.1:3000/cb",
+    code = await server.issue_code(client, "http://127.0.0.1:3000/cb",
                              {"code_challenge": s256(verifier)}, alice, resource)
-    tokens = server.exchange_code(client, {"code": code, "code_verifier": verifier,
+    tokens = await server.exchange_code(client, {"code": code, "code_verifier": verifier,
                                            "redirect_uri": "http://127.0.0.1:3000/cb"})
-    claims = server.verify_access(tokens["access_token"], resource)
+    claims = await server.verify_access(tokens["access_token"], resource)
     assert claims["sub"] == alice.subject
 
     def lookup(user_id: str) -> Any:
         return Accounts(database).get(user_id)
 
-    rotated = server.refresh(client, {"refresh_token": tokens["refresh_token"]}, lookup)
+    rotated = await server.refresh(client, {"refresh_token": tokens["refresh_token"]}, lookup)
     assert rotated["refresh_token"] != tokens["refresh_token"]
     # the old refresh token used again: the whole family is revoked, the new one too
     with pytest.raises(OAuthError, match="reused"):
-        server.refresh(client, {"refresh_token": tokens["refresh_token"]}, lookup)
+        await server.refresh(client, {"refresh_token": tokens["refresh_token"]}, lookup)
     with pytest.raises(OAuthError, match="revoked"):
-        twin.refresh(client, {"refresh_token": rotated["refresh_token"]}, lookup)
+        await twin.refresh(client, {"refresh_token": rotated["refresh_token"]}, lookup)
     assert rows(database, "SELECT count(*) FROM oauth_refresh WHERE revoked_at IS NULL"
                 ) == [(0,)]
     with pytest.raises(OAuthError, match="unknown"):
-        server.refresh(client, {"refresh_token": "nope"}, lookup)
+        await server.refresh(client, {"refresh_token": "nope"}, lookup)
 
 
 # -- the token vault -----------------------------------------------------------------------------

@@ -7,17 +7,42 @@ from proxy.state.ratelimit import Limit, MemoryRateLimitStore, Refused
 SECOND = 1_000_000
 
 
+class Clock:
+    """The store's clock, set in microseconds."""
+
+    def __init__(self) -> None:
+        self.us = 0
+
+    def __call__(self) -> float:
+        return self.us / SECOND
+
+
+class Store:
+    """A memory store and its clock: `take(limits, at_us)` sets the clock, then takes."""
+
+    def __init__(self, **kwargs: int) -> None:
+        self.clock = Clock()
+        self.store = MemoryRateLimitStore(clock=self.clock, **kwargs)
+
+    async def take(self, limits: list[Limit], at_us: int) -> Refused | None:
+        self.clock.us = at_us
+        return await self.store.take(limits)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+
 def per_second(key: str, count: int, burst: int) -> Limit:
     interval = SECOND // count
     return Limit(key, interval, (burst - 1) * interval)
 
 
-async def admitted(store: MemoryRateLimitStore, limits: list[Limit], now: int, n: int) -> int:
+async def admitted(store: Store, limits: list[Limit], now: int, n: int) -> int:
     return sum([await store.take(limits, now) is None for _ in range(n)])
 
 
 async def test_a_burst_is_admitted_then_the_wait_is_one_interval() -> None:
-    store = MemoryRateLimitStore()
+    store = Store()
     limit = per_second("k", 10, 3)
     assert await admitted(store, [limit], 0, 3) == 3
     assert await store.take([limit], 0) == Refused(0, 0.1)
@@ -26,7 +51,7 @@ async def test_a_burst_is_admitted_then_the_wait_is_one_interval() -> None:
 
 
 async def test_a_refusal_charges_no_limit() -> None:
-    store = MemoryRateLimitStore()
+    store = Store()
     roomy, tight = per_second("roomy", 1, 5), per_second("tight", 1, 1)
     assert await store.take([roomy, tight], 0) is None
     for _ in range(50):
@@ -35,7 +60,7 @@ async def test_a_refusal_charges_no_limit() -> None:
 
 
 async def test_a_refusal_creates_no_entry() -> None:
-    store = MemoryRateLimitStore()
+    store = Store()
     tight = per_second("tight", 1, 1)
     await store.take([tight], 0)
     assert await store.take([per_second("new", 1, 1), tight], 0) is not None
@@ -43,7 +68,7 @@ async def test_a_refusal_creates_no_entry() -> None:
 
 
 async def test_the_refusal_names_the_longest_wait_and_retry_after_covers_all() -> None:
-    store = MemoryRateLimitStore()
+    store = Store()
     short, long = per_second("short", 10, 1), per_second("long", 1, 1)
     await store.take([short, long], 0)
     assert await store.take([short, long], 0) == Refused(1, 1.0)
@@ -51,7 +76,7 @@ async def test_the_refusal_names_the_longest_wait_and_retry_after_covers_all() -
 
 
 async def test_entries_expire_when_they_no_longer_constrain() -> None:
-    store = MemoryRateLimitStore()
+    store = Store()
     await store.take([per_second("a", 10, 1)], 0)  # a's arrival time is 0.1 s
     assert len(store) == 1
     await store.take([per_second("b", 10, 1)], SECOND // 10 - 1)
@@ -61,7 +86,7 @@ async def test_entries_expire_when_they_no_longer_constrain() -> None:
 
 
 async def test_the_number_of_keys_is_bounded_least_recently_used_first() -> None:
-    store = MemoryRateLimitStore(max_keys=3)
+    store = Store(max_keys=3)
     for key in "abcd":
         await store.take([per_second(key, 1, 1)], 0)
     assert len(store) == 3
@@ -69,17 +94,25 @@ async def test_the_number_of_keys_is_bounded_least_recently_used_first() -> None
     assert await store.take([per_second("d", 1, 1)], 0) is not None
 
 
+async def test_the_store_owns_time() -> None:
+    store = Store()
+    limit = per_second("k", 1, 1)
+    assert await store.take([limit], 5 * SECOND) is None
+    assert await store.take([limit], 5 * SECOND + SECOND // 2) == Refused(0, 0.5)
+    assert await store.take([limit], 6 * SECOND) is None  # its clock moved on, no caller's
+
+
 async def test_time_never_runs_backwards() -> None:
-    store = MemoryRateLimitStore()
+    store = Store()
     limit = per_second("k", 1, 1)
     await store.take([limit], 10 * SECOND)
     assert await store.take([limit], 0) == Refused(0, 1.0)
 
 
 async def test_concurrent_takes_admit_exactly_the_burst() -> None:
-    store = MemoryRateLimitStore()
+    store = Store()
     limits = [per_second("a", 10, 100), per_second("b", 3, 250)]
-    results = await asyncio.gather(*(store.take(limits, 0) for _ in range(1000)))
+    results = await asyncio.gather(*(store.store.take(limits) for _ in range(1000)))
     assert sum(r is None for r in results) == 100
 
 

@@ -1,0 +1,62 @@
+"""The live state a gateway shares between requests, built once at start-up from `[state]`.
+
+`open_stores` is the one place a store is made: `url = "memory"` keeps everything in this
+process (one gateway process; the default). A shared backend (`redis://...`, a later step)
+implements the same interfaces, each decision in one atomic command or script, and maps its
+client's errors to `proxy.errors.StoreUnavailable` at its edge.
+
+Not here yet: the MCP sessions and in-flight calls (`proxy.state.sessions`, `.inflight`) and
+the bridge's upstream sessions and era verdicts, which `create_app` and the gateway build.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from proxy.state.browser import BrowserSessions, MemoryBrowserSessions
+from proxy.state.codes import CodeStore, MemoryCodeStore
+from proxy.state.flows import FlowStore, MemoryFlowStore
+from proxy.state.lockouts import LockoutStore, MemoryLockoutStore
+from proxy.state.ratelimit import MemoryRateLimitStore, RateLimitStore
+from proxy.state.revocations import MemoryRevocationStore, RevocationStore
+
+if TYPE_CHECKING:
+    from proxy.config import Config
+
+SCHEMES = ("memory",)
+FLOW_TTL_S = 600.0  # a sign-in, connect or consent left half done is forgotten after this
+REVOCATION_MARGIN_S = 60.0  # clock skew a revoked token's entry outlives its lifetime by
+
+
+@dataclass(frozen=True)
+class Stores:
+    rate_limits: RateLimitStore
+    lockouts: LockoutStore
+    browser_sessions: BrowserSessions
+    codes: CodeStore
+    revocations: RevocationStore
+    signin_flows: FlowStore
+    connect_flows: FlowStore
+    consent_flows: FlowStore
+
+
+def open_stores(cfg: Config, clock: Callable[[], float] = time.monotonic) -> Stores:
+    """Every store for `cfg.state.url`; `clock` is for the memory stores (tests move it)."""
+    url = cfg.state.url
+    if url != "memory":  # the config refuses any other at load time
+        raise ValueError(f"state.url {url!r} is not one of {', '.join(SCHEMES)}")
+    oauth = cfg.oauth_server
+    return Stores(
+        rate_limits=MemoryRateLimitStore(max_keys=100_000, clock=clock),
+        lockouts=MemoryLockoutStore(cfg.auth.lockout, clock),
+        browser_sessions=MemoryBrowserSessions(oauth.browser_session_ttl_s, clock),
+        codes=MemoryCodeStore(oauth.code_ttl_s, clock=clock),
+        revocations=MemoryRevocationStore(oauth.access_token_ttl_s + REVOCATION_MARGIN_S,
+                                          clock=clock),
+        signin_flows=MemoryFlowStore(FLOW_TTL_S, 10_000, clock),
+        connect_flows=MemoryFlowStore(FLOW_TTL_S, 10_000, clock),
+        consent_flows=MemoryFlowStore(FLOW_TTL_S, 100_000, clock),
+    )
