@@ -57,11 +57,11 @@ class Metering:
             what = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
             if not self._fail_open:
                 self._deny_unavailable(call, what)
-            ctx.notes["metering"] = f"metering: authorize {what}; allowed by on_error"
-            ctx.notes["call_id"] = call_id
+            ctx.audit_note = f"metering: authorize {what}; allowed by on_error"
+            ctx.call_id = call_id
             return
         if allow:
-            ctx.notes["call_id"] = call_id
+            ctx.call_id = call_id
             return
         reason = decision.get("reason")
         reason = reason if isinstance(reason, str) and reason else "denied by the metering hook"

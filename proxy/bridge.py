@@ -22,7 +22,7 @@ from proxy.errors import GatewayError, UpstreamFailure, UpstreamProtocolError
 from proxy.jsonrpc import McpMessage
 from proxy.singleflight import SingleFlight
 from proxy.sse import EventSplitter, event_data
-from proxy.upstream import UpstreamClient, UpstreamRoute, map_errors
+from proxy.upstream import UpstreamClient, UpstreamRoute, read_body
 
 log = logging.getLogger("tollhouse.bridge")
 
@@ -168,8 +168,7 @@ class Bridge:
     async def _read(self, response: Any, request_id: str) -> dict[str, Any]:
         """The JSON-RPC response to `request_id` from a JSON or SSE answer."""
         try:
-            with map_errors():
-                data = await response.aread()
+            data = await read_body(response)
         finally:
             await response.aclose()
         if response.status_code >= 300:

@@ -19,8 +19,11 @@ from proxy.jsonrpc import McpMessage
 Rewrite = Callable[[dict[str, Any]], bool]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CallContext:
+    """What a policy may read about one call, and, below the line, what a policy tells the
+    steps after it (typed fields, each written by the one policy that owns it)."""
+
     principal: Principal
     endpoint: str
     upstream_url: str
@@ -29,9 +32,11 @@ class CallContext:
     arguments_size: int = 0
     api_key_id: str | None = None
     peer_ip: str | None = None
-    notes: dict[str, str] = field(default_factory=dict)  # what policies tell the audit step
     headers: tuple[tuple[str, str], ...] = ()
     clock: Callable[[], float] = field(default=time.monotonic)
+    # -- outputs ---------------------------------------------------------------------------
+    call_id: str | None = None  # metering: the usage event's idempotency key
+    audit_note: str | None = None  # metering: e.g. a hook that failed and on_error allowed
 
 
 class Policy(Protocol):

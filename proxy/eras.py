@@ -158,6 +158,19 @@ def client_name(msg: McpMessage) -> str | None:
     return name[:100] if isinstance(name, str) else None
 
 
+def envelope_of_initialize(msg: McpMessage) -> dict[str, Any]:
+    """A legacy client's initialize as the 2026-07-28 envelope its later requests will carry
+    on a bridge: its capabilities, and its clientInfo when well-formed."""
+    params = msg.params or {}
+    caps = params.get("capabilities")
+    info = params.get("clientInfo")
+    envelope: dict[str, Any] = {CLIENT_CAPS: caps if isinstance(caps, dict) else {}}
+    if isinstance(info, dict) and isinstance(info.get("name"), str) \
+            and isinstance(info.get("version"), str):
+        envelope[CLIENT_INFO] = {"name": info["name"], "version": info["version"]}
+    return envelope
+
+
 def discover_from_initialize(result: dict[str, Any], endpoint: str) -> dict[str, Any]:
     """A DiscoverResult for a legacy upstream, built from its initialize result."""
     caps = {k: v for k, v in (result.get("capabilities") or {}).items()

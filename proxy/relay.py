@@ -14,23 +14,22 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
-import httpx
 import orjson
 
-from proxy.audit import AuditRecord
+from proxy.audit import AuditRecord, AuditSink
 from proxy.errors import (
     Cancelled,
     GatewayError,
     UpstreamFailure,
     UpstreamProtocolError,
     UpstreamStreamCut,
-    jsonrpc_error_body,
+    render,
     sse_event,
 )
 from proxy.jsonrpc import response_outcome
 from proxy.sse import EventSplitter, event_data, with_data
-from proxy.state import CallHandle
-from proxy.upstream import map_errors
+from proxy.state import CallHandle, InFlightRegistry
+from proxy.state.inflight import EndReason
 
 log = logging.getLogger("tollhouse.relay")
 
@@ -42,7 +41,8 @@ class StreamRelay:
 
     def __init__(
         self,
-        response: httpx.Response,
+        chunks: AsyncIterator[bytes],
+        close: Callable[[], Awaitable[None]],
         *,
         request_id: Any = NO_REQUEST,
         handle: CallHandle | None = None,
@@ -53,7 +53,7 @@ class StreamRelay:
         rewrite: Callable[[dict[str, Any]], bool] | None = None,
         refuse_requests: bool = False,
     ) -> None:
-        self.response = response
+        self._close = close
         self.request_id = request_id
         self.handle = handle
         self.record = record
@@ -65,7 +65,7 @@ class StreamRelay:
         self._rewrite = rewrite
         self._refuse_requests = refuse_requests
         self.refused: str | None = None  # why the gateway ended the call itself
-        self._chunks: AsyncIterator[bytes] = response.aiter_bytes()
+        self._chunks = chunks  # errors already mapped at the upstream boundary
         self._splitter = EventSplitter()
         self._finished = False
         self._closed = False
@@ -83,11 +83,10 @@ class StreamRelay:
             raise StopAsyncIteration
         try:
             while True:
-                with map_errors():
-                    try:
-                        chunk = await self._chunks.__anext__()
-                    except StopAsyncIteration:
-                        return self._end_of_stream()
+                try:
+                    chunk = await self._chunks.__anext__()
+                except StopAsyncIteration:
+                    return self._end_of_stream()
                 events = self._splitter.feed(chunk)
                 if events:
                     return self._inspect(events)
@@ -148,14 +147,10 @@ class StreamRelay:
         if self.handle is not None:
             self.handle.close()
         if self.record is not None:
-            self.record.status = exc.audit_status
-            if exc.audit_status == "denied":
-                self.record.denied_reason = exc.audit_reason
-            else:
-                self.record.error_message = exc.audit_reason
+            self.record.fail(exc)
         if self.request_id is NO_REQUEST:
             return b""
-        out = sse_event(jsonrpc_error_body(exc.code, exc.wire_message, self.request_id, exc.data))
+        out = sse_event(render(exc, self.request_id)[2])
         if self.record is not None:
             self.record.bytes_out += len(out)
         return out
@@ -167,7 +162,7 @@ class StreamRelay:
         if self.handle is not None and self.handle.task is not None:
             self.handle.task.remove_done_callback(self._task_done)
         try:
-            await self.response.aclose()
+            await self._close()
         except Exception:  # a broken connection is closed either way
             log.debug("closing the upstream stream failed", exc_info=True)
         finally:
@@ -180,3 +175,37 @@ class StreamRelay:
         if not self._closed and self._spawn is not None:
             self.disconnected = not self._finished
             self._spawn(self.aclose())
+
+
+class StreamEnd:
+    """What happens when a streamed call's relay ends, however it ends: the call leaves the
+    in-flight registry, the upstream is told of a call that did not finish (`notify`, a no-op
+    for an upstream that learns it from the closed request), and the call's one audit record
+    is written."""
+
+    __slots__ = ("_audit", "_bridged", "_inflight", "_key", "_notify")
+
+    def __init__(self, inflight: InFlightRegistry, audit: AuditSink, key: str,
+                 notify: Callable[[str], None], bridged: bool) -> None:
+        self._inflight = inflight
+        self._audit = audit
+        self._key = key
+        self._notify = notify
+        self._bridged = bridged  # a client's own cancel never reaches a bridged upstream
+
+    async def __call__(self, relay: StreamRelay) -> None:
+        handle = relay.handle
+        if handle is not None:
+            handle.close()
+            self._inflight.discard(self._key, handle)
+            if handle.reason is not None and (handle.reason is not EndReason.CANCELLED
+                                              or self._bridged):
+                self._notify(handle.reason)
+        if relay.refused is not None:
+            self._notify(relay.refused)
+        record = relay.record
+        if relay.disconnected and record is not None:
+            record.status, record.error_message = "cancelled", EndReason.DISCONNECTED.value
+            self._notify(EndReason.DISCONNECTED)
+        if record is not None:
+            self._audit.emit(record)

@@ -2,7 +2,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from proxy.errors import GatewayError
 
 Status = Literal["ok", "denied", "error", "cancelled"]
 
@@ -29,6 +32,17 @@ class AuditRecord:
     note: str | None = None  # e.g. a metering hook that failed and on_error allowed the call
     egress: dict[str, Any] | None = None  # an egress denial's audit object (seed 000)
     ts: float = field(default_factory=time.time)
+
+    def fail(self, exc: GatewayError) -> None:
+        """Record how the request failed or was refused: the one place a failure becomes audit
+        fields, for the JSON answer and the last event of a stream alike."""
+        self.status = exc.audit_status
+        if exc.data and isinstance(exc.data.get("audit"), dict):  # an egress denial's object
+            self.egress = exc.data["audit"]
+        if exc.audit_status == "denied":
+            self.denied_reason = exc.audit_reason
+        else:
+            self.error_message = exc.audit_reason
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

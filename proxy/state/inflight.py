@@ -1,33 +1,71 @@
+"""The calls in flight, so that one can be ended from elsewhere: a client's
+notifications/cancelled, the total-timeout ceiling.
+
+A call is registered under a string key (`call_key`: endpoint, caller, session and request id,
+so `1` and `"1"` differ), and `cancel(key, reason)` needs no answer about where the call runs:
+in memory it ends the local handles; a shared store (Redis) publishes the cancel, and each
+replica ends the calls it holds under that key. The handle itself (the call's task) is always
+local to the process that runs the call.
+"""
+
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
-from typing import Protocol
+import enum
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import orjson
+
+
+class EndReason(enum.StrEnum):
+    """Why a call ended before its answer; the value is the wire and audit text."""
+
+    CANCELLED = "cancelled by the client"  # a notifications/cancelled naming it
+    TIMEOUT = "total timeout reached"
+    DISCONNECTED = "client disconnected"
+
+
+class Timer(Protocol):
+    def cancel(self) -> object: ...
+
+
+# how a deadline is set: the running loop's call_later, or a test's hand-driven clock
+Later = Callable[[float, Callable[[], object]], Timer]
+
+
+def call_key(endpoint: str, principal_key: str, session_id: str, request_id: Any) -> str:
+    """The key a call is registered and cancelled under. Unambiguous for any principal key or
+    session id, and typed: request id 1 and "1" are two calls."""
+    return orjson.dumps((endpoint, principal_key, session_id, request_id)).decode()
 
 
 class CallHandle:
-    """One in-flight call, cancellable from elsewhere: a client's notifications/cancelled,
-    the total-timeout ceiling. The call's own task is cancelled and `reason` tells the call,
-    when it catches the CancelledError, that this was a deliberate cancellation to answer
+    """One in-flight call. `cancel` cancels the call's own task and sets `reason`, which tells
+    the call, when it catches the CancelledError, that this was a deliberate end to answer
     with -32800 rather than a client disconnect to clean up after."""
 
     __slots__ = ("_timer", "reason", "task")
 
     def __init__(self, task: asyncio.Task[object] | None = None) -> None:
         self.task = task or asyncio.current_task()
-        self.reason: str | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self.reason: EndReason | None = None
+        self._timer: Timer | None = None
 
-    def cancel(self, reason: str) -> bool:
+    def cancel(self, reason: EndReason) -> bool:
         if self.reason is not None or self.task is None or self.task.done():
             return False
         self.reason = reason
         self.task.cancel()
         return True
 
-    def deadline(self, seconds: float) -> None:
-        self._timer = asyncio.get_running_loop().call_later(
-            seconds, self.cancel, "total timeout reached")
+    def deadline(self, seconds: float, later: Later | None = None) -> None:
+        """End the call after `seconds` (on the running loop's clock unless `later` is given)."""
+        schedule = later or asyncio.get_running_loop().call_later
+        self._timer = schedule(seconds, self._expire)
+
+    def _expire(self) -> None:
+        self.cancel(EndReason.TIMEOUT)
 
     def absorb(self) -> bool:
         """In the call's except-CancelledError: True if the cancellation was ours (the task
@@ -43,16 +81,18 @@ class CallHandle:
 
 
 class InFlightRegistry(Protocol):
-    """Every call in flight under its key (endpoint, principal, session id or "", request id).
-    Several calls may share one key: a principal's sessionless (2026-07-28) clients, or
-    clients sharing an API key, all number their requests from 1. Each stays registered
-    until it is discarded, and a cancel reaches every call under the key."""
+    """Every call in flight under its `call_key`. Several calls may share one key: a
+    principal's sessionless (2026-07-28) clients, or clients sharing an API key, all number
+    their requests from 1. Each stays registered until it is discarded, and a cancel reaches
+    every call under the key, wherever it runs."""
 
-    def add(self, key: Hashable, handle: CallHandle) -> None: ...
+    def add(self, key: str, handle: CallHandle) -> None: ...
 
-    def discard(self, key: Hashable, handle: CallHandle) -> None: ...
+    def discard(self, key: str, handle: CallHandle) -> None: ...
 
-    async def cancel(self, key: Hashable, reason: str) -> bool: ...
+    async def cancel(self, key: str, reason: EndReason) -> None: ...
+
+    def __len__(self) -> int: ...
 
 
 class MemoryInFlight:
@@ -60,10 +100,10 @@ class MemoryInFlight:
     hot path allocates nothing beyond the dict entry."""
 
     def __init__(self) -> None:
-        self._calls: dict[Hashable, CallHandle | list[CallHandle]] = {}
+        self._calls: dict[str, CallHandle | list[CallHandle]] = {}
         self._count = 0
 
-    def add(self, key: Hashable, handle: CallHandle) -> None:
+    def add(self, key: str, handle: CallHandle) -> None:
         held = self._calls.get(key)
         if held is None:
             self._calls[key] = handle
@@ -73,7 +113,7 @@ class MemoryInFlight:
             self._calls[key] = [held, handle]
         self._count += 1
 
-    def discard(self, key: Hashable, handle: CallHandle) -> None:
+    def discard(self, key: str, handle: CallHandle) -> None:
         held = self._calls.get(key)
         if held is handle:
             del self._calls[key]
@@ -85,17 +125,16 @@ class MemoryInFlight:
             return
         self._count -= 1
 
-    async def cancel(self, key: Hashable, reason: str) -> bool:
-        """Cancel every call under `key`; True if any was cancelled."""
+    async def cancel(self, key: str, reason: EndReason) -> None:
+        """End every call under `key`; a key with none is no error (it may have just ended)."""
         held = self._calls.get(key)
         if held is None:
-            return False
+            return
         if not isinstance(held, list):
-            return held.cancel(reason)
-        cancelled = False
+            held.cancel(reason)
+            return
         for handle in tuple(held):
-            cancelled = handle.cancel(reason) or cancelled
-        return cancelled
+            handle.cancel(reason)
 
     def __len__(self) -> int:
         return self._count

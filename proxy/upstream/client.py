@@ -77,6 +77,29 @@ def map_errors() -> Iterator[None]:
         raise UpstreamFailure() from None
 
 
+async def read_body(response: httpx.Response) -> bytes:
+    """The whole body of an upstream answer; a broken read is the UpstreamFailure naming it."""
+    with map_errors():
+        return await response.aread()
+
+
+class BodyChunks:
+    """An upstream answer's body as it arrives, chunk by chunk, with every httpx failure
+    mapped here: what a stream relay reads, so no httpx exception reaches it."""
+
+    __slots__ = ("_chunks",)
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._chunks = response.aiter_bytes()
+
+    def __aiter__(self) -> BodyChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        with map_errors():
+            return await self._chunks.__anext__()
+
+
 # An upstream error body is read whole only up to this size: past it, it is not relayed.
 ERROR_BODY_CAP = 64 * 1024
 _RETRY_AFTER = re.compile(r"[0-9]{1,10}|[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} "

@@ -50,7 +50,7 @@ async def test_allowed_call_gets_a_call_id_and_the_hook_sees_the_call() -> None:
     backend, c = Backend(), ctx()
     await policy(backend).check(CALL, c)
     (request,) = backend.requests
-    assert request["call_id"] == c.notes["call_id"] and len(request["call_id"]) == 24
+    assert request["call_id"] == c.call_id and len(request["call_id"]) == 24
     assert (request["principal"], request["endpoint"], request["tool"],
             request["arguments_bytes"]) == ("alice", "e", "t", 42)
 
@@ -92,5 +92,5 @@ async def test_a_hook_that_cannot_answer_fails_closed(backend: Backend) -> None:
 async def test_on_error_allow_lets_it_through_and_says_so() -> None:
     c = ctx()
     await policy(Backend(hang=True), on_error="allow").check(CALL, c)
-    assert c.notes["metering"] == "metering: authorize timed out; allowed by on_error"
-    assert c.notes["call_id"]
+    assert c.audit_note == "metering: authorize timed out; allowed by on_error"
+    assert c.call_id

@@ -1,0 +1,384 @@
+"""Step 4 of the path: forwarding to the upstream.
+
+A `Forwarder` chooses the leg each call takes (the headers, the upstream session, a person's own
+upstream token, a bridge between the eras), sends it, makes the retries a call may need, and
+hands back the upstream's answer with its status checked: a 2xx still open for the spine to
+relay, or the GatewayError it amounts to. The three retries:
+- a 2026-07-28 caller bridged onto a legacy upstream whose session the upstream forgot (404):
+  the session is reopened and the call sent again;
+- a `per_user` upstream that refused the person's token (401): refreshed once, sent again;
+- a legacy `initialize` that a 2026-07-28-only upstream refused: answered by the gateway from
+  the upstream's `server/discover`.
+It also carries what has no call to answer (a notification, a client's response, the GET stream,
+DELETE) and the cancel notices a legacy upstream needs. The spine (`gateway.py`) holds one.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from proxy import bridge, eras
+from proxy.bridge import Bridge
+from proxy.chain import CallContext, Rewrite
+from proxy.connect.manager import Connections, UpstreamNotConnected
+from proxy.errors import (
+    GatewayError,
+    MethodNotFound,
+    SessionNotFound,
+    UpstreamBadGateway,
+    UpstreamFailure,
+    UpstreamHTTPError,
+    UpstreamProtocolError,
+)
+from proxy.exchange import EdgeRequest
+from proxy.jsonrpc import McpMessage, response_outcome
+from proxy.state import Session, SessionStore
+from proxy.upstream import NO_CALL, UpstreamClient, UpstreamRoute, read_body, rejection
+from proxy.upstream.identity import IdentityForwarder
+
+log = logging.getLogger("tollhouse.forward")
+
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+
+
+@dataclass(slots=True)
+class Leg:
+    """How one call reaches its upstream: the headers, the upstream session (if any), and
+    whether the gateway bridges the eras on the way."""
+
+    headers: list[tuple[str, str]]
+    upstream_session_id: str | None = None
+    protocol_version: str | None = None
+    bridged: bool = False  # a 2026-07-28 caller on a legacy upstream
+    notify: bool = True  # a legacy upstream learns of a cancellation by notification
+    local: dict[str, Any] | None = None  # a result the gateway answers itself
+    body: bytes | None = None  # the request as the upstream needs it, when not as sent
+    to_legacy_client: bool = False  # a legacy client bridged onto a 2026-07-28-only upstream
+    bearer: str | None = None  # this person's own upstream token (per_user upstreams)
+
+    def rewrite(self, rewrite: Rewrite | None, method: str | None) -> Rewrite | None:
+        """The policies' result rewrite, plus what this leg's bridge does to a result."""
+        if self.bridged:
+            return _with_completion(rewrite, method)
+        if self.to_legacy_client:
+            return _refusing_input(rewrite)
+        return rewrite
+
+
+@dataclass(slots=True)
+class Forwarded:
+    """A call as the upstream answered it: a 2xx `response` still open (the caller reads and
+    closes it), or a `leg.local` result the gateway gives itself."""
+
+    leg: Leg
+    response: httpx.Response | None = None
+
+
+class Forwarder:
+    def __init__(self, upstream: UpstreamClient, sessions: SessionStore, *,
+                 identity: IdentityForwarder, connections: Connections | None,
+                 spawn: Spawn) -> None:
+        self.upstream = upstream
+        self.bridge = Bridge(upstream)
+        self.sessions = sessions
+        self.identity = identity
+        self.connections = connections
+        self._spawn = spawn
+
+    # -- a call --------------------------------------------------------------------------
+
+    async def call(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+                   session: Session | None, ctx: CallContext) -> Forwarded:
+        leg = await self._leg(route, req, msg, session, ctx)
+        if leg.local is not None:
+            return Forwarded(leg)
+        response = await self._send(route, leg, msg)
+        try:
+            retried = await self._retry(route, req, msg, session, ctx, leg, response)
+        except BaseException:
+            await response.aclose()
+            raise
+        if retried is not None:
+            leg, answer = retried
+            if answer is None:
+                return Forwarded(leg)
+            response = answer
+        await self._check_status(response, session, call_id=msg.id,
+                                 modern=ctx.era == "modern")
+        return Forwarded(leg, response)
+
+    async def _send(self, route: UpstreamRoute, leg: Leg, msg: McpMessage) -> httpx.Response:
+        return await self.upstream.open(route, "POST", leg.headers, leg.body or msg.body)
+
+    async def _retry(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+                     session: Session | None, ctx: CallContext, leg: Leg,
+                     response: httpx.Response) -> tuple[Leg, httpx.Response | None] | None:
+        """The call again when its first answer calls for it (see the module docstring);
+        None when the first answer stands. The first answer is closed before a retry."""
+        status = response.status_code
+        fresh = None
+        if leg.bridged and status == 404:  # the upstream forgot the session held for the caller
+            await response.aclose()
+            self.bridge.forget(route, ctx.principal.key)
+        elif status == 401 and leg.bearer is not None and self.connections is not None:
+            await response.aclose()  # this person's upstream token was refused: refresh once
+            fresh = await self.connections.refresh(route.name, ctx.principal.key, leg.bearer)
+        elif msg.method == "initialize" and status >= 400 and await self._modern_only(route):
+            await response.aclose()  # a 2026-07-28-only upstream refused a legacy opening
+            return await self._leg(route, req, msg, session, ctx), None
+        else:
+            return None
+        leg = await self._leg(route, req, msg, session, ctx, fresh)
+        return leg, await self._send(route, leg, msg)
+
+    async def _check_status(self, response: httpx.Response, session: Session | None, *,
+                            call_id: Any = NO_CALL, modern: bool = False) -> None:
+        """Return for a 2xx. An upstream's own JSON-RPC error is relayed (for a call: only
+        one for this call's id, which the upstream's 'session not found' never is); a 404 on
+        the upstream session ends the gateway's session; anything else is an upstream failure.
+        The response is closed unless it is a 2xx."""
+        status = response.status_code
+        if status < 300:
+            return
+        gone = status == 404 and session is not None and session.upstream_session_id is not None
+        try:
+            relayed = None if call_id is NO_CALL and gone \
+                else await rejection(response, call_id=call_id, modern=modern)
+        finally:
+            await response.aclose()
+        if relayed is not None:
+            raise relayed
+        if gone:
+            assert session is not None
+            await self.sessions.delete(session.id)
+            raise SessionNotFound()
+        raise UpstreamHTTPError(status)
+
+    async def json_answer(self, route: UpstreamRoute, msg: McpMessage, forwarded: Forwarded,
+                          rewrite: Rewrite | None) -> tuple[bytes, str | None]:
+        """The upstream's JSON answer to this call, rewritten when a policy or the bridge has
+        something to change in it, and its error for the audit log (None when a result)."""
+        response = forwarded.response
+        assert response is not None
+        if not response.headers.get("content-type", "").startswith("application/json"):
+            raise UpstreamProtocolError("upstream sent an unexpected content type")
+        data = await read_body(response)
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise UpstreamProtocolError() from None
+        outcome = response_outcome(obj, msg.id)
+        if outcome is None:
+            raise UpstreamProtocolError()
+        ok, error = outcome
+        if not ok:
+            return data, error
+        self._remember(route, forwarded.leg, msg, obj)
+        if rewrite is not None and isinstance(obj.get("result"), dict) and rewrite(obj["result"]):
+            data = orjson.dumps(obj)
+        return data, None
+
+    def _remember(self, route: UpstreamRoute, leg: Leg, msg: McpMessage,
+                  obj: dict[str, Any]) -> None:
+        """The last tools/list this upstream gave a connected person, before any per-caller
+        filtering: what a person not yet connected is shown (filtered for them)."""
+        if leg.bearer is not None and msg.method == "tools/list" and \
+                self.connections is not None and isinstance(obj.get("result"), dict):
+            self.connections.last_lists[(route.name, "tools/list")] = copy.deepcopy(
+                obj["result"])
+
+    # -- no call to answer -----------------------------------------------------------------
+
+    async def one_way(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+                      session: Session | None) -> None:
+        """A notification or a client's response, sent on. An upstream failure is 502 with
+        no id (the 2025-11-25 transport); the upstream's own 4xx error is relayed."""
+        headers = self.upstream.headers(
+            route, req.headers, session.upstream_session_id if session else None)
+        try:
+            response = await self.upstream.open(route, "POST", headers, msg.body)
+            await self._check_status(response, session)
+            await response.aclose()
+        except UpstreamFailure as exc:
+            raise UpstreamBadGateway(exc.wire_message) from None
+
+    async def listen(self, route: UpstreamRoute, req: EdgeRequest, session: Session | None
+                     ) -> httpx.Response | dict[str, str]:
+        """The upstream's GET stream, open; or, when it offers none (405), the Allow header
+        to answer with. An upstream failure is 502, its own 4xx error relayed."""
+        headers = self.upstream.headers(
+            route, req.headers, session.upstream_session_id if session else None, get=True)
+        try:
+            response = await self.upstream.open(route, "GET", headers, stream_timeout=True)
+        except UpstreamFailure as exc:
+            raise UpstreamBadGateway(exc.wire_message) from None
+        status = response.status_code
+        if status == 405:
+            await response.aclose()
+            return _allow(response)
+        if status >= 300:
+            try:
+                await self._check_status(response, session)
+            except UpstreamFailure:
+                raise UpstreamBadGateway(f"upstream answered HTTP {status}") from None
+        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+            await response.aclose()
+            raise UpstreamBadGateway("upstream GET stream is not text/event-stream")
+        return response
+
+    async def end(self, route: UpstreamRoute, req: EdgeRequest, session: Session
+                  ) -> dict[str, str] | None:
+        """DELETE the upstream session, if there is one; None once it is gone (a 404 too),
+        or, when the upstream lets no client end a session (405), the Allow header."""
+        if session.upstream_session_id is None:
+            return None
+        headers = self.upstream.headers(route, req.headers, session.upstream_session_id)
+        try:
+            response = await self.upstream.open(route, "DELETE", headers)
+            status = response.status_code
+            try:
+                relayed = None if status in (404, 405) else await rejection(response)
+            finally:
+                await response.aclose()
+        except UpstreamFailure as exc:
+            raise UpstreamBadGateway(exc.wire_message) from None
+        if relayed is not None:
+            raise relayed
+        if status == 405:
+            return _allow(response)
+        if status >= 300 and status != 404:
+            raise UpstreamBadGateway(f"upstream answered HTTP {status}")
+        return None
+
+    def notify_cancelled(self, route: UpstreamRoute, leg: Leg, request_id: Any,
+                         reason: str) -> None:
+        """Tell a legacy upstream a call is over (seed 004: a disconnect is a cancellation).
+        A 2026-07-28 upstream learns it from the closed request alone."""
+        if not leg.notify:
+            return
+        body = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                             "params": {"requestId": request_id, "reason": reason}})
+        headers = self.upstream.headers(route, {"content-type": "application/json"},
+                                        leg.upstream_session_id)
+        if leg.protocol_version:
+            headers.append(("mcp-protocol-version", leg.protocol_version))
+
+        async def send() -> None:
+            try:
+                response = await self.upstream.open(route, "POST", headers, body)
+                await response.aclose()
+            except GatewayError as exc:
+                log.info("could not tell %s about a cancelled call: %s", route.name, exc)
+
+        self._spawn(send())
+
+    # -- choosing the leg --------------------------------------------------------------------
+
+    async def _leg(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+                   session: Session | None, ctx: CallContext, bearer: str | None = None
+                   ) -> Leg:
+        identity = self.identity.headers(route, ctx.principal)
+        if self.connections is None or route.name not in self.connections.upstreams:
+            return await self._route_leg(route, req, msg, session, ctx, identity)
+        try:
+            bearer = bearer or await self.connections.access_token(route.name,
+                                                                   ctx.principal.key)
+        except UpstreamNotConnected:
+            last = self.connections.last_lists.get((route.name, msg.method or ""))
+            if last is not None:  # clients can still discover the tools
+                return Leg([], local=copy.deepcopy(last))
+            raise
+        identity = [*(identity or []), ("authorization", f"Bearer {bearer}")]
+        leg = await self._route_leg(route, req, msg, session, ctx, identity)
+        leg.bearer = bearer
+        return leg
+
+    async def _route_leg(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+                         session: Session | None, ctx: CallContext,
+                         identity: list[tuple[str, str]] | None) -> Leg:
+        if ctx.era == "legacy":
+            if msg.method == "initialize" and self.bridge.modern_only(route):
+                discover = await self.bridge.discover(route)
+                return Leg([], local=bridge.initialize_from_discover(
+                    discover, (msg.params or {}).get("protocolVersion"), route.name))
+            if session is not None and session.bridged_envelope is not None:
+                return self._to_modern(route, msg, session, identity)
+            usid = session.upstream_session_id if session else None
+            return Leg(self.upstream.headers(route, req.headers, usid, extra=identity), usid,
+                       session.protocol_version if session else None)
+        if await self.bridge.era(route) == "modern":
+            return Leg(self.upstream.headers(route, req.headers, None, extra=identity,
+                                             modern=True), notify=False)
+        return await self._to_legacy(route, msg, ctx, identity)
+
+    async def _to_legacy(self, route: UpstreamRoute, msg: McpMessage, ctx: CallContext,
+                         identity: list[tuple[str, str]] | None) -> Leg:
+        """A 2026-07-28 caller on a legacy upstream, on the session the gateway holds for this
+        caller. Only the legacy era goes on: no 2026-only header, no envelope (a legacy-only
+        server may refuse any request that claims a later revision)."""
+        if msg.method == "subscriptions/listen":
+            raise MethodNotFound(data={"method": msg.method})
+        usid = await self.bridge.session(route, ctx.principal.key, identity)
+        if msg.method == "server/discover":
+            init = self.bridge.initialize_result(route) or {}
+            return Leg([], local=eras.discover_from_initialize(init, route.name))
+        headers = self.upstream.headers(route, {"content-type": "application/json"}, usid,
+                                        extra=identity)
+        headers.append(("mcp-protocol-version", bridge.LEGACY_VERSION))
+        return Leg(headers, usid, bridge.LEGACY_VERSION, bridged=True,
+                   body=bridge.without_envelope(msg))
+
+    def _to_modern(self, route: UpstreamRoute, msg: McpMessage, session: Session,
+                   identity: list[tuple[str, str]] | None) -> Leg:
+        """A legacy client's request, sent on as a 2026-07-28 request: envelope and headers."""
+        if msg.method == "ping":
+            return Leg([], local={})
+        assert session.bridged_envelope is not None
+        extra = [("mcp-protocol-version", eras.MODERN_VERSIONS[0]),
+                 ("mcp-method", msg.method or "")]
+        named = eras.NAMED.get(msg.method or "")
+        target = (msg.params or {}).get(named) if named else None
+        if isinstance(target, str):
+            extra.append(("mcp-name", bridge.encode_header(target)))
+        headers = self.upstream.headers(route, {"content-type": "application/json"}, None,
+                                        extra=[*extra, *(identity or [])])
+        body = bridge.with_envelope(msg.body, bridge.envelope_for(session.bridged_envelope))
+        return Leg(headers, notify=False, body=body, to_legacy_client=True)
+
+    async def _modern_only(self, route: UpstreamRoute) -> bool:
+        try:
+            if await self.bridge.era(route) != "modern":
+                return False
+        except GatewayError:
+            return False
+        self.bridge.mark_modern_only(route)
+        return True
+
+
+def _refusing_input(rewrite: Rewrite | None) -> Rewrite:
+    def refuse(result: dict[str, Any]) -> bool:
+        bridge.refuse_input_required(result)
+        return rewrite(result) if rewrite is not None else False
+
+    return refuse
+
+
+def _with_completion(rewrite: Rewrite | None, method: str | None) -> Rewrite:
+    def complete(result: dict[str, Any]) -> bool:
+        if rewrite is not None:
+            rewrite(result)
+        return bridge.complete(result, method)
+
+    return complete
+
+
+def _allow(response: httpx.Response) -> dict[str, str]:
+    allow = response.headers.get("allow")
+    return {"Allow": allow} if allow else {}
