@@ -35,7 +35,8 @@ from proxy.connect.manager import Connections
 from proxy.connect.vault import Vault, keys_from_env
 from proxy.db import Database
 from proxy.egress import Resolver
-from proxy.gateway import Gateway
+from proxy.mcp.asgi import McpEdge
+from proxy.mcp.gateway import Gateway
 from proxy.metering import OutboxWorker, build_backend
 from proxy.oauth import keys as oauth_keys
 from proxy.oauth import routes as oauth_routes
@@ -193,7 +194,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
 
         oidc.register(app, lambda: people_web, cfg.auth.oidc,
                       lambda: gateway().upstream.http, cfg.server.public_url.rstrip("/"))
-    app.asgi_app = edge.McpEdge(app.asgi_app, gateway,  # type: ignore[method-assign,assignment,arg-type]
+    app.asgi_app = McpEdge(app.asgi_app, gateway,  # type: ignore[method-assign,assignment,arg-type]
                                 max_body=cfg.server.max_request_bytes,
                                 body_timeout_s=BODY_TIMEOUT_S)
     def api_scopes(name: str) -> list[str] | None:

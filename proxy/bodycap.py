@@ -3,7 +3,7 @@
 `BodyCap` caps a path prefix, declared or streamed, answered before any route reads the body:
 64 KiB in the OAuth shape on /oauth/ (seed 004, whatever max_request_bytes says), and
 max_request_bytes in the {"detail": ...} shape on /api/v1. The MCP edge has its own cap
-(proxy/edge/asgi.py) and refuses through the same `refuse`.
+(proxy/mcp/asgi.py) and refuses through the same `refuse`.
 
 A body refused before its end must not be left unread in the socket: Hypercorn closes an HTTP/1
 connection as soon as the answer ends while the request is not done, and a close with unread

@@ -13,7 +13,7 @@ import pytest
 from proxy.app import State, create_app
 from proxy.audit import MemoryAuditSink
 from proxy.config import Config, from_dict
-from proxy.gateway import Gateway
+from proxy.mcp.gateway import Gateway
 from tests import db_backends
 from tests.db_backends import _per_test_databases, database, database_url  # noqa: F401 (fixtures)
 from tests.servers import serve

@@ -1,8 +1,6 @@
-"""Step 1 of the path. `McpEdge` serves /mcp/<endpoint> as plain ASGI in front of the Quart
-app and turns each call into the gateway's `EdgeRequest` and back; `routes` holds the few plain
-routes that stay on Quart (with `proxy.app`, the only Quart importers)."""
+"""The few plain Quart routes beside the MCP edge (health, the NUL guard, the error handlers).
+The MCP edge itself is `proxy.mcp.asgi.McpEdge`."""
 
-from proxy.edge.asgi import McpEdge
 from proxy.edge.routes import register
 
-__all__ = ["McpEdge", "register"]
+__all__ = ["register"]

@@ -14,7 +14,7 @@ import pytest
 from proxy.app import State, create_app
 from proxy.audit import AuditSink, SqliteAuditSink
 from proxy.config import Config, from_dict
-from proxy.gateway import Gateway
+from proxy.mcp.gateway import Gateway
 from tests import db_backends
 from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app, stateless_json_app
 from tests.servers import serve

@@ -1,6 +1,6 @@
 import pytest
 
-from proxy.sse import EventSplitter, event_data
+from proxy.mcp.sse import EventSplitter, event_data
 
 
 def test_whole_events_across_chunk_boundaries() -> None:

@@ -4,7 +4,7 @@ Every proxied call crosses this code, so it talks ASGI directly: no framework re
 response objects, no routing table, no request context, one task per call (to notice a client
 that goes away) instead of the framework's two. Measured against the same edge written as a
 Quart route, it takes about a fifth off the gateway's added latency (bench/README.md). Every
-other path (metadata, health, the later management API) goes to Quart unchanged.
+other path (metadata, health, the management API, sign-in, OAuth) goes to Quart unchanged.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 from proxy import bodycap
 from proxy.errors import BodyTimeout, BodyTooLarge, GatewayError, MethodNotAllowed, render
-from proxy.exchange import EdgeRequest, EdgeResponse
-from proxy.gateway import Gateway
+from proxy.mcp.exchange import EdgeRequest, EdgeResponse
+from proxy.mcp.gateway import Gateway
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -27,7 +27,7 @@ from proxy.errors import (
     sse_event,
 )
 from proxy.jsonrpc import response_outcome
-from proxy.sse import EventSplitter, event_data, with_data
+from proxy.mcp.sse import EventSplitter, event_data, with_data
 from proxy.state import CallHandle, InFlightRegistry
 from proxy.state.inflight import EndReason
 

@@ -13,7 +13,8 @@ from typing import Any
 import orjson
 
 from policies.egress import caller_address
-from proxy import eras, jsonrpc
+from proxy import jsonrpc
+from proxy.mcp import eras
 from proxy.egress import IPNetwork
 from proxy.errors import (
     GatewayError,
@@ -23,7 +24,7 @@ from proxy.errors import (
     UnsupportedMediaType,
     UnsupportedVersion,
 )
-from proxy.exchange import EdgeRequest
+from proxy.mcp.exchange import EdgeRequest
 from proxy.jsonrpc import McpMessage
 
 

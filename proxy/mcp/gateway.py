@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from proxy import eras, guards
+from proxy.mcp import eras, guards
 from proxy.audit import AuditRecord, AuditSink
 from proxy.auth import Authenticator, Principal
 from proxy.chain import CallContext, Chain, Rewrite
@@ -34,10 +34,10 @@ from proxy.errors import (
     SessionNotFound,
     render,
 )
-from proxy.exchange import EdgeRequest, EdgeResponse
-from proxy.forward import Forwarder, Leg
+from proxy.mcp.exchange import EdgeRequest, EdgeResponse
+from proxy.mcp.forward import Forwarder, Leg
 from proxy.jsonrpc import McpMessage
-from proxy.relay import StreamEnd, StreamRelay
+from proxy.mcp.relay import StreamEnd, StreamRelay
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
 from proxy.state.inflight import EndReason, Later, call_key
 from proxy.upstream import BodyChunks, UpstreamClient, UpstreamRoute

@@ -17,11 +17,12 @@ from typing import Any
 import orjson
 from cachetools import TTLCache
 
-from proxy import __version__, eras
+from proxy import __version__
+from proxy.mcp import eras
 from proxy.errors import GatewayError, UpstreamFailure, UpstreamProtocolError
 from proxy.jsonrpc import McpMessage
 from proxy.singleflight import SingleFlight
-from proxy.sse import EventSplitter, event_data
+from proxy.mcp.sse import EventSplitter, event_data
 from proxy.upstream import UpstreamClient, UpstreamRoute, read_body
 
 log = logging.getLogger("tollhouse.bridge")

@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy import bridge, eras
-from proxy.bridge import Bridge
+from proxy.mcp import bridge, eras
+from proxy.mcp.bridge import Bridge
 from proxy.chain import CallContext, Rewrite
 from proxy.connect.manager import Connections, UpstreamNotConnected
 from proxy.errors import (
@@ -37,7 +37,7 @@ from proxy.errors import (
     UpstreamHTTPError,
     UpstreamProtocolError,
 )
-from proxy.exchange import EdgeRequest
+from proxy.mcp.exchange import EdgeRequest
 from proxy.jsonrpc import McpMessage, response_outcome
 from proxy.state import Session, SessionStore
 from proxy.upstream import NO_CALL, UpstreamClient, UpstreamRoute, read_body, rejection

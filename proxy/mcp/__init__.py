@@ -1,0 +1,15 @@
+"""The MCP request path, one module per step, in reading order:
+
+    asgi      /mcp/<endpoint> as plain ASGI in front of Quart: route, body cap, EdgeRequest
+    exchange  the edge's plain view of one exchange (EdgeRequest, EdgeResponse)
+    guards    Origin, media types, the caller's address, the parse
+    eras      which era a message belongs to; the 2026-07-28 checks (seed 003's table)
+    gateway   the spine: POST, GET, DELETE, top to bottom, one audit record each
+    forward   the leg a call takes to its upstream, the retries, one-way sends
+    bridge    each upstream's era, and the legacy sessions held for sessionless callers
+    relay     an upstream SSE stream relayed event by event; how a streamed call ends
+    sse       SSE framing
+
+Identity (proxy/auth), the policies (policies/ through proxy/chain.py) and the upstream
+boundary (proxy/upstream) are the steps this package calls; nothing here imports Quart.
+"""
