@@ -288,6 +288,8 @@ class OidcSignIn:
         return id_token
 
     def _key_set(self, discovery: Discovery) -> JwksCache:
+        """The provider's keys, a per-process cache: a withdrawn key is still trusted here for
+        at most JWKS_REFRESH_S; the discovery document itself at most DISCOVERY_TTL_S."""
         http = self._http()
         if (self._jwks is None or self._jwks.url != discovery.jwks_uri
                 or self._jwks_http is not http):

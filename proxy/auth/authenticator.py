@@ -71,6 +71,9 @@ class BearerAuth:
         self._people = people  # who the subject of a token this gateway issued is now
         self._store_down_logged = 0.0
         self._issuers: dict[str, _Issuer] = {}
+        # each issuer's keys, a per-process cache: a key the issuer withdraws is still
+        # trusted here for at most jwks_refresh_s (while the JWKS URL answers); a new kid is
+        # fetched at once, at most every jwks_min_refetch_s
         for iss in cfg.auth.issuers:
             self._issuers[iss.issuer] = _Issuer(
                 iss, static_key=_static_key(iss, base_dir),

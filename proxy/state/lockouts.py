@@ -38,50 +38,69 @@ class LockoutStore(Protocol):
         reaches the threshold is locked from now on)."""
 
 
-class _Entry:
-    __slots__ = ("count", "locked_until", "window_start")
+class _Count:
+    __slots__ = ("count", "window_start")
 
     def __init__(self, now: float) -> None:
         self.count = 0
         self.window_start = now
-        self.locked_until = 0.0
 
 
 class MemoryLockoutStore:
     """Lockouts in one process. Neither method awaits anything, so within one event loop each
-    runs whole: that is what makes `attempt` atomic."""
+    runs whole: that is what makes `attempt` atomic. The locks are a plain dictionary, empty
+    while nobody is locked out, so the check on every call costs a dictionary lookup; the
+    failure counts, touched only on failures, expire a window after the latest one. Each holds
+    at most `max_tracked` keys."""
 
     def __init__(self, cfg: LockoutConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self._max_failures = cfg.max_failures
         self._window_s = cfg.window_s
         self._lockout_s = cfg.lockout_s
+        self._max_tracked = cfg.max_tracked
         self._clock = clock
-        ttl = max(cfg.window_s, cfg.lockout_s)
-        self._entries: TTLCache[str, _Entry] = TTLCache(cfg.max_tracked, ttl, timer=clock)
+        self._locks: dict[str, float] = {}  # key -> locked until, on `clock`
+        self._counts: TTLCache[str, _Count] = TTLCache(cfg.max_tracked, cfg.window_s,
+                                                       timer=clock)
 
     async def locked(self, keys: Sequence[str]) -> float | None:
-        return self._locked(keys, self._clock())
+        return self._locked(keys, self._clock()) if self._locks else None
 
     async def attempt(self, keys: Sequence[str], *, failed: bool) -> float | None:
+        if not failed:
+            return self._locked(keys, self._clock()) if self._locks else None
         now = self._clock()
         retry = self._locked(keys, now)
-        if retry is not None or not failed:
+        if retry is not None:
             return retry
         for key in keys:
-            entry = self._entries.get(key)
+            entry = self._counts.get(key)
             if entry is None or now - entry.window_start >= self._window_s:
-                entry = _Entry(now)
+                entry = _Count(now)
             entry.count += 1
             if entry.count >= self._max_failures:
-                entry.locked_until = now + self._lockout_s
-                entry.count = 0
-                entry.window_start = now
-            self._entries[key] = entry  # re-set: the TTL restarts from the latest failure
+                self._lock(key, now + self._lockout_s)
+                self._counts.pop(key, None)  # counting starts again after the lock
+            else:
+                self._counts[key] = entry  # re-set: it lives a window after this failure
         return None
 
     def _locked(self, keys: Sequence[str], now: float) -> float | None:
         for key in keys:
-            entry = self._entries.get(key)
-            if entry is not None and entry.locked_until > now:
-                return entry.locked_until - now
+            until = self._locks.get(key)
+            if until is not None:
+                if until > now:
+                    return until - now
+                del self._locks[key]
         return None
+
+    def _lock(self, key: str, until: float) -> None:
+        locks = self._locks
+        locks.pop(key, None)  # re-inserted last: the dictionary stays in locking order
+        locks[key] = until
+        if len(locks) > self._max_tracked:  # forget expired locks, then the oldest
+            now = self._clock()
+            for stale in [k for k, u in locks.items() if u <= now]:
+                del locks[stale]
+            while len(locks) > self._max_tracked:
+                del locks[next(iter(locks))]

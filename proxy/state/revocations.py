@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from cachetools import TTLCache
-
 
 class RevocationStore(Protocol):
     async def revoke_token(self, jti: str) -> None: ...
@@ -27,17 +25,48 @@ class RevocationStore(Protocol):
 
 
 class MemoryRevocationStore:
+    """Revocations in one process: two plain dictionaries of expiry times, so the check on
+    every call is two lookups (and a clock reading only for an id that is there). Each holds
+    at most `max_entries`; past that, expired entries go, then the oldest."""
+
     def __init__(self, ttl_s: float, max_entries: int = 100_000,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._tokens: TTLCache[str, bool] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=clock)
-        self._families: TTLCache[str, bool] = TTLCache(maxsize=max_entries, ttl=ttl_s,
-                                                       timer=clock)
+        self._ttl_s = ttl_s
+        self._max_entries = max_entries
+        self._clock = clock
+        self._tokens: dict[str, float] = {}
+        self._families: dict[str, float] = {}
 
     async def revoke_token(self, jti: str) -> None:
-        self._tokens[jti] = True
+        self._add(self._tokens, jti)
 
     async def revoke_family(self, family: str) -> None:
-        self._families[family] = True
+        self._add(self._families, family)
 
     async def revoked(self, jti: str, family: str) -> bool:
-        return jti in self._tokens or family in self._families
+        if jti not in self._tokens and family not in self._families:
+            return False  # the usual case
+        return self._live(jti, family)
+
+    def _live(self, jti: str, family: str) -> bool:
+        """Whether either entry found is still in force; one that ran out goes."""
+        now = self._clock()
+        hit = False
+        for table, key in ((self._tokens, jti), (self._families, family)):
+            until = table.get(key)
+            if until is not None:
+                if until > now:
+                    hit = True
+                else:
+                    del table[key]
+        return hit
+
+    def _add(self, table: dict[str, float], key: str) -> None:
+        now = self._clock()
+        table.pop(key, None)  # re-inserted last: the dictionary stays in revocation order
+        table[key] = now + self._ttl_s
+        if len(table) > self._max_entries:
+            for stale in [k for k, until in table.items() if until <= now]:
+                del table[stale]
+            while len(table) > self._max_entries:
+                del table[next(iter(table))]

@@ -3,6 +3,7 @@ elsewhere are refused; failures lock out; no open redirects."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
@@ -118,6 +119,21 @@ async def test_failed_sign_ins_lock_out_the_address_and_the_account(cfg) -> None
                                                            "password": "correct-horse"},
                                          headers={"Origin": ORIGIN})
             assert again.status_code == 429
+
+
+async def test_parallel_wrong_passwords_get_at_most_the_limit_of_answers(cfg) -> None:
+    """Guesses sent at once all pass the first look while their passwords are hashed; only
+    the limit of them (3) is told the password was wrong, the rest are locked out."""
+    async with serve(create_app(cfg, secret_key="k")) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        answers = await asyncio.gather(*(
+            client.post("/signin", data={"name": "alice", "password": f"guess-{i}"},
+                        headers={"Origin": ORIGIN}) for i in range(12)))
+        statuses = sorted(a.status_code for a in answers)
+        assert set(statuses) <= {401, 429} and statuses.count(401) <= 3, statuses
+        right = await client.post("/signin", data={"name": "alice", "password": "correct-horse"},
+                                  headers={"Origin": ORIGIN})
+        assert right.status_code == 429
 
 
 async def _fail_three_times(client: httpx.AsyncClient, forwarded_for: str) -> None:

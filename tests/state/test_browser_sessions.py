@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from proxy.state.browser import MemoryBrowserSessions
+from tests.state.conftest import MemoryBackend
+
+
+async def test_create_read_delete(backend: MemoryBackend) -> None:
+    store = backend.browser_sessions(ttl_s=3600)
+    sid = await store.create("u1")
+    assert len(sid) >= 32 and sid != await store.create("u1")
+    assert await store.user_id(sid) == "u1"
+    await store.delete(sid)
+    assert await store.user_id(sid) is None
+    await store.delete(sid)  # twice is fine
+    assert await store.user_id("never") is None
+
+
+async def test_a_session_ends_at_its_lifetime_however_it_is_used(backend: MemoryBackend) -> None:
+    store = backend.browser_sessions(ttl_s=100)
+    sid = await store.create("u1")
+    await backend.advance(99)
+    assert await store.user_id(sid) == "u1"  # reading does not extend it
+    await backend.advance(1)
+    assert await store.user_id(sid) is None
+
+
+async def test_ending_a_persons_sessions_ends_only_theirs(backend: MemoryBackend) -> None:
+    store = backend.browser_sessions(ttl_s=3600)
+    alice = [await store.create("alice") for _ in range(3)]
+    bob = [await store.create("bob") for _ in range(2)]
+    assert await store.end_for("alice", keep=alice[0]) == 2
+    assert [await store.user_id(s) for s in alice] == ["alice", None, None]
+    assert [await store.user_id(s) for s in bob] == ["bob", "bob"]
+    assert await store.end_for("alice") == 1  # the kept one goes too, the next time
+    assert await store.user_id(alice[0]) is None
+    assert await store.end_for("alice") == 0
+    assert await store.end_for("nobody", keep=bob[0]) == 0
+    assert await store.user_id(bob[0]) == "bob"
+    later = await store.create("alice")  # a new session after the end is a live one
+    assert await store.user_id(later) == "alice"
+
+
+async def test_another_persons_session_cannot_be_kept(backend: MemoryBackend) -> None:
+    store = backend.browser_sessions(ttl_s=3600)
+    mine, theirs = await store.create("alice"), await store.create("bob")
+    assert await store.end_for("alice", keep=theirs) == 1
+    assert await store.user_id(mine) is None and await store.user_id(theirs) == "bob"
+
+
+async def test_expired_sessions_count_as_ended_already(backend: MemoryBackend) -> None:
+    store = backend.browser_sessions(ttl_s=100)
+    await store.create("alice")
+    await backend.advance(100)
+    assert await store.end_for("alice") == 0
+
+
+async def test_the_memory_index_holds_only_live_sessions() -> None:
+    """Ending a person's sessions reads their index entry only; it never grows with sessions
+    that expired, were evicted, deleted or ended."""
+    now = [0.0]
+    store = MemoryBrowserSessions(ttl_s=100, clock=lambda: now[0], max_sessions=3)
+    old = await store.create("alice")
+    now[0] = 100.0
+    fresh = await store.create("alice")  # the expired one leaves the index as it goes
+    assert store._by_user == {"alice": {fresh}} and await store.user_id(old) is None
+    bob = [await store.create("bob") for _ in range(3)]  # full: alice's is evicted
+    assert store._by_user == {"bob": set(bob)} and len(store) == 3
+    await store.delete(bob[0])
+    await store.end_for("bob", keep=bob[1])
+    assert store._by_user == {"bob": {bob[1]}}
