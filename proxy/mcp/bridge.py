@@ -2,26 +2,28 @@
 2026-07-28 (sessionless) client can reach a 2025-11-25 upstream.
 
 Each upstream's era is learned on first contact (a `server/discover` probe; anything but a
-2026-07-28 DiscoverResult means legacy) and kept. For a modern caller on a legacy upstream the
-gateway opens an upstream session per (endpoint, principal) on demand, never shared between
-principals, and re-opens it when the upstream forgets it.
+2026-07-28 DiscoverResult means legacy) and kept in the bridge store (proxy/state/bridge.py),
+so every replica that shares the store learns it once. For a modern caller on a legacy
+upstream the gateway opens an upstream session per (endpoint, principal) on demand, never
+shared between principals, holds it in the same store, and re-opens it when the upstream
+forgets it.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import logging
 import re
 from typing import Any
 
 import orjson
-from cachetools import TTLCache
-
 from proxy import __version__
 from proxy.mcp import eras
 from proxy.errors import GatewayError, UpstreamFailure, UpstreamProtocolError
 from proxy.jsonrpc import McpMessage
 from proxy.singleflight import SingleFlight
+from proxy.state.bridge import BridgeStore, HeldSession, Learned
 from proxy.mcp.sse import EventSplitter, event_data
 from proxy.upstream import UpstreamClient, UpstreamRoute, read_body
 
@@ -32,68 +34,54 @@ CLIENT_INFO = {"name": "tollhouse", "version": __version__}
 JSON_TYPES = ("content-type", "application/json")
 
 
-RouteKey = tuple[str, str]
-
-
-def _key(route: UpstreamRoute) -> RouteKey:
-    """What the bridge learns is about one upstream at one URL: a server re-pointed through
-    the API is learned afresh."""
-    return route.name, route.url_text
-
-
 class Bridge:
     """The era of a route is read from the route itself on every call (`era` in its config
     or its API record: a change through /api/v1 applies on the next call); for `auto`, what
-    was learned about that name at that URL."""
+    the store learned about that name at that URL (`UpstreamRoute.state_key`)."""
 
-    def __init__(self, upstream: UpstreamClient, session_ttl_s: float = 1800.0) -> None:
+    def __init__(self, upstream: UpstreamClient, store: BridgeStore) -> None:
         self._upstream = upstream
-        self._verdicts: dict[RouteKey, eras.Era] = {}
-        self._probes: SingleFlight[RouteKey, eras.Era] = SingleFlight()
-        self._sessions: TTLCache[tuple[RouteKey, str], tuple[str | None, dict[str, Any]]] = (
-            TTLCache(maxsize=100_000, ttl=session_ttl_s))
-        self._opening: SingleFlight[tuple[RouteKey, str], tuple[str | None, dict[str, Any]]] = (
-            SingleFlight())
-        self._init_results: dict[RouteKey, dict[str, Any]] = {}
-        self._discovered: dict[RouteKey, dict[str, Any]] = {}
-        # `auto` upstreams learned to speak only 2026-07-28: one refused a legacy initialize
-        # after answering server/discover
-        self._modern_only: set[RouteKey] = set()
-
-    def modern_only(self, route: UpstreamRoute) -> bool:
-        if route.era in ("legacy", "modern"):
-            return route.era == "modern"
-        return _key(route) in self._modern_only
-
-    def mark_modern_only(self, route: UpstreamRoute) -> None:
-        self._modern_only.add(_key(route))
-
-    async def discover(self, route: UpstreamRoute) -> dict[str, Any]:
-        """The upstream's DiscoverResult (probed once and kept)."""
-        key = _key(route)
-        if key not in self._discovered:
-            await self._probes.run(key, lambda: self._learn(route))
-        result = self._discovered.get(key)
-        if result is None:
-            raise UpstreamProtocolError("upstream answered no server/discover")
-        return result
+        self._store = store
+        self._probes: SingleFlight[str, Learned] = SingleFlight()
+        self._opening: SingleFlight[tuple[str, str], HeldSession] = SingleFlight()
 
     async def era(self, route: UpstreamRoute) -> eras.Era:
         if route.era == "legacy" or route.era == "modern":
             return route.era
-        key = _key(route)
-        known = self._verdicts.get(key)
-        if known is not None:
-            return known
-        return await self._probes.run(key, lambda: self._learn(route))
+        learned = await self._store.learned(route.state_key)
+        if learned is None:
+            learned = await self._probes.run(route.state_key, lambda: self._learn(route))
+        return learned.era
 
-    async def _learn(self, route: UpstreamRoute) -> eras.Era:
-        verdict = await self._probe(route)  # a failed probe is retried on the next call
-        self._verdicts[_key(route)] = verdict
-        log.info("upstream %s speaks the %s era", route.name, verdict)
-        return verdict
+    async def modern_only(self, route: UpstreamRoute) -> bool:
+        """An upstream that speaks only 2026-07-28: configured so, or learned when it refused
+        a legacy initialize after answering server/discover."""
+        if route.era == "legacy" or route.era == "modern":
+            return route.era == "modern"
+        learned = await self._store.learned(route.state_key)
+        return learned is not None and learned.modern_only
 
-    async def _probe(self, route: UpstreamRoute) -> eras.Era:
+    async def mark_modern_only(self, route: UpstreamRoute) -> None:
+        learned = await self._store.learned(route.state_key) or Learned("modern")
+        await self._store.learn(route.state_key,
+                                dataclasses.replace(learned, era="modern", modern_only=True))
+
+    async def discover(self, route: UpstreamRoute) -> dict[str, Any]:
+        """The upstream's DiscoverResult (probed once and kept)."""
+        learned = await self._store.learned(route.state_key)
+        if learned is None or learned.discover is None:
+            learned = await self._probes.run(route.state_key, lambda: self._learn(route))
+        if learned.discover is None:
+            raise UpstreamProtocolError("upstream answered no server/discover")
+        return learned.discover
+
+    async def _learn(self, route: UpstreamRoute) -> Learned:
+        learned = await self._probe(route)  # a failed probe is retried on the next call
+        await self._store.learn(route.state_key, learned)
+        log.info("upstream %s speaks the %s era", route.name, learned.era)
+        return learned
+
+    async def _probe(self, route: UpstreamRoute) -> Learned:
         body = orjson.dumps({"jsonrpc": "2.0", "id": "tollhouse-discover",
                              "method": "server/discover", "params": {"_meta": {
                                  eras.PV: eras.MODERN_VERSIONS[0], eras.CLIENT_CAPS: {},
@@ -105,35 +93,30 @@ class Bridge:
         result = obj.get("result") if obj else None
         versions = result.get("supportedVersions") if isinstance(result, dict) else None
         if isinstance(versions, list) and eras.MODERN_VERSIONS[0] in versions:
-            self._discovered[_key(route)] = result  # type: ignore[assignment]
-            return "modern"
-        return "legacy"
+            assert isinstance(result, dict)
+            return Learned("modern", discover=result)
+        return Learned("legacy")
 
     async def session(self, route: UpstreamRoute, principal_key: str,
-                      extra: list[tuple[str, str]] | None) -> str | None:
-        """The upstream session id held for this principal at this upstream (None when the
-        upstream is stateless), opening one if there is none."""
-        key = (_key(route), principal_key)
-        held = self._sessions.get(key)
+                      extra: list[tuple[str, str]] | None) -> HeldSession:
+        """The upstream session held for this principal at this upstream (its id None when
+        the upstream is stateless), opening one if there is none."""
+        held = await self._store.session(route.state_key, principal_key)
         if held is not None:
-            self._sessions[key] = held  # restart the idle timer
-            return held[0]
-        async def open_and_keep() -> tuple[str | None, dict[str, Any]]:
+            return held
+
+        async def open_and_hold() -> HeldSession:
             opened = await self._open(route, extra)
-            self._sessions[key] = opened
-            self._init_results[key[0]] = opened[1]
+            await self._store.hold(route.state_key, principal_key, opened)
             return opened
 
-        return (await self._opening.run(key, open_and_keep))[0]
+        return await self._opening.run((route.state_key, principal_key), open_and_hold)
 
-    def forget(self, route: UpstreamRoute, principal_key: str) -> None:
-        self._sessions.pop((_key(route), principal_key), None)
-
-    def initialize_result(self, route: UpstreamRoute) -> dict[str, Any] | None:
-        return self._init_results.get(_key(route))
+    async def forget(self, route: UpstreamRoute, principal_key: str) -> None:
+        await self._store.forget(route.state_key, principal_key)
 
     async def _open(self, route: UpstreamRoute, extra: list[tuple[str, str]] | None
-                    ) -> tuple[str | None, dict[str, Any]]:
+                    ) -> HeldSession:
         body = orjson.dumps({"jsonrpc": "2.0", "id": "tollhouse-bridge", "method": "initialize",
                              "params": {"protocolVersion": LEGACY_VERSION, "capabilities": {},
                                         "clientInfo": CLIENT_INFO}})
@@ -151,7 +134,7 @@ class Bridge:
             *(extra or [])])
         done = await self._upstream.open(route, "POST", headers, note)
         await done.aclose()
-        return session_id, result
+        return HeldSession(session_id, result)
 
     async def _exchange(self, route: UpstreamRoute, headers: list[tuple[str, str]], body: bytes,
                         request_id: str, *, check: bool = True) -> dict[str, Any] | None:

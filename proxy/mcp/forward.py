@@ -40,6 +40,7 @@ from proxy.errors import (
 from proxy.mcp.exchange import EdgeRequest
 from proxy.jsonrpc import McpMessage, response_outcome
 from proxy.state import Session, SessionStore
+from proxy.state.bridge import BridgeStore
 from proxy.upstream import NO_CALL, UpstreamClient, UpstreamRoute, read_body, rejection
 from proxy.upstream.identity import IdentityForwarder
 
@@ -82,11 +83,11 @@ class Forwarded:
 
 
 class Forwarder:
-    def __init__(self, upstream: UpstreamClient, sessions: SessionStore, *,
-                 identity: IdentityForwarder, connections: Connections | None,
+    def __init__(self, upstream: UpstreamClient, sessions: SessionStore, bridged: BridgeStore,
+                 *, identity: IdentityForwarder, connections: Connections | None,
                  spawn: Spawn) -> None:
         self.upstream = upstream
-        self.bridge = Bridge(upstream)
+        self.bridge = Bridge(upstream, bridged)
         self.sessions = sessions
         self.identity = identity
         self.connections = connections
@@ -126,7 +127,7 @@ class Forwarder:
         fresh = None
         if leg.bridged and status == 404:  # the upstream forgot the session held for the caller
             await response.aclose()
-            self.bridge.forget(route, ctx.principal.key)
+            await self.bridge.forget(route, ctx.principal.key)
         elif status == 401 and leg.bearer is not None and self.connections is not None:
             await response.aclose()  # this person's upstream token was refused: refresh once
             fresh = await self.connections.refresh(route.name, ctx.principal.key, leg.bearer)
@@ -304,7 +305,7 @@ class Forwarder:
                          session: Session | None, ctx: CallContext,
                          identity: list[tuple[str, str]] | None) -> Leg:
         if ctx.era == "legacy":
-            if msg.method == "initialize" and self.bridge.modern_only(route):
+            if msg.method == "initialize" and await self.bridge.modern_only(route):
                 discover = await self.bridge.discover(route)
                 return Leg([], local=bridge.initialize_from_discover(
                     discover, (msg.params or {}).get("protocolVersion"), route.name))
@@ -325,10 +326,11 @@ class Forwarder:
         server may refuse any request that claims a later revision)."""
         if msg.method == "subscriptions/listen":
             raise MethodNotFound(data={"method": msg.method})
-        usid = await self.bridge.session(route, ctx.principal.key, identity)
+        held = await self.bridge.session(route, ctx.principal.key, identity)
         if msg.method == "server/discover":
-            init = self.bridge.initialize_result(route) or {}
-            return Leg([], local=eras.discover_from_initialize(init, route.name))
+            return Leg([], local=eras.discover_from_initialize(held.initialize_result,
+                                                                route.name))
+        usid = held.upstream_session_id
         headers = self.upstream.headers(route, {"content-type": "application/json"}, usid,
                                         extra=identity)
         headers.append(("mcp-protocol-version", bridge.LEGACY_VERSION))
@@ -358,7 +360,7 @@ class Forwarder:
                 return False
         except GatewayError:
             return False
-        self.bridge.mark_modern_only(route)
+        await self.bridge.mark_modern_only(route)
         return True
 
 

@@ -39,6 +39,7 @@ from proxy.mcp.forward import Forwarder, Leg
 from proxy.jsonrpc import McpMessage
 from proxy.mcp.relay import StreamEnd, StreamRelay
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
+from proxy.state.bridge import BridgeStore, MemoryBridgeStore
 from proxy.state.inflight import EndReason, Later, call_key
 from proxy.upstream import BodyChunks, UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
@@ -56,7 +57,8 @@ class Gateway:
                  upstream: UpstreamClient, audit: AuditSink, allowed_origins: frozenset[str],
                  identity: IdentityForwarder | None = None,
                  connections: Connections | None = None,
-                 trusted_proxies: Sequence[IPNetwork] = (), later: Later | None = None) -> None:
+                 trusted_proxies: Sequence[IPNetwork] = (), bridged: BridgeStore | None = None,
+                 later: Later | None = None) -> None:
         self.routes = routes  # live: the registry changes it, each call reads it
         self.auth = authenticator
         self.chain = chain
@@ -66,7 +68,8 @@ class Gateway:
         self.audit = audit
         self.allowed_origins = allowed_origins
         self.trusted_proxies = tuple(trusted_proxies)  # parsed once, by create_app
-        self.forward = Forwarder(upstream, sessions, identity=identity or IdentityForwarder.none(),
+        self.forward = Forwarder(upstream, sessions, bridged or MemoryBridgeStore(),
+                                 identity=identity or IdentityForwarder.none(),
                                  connections=connections, spawn=self.spawn)
         self._later = later  # the clock deadlines run on (the loop's unless a test gives one)
         self._tasks: set[asyncio.Task[None]] = set()

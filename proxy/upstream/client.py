@@ -41,7 +41,8 @@ class UpstreamRoute:
     era: str
     call_timeout_ext: dict[str, float | None]
     stream_timeout_ext: dict[str, float | None]
-    url_text: str = ""  # the URL as configured, for keys (httpx.URL is costly to print)
+    url_text: str = ""  # the URL as configured (httpx.URL is costly to print)
+    state_key: str = ""  # name and URL: what live state learned about this upstream is under
 
     @classmethod
     def from_config(cls, cfg: UpstreamConfig) -> UpstreamRoute:
@@ -59,6 +60,7 @@ class UpstreamRoute:
             call_timeout_ext=call.as_dict(),
             stream_timeout_ext=stream.as_dict(),
             url_text=cfg.url,
+            state_key=f"{cfg.name} {cfg.url}",  # a name has no space
         )
 
 
