@@ -43,7 +43,8 @@ from proxy.oauth import routes as oauth_routes
 from proxy.oauth.cap import OAuthBodyCap
 from proxy.oauth.server import AuthorizationServer
 from proxy.signin import Web
-from proxy.state import MemoryInFlight, MemorySessionStore, Stores, open_stores
+from proxy.state import Stores, open_stores
+from proxy.state.inflight import Later
 from proxy.upstream import UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
 
@@ -68,7 +69,9 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                audit_sink: AuditSink | None = None, base_dir: Path | None = None,
                clock: Callable[[], float] = time.monotonic,
                resolver: Resolver | None = None, secret_key: str | None = None,
-               vault_keys: dict[str, bytes] | None = None) -> Quart:
+               vault_keys: dict[str, bytes] | None = None, later: Later | None = None) -> Quart:
+    """`clock` is the live-state stores' clock and `later` the call deadlines' (the running
+    loop's unless given): tests move both by hand."""
     app = Quart("tollhouse")
     app.config.update(
         MAX_CONTENT_LENGTH=cfg.server.max_request_bytes,
@@ -82,8 +85,6 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     identity = IdentityForwarder(cfg, base_dir)
     stores = open_stores(cfg, clock)  # every piece of shared live state ([state] url)
     lockouts = stores.lockouts
-    sessions = MemorySessionStore(cfg.server.session_idle_timeout_s, cfg.server.max_sessions)
-    inflight = MemoryInFlight()
     origins = {o.rstrip("/").lower() for o in cfg.server.allowed_origins}
     public = urlsplit(cfg.server.public_url)
     origins.add(f"{public.scheme}://{public.netloc}".lower())
@@ -152,10 +153,10 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                         forget_person=getattr(connections, "forget", None),
                         trusted_proxies=trusted)
         state.gateway = Gateway(
-            routes=routes, authenticator=authenticator, chain=chain, sessions=sessions,
-            inflight=inflight, upstream=upstream, audit=audit,
+            routes=routes, authenticator=authenticator, chain=chain, sessions=stores.sessions,
+            inflight=stores.inflight, upstream=upstream, audit=audit,
             allowed_origins=frozenset(origins), identity=identity, connections=connections,
-            trusted_proxies=trusted)
+            trusted_proxies=trusted, bridged=stores.bridge, later=later)
         try:
             yield
         finally:

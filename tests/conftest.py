@@ -14,6 +14,7 @@ from proxy.app import State, create_app
 from proxy.audit import MemoryAuditSink
 from proxy.config import Config, from_dict
 from proxy.mcp.gateway import Gateway
+from proxy.state.inflight import Later
 from tests import db_backends
 from tests.db_backends import _per_test_databases, database, database_url  # noqa: F401 (fixtures)
 from tests.servers import serve
@@ -63,11 +64,11 @@ class FakeResolver:
 
 
 @asynccontextmanager
-async def running_gateway(cfg: Config, transport: httpx.AsyncBaseTransport | None = None
-                          ) -> AsyncIterator[RunningGateway]:
+async def running_gateway(cfg: Config, transport: httpx.AsyncBaseTransport | None = None,
+                          *, later: Later | None = None) -> AsyncIterator[RunningGateway]:
     audit = MemoryAuditSink()
     app = create_app(cfg, upstream_transport=transport, audit_sink=audit,
-                     resolver=FakeResolver())
+                     resolver=FakeResolver(), later=later)
     state: State = app.extensions["tollhouse"]
     async with serve(app) as url, httpx.AsyncClient(timeout=10) as client:
         yield RunningGateway(url, audit, state, client)

@@ -15,6 +15,7 @@ from proxy.app import State, create_app
 from proxy.audit import AuditSink, SqliteAuditSink
 from proxy.config import Config, from_dict
 from proxy.mcp.gateway import Gateway
+from proxy.state.inflight import Later
 from tests import db_backends
 from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app, stateless_json_app
 from tests.servers import serve
@@ -47,12 +48,13 @@ def stack_config(upstream_url: str, db_path: str, **upstream: Any) -> Config:
 
 @asynccontextmanager
 async def open_stack(tmp_path: Path, make_upstream: Callable[..., Any], *,
-                     audit: AuditSink | None = None, **upstream: Any) -> AsyncIterator[Stack]:
+                     audit: AuditSink | None = None, later: Later | None = None,
+                     **upstream: Any) -> AsyncIterator[Stack]:
     app, probe = make_upstream()
     db_path = db_backends.url()
     async with serve(app, graceful_timeout=1) as upstream_url:
         cfg = stack_config(upstream_url, db_path, **upstream)
-        gateway_app = create_app(cfg, audit_sink=audit)
+        gateway_app = create_app(cfg, audit_sink=audit, later=later)
         async with serve(gateway_app, graceful_timeout=1) as gateway_url:
             yield Stack(upstream_url, gateway_url, probe, gateway_app.extensions["tollhouse"],
                         db_path)

@@ -19,6 +19,7 @@ from tests.conftest import MCP_HEADERS
 from tests.e2e.conftest import open_stack
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import BOOM_RPC_CODE, stateful_sse_app, stateless_json_app
+from tests.helpers import Deadlines
 
 DEADLINE = 10.0
 
@@ -134,10 +135,15 @@ async def test_client_cancel_reaches_the_upstream(tmp_path: Path) -> None:
 
 
 async def test_total_timeout_is_32800_and_cancels_upstream(tmp_path: Path) -> None:
-    async with open_stack(tmp_path, stateful_sse_app, total_timeout_s=0.5) as stack:
+    deadlines = Deadlines()
+    async with open_stack(tmp_path, stateful_sse_app, total_timeout_s=30,
+                          later=deadlines) as stack:
         async with connect(stack.endpoint) as client:
+            call = asyncio.create_task(client.call_tool("wait_forever", {}))
+            await asyncio.wait_for(stack.probe.started.wait(), DEADLINE)
+            assert deadlines.expire() == 1  # the call's deadline, and only it, is armed
             with pytest.raises(MCPError) as info:
-                await client.call_tool("wait_forever", {})
+                await asyncio.wait_for(call, DEADLINE)
             assert info.value.error.code == -32800
             await asyncio.wait_for(stack.probe.cancelled.wait(), DEADLINE)
         await _settled(stack)

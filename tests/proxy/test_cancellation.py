@@ -12,6 +12,7 @@ import orjson
 import respx
 
 from tests.conftest import MCP_HEADERS, make_config, running_gateway
+from tests.helpers import Deadlines
 
 DEADLINE = 5.0
 
@@ -117,12 +118,22 @@ async def test_client_cancel_on_a_stream_is_its_last_event() -> None:
         await assert_nothing_left(gw)
 
 
+async def past_the_deadline(gw, up: Upstream, deadlines: Deadlines) -> httpx.Response:
+    """A call that hangs upstream, answered once its total-timeout deadline fires."""
+    posted = asyncio.create_task(gw.post(call()))
+    await asyncio.wait_for(up.started.wait(), DEADLINE)
+    assert [t.seconds for t in deadlines.timers] == [30.0]  # the route's total_timeout_s
+    assert deadlines.expire() == 1
+    return await asyncio.wait_for(posted, DEADLINE)
+
+
 async def test_total_timeout_cancels_and_tells_the_upstream() -> None:
     up = Upstream()
+    deadlines = Deadlines()
     cfg = make_config(upstreams=[{"name": "e", "url": "http://upstream.test/mcp",
-                                  "total_timeout_s": 0.2}])
-    async with running_gateway(cfg, up.transport) as gw:
-        response = await asyncio.wait_for(gw.post(call()), DEADLINE)
+                                  "total_timeout_s": 30}])
+    async with running_gateway(cfg, up.transport, later=deadlines) as gw:
+        response = await past_the_deadline(gw, up, deadlines)
         assert response.json()["error"] == {"code": -32800, "message": "total timeout reached"}
         await asyncio.wait_for(up.notified.wait(), DEADLINE)
         assert up.notifications[0]["params"]["requestId"] == 9
@@ -133,10 +144,11 @@ async def test_total_timeout_cancels_and_tells_the_upstream() -> None:
 
 async def test_total_timeout_on_a_stream() -> None:
     up = Upstream(stream=True)
+    deadlines = Deadlines()
     cfg = make_config(upstreams=[{"name": "e", "url": "http://upstream.test/mcp",
-                                  "total_timeout_s": 0.2}])
-    async with running_gateway(cfg, up.transport) as gw:
-        response = await asyncio.wait_for(gw.post(call()), DEADLINE)
+                                  "total_timeout_s": 30}])
+    async with running_gateway(cfg, up.transport, later=deadlines) as gw:
+        response = await past_the_deadline(gw, up, deadlines)
         last = orjson.loads(response.content.rsplit(b"data: ", 1)[1])
         assert last["error"]["code"] == -32800
         await asyncio.wait_for(up.notified.wait(), DEADLINE)
