@@ -18,13 +18,14 @@ import re
 from typing import Any
 
 import orjson
+
 from proxy import __version__
-from proxy.mcp import eras
 from proxy.errors import GatewayError, UpstreamFailure, UpstreamProtocolError
 from proxy.jsonrpc import McpMessage
+from proxy.mcp import eras
+from proxy.mcp.sse import EventSplitter, event_data
 from proxy.singleflight import SingleFlight
 from proxy.state.bridge import BridgeStore, HeldSession, Learned
-from proxy.mcp.sse import EventSplitter, event_data
 from proxy.upstream import UpstreamClient, UpstreamRoute, read_body
 
 log = logging.getLogger("tollhouse.bridge")
@@ -46,8 +47,10 @@ class Bridge:
         self._opening: SingleFlight[tuple[str, str], HeldSession] = SingleFlight()
 
     async def era(self, route: UpstreamRoute) -> eras.Era:
-        if route.era == "legacy" or route.era == "modern":
-            return route.era
+        if route.era == "legacy":
+            return "legacy"
+        if route.era == "modern":
+            return "modern"
         learned = await self._store.learned(route.state_key)
         if learned is None:
             learned = await self._probes.run(route.state_key, lambda: self._learn(route))

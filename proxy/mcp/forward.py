@@ -24,8 +24,6 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.mcp import bridge, eras
-from proxy.mcp.bridge import Bridge
 from proxy.chain import CallContext, Rewrite
 from proxy.connect.manager import Connections, UpstreamNotConnected
 from proxy.errors import (
@@ -37,8 +35,10 @@ from proxy.errors import (
     UpstreamHTTPError,
     UpstreamProtocolError,
 )
-from proxy.mcp.exchange import EdgeRequest
 from proxy.jsonrpc import McpMessage, response_outcome
+from proxy.mcp import bridge, eras
+from proxy.mcp.bridge import Bridge
+from proxy.mcp.exchange import EdgeRequest
 from proxy.state import Session, SessionStore
 from proxy.state.bridge import BridgeStore
 from proxy.upstream import NO_CALL, UpstreamClient, UpstreamRoute, read_body, rejection

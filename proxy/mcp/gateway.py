@@ -18,7 +18,6 @@ from typing import Any
 
 import orjson
 
-from proxy.mcp import eras, guards
 from proxy.audit import AuditRecord, AuditSink
 from proxy.auth import Authenticator, Principal
 from proxy.chain import CallContext, Chain, Rewrite
@@ -34,9 +33,10 @@ from proxy.errors import (
     SessionNotFound,
     render,
 )
+from proxy.jsonrpc import McpMessage
+from proxy.mcp import eras, guards
 from proxy.mcp.exchange import EdgeRequest, EdgeResponse
 from proxy.mcp.forward import Forwarder, Leg
-from proxy.jsonrpc import McpMessage
 from proxy.mcp.relay import StreamEnd, StreamRelay
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
 from proxy.state.bridge import BridgeStore, MemoryBridgeStore

@@ -14,7 +14,6 @@ import orjson
 
 from policies.egress import caller_address
 from proxy import jsonrpc
-from proxy.mcp import eras
 from proxy.egress import IPNetwork
 from proxy.errors import (
     GatewayError,
@@ -24,8 +23,9 @@ from proxy.errors import (
     UnsupportedMediaType,
     UnsupportedVersion,
 )
-from proxy.mcp.exchange import EdgeRequest
 from proxy.jsonrpc import McpMessage
+from proxy.mcp import eras
+from proxy.mcp.exchange import EdgeRequest
 
 
 def check_origin(headers: Mapping[str, str], allowed: frozenset[str]) -> None:
