@@ -67,6 +67,8 @@ def _tollhouse_summary(med: dict[tuple[str, int], tuple[float, float, float, int
             parts.append(f"{toll[0] / med[('stub', c)][0]:.1%} of the stub")
         if reference and (reference, c) in med:
             parts.append(f"{toll[0] / med[(reference, c)][0]:.1%} of {reference}")
+        if ("tollhouse-compare", c) in med:
+            parts.append(f"{toll[0] / med[('tollhouse-compare', c)][0]:.1%} of tollhouse-compare")
         out.append("- " + ", ".join(parts))
     c1 = med.get(("tollhouse", 1))
     if c1 and ("stub", 1) in med:

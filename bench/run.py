@@ -72,6 +72,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--loop", default="asyncio", choices=["asyncio", "uvloop"], help="pass-through event loop")
     p.add_argument("--pin", action="store_true", help="servers under test on CPU 1, stub and wrk on CPU 0")
     p.add_argument("--tollhouse", default=str(Path(PYTHON).parent / "tollhouse"), help="tollhouse executable")
+    p.add_argument("--compare", help="a second tollhouse executable (another build), run side by side "
+                                     "as `tollhouse-compare`")
     p.add_argument("--output", type=Path, help="also write the Markdown report here")
     args = p.parse_args()
     unknown = set(args.targets) - {"stub", "passthrough", "tollhouse"}
@@ -113,15 +115,18 @@ def start_passthrough(procs: Processes, stub: Server, app: str, transport: str, 
     return server
 
 
-def start_tollhouse(procs: Processes, stub: Server, exe: str, tmpdir: Path, pin: Pinning) -> Server | str:
+def start_tollhouse(procs: Processes, stub: Server, exe: str, tmpdir: Path, pin: Pinning,
+                    name: str = "tollhouse") -> Server | str:
     """The started Tollhouse, or a note saying why it was skipped."""
     path = shutil.which(exe)
     if path is None:
-        return f"Tollhouse skipped: `{exe}` is not installed."
+        return f"{name} skipped: `{exe}` is not installed."
     port = free_port()
-    config = tmpdir / "tollhouse.toml"
-    config.write_text(TOLLHOUSE_TOML.format(port=port, tmpdir=tmpdir, stub_port=stub.port))
-    server = procs.start("tollhouse", [path, "serve", "--config", str(config)], port, "/mcp/bench", pin.server)
+    own = tmpdir / name  # each Tollhouse its own config and database
+    own.mkdir(exist_ok=True)
+    config = own / "tollhouse.toml"
+    config.write_text(TOLLHOUSE_TOML.format(port=port, tmpdir=own, stub_port=stub.port))
+    server = procs.start(name, [path, "serve", "--config", str(config)], port, "/mcp/bench", pin.server)
     try:
         wait_ready(server, deadline_s=30.0)
     except RuntimeError as exc:
@@ -176,6 +181,12 @@ def main() -> None:
                     notes.append(f"{passthrough_name(app, transport)} skipped: it did not start. {exc}")
             if "tollhouse" in args.targets:
                 started = start_tollhouse(procs, stub, args.tollhouse, tmpdir, pin)
+                if isinstance(started, str):
+                    notes.append(started)
+                else:
+                    targets.append(started)
+            if args.compare:  # another build, measured in the same interleaved rounds
+                started = start_tollhouse(procs, stub, args.compare, tmpdir, pin, "tollhouse-compare")
                 if isinstance(started, str):
                     notes.append(started)
                 else:
