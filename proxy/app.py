@@ -20,10 +20,9 @@ from policies.egress import parse_networks
 from proxy import edge, metadata, signin
 from proxy.accounts import Accounts
 from proxy.api import routes as api_routes
-from proxy.api.registry import Registry
-from proxy.api.routes import Api
+from proxy.api.context import Api, provide
 from proxy.audit import AuditSink, SqliteAuditSink
-from proxy.auth import Authenticator, BearerAuth, NoAuth
+from proxy.auth.authenticator import Authenticator, BearerAuth, NoAuth
 from proxy.auth.keys import KeyIndex
 from proxy.auth.people import LiveUsers
 from proxy.bodycap import BodyCap
@@ -42,6 +41,8 @@ from proxy.oauth import keys as oauth_keys
 from proxy.oauth import routes as oauth_routes
 from proxy.oauth.cap import OAuthBodyCap
 from proxy.oauth.server import AuthorizationServer
+from proxy.registry import POLL_S as REGISTRY_POLL_S
+from proxy.registry import Registry
 from proxy.signin import Web
 from proxy.state import Stores, open_stores
 from proxy.state.inflight import Later
@@ -69,9 +70,11 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                audit_sink: AuditSink | None = None, base_dir: Path | None = None,
                clock: Callable[[], float] = time.monotonic,
                resolver: Resolver | None = None, secret_key: str | None = None,
-               vault_keys: dict[str, bytes] | None = None, later: Later | None = None) -> Quart:
+               vault_keys: dict[str, bytes] | None = None, later: Later | None = None,
+               registry_poll_s: float = REGISTRY_POLL_S) -> Quart:
     """`clock` is the live-state stores' clock and `later` the call deadlines' (the running
-    loop's unless given): tests move both by hand."""
+    loop's unless given): tests move both by hand. `registry_poll_s`: how often the server
+    registry looks for changes other gateways made."""
     app = Quart("tollhouse")
     app.config.update(
         MAX_CONTENT_LENGTH=cfg.server.max_request_bytes,
@@ -145,13 +148,14 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                 people=LiveUsers(web.accounts) if oauth_server is not None and web is not None
                 else None)
         access = next((p for p in chain.policies if isinstance(p, Access)), None)
-        registry = Registry(cfg, routes, egress, access, database)
+        registry = Registry(cfg, routes, egress, access, database, poll_s=registry_poll_s)
         registry_watch = asyncio.get_running_loop().create_task(registry.watch())
         state.api = Api(registry, keys, database, web, lockouts,
                         cfg.server.max_request_bytes, clock,
                         web.accounts if web is not None else Accounts(database),
                         forget_person=getattr(connections, "forget", None),
                         trusted_proxies=trusted)
+        provide(app, state.api)
         state.gateway = Gateway(
             routes=routes, authenticator=authenticator, chain=chain, sessions=stores.sessions,
             inflight=stores.inflight, upstream=upstream, audit=audit,
@@ -204,11 +208,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     metadata.register(app, cfg, identity, own_server=oauth_server is not None,
                       api_scopes=api_scopes)
 
-    def management() -> Api:
-        assert state.api is not None, "the management API is built when the app serves"
-        return state.api
-
-    api_routes.register(app, management)
+    api_routes.register(app)
     limit = cfg.server.max_request_bytes
     app.asgi_app = BodyCap(app.asgi_app, "/api/v1/", limit,  # type: ignore[method-assign,assignment,arg-type]
                            orjson.dumps({"detail": f"request body exceeds the {limit}-byte "

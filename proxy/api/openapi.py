@@ -1,12 +1,14 @@
 """The OpenAPI document of /api/v1, built from the same pydantic models the routes validate
-with, so it cannot drift from what the routes accept."""
+with, so it cannot drift from what the routes accept; and the route that serves it."""
 
 from __future__ import annotations
 
 from functools import cache
 from typing import Any
 
+import orjson
 from pydantic import BaseModel
+from quart import Response, current_app
 
 from proxy import __version__
 from proxy.api.models import (
@@ -57,6 +59,7 @@ QUERY: dict[str, dict[str, Any]] = {
     "until": TIME,
     "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
 }
+CONNECTIONS = "/api/v1/me/connections"  # served by proxy.connect with a per_user upstream
 CONNECTION_STATUSES = ["connected", "needs_reconnect", "not_connected"]
 
 
@@ -135,10 +138,7 @@ def _connections() -> dict[str, Any]:
     }
 
 
-@cache
-def document(*, connections: bool = False) -> dict[str, Any]:
-    """The document of the routes served: `connections` when the app serves
-    /api/v1/me/connections (proxy.connect, with a per_user upstream)."""
+def _schemas() -> dict[str, Any]:
     schemas: dict[str, Any] = {}
     for model in MODELS:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -155,13 +155,11 @@ def document(*, connections: bool = False) -> dict[str, Any]:
                                                                      "items": {}},
                                                              "msg": {"type": "string"},
                                                              "type": {"type": "string"}}}}}}
-    audit = {"type": "object", "required": ["items", "next_cursor"], "properties": {
-        "items": {"type": "array", "items": {"type": "object"}},
-        "next_cursor": {"type": ["string", "null"]}}}
-    usage = {"type": "object", "required": ["items", "since", "until"], "properties": {
-        "items": {"type": "array", "items": _ref(UsageRow)},
-        "since": {"type": "number"}, "until": {"type": ["number", "null"]}}}
-    paths = {
+    return schemas
+
+
+def _roles_and_me() -> dict[str, Any]:
+    return {
         "/api/v1/roles": {
             "get": _op("The roles: built in (admin, user) and custom", "200", _list_of(Role)),
             "post": _op("Create a custom role (a group its holders are in)", "201", _ref(Role),
@@ -176,6 +174,11 @@ def document(*, connections: bool = False) -> dict[str, Any]:
                           conflict=True)},
         "/api/v1/me": {"get": _op("Who is calling, and whether they are an administrator",
                                   "200", _ref(Me))},
+    }
+
+
+def _servers_and_keys() -> dict[str, Any]:
+    return {
         "/api/v1/servers": {
             "get": _op("List servers (config and API)", "200", _list_of(ServerOut)),
             "post": _op("Register a server", "201", _ref(ServerOut), ServerIn, conflict=True,
@@ -200,6 +203,11 @@ def document(*, connections: bool = False) -> dict[str, Any]:
             "patch": _op("Change some of a key's name, endpoints, role and expiry", "200",
                          _ref(KeyOut), KeyPatch, ["key_id"], conflict=True),
             "delete": _op("Revoke an API key", "204", None, params=["key_id"])},
+    }
+
+
+def _users() -> dict[str, Any]:
+    return {
         "/api/v1/users/{name}": {
             "get": _op("One user", "200", _ref(UserOut), params=["name"]),
             "put": _op("Replace a user's admin flag and roles (and password, if sent)", "200",
@@ -211,12 +219,31 @@ def document(*, connections: bool = False) -> dict[str, Any]:
         "/api/v1/users": {
             "get": _op("List users", "200", _list_of(UserOut)),
             "post": _op("Create a local user", "201", _ref(UserOut), UserIn, conflict=True)},
+    }
+
+
+def _audit_and_usage() -> dict[str, Any]:
+    audit = {"type": "object", "required": ["items", "next_cursor"], "properties": {
+        "items": {"type": "array", "items": {"type": "object"}},
+        "next_cursor": {"type": ["string", "null"]}}}
+    usage = {"type": "object", "required": ["items", "since", "until"], "properties": {
+        "items": {"type": "array", "items": _ref(UsageRow)},
+        "since": {"type": "number"}, "until": {"type": ["number", "null"]}}}
+    return {
         "/api/v1/audit": {"get": _op("Audit records, newest first", "200", audit, query=[
             "status", "endpoint", "principal", "tool", "since", "until", "cursor", "limit"])},
         "/api/v1/usage": {"get": _op("tools/call totals per principal, endpoint and tool",
                                      "200", usage,
                                      query=["since", "until", "endpoint", "principal"])},
     }
+
+
+@cache
+def document(*, connections: bool = False) -> dict[str, Any]:
+    """The document of the routes served: `connections` when the app serves
+    /api/v1/me/connections (proxy.connect, with a per_user upstream)."""
+    schemas = _schemas()
+    paths = {**_roles_and_me(), **_servers_and_keys(), **_users(), **_audit_and_usage()}
     if connections:
         paths.update(_connections())
     return {"openapi": "3.1.0",
@@ -226,3 +253,11 @@ def document(*, connections: bool = False) -> dict[str, Any]:
                 "bearer": {"type": "http", "scheme": "bearer",
                            "description": "an admin API key (th_...)"},
                 "cookie": {"type": "apiKey", "in": "cookie", "name": "tollhouse_session"}}}}
+
+
+async def serve() -> Response:
+    """GET /api/v1/openapi.json: the document of the routes this app serves, /me/connections
+    only beside a per_user upstream (proxy.connect registers them, possibly after the API)."""
+    connections = any(r.rule == CONNECTIONS for r in current_app.url_map.iter_rules())
+    return Response(orjson.dumps(document(connections=connections)), 200,
+                    {"Content-Type": "application/json"})

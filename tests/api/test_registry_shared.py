@@ -12,13 +12,15 @@ from typing import Any
 
 import httpx
 import orjson
-import pytest
 
-from proxy.api.registry import Registry
+from policies import build_egress
+from proxy.api.models import ServerIn
 from proxy.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from proxy.demo import demo_app
+from proxy.registry import Registry
+from proxy.upstream import UpstreamRoute
 from tests import db_backends
 from tests.conftest import MCP_HEADERS
 from tests.servers import serve
@@ -50,9 +52,7 @@ class World:
 
 
 @asynccontextmanager
-async def world(monkeypatch: pytest.MonkeyPatch, gateways: int = 2,
-                busy_timeout_s: float = 10.0) -> AsyncIterator[World]:
-    monkeypatch.setattr(Registry, "POLL_S", 0.05)  # the other gateway catches up quickly
+async def world(gateways: int = 2, busy_timeout_s: float = 10.0) -> AsyncIterator[World]:
     database = db_backends.url()
     _, secret = api_keys.create(database, "ops", [], role="admin")
     cfg = from_dict({"auth": {"mode": "jwt"},
@@ -69,7 +69,8 @@ async def _gateways(cfg: Any, secret: str, count: int, into: list[Gateway]
     if count == 0:
         yield
         return
-    async with serve(create_app(cfg), graceful_timeout=1) as url, httpx.AsyncClient(
+    app = create_app(cfg, registry_poll_s=0.05)  # the other gateway catches up quickly
+    async with serve(app, graceful_timeout=1) as url, httpx.AsyncClient(
             headers={"Authorization": f"Bearer {secret}"}, timeout=10) as admin:
         into.append(Gateway(url, admin))
         async with _gateways(cfg, secret, count - 1, into):
@@ -92,9 +93,8 @@ def answer(response: httpx.Response) -> Any:
     return response.json()
 
 
-async def test_a_change_through_one_gateway_reaches_the_other(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    async with world(monkeypatch) as w:
+async def test_a_change_through_one_gateway_reaches_the_other() -> None:
+    async with world() as w:
         one, two = w.gateways
         spec = {"name": "shared", "url": f"{w.upstream}/mcp", "zones": ["loopback"]}
         assert (await one.admin.post(one.api("/servers"), json=spec)).status_code == 201
@@ -132,8 +132,8 @@ async def test_a_change_through_one_gateway_reaches_the_other(
             "detail": "server 'shared' not found"}
 
 
-async def test_concurrent_patches_all_land(monkeypatch: pytest.MonkeyPatch) -> None:
-    async with world(monkeypatch) as w:
+async def test_concurrent_patches_all_land() -> None:
+    async with world() as w:
         one, two = w.gateways
         spec = {"name": "busy", "url": f"{w.upstream}/mcp", "zones": ["loopback"]}
         assert (await one.admin.post(one.api("/servers"), json=spec)).status_code == 201
@@ -150,9 +150,8 @@ async def test_concurrent_patches_all_land(monkeypatch: pytest.MonkeyPatch) -> N
                 11, "legacy", 99, ["add"], ["loopback", "lan"])
 
 
-async def test_a_write_the_database_refuses_leaves_the_edge_as_it_was(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    async with world(monkeypatch, gateways=1, busy_timeout_s=0.3) as w:
+async def test_a_write_the_database_refuses_leaves_the_edge_as_it_was() -> None:
+    async with world(gateways=1, busy_timeout_s=0.3) as w:
         (one,) = w.gateways
         spec = {"name": "steady", "url": f"{w.upstream}/mcp", "zones": ["loopback"]}
         assert (await one.admin.post(one.api("/servers"), json=spec)).status_code == 201
@@ -168,9 +167,8 @@ async def test_a_write_the_database_refuses_leaves_the_edge_as_it_was(
         assert shown["url"] == f"{w.upstream}/mcp"
 
 
-async def test_a_server_named_by_a_key_cannot_be_deleted_until_the_key_is_changed(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    async with world(monkeypatch, gateways=1) as w:
+async def test_a_server_named_by_a_key_cannot_be_deleted_until_the_key_is_changed() -> None:
+    async with world(gateways=1) as w:
         (one,) = w.gateways
         spec = {"name": "scoped", "url": f"{w.upstream}/mcp", "zones": ["loopback"]}
         assert (await one.admin.post(one.api("/servers"), json=spec)).status_code == 201
@@ -190,9 +188,8 @@ async def test_a_server_named_by_a_key_cannot_be_deleted_until_the_key_is_change
         assert "pw" not in credentials.text
 
 
-async def test_a_server_re_pointed_and_deleted_under_a_call_in_flight(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    async with world(monkeypatch, gateways=1) as w:
+async def test_a_server_re_pointed_and_deleted_under_a_call_in_flight() -> None:
+    async with world(gateways=1) as w:
         (one,) = w.gateways
         spec = {"name": "moving", "url": f"{w.upstream}/mcp", "zones": ["loopback"]}
         assert (await one.admin.post(one.api("/servers"), json=spec)).status_code == 201
@@ -219,9 +216,8 @@ async def test_a_server_re_pointed_and_deleted_under_a_call_in_flight(
         assert final["id"] == 7 and final["result"]["content"][0]["text"] == "counted to 20"
 
 
-async def test_a_put_lists_a_name_mismatch_beside_the_schema_problems(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    async with world(monkeypatch, gateways=1) as w:
+async def test_a_put_lists_a_name_mismatch_beside_the_schema_problems() -> None:
+    async with world(gateways=1) as w:
         (one,) = w.gateways
         spec = {"name": "a1", "url": f"{w.upstream}/mcp", "zones": ["loopback"]}
         assert (await one.admin.post(one.api("/servers"), json=spec)).status_code == 201
@@ -229,3 +225,38 @@ async def test_a_put_lists_a_name_mismatch_beside_the_schema_problems(
                                                                    "url": "ftp://x"})
         assert both.status_code == 422
         assert [p["loc"] for p in both.json()["detail"]] == [["body", "url"], ["body", "name"]]
+
+
+async def test_watch_reloads_what_another_gateway_wrote_once_a_poll() -> None:
+    """`watch` waits `poll_s` with the sleep it was given between polls: here each wait
+    lasts until the test lets it end."""
+    database = db_backends.url()
+    cfg = from_dict({"database": {"url": database}}, env={})
+    turns: asyncio.Queue[None] = asyncio.Queue()
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await turns.get()
+
+    routes: dict[str, UpstreamRoute] = {}
+    here = Registry(cfg, routes, build_egress(cfg), database=database, poll_s=7.5, sleep=sleep)
+    elsewhere = Registry(cfg, {}, build_egress(cfg), database=database)
+    watching = asyncio.create_task(here.watch())
+    try:
+        await until(lambda: _true(waits == [7.5]))
+        await elsewhere.create(ServerIn.model_validate(
+            {"name": "late", "url": "http://127.0.0.1:9/mcp", "zones": ["loopback"]}))
+        assert "late" not in routes  # not before the next poll
+        turns.put_nowait(None)
+        await until(lambda: _true(len(waits) == 2))  # polled, and waiting again
+        assert "late" in routes and waits == [7.5, 7.5]
+    finally:
+        watching.cancel()
+        await asyncio.wait({watching})
+        here.close()
+        elsewhere.close()
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -1,9 +1,10 @@
-"""The registry of upstream servers: those the config file declares (read-only, `source:
-config`) and those created through the API (stored, `source: api`). A change takes effect on
-the next request: the edge's route table is swapped entry by entry, so a call in flight keeps
-the route it started with. Servers registered through the API may be dialled only in the zones
-they name (default `remote`), checked by the egress policy like every other upstream. Several gateways on one database
-share the registry (see `Registry`)."""
+"""The live server table the MCP edge and the management API share: the upstream servers the
+config file declares (read-only, `source: config`) and those created through the API (stored,
+`source: api`). A change takes effect on the next request: the edge's route table is swapped
+entry by entry, so a call in flight keeps the route it started with. Servers registered through
+the API may be dialled only in the zones they name (default `remote`), checked by the egress
+policy like every other upstream. Several gateways on one database share the registry (see
+`Registry`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,19 +29,23 @@ from proxy.upstream import UpstreamRoute
 
 log = logging.getLogger("tollhouse.registry")
 
+POLL_S = 1.0  # how often a gateway looks for changes other gateways made
+
 
 class Registry:
     """The servers, in memory for the edge, in the database for every gateway on it. Writes go
     to the database first (one transaction each, the row's change and its check together) and
     are applied here only once committed; every gateway polls the `servers_version` counter
-    (`watch`, each `POLL_S`) and reloads what changed, and the API's own routes `sync` first,
-    so a change made through any gateway's API reaches this one's edge within `POLL_S` and its
-    API at once."""
-
-    POLL_S = 1.0
+    (`watch`, each `poll_s`) and reloads what changed, and the API's own routes `sync` first,
+    so a change made through any gateway's API reaches this one's edge within `poll_s` and its
+    API at once. `sleep` is what `watch` waits with between polls (tests pass their own)."""
 
     def __init__(self, cfg: Config, routes: dict[str, UpstreamRoute], egress: Egress,
-                 access: Access | None = None, database: db.Target | None = None) -> None:
+                 access: Access | None = None, database: db.Target | None = None, *,
+                 poll_s: float = POLL_S,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self._poll_s = poll_s
+        self._sleep = sleep
         self._access = access
         self._public_url = cfg.server.public_url.rstrip("/")
         self._config = {u.name: u for u in cfg.upstreams}
@@ -100,7 +105,7 @@ class Registry:
     async def watch(self) -> None:
         """Poll for changes made elsewhere until cancelled; a database error waits a turn."""
         while True:
-            await asyncio.sleep(self.POLL_S)
+            await self._sleep(self._poll_s)
             try:
                 await self.sync()
             except self._database.errors as exc:

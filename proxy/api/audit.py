@@ -1,0 +1,67 @@
+"""/api/v1/audit (filtered, newest first, paged by an opaque cursor: time, row id) and
+/api/v1/usage (tools/call totals per principal, endpoint and tool)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from quart import Response, request
+
+from proxy import db
+from proxy.api import query
+from proxy.api.bodies import json_response
+from proxy.api.caller import Caller
+from proxy.api.context import Api
+from proxy.api.errors import Invalid
+from proxy.audit.sqlite import query as audit_query
+from proxy.audit.sqlite import usage as usage_query
+
+STATUSES = ("ok", "denied", "error", "cancelled")
+DAY_S = 86400  # the usage period when `since` is not given: the last day
+
+
+def page(target: db.Target, *, status: str | None = None, endpoint: str | None = None,
+         principal: str | None = None, tool: str | None = None, since: float | None = None,
+         until: float | None = None, before: tuple[float, int] | None = None,
+         limit: int = 50) -> list[dict[str, Any]]:
+    return audit_query(target, status=status, endpoint=endpoint, principal=principal,
+                       tool=tool, since=since, until=until, before=before, limit=limit,
+                       with_id=True)
+
+
+async def audit(who: Caller, api: Api) -> Response:
+    args = request.args
+    problems: query.Problems = []
+    times = query.period(args, problems)
+    limit = query.limit(args.get("limit"), problems)
+    status = args.get("status")
+    if status is not None and status not in STATUSES:
+        problems.append({"loc": ["query", "status"],
+                         "msg": "must be ok, denied, error or cancelled",
+                         "type": "literal_error"})
+    cursor = query.cursor(args.get("cursor"), problems)
+    if problems:
+        raise Invalid(problems)
+    rows = await asyncio.to_thread(
+        page, api.database, status=status, endpoint=args.get("endpoint"),
+        since=times["since"], until=times["until"], principal=args.get("principal"),
+        tool=args.get("tool"), before=cursor, limit=limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = query.encode_cursor(rows[-1]) if more and rows else None
+    return json_response({"items": rows, "next_cursor": next_cursor})
+
+
+async def usage_totals(who: Caller, api: Api) -> Response:
+    args = request.args
+    problems: query.Problems = []
+    times = query.period(args, problems)
+    if problems:
+        raise Invalid(problems)
+    since = times["since"] if times["since"] is not None else time.time() - DAY_S
+    rows = await asyncio.to_thread(usage_query, api.database, since=since,
+                                   until=times["until"], endpoint=args.get("endpoint"),
+                                   principal=args.get("principal"))
+    return json_response({"items": rows, "since": since, "until": times["until"]})

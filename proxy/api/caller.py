@@ -1,0 +1,76 @@
+"""Who is calling /api/v1: a signed-in person (browser cookie) or a script with an API key
+(`Authorization: Bearer th_...`). 401: no or bad credential; 403: a person who is not an
+administrator, an endpoint-kind API key, or a cookie-authenticated change without this
+gateway's Origin/Referer (seed 004); 429: an auth-failure lockout, in the OAuth shape
+{"error", "error_description"} as at the edge (seed 004)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from quart import Response, request
+
+from proxy.api.bodies import json_response
+from proxy.api.context import Api
+from proxy.api.errors import ApiError, LockedOut
+from proxy.api.models import Me
+from proxy.auth.lockout import Attempt, Locked
+from proxy.signin import COOKIE, client_address
+
+
+@dataclass(frozen=True)
+class Caller:
+    subject: str
+    issuer: str
+    name: str
+    admin: bool
+    via: Literal["cookie", "api_key"]
+
+
+async def authenticate(api: Api, *, admin: bool, changes: bool) -> Caller:
+    """The caller of this request; `admin`: only an administrator may call, `changes`: the
+    request changes something (a cookie must then come with this gateway's Origin)."""
+    authorization = request.headers.get("Authorization", "")
+    if authorization.lower().startswith("bearer "):
+        who = await _by_key(api, authorization[7:].strip())
+    else:
+        who = await _by_cookie(api, changes)
+    if admin and not who.admin:
+        raise ApiError(403, "administrators only")
+    return who
+
+
+async def _by_key(api: Api, token: str) -> Caller:
+    # by the caller's address (through trusted proxies) only: a key's secret cannot be
+    # guessed, and its id is public, so locking the id out would let anyone shut the key's
+    # owner out
+    client = client_address(request.remote_addr, request.headers, api.trusted_proxies)
+    try:
+        async with Attempt(api.lockouts, (f"api-ip:{client}",)) as attempt:
+            key = await api.keys.lookup(token) if api.keys is not None else None
+            attempt.failed = key is None
+    except Locked as locked:
+        raise LockedOut(locked.retry_after_s) from None
+    if key is None:
+        raise ApiError(401, "invalid or expired credential", {"WWW-Authenticate": "Bearer"})
+    if key.endpoints:
+        raise ApiError(403, "an endpoint-kind API key cannot use the management API")
+    return Caller(f"key:{key.id}", "tollhouse:api-key", key.name, key.role == "admin",
+                  "api_key")
+
+
+async def _by_cookie(api: Api, changes: bool) -> Caller:
+    cookie = request.cookies.get(COOKIE)
+    user = await api.web.user(cookie) if api.web is not None and cookie else None
+    if user is None:
+        raise ApiError(401, "not signed in", {"WWW-Authenticate": "Bearer"})
+    if changes and not api.web.same_origin(request.headers):  # type: ignore[union-attr]
+        raise ApiError(403, "a cookie-authenticated change must come from this gateway "
+                            "(Origin or Referer)")
+    return Caller(user.subject, user.issuer, user.name, user.is_admin, "cookie")
+
+
+async def me(who: Caller, api: Api) -> Response:
+    return json_response(Me(subject=who.subject, issuer=who.issuer, name=who.name,
+                            admin=who.admin, via=who.via))

@@ -1,0 +1,48 @@
+"""What the management API's handlers work with: one `Api`, built when the app starts serving
+(the registry needs the running egress policy), kept on `app.extensions` by `provide` and
+fetched by `current`, the one way a handler reaches it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from quart import Quart, current_app
+
+from proxy import db
+from proxy.accounts import Accounts
+from proxy.auth.keys import KeyIndex
+from proxy.egress import IPNetwork
+from proxy.registry import Registry
+from proxy.signin import Web
+from proxy.state.lockouts import LockoutStore
+
+EXTENSION = "tollhouse.api"
+
+
+@dataclass
+class Api:
+    registry: Registry
+    keys: KeyIndex | None  # the API keys that authenticate; None without auth.mode = "jwt"
+    database: db.Target
+    web: Web | None  # browser sign-in: None when no person signs in here
+    lockouts: LockoutStore
+    max_body: int
+    clock: Callable[[], float]
+    accounts: Accounts
+    # drops what the gateway keeps in memory of a person (their upstream tokens), by
+    # principal key, when their user is deleted
+    forget_person: Callable[[str], None] | None = None
+    trusted_proxies: tuple[IPNetwork, ...] = ()
+
+
+def provide(app: Quart, api: Api) -> None:
+    app.extensions[EXTENSION] = api
+
+
+def current() -> Api:
+    """The serving app's `Api` (inside a request)."""
+    api: Api | None = current_app.extensions.get(EXTENSION)
+    if api is None:
+        raise RuntimeError("the management API is built when the app starts serving")
+    return api

@@ -1,0 +1,77 @@
+"""The one wrapper every /api/v1 handler is served through: it fetches the `Api`,
+authenticates the caller, refuses NULs, and turns the API's errors into their responses. A
+handler is a module-level `async def handler(who: Caller, api: Api, **path) -> Response`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from quart import Response, request
+
+from proxy import db
+from proxy.api.caller import Caller, authenticate
+from proxy.api.context import Api, current
+from proxy.api.errors import ApiError, Invalid
+from proxy.edge.routes import nul_in_body
+
+Handler = Callable[..., Awaitable[Response]]
+View = Callable[..., Awaitable[Response]]
+READS = frozenset({"GET", "HEAD", "OPTIONS"})  # not changes: no Origin/Referer check
+
+
+@dataclass(frozen=True)
+class Route:
+    rule: str  # under /api/v1
+    method: str
+    handler: Handler
+    admin: bool = True  # administrators only
+    query: bool = False  # the route reads its query string (the others ignore theirs)
+
+    @property
+    def endpoint(self) -> str:
+        return f"api_{self.handler.__name__}"
+
+
+def view(route: Route) -> View:
+    """The Quart view serving `route`."""
+
+    async def endpoint(**path: Any) -> Response:
+        api = current()
+        try:
+            return await _serve(route, api, path)
+        except ApiError as exc:  # LockedOut too, in its own shape
+            return exc.response()
+        except Invalid as exc:
+            return exc.response()
+        except db.resolve(api.database).unavailable:  # busy or unreachable: retry
+            return ApiError(503, "the database is busy; retry", {"Retry-After": "1"}).response()
+
+    endpoint.__name__ = route.endpoint
+    return endpoint
+
+
+async def _serve(route: Route, api: Api, path: dict[str, Any]) -> Response:
+    who: Caller = await authenticate(api, admin=route.admin,
+                                     changes=request.method not in READS)
+    await refuse_nul(path, route.query)
+    return await route.handler(who, api, **path)
+
+
+async def refuse_nul(path: dict[str, Any], query: bool) -> None:
+    """A NUL anywhere in what the route reads is a validation error (seed 004: 422): nothing
+    this API stores or looks up may hold one (PostgreSQL's text cannot). A route that reads
+    no query string ignores it, NULs and all."""
+    problems = [{"loc": ["path", k], "msg": "holds a NUL character", "type": "value_error"}
+                for k, v in path.items() if isinstance(v, str) and "\x00" in v]
+    if query:
+        problems += [{"loc": ["query", k], "msg": "holds a NUL character",
+                      "type": "value_error"}
+                     for k, v in request.args.items(multi=True) if "\x00" in k or "\x00" in v]
+    if request.method in ("POST", "PUT", "PATCH") and nul_in_body(await request.get_data(),
+                                                                  "application/json"):
+        problems.append({"loc": ["body"], "msg": "holds a NUL character",
+                         "type": "value_error"})
+    if problems:
+        raise Invalid(problems)
