@@ -79,6 +79,18 @@ def classify(msg: McpMessage, headers: Mapping[str, str]) -> Era:
     return "modern" if claims_modern(headers.get("mcp-protocol-version")) else "legacy"
 
 
+def settle(msg: McpMessage, headers: Mapping[str, str], duplicated: Collection[str]) -> Era:
+    """The message's era, once its checks pass: a modern request is validated (where a header
+    of neither era is -32022 unless an envelope contradicts it); a legacy one may carry no
+    header of neither era."""
+    era = classify(msg, headers)
+    if era == "modern":
+        validate(msg, headers, duplicated)
+    else:
+        check_header(headers.get("mcp-protocol-version"))
+    return era
+
+
 def validate(msg: McpMessage, headers: Mapping[str, str], duplicated: Collection[str]) -> None:
     """Raise the first failed check of a modern request; return when it may proceed.
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 import orjson
 
 from proxy.audit import AuditRecord, AuditSink
-from proxy.auth import Authenticator, Principal
+from proxy.auth.authenticator import Authenticator
+from proxy.auth.principal import Principal
 from proxy.chain import CallContext, Chain, Rewrite
 from proxy.connect.manager import Connections
 from proxy.egress import IPNetwork
@@ -46,6 +47,8 @@ from proxy.upstream.identity import IdentityForwarder
 
 log = logging.getLogger("tollhouse.gateway")
 
+Bodyless = Callable[[UpstreamRoute, EdgeRequest, "Session | None", AuditRecord],
+                    Awaitable[EdgeResponse]]
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -95,8 +98,9 @@ class Gateway:
             record.bytes_in = len(body)
             guards.check_origin(req.headers, self.allowed_origins)
             guards.check_media(req.headers)
+            caller = guards.caller(req, self.trusted_proxies)
             principal = await self.auth.authenticate(req.headers.get("authorization"),
-                                                     route.name, guards.caller(req, self.trusted_proxies))
+                                                     route.name, caller)
             record.principal = principal.subject
             session = None if modern_claim else await self._session(req.headers, route,
                                                                     principal)
@@ -106,13 +110,9 @@ class Gateway:
             record.method, record.tool = msg.method, msg.tool
             if msg.kind == "request":
                 record.request_id = guards.id_text(msg.id)
-            era = record.era = eras.classify(msg, req.headers)
+            era = record.era = eras.settle(msg, req.headers, req.duplicated)
             if era == "modern":
-                # a header of neither era is -32022 there, unless an envelope contradicts it
-                eras.validate(msg, req.headers, req.duplicated)
                 record.client_name = eras.client_name(msg)
-            else:
-                eras.check_header(version)
             ctx = CallContext(principal, route.name, route.url_text, era=era,
                               session_hash=record.session_hash, arguments_size=len(body),
                               api_key_id=principal.api_key_id, peer_ip=req.peer,
@@ -236,70 +236,66 @@ class Gateway:
     async def get(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
         """The server-to-client stream, relayed. Audited once, when it opens or is refused;
         an upstream failure is 502 with no upstream status, body or headers."""
-        started = time.perf_counter()
-        record = AuditRecord(endpoint=route.name, method="GET")
-        try:
-            session = await self._guard_bodyless(route, req, record)
-            if session is not None and session.bridged_envelope is not None:
-                record.note = "no GET stream on a 2026-07-28 upstream"
-                self._emit(record, started)
-                return EdgeResponse(405, {"Allow": "POST, DELETE"})
-            stream = await self.forward.listen(route, req, session)
-            if isinstance(stream, dict):  # the spec's own answer: no GET stream offered
-                record.note = "upstream offers no GET stream"
-                self._emit(record, started)
-                return EdgeResponse(405, stream)
-            headers = {"Mcp-Session-Id": session.id} if session is not None else {}
-            self._emit(record, started)
-            return EdgeResponse(200, {**SSE_HEADERS, **headers},
-                                stream=StreamRelay(BodyChunks(stream), stream.aclose,
-                                                   spawn=self.spawn))
-        except GatewayError as exc:
-            return self._refuse(exc, record, started, None)
-        except Exception:
-            log.exception("unexpected failure on GET /mcp/%s", route.name)
-            return self._refuse(InternalError(), record, started, None)
+        return await self._bodyless(route, req, "GET", self._listen)
 
     async def delete(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
         """End a session here and upstream. Audited once; an upstream failure is 502 and
         leaves the session as it was."""
+        return await self._bodyless(route, req, "DELETE", self._end)
+
+    async def _listen(self, route: UpstreamRoute, req: EdgeRequest, session: Session | None,
+                      record: AuditRecord) -> EdgeResponse:
+        if session is not None and session.bridged_envelope is not None:
+            record.note = "no GET stream on a 2026-07-28 upstream"
+            return EdgeResponse(405, {"Allow": "POST, DELETE"})
+        stream = await self.forward.listen(route, req, session)
+        if isinstance(stream, dict):  # the spec's own answer: no GET stream offered
+            record.note = "upstream offers no GET stream"
+            return EdgeResponse(405, stream)
+        headers = {"Mcp-Session-Id": session.id} if session is not None else {}
+        return EdgeResponse(200, {**SSE_HEADERS, **headers},
+                            stream=StreamRelay(BodyChunks(stream), stream.aclose,
+                                               spawn=self.spawn))
+
+    async def _end(self, route: UpstreamRoute, req: EdgeRequest, session: Session | None,
+                   record: AuditRecord) -> EdgeResponse:
+        if session is None:
+            raise InvalidRequest("Invalid Request: Mcp-Session-Id header required")
+        refused = await self.forward.end(route, req, session)
+        if refused is not None:
+            record.note = "upstream does not let clients end sessions"
+            return EdgeResponse(405, refused)
+        await self.sessions.delete(session.id)
+        return EdgeResponse(200)
+
+    async def _bodyless(self, route: UpstreamRoute, req: EdgeRequest, method: str,
+                        step: Bodyless) -> EdgeResponse:
+        """GET and DELETE: Origin, identity and session, as for a POST, then `step`; one audit
+        record either way. Neither exists in the 2026-07-28 era: one that claims it is 405."""
         started = time.perf_counter()
-        record = AuditRecord(endpoint=route.name, method="DELETE")
+        record = AuditRecord(endpoint=route.name, method=method)
         try:
-            session = await self._guard_bodyless(route, req, record)
-            if session is None:
-                raise InvalidRequest("Invalid Request: Mcp-Session-Id header required")
-            refused = await self.forward.end(route, req, session)
-            if refused is not None:
-                record.note = "upstream does not let clients end sessions"
-                self._emit(record, started)
-                return EdgeResponse(405, refused)
-            await self.sessions.delete(session.id)
+            guards.check_origin(req.headers, self.allowed_origins)
+            version = req.headers.get("mcp-protocol-version")
+            if version in eras.MODERN_VERSIONS:
+                record.era = "modern"
+                raise MethodNotAllowed(headers={"Allow": "POST"})
+            principal = await self.auth.authenticate(req.headers.get("authorization"),
+                                                     route.name,
+                                                     guards.caller(req, self.trusted_proxies))
+            record.principal = principal.subject
+            eras.check_header(version)
+            session = await self._session(req.headers, route, principal)
+            if session is not None:
+                record.session_hash = session.id_hash
+            answer = await step(route, req, session, record)
             self._emit(record, started)
-            return EdgeResponse(200)
+            return answer
         except GatewayError as exc:
             return self._refuse(exc, record, started, None)
         except Exception:
-            log.exception("unexpected failure on DELETE /mcp/%s", route.name)
+            log.exception("unexpected failure on %s /mcp/%s", method, route.name)
             return self._refuse(InternalError(), record, started, None)
-
-    async def _guard_bodyless(self, route: UpstreamRoute, req: EdgeRequest,
-                              record: AuditRecord) -> Session | None:
-        """GET and DELETE: Origin, identity and session, as for a POST. Neither exists in the
-        2026-07-28 era: one that claims it is 405."""
-        guards.check_origin(req.headers, self.allowed_origins)
-        version = req.headers.get("mcp-protocol-version")
-        if version in eras.MODERN_VERSIONS:
-            record.era = "modern"
-            raise MethodNotAllowed(headers={"Allow": "POST"})
-        principal = await self.auth.authenticate(req.headers.get("authorization"), route.name,
-                                                 guards.caller(req, self.trusted_proxies))
-        record.principal = principal.subject
-        eras.check_header(version)
-        session = await self._session(req.headers, route, principal)
-        if session is not None:
-            record.session_hash = session.id_hash
-        return session
 
     # -- shared steps ------------------------------------------------------------------------
 
