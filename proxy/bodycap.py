@@ -27,6 +27,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from proxy.errors import BodyTooLarge, Surface, render
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -80,11 +82,14 @@ async def discard(receive: Receive, limit: int | None = None,
 
 
 class BodyCap:
-    def __init__(self, app: ASGIApp, prefix: str, limit: int, refusal: bytes) -> None:
+    """Caps the bodies of requests under `prefix`, on `surface`, at `limit` bytes."""
+
+    def __init__(self, app: ASGIApp, prefix: str, limit: int, surface: Surface) -> None:
         self.app = app
         self.prefix = prefix
         self.limit = limit
-        self.refusal = refusal
+        self.status, headers, self.refusal = render(BodyTooLarge.over(limit), surface=surface)
+        self.headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope.get("path", "").startswith(self.prefix):
@@ -122,5 +127,5 @@ class BodyCap:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, ended: bool,
                       declared: int | None, received: int) -> None:
-        await refuse(scope, receive, send, 413, [(b"content-type", b"application/json")],
-                     self.refusal, ended=ended, declared=declared, received=received)
+        await refuse(scope, receive, send, self.status, self.headers, self.refusal,
+                     ended=ended, declared=declared, received=received)

@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from proxy.errors import EndpointNotFound, jsonrpc_error_body, render
+
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -50,7 +52,7 @@ def demo_app() -> Callable[[Scope, Receive, Send], Awaitable[None]]:
             return
         headers = {k.decode("latin1").lower(): v.decode("latin1") for k, v in scope["headers"]}
         if scope["path"] != "/mcp":
-            return await _respond(send, 404, b'{"error":"not found"}')
+            return await _respond(send, 404, render(EndpointNotFound())[2])
         session = headers.get("mcp-session-id")
         if scope["method"] == "DELETE":
             sessions.discard(session or "")
@@ -133,7 +135,7 @@ def _text(rid: Any, text: str) -> bytes:
 
 
 def _error(rid: Any, code: int, message: str) -> bytes:
-    return orjson.dumps({"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}})
+    return jsonrpc_error_body(code, message, rid)
 
 
 async def _respond(send: Send, status: int, body: bytes,

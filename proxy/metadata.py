@@ -9,6 +9,7 @@ import orjson
 from quart import Quart, Response
 
 from proxy.config import Config
+from proxy.errors import EndpointNotFound
 from proxy.upstream.identity import IdentityForwarder
 
 JSON = {"Content-Type": "application/json", "Cache-Control": "public, max-age=300"}
@@ -43,7 +44,7 @@ def register(app: Quart, cfg: Config, identity: IdentityForwarder, *,
             if scopes is not None:
                 found = document(endpoint, scopes)
         if found is None:
-            return Response(b'{"error":"not found"}', 404, {"Content-Type": "application/json"})
+            raise EndpointNotFound()
         return Response(found, 200, JSON)
 
     @app.route("/.well-known/jwks.json")

@@ -1,61 +1,58 @@
-"""/api/v1 errors: {"detail": "<message>"} for a domain rule; 422 with a list of
-{"loc", "msg", "type"} for request validation, every problem found; an auth-failure lockout
-in the OAuth shape {"error", "error_description"} with Retry-After, as at the edge (seed
-004)."""
+"""The management API's errors, which live in `proxy.errors` with every other surface's:
+`{"detail": "<message>"}` for a domain rule (`BadRequest`, `NotSignedIn`, `NotPermitted`,
+`NotFound`, `Conflict`); 422 with a list of {"loc", "msg", "type"}
+for request validation (`Invalid`); an auth-failure lockout in the OAuth shape with
+Retry-After (`LockedOut`, seed 004). Raised, they are rendered by the app's one error handler
+(proxy.edge.routes).
+
+Transitional, until every /api/v1 module raises the named classes: `ApiError(status, detail)`
+by status, and `.response()`, for code that answers an error itself."""
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
-import orjson
-from pydantic import ValidationError
 from quart import Response
+
+from proxy import errors
+from proxy.edge.routes import respond
+from proxy.errors import (
+    BadRequest,
+    Conflict,
+    DatabaseUnavailable,
+    NotFound,
+    NotPermitted,
+    NotSignedIn,
+    StoreUnavailable,
+)
 
 JSON = {"Content-Type": "application/json", "Cache-Control": "no-store"}
 
+__all__ = ["JSON", "ApiError", "BadRequest", "Conflict", "DatabaseUnavailable", "Invalid",
+           "LockedOut", "NotFound", "NotPermitted", "NotSignedIn", "StoreUnavailable"]
 
-class ApiError(Exception):
+
+class ApiError(errors.ApiError):
+    """A domain rule raised by its HTTP status (transitional: raise the named classes)."""
+
     def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(detail)
+        super().__init__(detail, headers=headers)
         self.status = status
-        self.detail = detail
-        self.headers = headers or {}
+
+    @property
+    def wire_status(self) -> int:
+        return self.status
 
     def response(self) -> Response:
-        return Response(orjson.dumps({"detail": self.detail}), self.status,
-                        {**JSON, **self.headers})
+        return respond(self, "api")
 
 
-class LockedOut(ApiError):
-    """429: too many failed authentications. Seed 004 gives lockouts the OAuth shape, on the
-    management API as at the edge (proxy.errors.LockedOut)."""
-
-    error = "too_many_requests"
-    description = "too many failed authentication attempts; try again later"
-
+class LockedOut(errors.LockedOut):
     def __init__(self, retry_after_s: float) -> None:
-        super().__init__(429, self.description,
-                         {"Retry-After": str(max(1, math.ceil(retry_after_s)))})
+        super().__init__("api: locked out after repeated failures", retry_after_s)
 
     def response(self) -> Response:
-        return Response(orjson.dumps({"error": self.error,
-                                      "error_description": self.description}),
-                        self.status, {**JSON, **self.headers})
+        return respond(self, "api")
 
 
-class Invalid(Exception):
-    """422: the problems, each {"loc": [...], "msg": "...", "type": "..."}."""
-
-    def __init__(self, problems: list[dict[str, Any]]) -> None:
-        super().__init__("invalid request")
-        self.problems = problems
-
-    @classmethod
-    def from_pydantic(cls, exc: ValidationError, where: str = "body") -> Invalid:
-        return cls([{"loc": [where, *exc_loc], "msg": err["msg"], "type": err["type"]}
-                    for err in exc.errors(include_url=False)
-                    for exc_loc in [list(err["loc"])]])
-
+class Invalid(errors.Invalid):
     def response(self) -> Response:
-        return Response(orjson.dumps({"detail": self.problems}), 422, JSON)
+        return respond(self, "api")

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from proxy.bodycap import BodyCap
 
 LIMIT = 65536
-TOO_LARGE = orjson.dumps({"error": "invalid_request",
-                          "error_description": f"request body exceeds the {LIMIT}-byte limit"})
 
 
-def OAuthBodyCap(app: Any) -> BodyCap:  # noqa: N802 - reads as the middleware it builds
-    return BodyCap(app, "/oauth/", LIMIT, TOO_LARGE)
+def OAuthBodyCap(app: Any) -> BodyCap:
+    return BodyCap(app, "/oauth/", LIMIT, "oauth")

@@ -38,7 +38,7 @@ from cachetools import TTLCache
 from proxy import db
 from proxy.accounts import User
 from proxy.config import Config
-from proxy.errors import GatewayError
+from proxy.errors import OAuthError as OAuthError  # noqa: PLC0414 - cimd raises it from here
 from proxy.oauth.keys import KeyRing
 from proxy.state.codes import CodeStore
 from proxy.state.flows import FlowStore
@@ -53,24 +53,6 @@ class _FamilyRevoked(Exception):
         super().__init__(family)
         self.family = family
         self.error = error
-
-
-class OAuthError(GatewayError):
-    """RFC 6749 section 5.2: {"error", "error_description"}."""
-
-    surface = "oauth"
-    http_status = 400
-    audit_status = "denied"
-
-    def __init__(self, error: str, description: str, status: int = 400,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(description, headers=headers)
-        self.error = error
-        self.status = status
-
-    @property
-    def oauth_error(self) -> str:  # type: ignore[override]
-        return self.error
 
 
 @dataclass(frozen=True)
@@ -243,10 +225,10 @@ class AuthorizationServer:
         client = self.client(client_id) if client_id else None
         if client is None:
             raise OAuthError("invalid_client", "unknown client", 401)
-        if client.auth_method != "none":
-            if not secret or not client.secret_sha256 or not hmac.compare_digest(
-                    client.secret_sha256, _sha(secret)):
-                raise OAuthError("invalid_client", "client authentication failed", 401)
+        if client.auth_method != "none" and (
+                not secret or not client.secret_sha256
+                or not hmac.compare_digest(client.secret_sha256, _sha(secret))):
+            raise OAuthError("invalid_client", "client authentication failed", 401)
         return client
 
     # -- authorization codes -------------------------------------------------------------------

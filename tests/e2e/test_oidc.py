@@ -117,7 +117,7 @@ async def oidc_stack(tmp_path: Path, provider: OidcProvider | None = None,
         web = Web(accounts, MemoryBrowserSessions(clock=clock),
                   MemoryLockoutStore(LockoutConfig(), clock), gateway, clock, oidc_enabled=True,
                   signin_flows=MemoryFlowStore(clock=clock))
-        signin.register(app, lambda: web)
+        signin.register(app, web)
         oidc.register(app, lambda: web, cfg, lambda: http, gateway)
         provider.redirect_uris = {f"{gateway}/signin/oidc/callback"}
         yield Stack(gateway, provider, accounts, clock, exits)

@@ -1,90 +1,44 @@
-"""Every failure the gateway can answer, and the one function that renders it.
-
-Code anywhere raises one of these; only the edge renders, through `render`. Each class states its
-wire facts as ClassVars (seed 004 is normative for shapes, codes and statuses), and its audit
-facts: whether it is a denial (`status: denied`, `denied_reason`) or an error (`error_message`).
-"""
+"""The MCP edge's own errors, in the order a request meets them: refused before any JSON-RPC
+parsing (plain), by the guards, for the message itself, by a policy, by the upstream, cancelled.
+They render in JSON-RPC unless a class says otherwise (seed 004)."""
 
 from __future__ import annotations
 
-import math
-from typing import Any, ClassVar, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
-import orjson
-
-Surface = Literal["jsonrpc", "plain", "oauth", "tool_result"]
-AuditStatus = Literal["denied", "error", "cancelled"]
-
-
-class GatewayError(Exception):
-    """Base of every answer that is not the upstream's own."""
-
-    surface: ClassVar[Surface] = "jsonrpc"
-    http_status: ClassVar[int] = 400
-    code: ClassVar[int] = -32600
-    message: ClassVar[str] = "Invalid Request"
-    audit_status: ClassVar[AuditStatus] = "error"
-    expose_detail: ClassVar[bool] = True
-    oauth_error: ClassVar[str] = "invalid_request"
-    with_id: ClassVar[bool] = True  # a JSON-RPC body carries "id" (null when unknown)
-
-    def __init__(self, detail: str | None = None, *, data: dict[str, Any] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(detail or self.message)
-        self.detail = detail
-        self.data = data
-        self.headers = headers or {}
-
-    @property
-    def wire_message(self) -> str:
-        """The message the client sees; never an upstream body or a secret."""
-        return (self.detail if self.expose_detail else None) or self.message
-
-    @property
-    def audit_reason(self) -> str:
-        """What the audit log records as denied_reason or error_message."""
-        return str(self)
-
+from proxy.errors.base import GatewayError, Shape, Surface, retry_after
 
 # -- answered before any JSON-RPC parsing, HTTP-shaped (seed 004) ------------------------------
 
 class EndpointNotFound(GatewayError):
-    surface = "plain"
+    """An endpoint that does not exist; also a discovery document for one (the OAuth
+    surface), in the same plain shape."""
+
+    surfaces = frozenset({"mcp", "oauth"})
+    shapes: ClassVar[Mapping[Surface, Shape]] = {"mcp": "plain", "oauth": "plain"}
     http_status = 404
     message = "not found"
 
 
 class SessionNotFound(GatewayError):
-    surface = "plain"
+    shapes: ClassVar[Mapping[Surface, Shape]] = {"mcp": "plain"}
     http_status = 404
     message = "session not found"
     audit_status = "denied"
 
 
 class MethodNotAllowed(GatewayError):
-    surface = "plain"
+    shapes: ClassVar[Mapping[Surface, Shape]] = {"mcp": "plain"}
     http_status = 405
     message = "method not allowed"
 
 
-# -- guards, JSON-RPC shaped ---------------------------------------------------------------------
-
-class BodyTooLarge(GatewayError):
-    http_status = 413
-    code = -32600
-    message = "Request body too large"
-    audit_status = "denied"
-
-
-class OriginNotAllowed(GatewayError):
-    http_status = 403
-    code = -32600
-    message = "Forbidden: Origin not allowed"
-    audit_status = "denied"
+# -- guards, JSON-RPC shaped (and BodyTooLarge, LockedOut: .base) --------------------------------
 
 
 class Unauthenticated(GatewayError):
-    """No, or a bad, credential. The wire never says which check failed; the audit does."""
+    """No, or a bad, credential. The MCP edge never says which check failed; the audit does."""
 
     http_status = 401
     code = -32000
@@ -103,21 +57,11 @@ class Forbidden(GatewayError):
     expose_detail = False
 
 
-class LockedOut(GatewayError):
-    """Too many failed credentials: seed 004 answers in the OAuth shape with Retry-After."""
-
-    surface = "oauth"
-    http_status = 429
-    message = "too many failed authentication attempts; try again later"
-    oauth_error = "too_many_requests"
+class OriginNotAllowed(GatewayError):
+    http_status = 403
+    code = -32600
+    message = "Forbidden: Origin not allowed"
     audit_status = "denied"
-
-    def __init__(self, reason: str, retry_after_s: float) -> None:
-        super().__init__(reason, headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))})
-
-    @property
-    def wire_message(self) -> str:
-        return self.message
 
 
 class NotAcceptable(GatewayError):
@@ -207,8 +151,7 @@ class RateLimited(PolicyDenied):
     message = "Too many requests"
 
     def __init__(self, reason: str, retry_after_s: float) -> None:
-        seconds = max(1, math.ceil(retry_after_s))
-        super().__init__(reason, headers={"Retry-After": str(seconds)})
+        super().__init__(reason, headers=retry_after(retry_after_s))
         self.retry_after_s = retry_after_s
 
 
@@ -232,7 +175,7 @@ class ToolResultDenial(PolicyDenied):
     """A tools/call refusal a person should read: a tool result with isError and seed 001's
     structured content (error_id, code, message, retryable, trace_id, details, created_at)."""
 
-    surface = "tool_result"
+    shapes: ClassVar[Mapping[Surface, Shape]] = {"mcp": "tool_result"}
     http_status = 200
 
     def __init__(self, reason: str, user_message: str, code: str,
@@ -327,12 +270,9 @@ class UpstreamRejected(GatewayError):
             return None
         return upstream_status
 
-    def body(self, request_id: Any) -> bytes:
-        if self.call:
-            return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": self.error})
-        if self.upstream_id is NO_ID:
-            return orjson.dumps({"jsonrpc": "2.0", "error": self.error})
-        return orjson.dumps({"jsonrpc": "2.0", "id": self.upstream_id, "error": self.error})
+    @property
+    def wire_status(self) -> int:
+        return self.status
 
 
 class Cancelled(GatewayError):
@@ -342,84 +282,9 @@ class Cancelled(GatewayError):
     audit_status = "cancelled"
 
 
-class InternalError(GatewayError):
-    """A bug or an unexpected failure: fail closed, say nothing about it on the wire."""
-
-    http_status = 500
-    code = -32603
-    message = "Internal error"
-    expose_detail = False
-
-
-def jsonrpc_error_body(code: int, message: str, request_id: Any = None,
-                       data: dict[str, Any] | None = None, *, with_id: bool = True) -> bytes:
-    error: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        error["data"] = data
-    if not with_id:
-        return orjson.dumps({"jsonrpc": "2.0", "error": error})
-    return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": error})
-
-
-def render(exc: GatewayError, request_id: Any = None) -> tuple[int, dict[str, str], bytes]:
-    """Return (HTTP status, headers, body) for `exc` on the MCP edge."""
-    if isinstance(exc, UpstreamRejected):
-        body = exc.body(request_id)
-        return exc.status, {"Content-Type": "application/json", **exc.headers}, body
-    if exc.surface == "plain":
-        body = orjson.dumps({"error": exc.wire_message})
-    elif exc.surface == "oauth":
-        body = orjson.dumps({"error": exc.oauth_error, "error_description": exc.wire_message})
-    elif isinstance(exc, ToolResultDenial):
-        body = orjson.dumps({"jsonrpc": "2.0", "id": request_id,
-                             "result": tool_error_result(exc)})
-    else:
-        body = jsonrpc_error_body(exc.code, exc.wire_message, request_id, exc.data,
-                                  with_id=exc.with_id)
-    return exc.http_status, {"Content-Type": "application/json", **exc.headers}, body
-
-
-def tool_error_result(exc: ToolResultDenial) -> dict[str, Any]:
-    import datetime as dt
-    import secrets
-
-    structured: dict[str, Any] = {
-        "error_id": f"err_{secrets.token_hex(10)}",
-        "code": exc.tool_code,
-        "message": exc.wire_message,
-        "retryable": TOOL_ERROR_CODES.get(exc.tool_code, False),
-        "trace_id": f"trc_{secrets.token_hex(10)}",
-        "details": {},
-        "created_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-    if exc.retry_after_ms is not None:
-        structured["retry_after_ms"] = exc.retry_after_ms
-    return {"content": [{"type": "text", "text": exc.wire_message}], "isError": True,
-            "structuredContent": structured}
-
-
-def sse_event(body: bytes) -> bytes:
-    """One SSE `message` event carrying a JSON-RPC message."""
-    return b"event: message\ndata: " + body + b"\n\n"
-
-
 class BodyTimeout(GatewayError):
     http_status = 408
     code = -32600
     message = "Request body not received in time"
 
 
-class StoreUnavailable(GatewayError):
-    """A live-state store this request needs cannot answer (a shared store down or out of
-    reach): 503 with Retry-After, nothing forwarded. On the MCP edge seed 000's boundary
-    message for a missing runtime dependency; on /api/v1 `{"detail": ...}`; on /oauth/
-    `temporarily_unavailable`. `detail` says what is unavailable (the audit log, /api/v1)."""
-
-    http_status = 503
-    code = -32000
-    message = "Resident runtime unavailable"
-    expose_detail = False
-    oauth_error = "temporarily_unavailable"
-
-    def __init__(self, detail: str | None = None, retry_after_s: float = 1.0) -> None:
-        super().__init__(detail, headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))})
