@@ -1,28 +1,37 @@
 """The decisions. Each policy is one small object with one async `check`; `default_policies`
 returns them for a config, and the chain runs them by their `order` (access 100, rate limit 200,
-egress 300, metering 500: last, so that a call denied by anything else is never billed)."""
+egress 300, metering 500: last, so that a call denied by anything else is never billed).
+
+A policy gets what it needs from the mechanism as an interface (a rate-limit store, the egress
+destinations, a metering backend), so nothing here imports a web framework, an HTTP client or
+a database driver (tests/policies/test_imports.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from policies.access import Access
+from policies.egress import Destinations, Egress, UpstreamEgress
+from policies.metering import Metering, MeteringBackend
+from policies.rate_limit import RateLimit
+
 if TYPE_CHECKING:
-    from policies.egress import Egress
-    from policies.metering import MeteringBackend
     from proxy.chain import Policy
     from proxy.config import Config
-    from proxy.egress import Resolver
+    from proxy.egress import IPNetwork
     from proxy.state.ratelimit import RateLimitStore
 
 
-def build_egress(cfg: Config, resolver: Resolver | None = None) -> Egress:
-    """Always on: the zone and metadata-address rules hold even without an [egress] table."""
-    from policies.egress import Egress, SystemResolver, UpstreamEgress
-
+def build_egress(cfg: Config, destinations: Destinations,
+                 trusted_proxies: Sequence[IPNetwork]) -> Egress:
+    """Always on: the zone and metadata-address rules hold even without an [egress] table.
+    `destinations` is `proxy.egress.Destinations`, which the upstream client dials through
+    too; `trusted_proxies` are `server.trusted_proxies`, parsed."""
     return Egress(cfg.egress,
                   [UpstreamEgress.from_url(u.name, u.url, u.zones, u.collections)
                    for u in cfg.upstreams],
-                  resolver or SystemResolver(), cfg.server.trusted_proxies)
+                  destinations, trusted_proxies)
 
 
 def default_policies(cfg: Config, metering: MeteringBackend | None = None,
@@ -31,11 +40,7 @@ def default_policies(cfg: Config, metering: MeteringBackend | None = None,
     """The policies this config asks for; a policy with nothing to decide is left out, so it
     costs nothing on the hot path. `rate_limits` is the buckets' store, built with the other
     live state at start-up (proxy.state.open_stores); it is needed when the config has rate
-    limits. The imports are here, not at the top, because proxy.config embeds policy rules
-    (policies.rate_limit): loading this package must not import the config back."""
-    from policies.access import Access
-    from policies.rate_limit import RateLimit
-
+    limits."""
     policies: list[Policy] = []
     if Access.wanted(cfg) or cfg.auth.mode == "jwt":  # the API may add rules at run time
         policies.append(Access(cfg))
@@ -46,7 +51,5 @@ def default_policies(cfg: Config, metering: MeteringBackend | None = None,
     if egress is not None:
         policies.append(egress)
     if metering is not None:
-        from policies.metering import Metering
-
         policies.append(Metering(cfg.metering, metering))
     return policies

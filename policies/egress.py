@@ -3,39 +3,34 @@ where requests may go (the upstream's resolved addresses against its zones).
 
 The data check comes first: it costs no I/O, and a caller who may not have the data learns
 nothing about the destination. A refusal is seed 000's body at 403, and its `audit` object is
-kept on the exception for the audit record. The destination check is `proxy.egress`'s, run
-here so that a refused upstream answers before anything is sent, and again by the transport
-for requests that never pass the chain.
-
-`proxy.config` embeds `EgressConfig`, so this module imports the chain's types for annotations
-only: at run time it needs nothing that imports the config back.
+kept on the exception for the audit record. The destination check is asked of `Destinations`
+(implemented by `proxy.egress.Destinations`, which resolves, checks and pins), so that a
+refused upstream answers before anything is sent; the upstream client dials that pin.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import re
-import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
+from proxy.auth.peer import client_ip
+from proxy.config import (
+    COLLECTION_POLICIES,
+    MAX_COLLECTIONS,
+    CollectionPolicy,
+    EgressConfig,
+    validate_egress,
+)
+from proxy.config import validate_upstream_egress as _check_upstream
 from proxy.egress import (
     API_DEFAULT_ZONES,
-    DEFAULT_METADATA_ADDRESSES,
     ZONES,
-    Destinations,
     EgressDestinationDenied,
-    IPAddress,
     IPNetwork,
-    Resolver,
-    SystemResolver,
     UpstreamEgress,
     Zone,
     classify,
-    is_metadata,
-    parse_addresses,
-    unwrap,
 )
 from proxy.errors import PolicyDenied
 
@@ -44,141 +39,40 @@ if TYPE_CHECKING:
     from proxy.jsonrpc import McpMessage
 
 __all__ = [
-    "API_DEFAULT_ZONES", "MAX_COLLECTIONS", "POLICIES", "ZONES", "Egress", "EgressConfig",
-    "EgressDenied", "EgressDestinationDenied", "Resolver", "SystemResolver", "UpstreamEgress",
-    "caller_address", "caller_zone", "classify", "decide", "is_metadata", "parse_networks",
-    "unknown_audit", "validate_egress",
+    "API_DEFAULT_ZONES", "MAX_COLLECTIONS", "POLICIES", "ZONES", "Destinations", "Egress",
+    "EgressDenied", "EgressDestinationDenied", "UpstreamEgress", "caller_zone", "decide",
+    "unknown_audit",
 ]
 
 CallerZone = Zone | Literal["unknown"]
 Reason = Literal["INVALID_INPUT", "UNKNOWN_DESTINATION", "POLICY_LOCAL_ONLY", "POLICY_LAN_ONLY",
                  "AUTHENTICATION_REQUIRED"]
-Policy = Literal["local_only", "lan", "remote"]
+Policy = CollectionPolicy
 
-POLICIES: tuple[Policy, ...] = ("local_only", "lan", "remote")  # most restrictive first
-MAX_COLLECTIONS = 64  # seed 000's cap on audit.collections
-_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+POLICIES: tuple[Policy, ...] = COLLECTION_POLICIES  # most restrictive first
 
 
-@dataclass(frozen=True)
-class EgressConfig:
-    """`[egress]`. `collections` maps a data label to the farthest zone its data may be served
-    to. `metadata_addresses` replaces, not extends, the built-in list."""
+class Destinations(Protocol):
+    """Where requests may go, as the policy asks it: one entry per upstream, and a `check`
+    that raises EgressDestinationDenied (or UpstreamUnavailable) for one that may not be
+    dialled now."""
 
-    collections: dict[str, str] = field(default_factory=dict)
-    metadata_addresses: list[str] = field(default_factory=lambda: list(DEFAULT_METADATA_ADDRESSES))
+    def add(self, upstream: UpstreamEgress) -> None: ...
 
+    def discard(self, name: str) -> None: ...
 
-def validate_egress(egress: EgressConfig,
-                    upstreams: Sequence[tuple[str, str, Sequence[str], Sequence[str]]],
-                    trusted_proxies: Sequence[str] = ()) -> None:
-    """Raise ValueError naming the first offending key. `upstreams` are (name, url, zones,
-    collections) in config order."""
-    for label, policy in egress.collections.items():
-        if not _LABEL.match(label):
-            raise ValueError(f"egress.collections: {label!r} must be 1-64 letters, digits, "
-                             "'-', '_' or '.', starting with a letter or digit")
-        if policy not in POLICIES:
-            raise ValueError(f"egress.collections.{label}: {policy!r} is not one of "
-                             f"{', '.join(POLICIES)}")
-    for i, address in enumerate(egress.metadata_addresses):
-        try:
-            ipaddress.ip_address(address)
-        except ValueError:
-            raise ValueError(f"egress.metadata_addresses[{i}]: {address!r} is not an IP "
-                             "address") from None
-    for i, (_name, url, zones, labels) in enumerate(upstreams):
-        try:
-            UpstreamEgress.from_url("", url)
-        except ValueError as exc:
-            raise ValueError(f"upstreams[{i}].url: {exc}") from None
-        _check_upstream(f"upstreams[{i}]", zones, labels, egress.collections)
-    parse_networks(trusted_proxies, "server.trusted_proxies")
+    def pinned(self, name: str) -> list[str] | None: ...
 
-
-def _check_upstream(where: str, zones: Sequence[str], labels: Sequence[str],
-                    policies: dict[str, str]) -> None:
-    if not zones:
-        raise ValueError(f"{where}.zones: must name at least one of {', '.join(ZONES)}")
-    for zone in zones:
-        if zone not in ZONES:
-            raise ValueError(f"{where}.zones: {zone!r} is not one of {', '.join(ZONES)}")
-    if len(labels) > MAX_COLLECTIONS:
-        raise ValueError(f"{where}.collections: more than {MAX_COLLECTIONS} labels")
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"{where}.collections: a label appears twice")
-    for label in labels:
-        if label not in policies:
-            raise ValueError(f"{where}.collections: {label!r} has no policy in "
-                             "[egress.collections]")
-
-
-def parse_networks(values: Iterable[str], key: str) -> tuple[IPNetwork, ...]:
-    """Addresses or CIDR networks; raise ValueError naming `key[i]` on the first bad one."""
-    networks: list[IPNetwork] = []
-    for i, value in enumerate(values):
-        try:
-            network = ipaddress.ip_network(value)
-        except ValueError:
-            raise ValueError(f"{key}[{i}]: {value!r} is not an IP address or network, "
-                             "e.g. 10.0.0.1 or 10.0.0.0/8") from None
-        if network.version == 6 and network.subnet_of(_MAPPED):  # as addresses are unwrapped
-            network = ipaddress.IPv4Network(
-                (int(network.network_address) & 0xFFFFFFFF, network.prefixlen - 96))
-        networks.append(network)
-    return tuple(networks)
+    async def check(self, name: str) -> object: ...
 
 
 # -- the caller's zone ---------------------------------------------------------------------------
 
-def caller_address(peer_ip: str | None, forwarded_for: str | None,
-                   trusted_proxies: Sequence[IPNetwork], *,
-                   forwarded: str | None = None) -> IPAddress | None:
-    """The connection's peer, unless the peer is a trusted proxy: then the nearest address in
-    X-Forwarded-For that is not a trusted proxy, walking from the right (the entries left of
-    it were written by whoever the proxy heard, so they prove nothing). None when it cannot be
-    told: no peer, a malformed hop, or a trusted proxy that sent only `Forwarded`, which is not
-    read (a proxy that appends to one header passes a client's forged other header on)."""
-    peer = _address(peer_ip)
-    if peer is None or not _trusted(peer, trusted_proxies):
-        return peer
-    hops = [hop.strip() for hop in (forwarded_for or "").split(",") if hop.strip()]
-    if not hops:
-        return None if forwarded else peer
-    for hop in reversed(hops):
-        address = _address(hop)
-        if address is None:
-            return None
-        if not _trusted(address, trusted_proxies):
-            return address
-    return _address(hops[0])  # every hop is a trusted proxy: the farthest one is the caller
-
-
-def caller_zone(peer_ip: str | None, forwarded_for: str | None,
-                trusted_proxies: Sequence[IPNetwork], *,
-                forwarded: str | None = None) -> CallerZone:
-    address = caller_address(peer_ip, forwarded_for, trusted_proxies, forwarded=forwarded)
+def caller_zone(peer_ip: str | None, headers: Iterable[tuple[str, str]],
+                trusted_proxies: Sequence[IPNetwork]) -> CallerZone:
+    """Where the answer goes: the caller, through trusted proxies (proxy.auth.peer)."""
+    address = client_ip(peer_ip, headers, trusted_proxies)
     return "unknown" if address is None else classify(address)
-
-
-def _address(text: str | None) -> IPAddress | None:
-    """An address as peers and X-Forwarded-For write it: bare, [v6]:port or v4:port."""
-    if not text:
-        return None
-    text = text.strip()
-    if text.startswith("["):
-        text = text[1:].partition("]")[0]
-    elif text.count(":") == 1:
-        text = text.partition(":")[0]
-    try:
-        return unwrap(ipaddress.ip_address(text))
-    except ValueError:
-        return None
-
-
-def _trusted(address: IPAddress, trusted_proxies: Sequence[IPNetwork]) -> bool:
-    return any(address in network for network in trusted_proxies)
 
 
 # -- the decision ----------------------------------------------------------------------------------
@@ -249,14 +143,12 @@ class Egress:
     order: ClassVar[int] = 300
 
     def __init__(self, cfg_egress: EgressConfig, upstreams: Iterable[UpstreamEgress],
-                 resolver: Resolver, trusted_proxies: Sequence[str],
-                 clock: Callable[[], float] = time.monotonic, pin_ttl_s: float = 30.0) -> None:
+                 destinations: Destinations, trusted_proxies: Sequence[IPNetwork]) -> None:
+        """`trusted_proxies` as `proxy.config.parse_networks` answers them, once, at start-up."""
         validate_egress(cfg_egress, [])
         self._policies = dict(cfg_egress.collections)
-        self._trusted = parse_networks(trusted_proxies, "server.trusted_proxies")
-        self.destinations = Destinations((), resolver,
-                                         parse_addresses(cfg_egress.metadata_addresses),
-                                         clock, pin_ttl_s)
+        self._trusted = tuple(trusted_proxies)
+        self._destinations = destinations
         self._labels: dict[str, _Labels | None] = {}
         for upstream in upstreams:
             self.add(upstream)
@@ -269,26 +161,24 @@ class Egress:
     def add(self, upstream: UpstreamEgress) -> None:
         """Register or replace an upstream (the management API's, with API_DEFAULT_ZONES)."""
         self.validate(upstream)
-        self.destinations.add(upstream)
+        self._destinations.add(upstream)
         self._labels[upstream.name] = _Labels.of(upstream.collections, self._policies)
 
     def discard(self, name: str) -> None:
-        self.destinations.discard(name)
+        self._destinations.discard(name)
         self._labels.pop(name, None)
 
     def pinned(self, endpoint: str) -> list[str] | None:
-        return self.destinations.pinned(endpoint)
+        return self._destinations.pinned(endpoint)
 
     async def check(self, call: McpMessage, ctx: CallContext) -> None:
         labels = self._labels.get(ctx.endpoint)
         if labels is not None:
             self._check_data(labels, ctx)
-        await self.destinations.check(ctx.endpoint)
+        await self._destinations.check(ctx.endpoint)
 
     def _check_data(self, labels: _Labels, ctx: CallContext) -> None:
-        xff = ",".join(v for k, v in ctx.headers if k.lower() == "x-forwarded-for") or None
-        forwarded = next((v for k, v in ctx.headers if k.lower() == "forwarded"), None)
-        zone = caller_zone(ctx.peer_ip, xff, self._trusted, forwarded=forwarded)
+        zone = caller_zone(ctx.peer_ip, ctx.headers, self._trusted)
         authenticated = ctx.principal.authenticated
         reason = decide(labels.effective, zone, authenticated)
         if reason is None:

@@ -4,82 +4,21 @@ Every rule that matches a call applies, and they are decided together in one `st
 the call passes only if every bucket admits it, and a refused call charges none of them, so a
 caller held back by one rule does not also drain the others while retrying.
 
-`proxy.config` embeds `RateLimitRule`, so this module imports the chain's types for annotations
-only: at run time it needs nothing that imports the config back.
+The rules are `[[rate_limits]]` tables (`proxy.config.RateLimitRule`), validated there.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from proxy.config import RateLimitRule, parse_rate, validate_rules
 from proxy.errors import RateLimited
 from proxy.state.ratelimit import US, Limit, RateLimitStore
 
 if TYPE_CHECKING:
     from proxy.chain import CallContext
     from proxy.jsonrpc import McpMessage
-
-KEY_KINDS = ("principal", "principal_endpoint", "principal_tool", "endpoint", "api_key")
-_PERIODS_S = {"s": 1, "min": 60, "h": 3600}
-_RATE = re.compile(r"^([1-9][0-9]{0,9})/(s|min|h)$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # no ':', which delimits bucket keys
-
-
-@dataclass(frozen=True)
-class RateLimitRule:
-    """One `[[rate_limits]]` table. `burst` is how many calls may arrive at once after a quiet
-    spell; 0 means the rate's own count, so "100/h" lets the hour's 100 calls come together,
-    as "100 per hour" reads. A burst of 1 spaces every call evenly."""
-
-    name: str
-    key: str = "principal"
-    methods: list[str] = field(default_factory=lambda: ["tools/call"])
-    rate: str = "10/s"
-    burst: int = 0
-    endpoints: list[str] = field(default_factory=list)
-
-
-def parse_rate(rate: str) -> tuple[int, int]:
-    """'10/s' -> (10, 1): calls per period of that many seconds."""
-    match = _RATE.match(rate)
-    if match is None:
-        raise ValueError(f"{rate!r} is not n/s, n/min or n/h")
-    return int(match.group(1)), _PERIODS_S[match.group(2)]
-
-
-def validate_rules(rules: list[RateLimitRule],
-                   known_endpoints: Collection[str] | None = None) -> None:
-    """Raise ValueError naming the first offending rule and field; with `known_endpoints`, an
-    endpoint no upstream has is refused too (a typo there would silently limit nothing)."""
-    seen: dict[str, int] = {}
-    for i, rule in enumerate(rules):
-        where = f"rate_limits[{i}]"
-        if not _NAME.match(rule.name):
-            raise ValueError(f"{where}.name: {rule.name!r} must be 1-64 letters, digits, '-', "
-                             "'_' or '.', starting with a letter or digit")
-        if rule.name in seen:
-            raise ValueError(f"{where}.name: {rule.name!r} repeats rate_limits[{seen[rule.name]}]")
-        seen[rule.name] = i
-        if rule.key not in KEY_KINDS:
-            raise ValueError(f"{where}.key: {rule.key!r} is not one of {', '.join(KEY_KINDS)}")
-        if not rule.methods or not all(rule.methods):
-            raise ValueError(f"{where}.methods: must list at least one method, none empty")
-        if rule.key == "principal_tool" and "tools/call" not in rule.methods:
-            raise ValueError(f"{where}.key: 'principal_tool' needs 'tools/call' in methods")
-        try:
-            count, period_s = parse_rate(rule.rate)
-        except ValueError as exc:
-            raise ValueError(f"{where}.rate: {exc}") from None
-        if period_s * US // count == 0:
-            raise ValueError(f"{where}.rate: {rule.rate!r} is more than one call per microsecond")
-        if rule.burst < 0:
-            raise ValueError(f"{where}.burst: {rule.burst} must be 0 (the rate's count) or more")
-        for endpoint in rule.endpoints:
-            if known_endpoints is not None and endpoint not in known_endpoints:
-                raise ValueError(f"{where}.endpoints: {endpoint!r} is not a configured upstream")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,11 +11,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+import orjson
 from quart import Quart
 
 from policies import build_egress, default_policies
 from policies.access import Access
-from policies.egress import parse_networks
 from proxy import edge, metadata, signin
 from proxy.accounts import Accounts
 from proxy.api import routes as api_routes
@@ -26,13 +26,13 @@ from proxy.auth.keys import KeyIndex
 from proxy.auth.people import LiveUsers
 from proxy.bodycap import BodyCap
 from proxy.chain import Chain
-from proxy.config import Config
+from proxy.config import Config, parse_networks
 from proxy.connect import routes as connect_routes
 from proxy.connect.guarded import GuardedClient
 from proxy.connect.manager import Connections
 from proxy.connect.vault import Vault, keys_from_env
 from proxy.db import Database
-from proxy.egress import Resolver
+from proxy.egress import Destinations, Resolver, SystemResolver, parse_addresses
 from proxy.mcp.asgi import McpEdge
 from proxy.mcp.gateway import Gateway
 from proxy.metering import OutboxWorker, build_backend
@@ -124,8 +124,10 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
 
     @app.while_serving  # type: ignore[type-var]
     async def lifespan() -> AsyncIterator[None]:
-        egress = build_egress(cfg, resolver)
-        upstream = UpstreamClient(upstream_transport, destinations=egress.destinations)
+        destinations = Destinations((), resolver or SystemResolver(),
+                                    parse_addresses(cfg.egress.metadata_addresses))
+        egress = build_egress(cfg, destinations, trusted)
+        upstream = UpstreamClient(upstream_transport, destinations=destinations)
         audit = audit_sink or SqliteAuditSink(database)
         backend = worker = worker_task = None
         if cfg.metering.enabled:
@@ -185,12 +187,14 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     edge.register(app)
     if web is not None:
         people_web: Web = web
-        signin.register(app, people_web)
+        signin.register(app, lambda: people_web)
     if oauth_server is not None and web is not None:
-        oauth_routes.register(app, oauth_server, people_web)
+        own: AuthorizationServer = oauth_server
+        oauth_routes.register(app, lambda: own, lambda: people_web)
         app.asgi_app = OAuthBodyCap(app.asgi_app)  # type: ignore[method-assign,assignment]
     if connections is not None and web is not None:
-        connect_routes.register(app, connections, people_web)
+        linked: Connections = connections
+        connect_routes.register(app, lambda: linked, lambda: people_web)
     if cfg.auth.oidc.enabled and web is not None:
         from proxy import oidc  # type: ignore[attr-defined,unused-ignore]
 
@@ -206,6 +210,8 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                       api_scopes=api_scopes)
 
     api_routes.register(app)
-    app.asgi_app = BodyCap(app.asgi_app, "/api/v1/",  # type: ignore[method-assign,assignment,arg-type]
-                           cfg.server.max_request_bytes, "api")
+    limit = cfg.server.max_request_bytes
+    app.asgi_app = BodyCap(app.asgi_app, "/api/v1/", limit,  # type: ignore[method-assign,assignment,arg-type]
+                           orjson.dumps({"detail": f"request body exceeds the {limit}-byte "
+                                                   "limit"}))
     return app

@@ -3,6 +3,9 @@
 Every table is a frozen dataclass whose field names are the TOML keys; `load` walks the
 dataclasses, so an unknown key, a wrong type or a bad URL is refused with one line that names
 the key. `${VAR}` inside any string is replaced from the environment, for secrets.
+
+The policies' tables (`[[rate_limits]]`, `[egress]`) are here too, with their validation:
+policies/ read their config from this module, and nothing here imports a policy.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from policies.egress import ZONES, EgressConfig, validate_egress
-from policies.rate_limit import RateLimitRule, validate_rules
+from proxy.egress import DEFAULT_METADATA_ADDRESSES, ZONES, IPNetwork, UpstreamEgress
+from proxy.state.ratelimit import US
 
 
 class ConfigError(Exception):
@@ -193,6 +196,29 @@ class MeteringConfig:
     @property
     def enabled(self) -> bool:
         return bool(self.hook or self.url)
+
+
+@dataclass(frozen=True)
+class RateLimitRule:
+    """One `[[rate_limits]]` table. `burst` is how many calls may arrive at once after a quiet
+    spell; 0 means the rate's own count, so "100/h" lets the hour's 100 calls come together,
+    as "100 per hour" reads. A burst of 1 spaces every call evenly."""
+
+    name: str
+    key: str = "principal"
+    methods: list[str] = field(default_factory=lambda: ["tools/call"])
+    rate: str = "10/s"
+    burst: int = 0
+    endpoints: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EgressConfig:
+    """`[egress]`. `collections` maps a data label to the farthest zone its data may be served
+    to. `metadata_addresses` replaces, not extends, the built-in list."""
+
+    collections: dict[str, str] = field(default_factory=dict)
+    metadata_addresses: list[str] = field(default_factory=lambda: list(DEFAULT_METADATA_ADDRESSES))
 
 
 @dataclass(frozen=True)
@@ -423,6 +449,124 @@ def _check_policies(cfg: Config) -> None:
                         cfg.server.trusted_proxies)
     except ValueError as exc:
         raise ConfigError(f"config: {exc}") from None
+
+
+# -- [[rate_limits]] -------------------------------------------------------------------------------
+
+RATE_LIMIT_KEYS = ("principal", "principal_endpoint", "principal_tool", "endpoint", "api_key")
+_PERIODS_S = {"s": 1, "min": 60, "h": 3600}
+_RATE = re.compile(r"^([1-9][0-9]{0,9})/(s|min|h)$")
+
+
+def parse_rate(rate: str) -> tuple[int, int]:
+    """'10/s' -> (10, 1): calls per period of that many seconds."""
+    match = _RATE.match(rate)
+    if match is None:
+        raise ValueError(f"{rate!r} is not n/s, n/min or n/h")
+    return int(match.group(1)), _PERIODS_S[match.group(2)]
+
+
+def validate_rules(rules: list[RateLimitRule],
+                   known_endpoints: typing.Collection[str] | None = None) -> None:
+    """Raise ValueError naming the first offending rule and field; with `known_endpoints`, an
+    endpoint no upstream has is refused too (a typo there would silently limit nothing)."""
+    seen: dict[str, int] = {}
+    for i, rule in enumerate(rules):
+        where = f"rate_limits[{i}]"
+        if not _NAME.match(rule.name):  # no ':', which delimits bucket keys
+            raise ValueError(f"{where}.name: {rule.name!r} must be 1-64 letters, digits, '-', "
+                             "'_' or '.', starting with a letter or digit")
+        if rule.name in seen:
+            raise ValueError(f"{where}.name: {rule.name!r} repeats rate_limits[{seen[rule.name]}]")
+        seen[rule.name] = i
+        if rule.key not in RATE_LIMIT_KEYS:
+            raise ValueError(f"{where}.key: {rule.key!r} is not one of "
+                             f"{', '.join(RATE_LIMIT_KEYS)}")
+        if not rule.methods or not all(rule.methods):
+            raise ValueError(f"{where}.methods: must list at least one method, none empty")
+        if rule.key == "principal_tool" and "tools/call" not in rule.methods:
+            raise ValueError(f"{where}.key: 'principal_tool' needs 'tools/call' in methods")
+        try:
+            count, period_s = parse_rate(rule.rate)
+        except ValueError as exc:
+            raise ValueError(f"{where}.rate: {exc}") from None
+        if period_s * US // count == 0:
+            raise ValueError(f"{where}.rate: {rule.rate!r} is more than one call per microsecond")
+        if rule.burst < 0:
+            raise ValueError(f"{where}.burst: {rule.burst} must be 0 (the rate's count) or more")
+        for endpoint in rule.endpoints:
+            if known_endpoints is not None and endpoint not in known_endpoints:
+                raise ValueError(f"{where}.endpoints: {endpoint!r} is not a configured upstream")
+
+
+# -- [egress] ----------------------------------------------------------------------------------
+
+CollectionPolicy = typing.Literal["local_only", "lan", "remote"]
+COLLECTION_POLICIES: tuple[CollectionPolicy, ...] = ("local_only", "lan", "remote")  # strictest first
+MAX_COLLECTIONS = 64  # seed 000's cap on audit.collections
+_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+
+
+def validate_egress(egress: EgressConfig,
+                    upstreams: typing.Sequence[tuple[str, str, typing.Sequence[str],
+                                                     typing.Sequence[str]]],
+                    trusted_proxies: typing.Sequence[str] = ()) -> None:
+    """Raise ValueError naming the first offending key. `upstreams` are (name, url, zones,
+    collections) in config order."""
+    for label, policy in egress.collections.items():
+        if not _NAME.match(label):
+            raise ValueError(f"egress.collections: {label!r} must be 1-64 letters, digits, "
+                             "'-', '_' or '.', starting with a letter or digit")
+        if policy not in COLLECTION_POLICIES:
+            raise ValueError(f"egress.collections.{label}: {policy!r} is not one of "
+                             f"{', '.join(COLLECTION_POLICIES)}")
+    for i, address in enumerate(egress.metadata_addresses):
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise ValueError(f"egress.metadata_addresses[{i}]: {address!r} is not an IP "
+                             "address") from None
+    for i, (_name, url, zones, labels) in enumerate(upstreams):
+        try:
+            UpstreamEgress.from_url("", url)
+        except ValueError as exc:
+            raise ValueError(f"upstreams[{i}].url: {exc}") from None
+        validate_upstream_egress(f"upstreams[{i}]", zones, labels, egress.collections)
+    parse_networks(trusted_proxies, "server.trusted_proxies")
+
+
+def validate_upstream_egress(where: str, zones: typing.Sequence[str],
+                             labels: typing.Sequence[str], policies: dict[str, str]) -> None:
+    """One upstream's `zones` and `collections`, against `[egress.collections]`."""
+    if not zones:
+        raise ValueError(f"{where}.zones: must name at least one of {', '.join(ZONES)}")
+    for zone in zones:
+        if zone not in ZONES:
+            raise ValueError(f"{where}.zones: {zone!r} is not one of {', '.join(ZONES)}")
+    if len(labels) > MAX_COLLECTIONS:
+        raise ValueError(f"{where}.collections: more than {MAX_COLLECTIONS} labels")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"{where}.collections: a label appears twice")
+    for label in labels:
+        if label not in policies:
+            raise ValueError(f"{where}.collections: {label!r} has no policy in "
+                             "[egress.collections]")
+
+
+def parse_networks(values: typing.Iterable[str], key: str) -> tuple[IPNetwork, ...]:
+    """Addresses or CIDR networks; raise ValueError naming `key[i]` on the first bad one."""
+    networks: list[IPNetwork] = []
+    for i, value in enumerate(values):
+        try:
+            network = ipaddress.ip_network(value)
+        except ValueError:
+            raise ValueError(f"{key}[{i}]: {value!r} is not an IP address or network, "
+                             "e.g. 10.0.0.1 or 10.0.0.0/8") from None
+        if network.version == 6 and network.subnet_of(_MAPPED):  # as addresses are unwrapped
+            network = ipaddress.IPv4Network(
+                (int(network.network_address) & 0xFFFFFFFF, network.prefixlen - 96))
+        networks.append(network)
+    return tuple(networks)
 
 
 def _check_issuer(iss: IssuerConfig, where: str, base_dir: Path) -> None:

@@ -1,12 +1,18 @@
-"""Where requests may go: every upstream address is classified into a zone and checked before
-it is dialled, and the connection is made to exactly the addresses that were checked.
+"""Where requests may go: every address the gateway dials is classified into a zone and checked
+first, and the connection is made to exactly the addresses that were checked.
 
-A check resolves the upstream's host once, refuses the call if any address falls outside the
-upstream's zones or is a cloud metadata address the upstream did not name, and pins the
-addresses. The transport then dials the pin (`dialling` + `PinnedResolver` for aiohttp), never
-resolving again, so a DNS answer that changes between check and connect (rebinding) cannot
-move the connection. The data side (who may receive what) is the egress policy's, in
-policies/egress.py; this module knows nothing of callers.
+`admit` is the one guarded step for every outbound request to a host someone else chose:
+upstream MCP calls, the connect flow's authorization servers and client metadata documents. It
+resolves the host once, refuses if any address falls outside the zones the request may use or
+is a cloud metadata address (unless the operator wrote that address as the host), and answers
+the addresses to dial. Those travel on the request as the `DIAL` extension, and the pinned
+transport (proxy.upstream.transport) dials them and nothing else, never resolving again, so a
+DNS answer that changes between check and connect (rebinding) cannot move the connection.
+
+`Destinations` keeps one pin per upstream, for the egress policy's check and the upstream
+client's dial. The data side (who may receive what) is the egress policy's, in
+policies/egress.py; this module knows nothing of callers, and imports no HTTP client, so the
+config and the policies can use its zone rules.
 """
 
 from __future__ import annotations
@@ -15,14 +21,10 @@ import asyncio
 import ipaddress
 import socket
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 from urllib.parse import urlsplit
-
-from aiohttp.abc import AbstractResolver, ResolveResult
 
 from proxy.errors import UpstreamFailure, UpstreamUnavailable
 
@@ -32,6 +34,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 ZONES: tuple[Zone, ...] = ("loopback", "lan", "remote")
 API_DEFAULT_ZONES: tuple[Zone, ...] = ("remote",)  # an upstream registered at run time
+DIAL = "tollhouse.dial"  # the httpx request extension: the addresses `admit` answered
 
 # Instance metadata and credential endpoints: AWS (IMDS v4/v6, ECS task role, EKS pod
 # identity), GCP, Azure (IMDS, WireServer), Alibaba, Tencent, Oracle Classic.
@@ -154,39 +157,91 @@ class UpstreamEgress:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         return cls(name, parts.hostname.lower(), port, tuple(zones), tuple(collections))
 
-    @property
-    def literal(self) -> IPAddress | None:
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """A host as `admit` checks it: made once per upstream, or per URL for a fetch."""
+
+    host: str
+    port: int
+    zones: Collection[str]
+    literal: IPAddress | None  # the host, when it is an address: its own answer, never resolved
+    # the operator wrote this host: a cloud metadata address it names literally may be dialled
+    named_by_operator: bool
+
+    @classmethod
+    def of(cls, host: str, port: int, zones: Collection[str], *,
+           named_by_operator: bool = False) -> Destination:
         try:
-            return ipaddress.ip_address(self.host)
+            literal: IPAddress | None = ipaddress.ip_address(host.strip("[]"))
         except ValueError:
-            return None
+            literal = None
+        return cls(host.strip("[]") if literal is not None else host, port, zones, literal,
+                   named_by_operator)
+
+
+class Refused(Exception):
+    """`admit` found an address the request may not go to; the text names it, for logs only."""
+
+
+async def admit(dest: Destination, resolver: Resolver,
+                metadata: Collection[IPAddress] = _DEFAULT_METADATA) -> Sequence[str]:
+    """Resolve (an address is its own answer), refuse, and answer what to dial. Raise Refused
+    if any address is outside `dest.zones` or a metadata address the operator did not name,
+    and OSError when the host has no address (nothing was checked, so nothing may be dialled).
+    One refused address refuses the whole answer, so a rebinding mix is never half-dialled."""
+    literal = dest.literal
+    if literal is not None:
+        addresses: Sequence[str] = [dest.host]
+    else:
+        addresses = await resolver.resolve(dest.host, dest.port)
+        if not addresses:
+            raise OSError(f"{dest.host} has no address")
+    for text in addresses:
+        try:
+            ip = ipaddress.ip_address(text)
+        except ValueError:
+            raise Refused(f"{text!r} is not an address") from None
+        zone = classify(ip)
+        if zone not in dest.zones:
+            raise Refused(f"{text} is in zone {zone}, outside {', '.join(dest.zones)}")
+        if unwrap(ip) in metadata and not (dest.named_by_operator and ip == literal):
+            raise Refused(f"{text} is a metadata address")
+    return addresses
 
 
 @dataclass(frozen=True, slots=True)
 class _Pin:
-    addresses: tuple[str, ...]
+    addresses: Sequence[str]
     expires: float
 
 
 class Destinations:
-    """The destination check and the pins it leaves, one per upstream."""
+    """The destination check and the pins it leaves, one per upstream: the egress policy's
+    `check` runs it for every call that passes the chain, and the upstream client dials the
+    pin (`admit`), checking afresh only when there is none."""
 
     def __init__(self, upstreams: Iterable[UpstreamEgress], resolver: Resolver,
                  metadata: Collection[IPAddress] = _DEFAULT_METADATA,
                  clock: Callable[[], float] = time.monotonic, pin_ttl_s: float = 30.0) -> None:
-        self._upstreams = {u.name: u for u in upstreams}
         self._resolver = resolver
         self._metadata = frozenset(unwrap(ip) for ip in metadata)
         self._clock = clock
         self._pin_ttl_s = pin_ttl_s
         self._pins: dict[str, _Pin] = {}
+        self._destinations: dict[str, Destination] = {}
+        for upstream in upstreams:
+            self.add(upstream)
 
     def add(self, upstream: UpstreamEgress) -> None:
-        self._upstreams[upstream.name] = upstream
+        # an upstream's URL is the operator's (or an administrator's, through the API): a
+        # metadata address it names literally is what they asked for
+        self._destinations[upstream.name] = Destination.of(
+            upstream.host, upstream.port, upstream.zones, named_by_operator=True)
         self._pins.pop(upstream.name, None)
 
     def discard(self, name: str) -> None:
-        self._upstreams.pop(name, None)
+        self._destinations.pop(name, None)
         self._pins.pop(name, None)
 
     def pinned(self, name: str) -> list[str] | None:
@@ -196,95 +251,30 @@ class Destinations:
             return None
         return list(pin.addresses)
 
-    async def admit(self, name: str) -> list[str]:
+    async def admit(self, name: str) -> Sequence[str]:
         """For the transport: the pin while it lasts, else a fresh check. Requests that never
         pass the policy chain (GET streams, relayed responses) are checked here too."""
-        return self.pinned(name) or await self.check(name)
+        pin = self._pins.get(name)
+        if pin is not None and pin.expires > self._clock():
+            return pin.addresses
+        return await self.check(name)
 
-    async def check(self, name: str) -> list[str]:
+    async def check(self, name: str) -> Sequence[str]:
         """Resolve now, refuse or pin. Raise EgressDestinationDenied, or UpstreamUnavailable
         when the name does not resolve (nothing was checked, so nothing may be dialled)."""
         self._pins.pop(name, None)  # a refused or failed check leaves nothing to dial
-        upstream = self._upstreams.get(name)
-        if upstream is None:
+        dest = self._destinations.get(name)
+        if dest is None:
             raise _denied(name, "no egress entry for this upstream")
-        literal = upstream.literal
-        if literal is not None:
-            addresses = [upstream.host]
-        else:
-            try:
-                addresses = await self._resolver.resolve(upstream.host, upstream.port)
-            except OSError:
-                raise UpstreamUnavailable() from None
-            if not addresses:
-                raise UpstreamUnavailable()
-        for text in addresses:
-            self._refuse_unless_allowed(upstream, literal, text)
-        self._pins[name] = _Pin(tuple(addresses), self._clock() + self._pin_ttl_s)
-        return list(addresses)
-
-    def _refuse_unless_allowed(self, upstream: UpstreamEgress, literal: IPAddress | None,
-                               text: str) -> None:
         try:
-            ip = ipaddress.ip_address(text)
-        except ValueError:
-            raise _denied(upstream.name, f"{text!r} is not an address") from None
-        zone = classify(ip)
-        if zone not in upstream.zones:
-            raise _denied(upstream.name,
-                          f"{text} is in zone {zone}, outside {', '.join(upstream.zones)}")
-        if unwrap(ip) in self._metadata and ip != literal:
-            raise _denied(upstream.name, f"{text} is a metadata address")
+            addresses = await admit(dest, self._resolver, self._metadata)
+        except Refused as exc:
+            raise _denied(name, str(exc)) from None
+        except OSError:
+            raise UpstreamUnavailable() from None
+        self._pins[name] = _Pin(addresses, self._clock() + self._pin_ttl_s)
+        return addresses
 
 
 def _denied(upstream: str, why: str) -> EgressDestinationDenied:
     return EgressDestinationDenied(f"egress: upstream {upstream}: {why}", upstream=upstream)
-
-
-# -- the transport side: dial the pin, never resolve -------------------------------------------
-
-_DIAL: ContextVar[tuple[str, tuple[str, ...]] | None] = ContextVar("egress_dial", default=None)
-
-
-@contextmanager
-def dialling(host: str, addresses: Iterable[str]) -> Iterator[None]:
-    """Around one request to the transport: connections it opens to `host` go to
-    `addresses` (from `Destinations.admit`), and to nothing else."""
-    token = _DIAL.set((_bare(host), tuple(addresses)))
-    try:
-        yield
-    finally:
-        _DIAL.reset(token)
-
-
-class PinnedResolver(AbstractResolver):
-    """aiohttp's resolver, answering only from the pin of the request in progress.
-
-    Use with `aiohttp.TCPConnector(resolver=PinnedResolver(), use_dns_cache=False)`: with the
-    cache on, aiohttp shares one lookup between concurrent requests for a host, which could
-    hand one upstream's pin to another. aiohttp never asks a resolver about an IP literal;
-    those are checked whole by `Destinations.check`. Any other question is an OSError, which
-    aiohttp reports as a connect failure: nothing unchecked is dialled."""
-
-    async def resolve(self, host: str, port: int = 0,
-                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
-        dial = _DIAL.get()
-        if dial is None or dial[0] != _bare(host):
-            raise OSError(f"egress: no checked address for {host}")
-        results: list[ResolveResult] = []
-        for address in dial[1]:
-            fam = socket.AF_INET6 if ":" in address else socket.AF_INET
-            if family in (socket.AF_UNSPEC, fam):
-                results.append(ResolveResult(
-                    hostname=host, host=address, port=port, family=fam,
-                    proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV))
-        if not results:
-            raise OSError(f"egress: no checked address for {host} in family {family!r}")
-        return results
-
-    async def close(self) -> None:
-        return None
-
-
-def _bare(host: str) -> str:
-    return host.lower().rstrip(".").strip("[]")

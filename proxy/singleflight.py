@@ -13,8 +13,13 @@ V = TypeVar("V")
 
 
 class SingleFlight(Generic[K, V]):
-    def __init__(self) -> None:
+    """`detached`: the call runs in a task of its own, so no one who asked, not even the first,
+    cancels it for the others by going away (a fetch whose outcome is cached for later asks).
+    Otherwise the first asker runs it, and its cancellation ends the call."""
+
+    def __init__(self, *, detached: bool = False) -> None:
         self._running: dict[K, asyncio.Future[V]] = {}
+        self._detached = detached
 
     async def run(self, key: K, call: Callable[[], Awaitable[V]]) -> V:
         """`call()`'s result, shared with everyone who asks for `key` while it runs. A
@@ -23,6 +28,11 @@ class SingleFlight(Generic[K, V]):
         pending = self._running.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
+        if self._detached:
+            task = asyncio.ensure_future(call())
+            self._running[key] = task
+            task.add_done_callback(lambda done: self._settled(key, done))
+            return await asyncio.shield(task)
         future: asyncio.Future[V] = asyncio.get_running_loop().create_future()
         self._running[key] = future
         try:
@@ -35,3 +45,9 @@ class SingleFlight(Generic[K, V]):
             raise
         finally:
             del self._running[key]
+
+    def _settled(self, key: K, task: asyncio.Future[V]) -> None:
+        if self._running.get(key) is task:
+            del self._running[key]
+        if not task.cancelled():
+            task.exception()  # retrieved here too, whether or not anyone still waits

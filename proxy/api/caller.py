@@ -16,7 +16,8 @@ from proxy.api.context import Api
 from proxy.api.errors import ApiError, LockedOut
 from proxy.api.models import Me
 from proxy.auth.lockout import Attempt, Locked
-from proxy.signin import COOKIE, client_address
+from proxy.auth.peer import client_address
+from proxy.signin import COOKIE
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,10 @@
 """Identity: who is calling. Step 2 of the request path; it answers a Principal or raises
-Unauthenticated, and it is not a policy (policies decide what a known principal may do)."""
+Unauthenticated, and it is not a policy (policies decide what a known principal may do).
 
-from proxy.auth.authenticator import Authenticator, BearerAuth, NoAuth
+The authenticators are in `proxy.auth.authenticator`, not imported here: a policy that needs
+`Principal` loads no HTTP client, JWT library or database with it.
+"""
+
 from proxy.auth.principal import ANONYMOUS, Principal
 
-__all__ = ["ANONYMOUS", "Authenticator", "BearerAuth", "NoAuth", "Principal"]
+__all__ = ["ANONYMOUS", "Principal"]

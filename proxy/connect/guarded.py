@@ -1,6 +1,7 @@
-"""HTTP to an upstream's authorization server through the egress guard: the host is resolved
-once, every address must be in a zone the request may use and not a cloud metadata address,
-and the connection goes to exactly those addresses. Redirects are never followed.
+"""HTTP to an upstream's authorization server through the egress guard (proxy.upstream.fetch):
+the host is resolved once, every address must be in a zone the request may use and not a cloud
+metadata address, and the connection goes to exactly those addresses. Redirects are never
+followed.
 
 Two kinds of URL go through here. One the operator wrote in the config (an upstream's URL, from
 which its protected-resource metadata URL is made, or an `[upstreams.oauth]` endpoint) may use
@@ -19,9 +20,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from proxy.egress import Resolver, SystemResolver, classify, dialling, is_metadata
+from proxy.egress import Refused, Resolver, classify
 from proxy.errors import UpstreamFailure, UpstreamUnavailable
-from proxy.upstream.transport import AiohttpTransport
+from proxy.upstream.fetch import GuardedFetch
 
 
 class EgressRefused(UpstreamFailure):
@@ -31,10 +32,7 @@ class EgressRefused(UpstreamFailure):
 class GuardedClient:
     def __init__(self, resolver: Resolver | None = None,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self._resolver = resolver or SystemResolver()
-        self._http = httpx.AsyncClient(transport=transport or AiohttpTransport(pinned=True),
-                                       follow_redirects=False, trust_env=False, timeout=10.0)
-        self._pinned = transport is None
+        self._fetch = GuardedFetch(resolver, transport, timeout=10.0)
 
     async def request(self, method: str, url: str, zones: Collection[str], *,
                       operator_url: bool = False, **kwargs: Any) -> httpx.Response:
@@ -49,12 +47,17 @@ class GuardedClient:
             port = parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError:
             raise EgressRefused() from None
-        addresses = await self._admit(host, port, zones, operator_url)
+        if not host:
+            raise EgressRefused()
         try:
-            if not self._pinned:
-                return await self._http.request(method, url, **kwargs)
-            with dialling(host, addresses):
-                return await self._http.request(method, url, **kwargs)
+            addresses = await self._fetch.admit(host, port, zones, named_by_operator=operator_url)
+        except Refused:
+            raise EgressRefused() from None
+        except OSError:
+            raise UpstreamUnavailable("the upstream's authorization server does not "
+                                      "resolve") from None
+        try:
+            return await self._fetch.request(method, url, addresses, **kwargs)
         except httpx.HTTPError:
             raise UpstreamUnavailable("the upstream's authorization server is unreachable") \
                 from None
@@ -69,7 +72,7 @@ class GuardedClient:
             addresses = [str(ipaddress.ip_address(host.strip("[]")))]
         except ValueError:
             try:
-                addresses = await self._resolver.resolve(host, 443)
+                addresses = await self._fetch.resolver.resolve(host, 443)
             except OSError:
                 addresses = []
         for text in addresses:
@@ -79,28 +82,5 @@ class GuardedClient:
                 continue
         return allowed & set(zones)
 
-    async def _admit(self, host: str, port: int, zones: Collection[str], operator_url: bool
-                     ) -> list[str]:
-        if not host:
-            raise EgressRefused()
-        literal = host.strip("[]")
-        try:
-            addresses = [str(ipaddress.ip_address(literal))]
-        except ValueError:
-            try:
-                addresses = await self._resolver.resolve(host, port)
-            except OSError:
-                raise UpstreamUnavailable("the upstream's authorization server does not "
-                                          "resolve") from None
-        if not addresses:
-            raise UpstreamUnavailable("the upstream's authorization server does not resolve")
-        for text in addresses:
-            ip = ipaddress.ip_address(text)
-            if classify(ip) not in zones:
-                raise EgressRefused()
-            if is_metadata(ip) and not (operator_url and text == literal):
-                raise EgressRefused()
-        return addresses
-
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._fetch.aclose()

@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
-from policies.egress import caller_address
 from proxy import jsonrpc
+from proxy.auth.peer import client_ip
 from proxy.egress import IPNetwork
 from proxy.errors import (
     GatewayError,
@@ -58,9 +58,7 @@ def caller(req: EdgeRequest, trusted_proxies: Sequence[IPNetwork]) -> str | None
     when the caller cannot be told (a proxy that sent only `Forwarded`)."""
     if not trusted_proxies or not req.forwarded:
         return req.peer
-    xff = ",".join(v for k, v in req.forwarded if k == "x-forwarded-for") or None
-    forwarded = next((v for k, v in req.forwarded if k == "forwarded"), None)
-    address = caller_address(req.peer, xff, trusted_proxies, forwarded=forwarded)
+    address = client_ip(req.peer, req.forwarded, trusted_proxies)
     return str(address) if address is not None else req.peer
 
 

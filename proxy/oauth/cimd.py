@@ -7,19 +7,18 @@ client_id cannot be used to make the gateway fetch the same URL over and over.""
 
 from __future__ import annotations
 
-import asyncio
-import ipaddress
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 import httpx
 import orjson
 from cachetools import TTLCache
 
-from proxy.egress import Resolver, SystemResolver, classify, dialling, is_metadata
+from proxy.egress import Refused, Resolver
 from proxy.oauth.server import Client, OAuthError, valid_redirect_uri
-from proxy.upstream.transport import AiohttpTransport
+from proxy.singleflight import SingleFlight
+from proxy.upstream.fetch import GuardedFetch
 
 LIMIT = 65536
 FAILURE_TTL_S = 60.0
@@ -29,14 +28,14 @@ class MetadataDocuments:
     def __init__(self, resolver: Resolver | None = None, zones: tuple[str, ...] = ("remote",),
                  clock: Callable[[], float] = time.monotonic,
                  failure_ttl_s: float = FAILURE_TTL_S) -> None:
-        self._resolver = resolver or SystemResolver()
+        self._fetcher = GuardedFetch(resolver)
         self._zones = zones
         self._cache: TTLCache[str, Client] = TTLCache(maxsize=10_000, ttl=3600, timer=clock)
         # (error, description, status) of a recent failure: answered again without fetching
         self._failures: TTLCache[str, tuple[str, str, int]] = TTLCache(
             maxsize=10_000, ttl=failure_ttl_s, timer=clock)
-        self._fetching: dict[str, asyncio.Task[Client]] = {}
-        self._http: httpx.AsyncClient | None = None
+        # concurrent asks for one URL share one fetch, which none of them cancels by leaving
+        self._fetching: SingleFlight[str, Client] = SingleFlight(detached=True)
 
     @staticmethod
     def applies(client_id: str) -> bool:
@@ -49,19 +48,7 @@ class MetadataDocuments:
         failed = self._failures.get(client_id)
         if failed is not None:
             raise OAuthError(*failed)
-        task = self._fetching.get(client_id)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._fetch_once(client_id))
-            self._fetching[client_id] = task
-            task.add_done_callback(lambda done: self._settled(client_id, done))
-        # shielded: a caller that goes away does not cancel the fetch the others wait for
-        return await asyncio.shield(task)
-
-    def _settled(self, client_id: str, task: asyncio.Task[Client]) -> None:
-        if self._fetching.get(client_id) is task:
-            del self._fetching[client_id]
-        if not task.cancelled():
-            task.exception()  # retrieved here too, whether or not anyone still waits
+        return await self._fetching.run(client_id, lambda: self._fetch_once(client_id))
 
     async def _fetch_once(self, client_id: str) -> Client:
         try:
@@ -78,44 +65,32 @@ class MetadataDocuments:
         if not host or parts.fragment or parts.username or parts.password:
             raise OAuthError("invalid_client", "client_id is not a usable https URL")
         addresses = await self._admit(host, parts.port or 443)
-        if self._http is None:
-            self._http = httpx.AsyncClient(transport=AiohttpTransport(pinned=True),
-                                           follow_redirects=False, trust_env=False)
         try:
-            with dialling(host, addresses):
-                async with self._http.stream("GET", client_id, timeout=5.0,
-                                             headers={"accept": "application/json"}) as response:
-                    if response.status_code != 200:
-                        raise OAuthError("invalid_client", "the client metadata document "
-                                         f"answered HTTP {response.status_code}")
-                    body = b""
-                    async for chunk in response.aiter_bytes():
-                        body += chunk
-                        if len(body) > LIMIT:
-                            raise OAuthError("invalid_client",
-                                             "the client metadata document is too large")
+            async with self._fetcher.stream("GET", client_id, addresses, timeout=5.0,
+                                            headers={"accept": "application/json"}) as response:
+                if response.status_code != 200:
+                    raise OAuthError("invalid_client", "the client metadata document "
+                                     f"answered HTTP {response.status_code}")
+                body = b""
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > LIMIT:
+                        raise OAuthError("invalid_client",
+                                         "the client metadata document is too large")
         except httpx.HTTPError:
             raise OAuthError("invalid_client",
                              "the client metadata document could not be fetched") from None
         return self._parse(client_id, body)
 
-    async def _admit(self, host: str, port: int) -> list[str]:
+    async def _admit(self, host: str, port: int) -> Sequence[str]:
+        """A document is the client's choice: never a metadata address, only `self._zones`."""
         try:
-            literal = ipaddress.ip_address(host.strip("[]"))
-            addresses = [str(literal)]
-        except ValueError:
-            try:
-                addresses = await self._resolver.resolve(host, port)
-            except OSError:
-                raise OAuthError("invalid_client", "the client_id host does not resolve") from None
-        for text in addresses:
-            ip = ipaddress.ip_address(text)
-            if is_metadata(ip) or classify(ip) not in self._zones:
-                raise OAuthError("invalid_client", "the client metadata document is not "
-                                 "reachable under the egress policy")
-        if not addresses:
-            raise OAuthError("invalid_client", "the client_id host does not resolve")
-        return addresses
+            return await self._fetcher.admit(host, port, self._zones)
+        except Refused:
+            raise OAuthError("invalid_client", "the client metadata document is not "
+                             "reachable under the egress policy") from None
+        except OSError:
+            raise OAuthError("invalid_client", "the client_id host does not resolve") from None
 
     @staticmethod
     def _parse(client_id: str, body: bytes) -> Client:
@@ -139,5 +114,4 @@ class MetadataDocuments:
                       tuple(uris), "none")
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            await self._http.aclose()
+        await self._fetcher.aclose()

@@ -11,7 +11,7 @@ import httpx
 import orjson
 
 from proxy.config import UpstreamConfig
-from proxy.egress import Destinations, dialling
+from proxy.egress import DIAL, Destinations
 from proxy.errors import (
     NO_ID,
     UpstreamFailure,
@@ -176,7 +176,9 @@ def build_transport(*, pinned: bool = False) -> httpx.AsyncBaseTransport:
 
 
 class UpstreamClient:
-    """The one AsyncClient every call shares; it lives as long as the app is serving."""
+    """The one AsyncClient every call shares; it lives as long as the app is serving. With
+    `destinations`, every upstream request is admitted there first (`proxy.egress`) and its
+    transport dials only the admitted addresses."""
 
     def __init__(self, transport: httpx.AsyncBaseTransport | None = None, *,
                  destinations: Destinations | None = None) -> None:
@@ -224,14 +226,12 @@ class UpstreamClient:
         The request goes straight to the transport: the client layer's redirect, auth, cookie
         and event-hook machinery has nothing to do for a proxied call and costs measurable
         latency on every one (bench/README.md)."""
-        request = httpx.Request(
-            method, route.url, headers=headers, content=body,
-            extensions={"timeout": route.stream_timeout_ext if stream_timeout
-                        else route.call_timeout_ext})
+        timeout = route.stream_timeout_ext if stream_timeout else route.call_timeout_ext
         if self._destinations is None:
-            with map_errors():
-                return await self._transport.handle_async_request(request)
-        # dial exactly the addresses the egress check admitted: no second resolution
-        addresses = await self._destinations.admit(route.name)
-        with dialling(route.url.host, addresses), map_errors():
+            extensions: dict[str, Any] = {"timeout": timeout}
+        else:  # dial exactly the addresses the egress check admitted: no second resolution
+            extensions = {"timeout": timeout, DIAL: await self._destinations.admit(route.name)}
+        request = httpx.Request(method, route.url, headers=headers, content=body,
+                                extensions=extensions)
+        with map_errors():
             return await self._transport.handle_async_request(request)

@@ -6,15 +6,24 @@ pool underneath (bench/README.md). The gateway keeps httpx's API (requests, resp
 in tests) and puts aiohttp's pool under it. This transport, rather than the httpx-aiohttp
 package's, because every failure must map to the httpx exception that names it: a stream cut by
 the upstream is a ReadError, not a timeout, and the gateway's wire message depends on it.
+
+A pinned transport is the dial half of the egress guard (proxy.egress.admit): each request
+carries the addresses it was admitted to as its `DIAL` extension, and a connection it opens
+goes to those addresses and nothing else.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import socket
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import aiohttp
 import httpx
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from proxy.egress import DIAL
 
 _CHUNK = 64 * 1024
 
@@ -69,6 +78,49 @@ class _Body(httpx.AsyncByteStream):
             self._transport.open_responses -= 1
 
 
+# The request a pinned transport is sending, for its resolver: aiohttp asks a connector's
+# resolver about a host with no request in hand, so the request's own `DIAL` addresses reach it
+# through this, set and reset around the one call that may connect.
+_SENDING: ContextVar[httpx.Request | None] = ContextVar("tollhouse_sending", default=None)
+
+
+class PinnedResolver(AbstractResolver):
+    """aiohttp's resolver, answering only with the `DIAL` addresses of the request in progress.
+
+    Used with `use_dns_cache=False`: with the cache on, aiohttp shares one lookup between
+    concurrent requests for a host, which could hand one request's pin to another. aiohttp
+    never asks a resolver about an IP literal; those were checked whole by `admit`. Any other
+    question is an OSError, which aiohttp reports as a connect failure: nothing unchecked is
+    dialled."""
+
+    def __init__(self, sending: Callable[[], httpx.Request | None] = _SENDING.get) -> None:
+        self._sending = sending
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        request = self._sending()
+        addresses = None if request is None else request.extensions.get(DIAL)
+        if addresses is None or request is None or _bare(request.url.host) != _bare(host):
+            raise OSError(f"egress: no checked address for {host}")
+        results: list[ResolveResult] = []
+        for address in addresses:
+            fam = socket.AF_INET6 if ":" in address else socket.AF_INET
+            if family in (socket.AF_UNSPEC, fam):
+                results.append(ResolveResult(
+                    hostname=host, host=address, port=port, family=fam,
+                    proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV))
+        if not results:
+            raise OSError(f"egress: no checked address for {host} in family {family!r}")
+        return results
+
+    async def close(self) -> None:
+        return None
+
+
+def _bare(host: str) -> str:
+    return host.lower().rstrip(".").strip("[]")
+
+
 class AiohttpTransport(httpx.AsyncBaseTransport):
     """Pooled HTTP/1.1 to upstreams; connects lazily inside the running event loop."""
 
@@ -83,8 +135,6 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
             if self._pinned:
-                from proxy.egress import PinnedResolver
-
                 # each connection resolves to its request's admitted addresses; no shared cache
                 connector = aiohttp.TCPConnector(limit=self._max_connections,
                                                  keepalive_timeout=self._keepalive_expiry,
@@ -101,13 +151,18 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         timeout = request.extensions.get("timeout", {})
         body = request.content if request.method != "GET" else None
-        with _mapped(request):
-            response = await self._client().request(
-                request.method, str(request.url), headers=request.headers.multi_items(),
-                data=body or None, allow_redirects=False, compress=None,
-                timeout=aiohttp.ClientTimeout(total=None, connect=timeout.get("pool"),
-                                              sock_connect=timeout.get("connect"),
-                                              sock_read=timeout.get("read")))
+        sending = _SENDING.set(request) if self._pinned else None
+        try:
+            with _mapped(request):
+                response = await self._client().request(
+                    request.method, str(request.url), headers=request.headers.multi_items(),
+                    data=body or None, allow_redirects=False, compress=None,
+                    timeout=aiohttp.ClientTimeout(total=None, connect=timeout.get("pool"),
+                                                  sock_connect=timeout.get("connect"),
+                                                  sock_read=timeout.get("read")))
+        finally:
+            if sending is not None:
+                _SENDING.reset(sending)
         return httpx.Response(response.status, headers=list(response.raw_headers),
                               stream=_Body(response, request, self), request=request,
                               extensions={"http_version": b"HTTP/1.1"})

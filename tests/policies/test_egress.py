@@ -8,21 +8,15 @@ import pytest
 from policies.egress import (
     API_DEFAULT_ZONES,
     Egress,
-    EgressConfig,
     EgressDenied,
     EgressDestinationDenied,
-    SystemResolver,
     UpstreamEgress,
-    caller_zone,
-    classify,
     decide,
-    is_metadata,
-    parse_networks,
-    validate_egress,
 )
 from proxy.auth.principal import ANONYMOUS, Principal
 from proxy.chain import CallContext, Chain
-from proxy.egress import PinnedResolver, dialling
+from proxy.config import EgressConfig, parse_networks, validate_egress
+from proxy.egress import Destinations, SystemResolver, classify, is_metadata, parse_addresses
 from proxy.errors import UpstreamUnavailable, render
 from proxy.jsonrpc import McpMessage, parse
 
@@ -59,13 +53,22 @@ def upstream(url: str = "http://crm.internal:9000/mcp", name: str = "crm",
     return UpstreamEgress.from_url(name, url, zones, collections)
 
 
+def make_destinations(resolver: FakeResolver, clock: Clock | None = None,
+                      cfg: EgressConfig | None = None) -> Destinations:
+    """The mechanism the policy asks, as create_app builds it."""
+    return Destinations((), resolver, parse_addresses((cfg or EgressConfig()).metadata_addresses),
+                        clock or Clock())
+
+
 def make_egress(*upstreams: UpstreamEgress, answers: dict[str, list[str]] | None = None,
                 trusted: tuple[str, ...] = (), clock: Clock | None = None,
-                resolver: FakeResolver | None = None) -> Egress:
+                resolver: FakeResolver | None = None,
+                destinations: Destinations | None = None) -> Egress:
+    resolver = resolver or FakeResolver({"crm.internal": ["10.0.0.5"]} if answers is None
+                                        else answers)
     return Egress(EgressConfig(collections=dict(POLICIES)), upstreams or (upstream(),),
-                  resolver or FakeResolver({"crm.internal": ["10.0.0.5"]} if answers is None
-                                           else answers),
-                  list(trusted), clock=clock or Clock())
+                  destinations or make_destinations(resolver, clock),
+                  parse_networks(trusted, "server.trusted_proxies"))
 
 
 def make_ctx(peer: str | None = "127.0.0.1", principal: Principal = ALICE,
@@ -170,7 +173,8 @@ async def test_an_upstream_naming_a_metadata_address_literally_may_use_it(url: s
 
 async def test_metadata_list_is_configurable() -> None:
     cfg = EgressConfig(metadata_addresses=["10.0.0.5"])
-    policy = Egress(cfg, [upstream()], FakeResolver({"crm.internal": ["10.0.0.5"]}), [])
+    policy = Egress(cfg, [upstream()],
+                    make_destinations(FakeResolver({"crm.internal": ["10.0.0.5"]}), cfg=cfg), ())
     assert isinstance(await refusal(policy, make_ctx()), EgressDestinationDenied)
 
 
@@ -208,22 +212,24 @@ async def test_a_rebinding_answer_mixing_zones_is_refused_whole() -> None:
 async def test_pins_expire_and_the_transport_rechecks_then() -> None:
     clock = Clock()
     resolver = FakeResolver({"crm.internal": ["10.0.0.5", "10.0.0.6"]})
-    policy = make_egress(clock=clock, resolver=resolver)
+    destinations = make_destinations(resolver, clock)
+    policy = make_egress(destinations=destinations)
     await policy.check(CALL, make_ctx())
     assert policy.pinned("crm") == ["10.0.0.5", "10.0.0.6"]
-    assert await policy.destinations.admit("crm") == ["10.0.0.5", "10.0.0.6"]
+    assert await destinations.admit("crm") == ["10.0.0.5", "10.0.0.6"]
     assert len(resolver.asked) == 1  # the transport used the pin: no second resolution
     clock.t += 30
     assert policy.pinned("crm") is None
     resolver.answers["crm.internal"] = ["127.0.0.1"]
-    assert await policy.destinations.admit("crm") == ["127.0.0.1"]  # zones: all
+    assert await destinations.admit("crm") == ["127.0.0.1"]  # zones: all
     assert resolver.asked == [("crm.internal", 9000)] * 2
 
 
 async def test_the_transport_check_refuses_too() -> None:
-    policy = make_egress(upstream(zones=("remote",)))
+    destinations = make_destinations(FakeResolver({"crm.internal": ["10.0.0.5"]}))
+    make_egress(upstream(zones=("remote",)), destinations=destinations)
     with pytest.raises(EgressDestinationDenied):
-        await policy.destinations.admit("crm")
+        await destinations.admit("crm")
 
 
 async def test_a_name_that_does_not_resolve_is_unavailable_and_not_dialled() -> None:
@@ -249,46 +255,7 @@ async def test_upstreams_added_and_removed_at_run_time() -> None:
         policy.add(upstream(name="bad", zones=("wan",)))
 
 
-# -- the caller's zone ---------------------------------------------------------------------------
-
-TRUSTED = parse_networks(["10.0.0.1", "192.168.0.0/16"], "server.trusted_proxies")
-
-
-@pytest.mark.parametrize(("peer", "xff", "trusted", "zone"), [
-    ("127.0.0.1", None, (), "loopback"),
-    ("::1", None, (), "loopback"),
-    ("::ffff:127.0.0.1", None, (), "loopback"),
-    ("10.0.0.9", None, (), "lan"),
-    ("8.8.8.8", None, (), "remote"),
-    (None, None, (), "unknown"),
-    ("not-an-ip", None, (), "unknown"),
-    # a spoofed header from a peer that is not a trusted proxy is ignored
-    ("8.8.8.8", "127.0.0.1", (), "remote"),
-    ("8.8.8.8", "127.0.0.1", TRUSTED, "remote"),
-    ("10.0.0.9", "127.0.0.1", TRUSTED, "lan"),
-    # a trusted proxy: the nearest address that is not a trusted proxy counts
-    ("10.0.0.1", "8.8.8.8", TRUSTED, "remote"),
-    ("10.0.0.1", "127.0.0.1, 8.8.8.8", TRUSTED, "remote"),        # a forged left entry
-    ("10.0.0.1", "8.8.8.8, 192.168.4.4", TRUSTED, "remote"),      # through two proxies
-    ("10.0.0.1", "127.0.0.1, 192.168.4.4", TRUSTED, "loopback"),
-    ("10.0.0.1", "172.16.5.5", TRUSTED, "lan"),
-    ("10.0.0.1", "[2606:4700::1]:443", TRUSTED, "remote"),
-    ("10.0.0.1", "8.8.8.8:5678", TRUSTED, "remote"),
-    ("10.0.0.1", "192.168.4.4, 192.168.9.9", TRUSTED, "lan"),    # all trusted: the farthest
-    ("10.0.0.1", None, TRUSTED, "lan"),                          # the proxy's own call
-    ("10.0.0.1", "8.8.8.8, garbage", TRUSTED, "unknown"),        # cannot be told: fail closed
-    ("::ffff:10.0.0.1", "8.8.8.8", TRUSTED, "remote"),
-    ("10.0.0.1", "8.8.8.8", parse_networks(["::ffff:10.0.0.1"], "k"), "remote"),
-])
-def test_caller_zone(peer: str | None, xff: str | None, trusted: tuple[Any, ...],
-                     zone: str) -> None:
-    assert caller_zone(peer, xff, trusted) == zone
-
-
-def test_a_trusted_proxy_sending_only_forwarded_leaves_the_caller_unknown() -> None:
-    assert caller_zone("10.0.0.1", None, TRUSTED, forwarded="for=8.8.8.8") == "unknown"
-    assert caller_zone("8.8.8.8", None, TRUSTED, forwarded="for=127.0.0.1") == "remote"
-
+# -- the caller's zone (the address itself: tests/proxy/test_peer.py) -----------------------
 
 async def test_every_x_forwarded_for_header_counts_in_order() -> None:
     policy = make_egress(upstream(collections=("customers",)), trusted=("10.0.0.1",))
@@ -463,21 +430,7 @@ async def test_egress_runs_at_300_and_its_refusal_passes_the_chain_untouched() -
         await chain.run(CALL, make_ctx(peer="8.8.8.8"))
 
 
-# -- the transport side ------------------------------------------------------------------------
-
-async def test_the_pinned_resolver_answers_only_with_the_pin() -> None:
-    resolver = PinnedResolver()
-    with dialling("CRM.internal.", ["10.0.0.5", "fd00::5"]):
-        both = await resolver.resolve("crm.internal", 9000, socket.AF_UNSPEC)
-        v4 = await resolver.resolve("crm.internal", 9000, socket.AF_INET)
-        with pytest.raises(OSError):
-            await resolver.resolve("elsewhere.example", 9000, socket.AF_UNSPEC)
-    assert [(r["host"], r["port"], r["family"]) for r in both] == [
-        ("10.0.0.5", 9000, socket.AF_INET), ("fd00::5", 9000, socket.AF_INET6)]
-    assert [r["host"] for r in v4] == ["10.0.0.5"]
-    with pytest.raises(OSError):  # outside a request: nothing is resolved, nothing dialled
-        await resolver.resolve("crm.internal", 9000, socket.AF_UNSPEC)
-
+# -- resolution (the dial: tests/proxy/test_transport.py) ------------------------------------
 
 async def test_the_system_resolver_answers_a_numeric_host_without_the_network() -> None:
     assert await SystemResolver().resolve("127.0.0.1", 80) == ["127.0.0.1"]

@@ -12,9 +12,10 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
+from proxy.egress import DIAL
 from proxy.errors import UpstreamStreamCut, UpstreamTimeout, UpstreamUnavailable
 from proxy.upstream import map_errors
-from proxy.upstream.transport import AiohttpTransport
+from proxy.upstream.transport import AiohttpTransport, PinnedResolver
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -120,3 +121,39 @@ async def test_events_arrive_as_sent_and_connections_are_returned() -> None:
         assert transport.open_responses == 0
         second.set()
         await asyncio.wait_for(handlers_done.wait(), 5)
+
+
+# -- the pinned dial: only the addresses the egress check admitted -----------------------------
+
+async def test_the_pinned_resolver_answers_only_with_the_pin() -> None:
+    request = httpx.Request("POST", "http://CRM.internal.:9000/mcp",
+                            extensions={DIAL: ["10.0.0.5", "fd00::5"]})
+    resolver = PinnedResolver(lambda: request)
+    both = await resolver.resolve("crm.internal", 9000, socket.AF_UNSPEC)
+    v4 = await resolver.resolve("crm.internal", 9000, socket.AF_INET)
+    with pytest.raises(OSError):
+        await resolver.resolve("elsewhere.example", 9000, socket.AF_UNSPEC)
+    assert [(r["host"], r["port"], r["family"]) for r in both] == [
+        ("10.0.0.5", 9000, socket.AF_INET), ("fd00::5", 9000, socket.AF_INET6)]
+    assert [r["host"] for r in v4] == ["10.0.0.5"]
+    with pytest.raises(OSError):  # outside a request: nothing is resolved, nothing dialled
+        await PinnedResolver().resolve("crm.internal", 9000, socket.AF_UNSPEC)
+    unadmitted = httpx.Request("POST", "http://crm.internal:9000/mcp")
+    with pytest.raises(OSError):  # a request that carries no admitted addresses
+        await PinnedResolver(lambda: unadmitted).resolve("crm.internal", 9000, socket.AF_UNSPEC)
+
+
+async def test_a_pinned_transport_dials_the_admitted_addresses_and_nothing_else() -> None:
+    async def ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    transport = AiohttpTransport(pinned=True)
+    async with raw_server(ok) as url, httpx.AsyncClient(transport=transport, timeout=5) as c:
+        named = url.replace("127.0.0.1", "upstream.invalid")  # no DNS answers this name
+        response = await c.post(named, content=b"{}", extensions={DIAL: ["127.0.0.1"]})
+        assert (response.status_code, response.content) == (200, b"ok")
+        with pytest.raises(httpx.ConnectError):  # not admitted: never resolved, never dialled
+            await c.post(named.replace("upstream.invalid", "other.invalid"), content=b"{}")
