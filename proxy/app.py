@@ -11,7 +11,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
-import orjson
 from quart import Quart
 
 from policies import build_egress, default_policies
@@ -187,14 +186,12 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     edge.register(app)
     if web is not None:
         people_web: Web = web
-        signin.register(app, lambda: people_web)
+        signin.register(app, people_web)
     if oauth_server is not None and web is not None:
-        own: AuthorizationServer = oauth_server
-        oauth_routes.register(app, lambda: own, lambda: people_web)
+        oauth_routes.register(app, oauth_server, people_web)
         app.asgi_app = OAuthBodyCap(app.asgi_app)  # type: ignore[method-assign,assignment]
     if connections is not None and web is not None:
-        linked: Connections = connections
-        connect_routes.register(app, lambda: linked, lambda: people_web)
+        connect_routes.register(app, connections, people_web)
     if cfg.auth.oidc.enabled and web is not None:
         from proxy import oidc  # type: ignore[attr-defined,unused-ignore]
 
@@ -210,8 +207,6 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                       api_scopes=api_scopes)
 
     api_routes.register(app)
-    limit = cfg.server.max_request_bytes
-    app.asgi_app = BodyCap(app.asgi_app, "/api/v1/", limit,  # type: ignore[method-assign,assignment,arg-type]
-                           orjson.dumps({"detail": f"request body exceeds the {limit}-byte "
-                                                   "limit"}))
+    app.asgi_app = BodyCap(app.asgi_app, "/api/v1/",  # type: ignore[method-assign,assignment,arg-type]
+                           cfg.server.max_request_bytes, "api")
     return app

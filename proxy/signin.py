@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import orjson
-from quart import Quart, Response, request
+from quart import Quart, Response, current_app, request
 
 from proxy.accounts import Accounts, BrowserSessions, User
-from proxy.auth.lockout import Attempt, Locked, LockoutStore
+from proxy.auth.lockout import Attempt, LockoutStore
 from proxy.auth.peer import client_address
 from proxy.egress import IPNetwork
 from proxy.state.flows import FlowStore
@@ -133,62 +132,75 @@ def _form(next_url: str, error: str = "", oidc: bool = False) -> str:
             f"<p><button type='submit'>Sign in</button></p></form>{federated}")
 
 
-def register(app: Quart, web: Callable[[], Web]) -> None:
-    @app.route("/signin", methods=["GET"])
-    async def signin_page() -> Response:
-        return page("Sign in to Tollhouse", _form(safe_next(request.args.get("next")),
-                                                  oidc=web().oidc_enabled))
+EXTENSION = "tollhouse.web"
 
-    @app.route("/signin", methods=["POST"])
-    async def signin_post() -> Response:
-        w = web()
-        if not w.same_origin(request.headers):
-            return page("Forbidden", "<p>This form must be sent from this gateway.</p>", 403)
-        form = await request.form
-        name, password = form.get("name", ""), form.get("password", "")
-        next_url = safe_next(form.get("next"))
-        peer = w.client_address(request.remote_addr, request.headers)
-        watch = (f"signin-ip:{peer}", f"signin-user:{name[:100]}")
-        try:
-            async with Attempt(w.lockouts, watch) as attempt:
-                user = await asyncio.to_thread(w.accounts.verify_local, name, password)
-                attempt.failed = user is None
-        except Locked as locked:  # seed 004: lockouts answer in the OAuth shape
-            return Response(orjson.dumps({
-                "error": "too_many_requests",
-                "error_description": "too many failed sign-ins; try again later"}), 429,
-                {"Content-Type": "application/json", "Cache-Control": "no-store",
-                 "Retry-After": str(max(1, int(locked.retry_after_s) + 1))})
-        if user is None:
-            return page("Sign in to Tollhouse",
-                        _form(next_url, "Wrong name or password.", w.oidc_enabled), 401)
-        return await w.sign_in(user, next_url)
 
-    @app.route("/signout", methods=["POST"])
-    async def signout() -> Response:
-        w = web()
-        if not w.same_origin(request.headers):
-            return page("Forbidden", "<p>This form must be sent from this gateway.</p>", 403)
-        cookie = request.cookies.get(COOKIE)
-        if cookie:
-            await w.sessions.delete(cookie)
-        response = see_other("/signin")
-        response.delete_cookie(COOKIE, path="/")
-        return response
+def register(app: Quart, web: Web) -> None:
+    """The sign-in and sign-out pages, over `web` (kept on `app.extensions`)."""
+    app.extensions[EXTENSION] = web
+    app.add_url_rule("/signin", "signin_page", signin_page, methods=["GET"])
+    app.add_url_rule("/signin", "signin_post", signin_post, methods=["POST"])
+    app.add_url_rule("/signout", "signout", signout, methods=["POST"])
+    app.add_url_rule("/signout", "signout_page", signout_page, methods=["GET"])
+    app.add_url_rule("/signin/done", "signed_in", signed_in)
 
-    @app.route("/signout", methods=["GET"])
-    async def signout_page() -> Response:
-        return page("Sign out", "<form method='post' action='/signout'>"
-                                "<button type='submit'>Sign out</button></form>")
 
-    @app.route("/signin/done")
-    async def signed_in() -> Response:
-        user = await web().user(request.cookies.get(COOKIE))
-        if user is None:
-            return see_other("/signin")
-        return page("Signed in", f"<p>You are signed in as {html.escape(user.name)}.</p>"
-                                 "<form method='post' action='/signout'>"
-                                 "<button type='submit'>Sign out</button></form>")
+def current() -> Web:
+    """The serving app's `Web` (inside a request)."""
+    web: Web | None = current_app.extensions.get(EXTENSION)
+    if web is None:
+        raise RuntimeError("no person signs in on this gateway")
+    return web
+
+
+async def signin_page() -> Response:
+    return page("Sign in to Tollhouse", _form(safe_next(request.args.get("next")),
+                                              oidc=current().oidc_enabled))
+
+
+async def signin_post() -> Response:
+    w = current()
+    if not w.same_origin(request.headers):
+        return page("Forbidden", "<p>This form must be sent from this gateway.</p>", 403)
+    form = await request.form
+    name, password = form.get("name", ""), form.get("password", "")
+    next_url = safe_next(form.get("next"))
+    peer = w.client_address(request.remote_addr, request.headers)
+    watch = (f"signin-ip:{peer}", f"signin-user:{name[:100]}")
+    async with Attempt(w.lockouts, watch, "signin: locked out after repeated failures") \
+            as attempt:  # locked out: LockedOut, answered by the app's error handler
+        user = await asyncio.to_thread(w.accounts.verify_local, name, password)
+        attempt.failed = user is None
+    if user is None:
+        return page("Sign in to Tollhouse",
+                    _form(next_url, "Wrong name or password.", w.oidc_enabled), 401)
+    return await w.sign_in(user, next_url)
+
+
+async def signout() -> Response:
+    w = current()
+    if not w.same_origin(request.headers):
+        return page("Forbidden", "<p>This form must be sent from this gateway.</p>", 403)
+    cookie = request.cookies.get(COOKIE)
+    if cookie:
+        await w.sessions.delete(cookie)
+    response = see_other("/signin")
+    response.delete_cookie(COOKIE, path="/")
+    return response
+
+
+async def signout_page() -> Response:
+    return page("Sign out", "<form method='post' action='/signout'>"
+                            "<button type='submit'>Sign out</button></form>")
+
+
+async def signed_in() -> Response:
+    user = await current().user(request.cookies.get(COOKIE))
+    if user is None:
+        return see_other("/signin")
+    return page("Signed in", f"<p>You are signed in as {html.escape(user.name)}.</p>"
+                             "<form method='post' action='/signout'>"
+                             "<button type='submit'>Sign out</button></form>")
 
 
 SignedIn = Callable[[], Awaitable[User | None]]
