@@ -1,4 +1,11 @@
-"""Build the Quart app for a config: every long-lived object is made here and passed down."""
+"""Build the Quart app for a config: every long-lived object is made here and passed down.
+
+`create_app` reads top to bottom: the parts that exist before serving (database, live-state
+stores, the people who sign in, the OAuth server, per-user connections), the routes, the ASGI
+stack in front of Quart (one visible list), and `Serving`, what exists while the app serves
+(the upstream client, the policy chain, the caller's identity, the registry, the management
+API and the MCP gateway), opened and closed by the Quart lifespan.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,9 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -31,7 +40,7 @@ from proxy.connect.guarded import GuardedClient
 from proxy.connect.manager import Connections
 from proxy.connect.vault import Vault, keys_from_env
 from proxy.db import Database
-from proxy.egress import Destinations, Resolver, SystemResolver, parse_addresses
+from proxy.egress import Destinations, IPNetwork, Resolver, SystemResolver, parse_addresses
 from proxy.mcp.asgi import McpEdge
 from proxy.mcp.gateway import Gateway
 from proxy.metering import OutboxWorker, build_backend
@@ -50,6 +59,7 @@ from proxy.upstream.identity import IdentityForwarder
 log = logging.getLogger("tollhouse")
 
 BODY_TIMEOUT_S = 60.0
+ASGIApp = Any  # an ASGI callable: Quart's, or a layer of the stack in front of it
 
 
 class State:
@@ -64,149 +74,227 @@ class State:
     stores: Stores | None = None
 
 
+@dataclass(frozen=True)
+class Overrides:
+    """What a test (or the CLI) puts in place of the defaults."""
+
+    upstream_transport: httpx.AsyncBaseTransport | None = None
+    audit_sink: AuditSink | None = None
+    base_dir: Path | None = None
+    clock: Callable[[], float] = time.monotonic  # the live-state stores' clock
+    resolver: Resolver | None = None
+    secret_key: str | None = None
+    vault_keys: dict[str, bytes] | None = None
+    later: Later | None = None  # the call deadlines' clock (the running loop's unless given)
+    registry_poll_s: float = REGISTRY_POLL_S  # how often the registry reads others' changes
+
+
+@dataclass
+class Parts:
+    """What exists before the app serves."""
+
+    cfg: Config
+    given: Overrides
+    routes: dict[str, UpstreamRoute]
+    trusted: tuple[IPNetwork, ...]
+    identity: IdentityForwarder
+    stores: Stores
+    database: Database
+    state: State
+    origins: frozenset[str]
+    web: Web | None = None
+    oauth: AuthorizationServer | None = None
+    connections: Connections | None = None
+
+
 def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None,
                audit_sink: AuditSink | None = None, base_dir: Path | None = None,
-               clock: Callable[[], float] = time.monotonic,
-               resolver: Resolver | None = None, secret_key: str | None = None,
-               vault_keys: dict[str, bytes] | None = None, later: Later | None = None,
-               registry_poll_s: float = REGISTRY_POLL_S) -> Quart:
-    """`clock` is the live-state stores' clock and `later` the call deadlines' (the running
-    loop's unless given): tests move both by hand. `registry_poll_s`: how often the server
-    registry looks for changes other gateways made."""
+               clock: Callable[[], float] = time.monotonic, resolver: Resolver | None = None,
+               secret_key: str | None = None, vault_keys: dict[str, bytes] | None = None,
+               later: Later | None = None, registry_poll_s: float = REGISTRY_POLL_S) -> Quart:
+    """The app for `cfg`; the keywords are `Overrides` (tests move the clocks)."""
+    given = Overrides(upstream_transport, audit_sink, base_dir, clock, resolver, secret_key,
+                      vault_keys, later, registry_poll_s)
     app = Quart("tollhouse")
-    app.config.update(
-        MAX_CONTENT_LENGTH=cfg.server.max_request_bytes,
-        BODY_TIMEOUT=BODY_TIMEOUT_S,
-        RESPONSE_TIMEOUT=None,
-        PROVIDE_AUTOMATIC_OPTIONS=False,
-    )
-    routes = {u.name: UpstreamRoute.from_config(u) for u in cfg.upstreams}
-    trusted = parse_networks(cfg.server.trusted_proxies, "server.trusted_proxies")
-    base_dir = base_dir or Path.cwd()
-    identity = IdentityForwarder(cfg, base_dir)
-    stores = open_stores(cfg, clock)  # every piece of shared live state ([state] url)
-    lockouts = stores.lockouts
-    origins = {o.rstrip("/").lower() for o in cfg.server.allowed_origins}
-    public = urlsplit(cfg.server.public_url)
-    origins.add(f"{public.scheme}://{public.netloc}".lower())
-    state = State()
-    state.stores = stores
-    app.extensions["tollhouse"] = state
-    database = Database(cfg.database.url, busy_timeout_s=cfg.database.busy_timeout_s)
-    database.ensure_schema()  # start-up migrations (proxy.migrations): versioned, idempotent
-    per_user = any(u.auth == "per_user" for u in cfg.upstreams)
-    people = cfg.oauth_server.enabled or cfg.auth.oidc.enabled or per_user
-    web: Web | None = None
-    oauth_server: AuthorizationServer | None = None
-    if people:
-        web = Web(Accounts(database), stores.browser_sessions,
-                  lockouts, cfg.server.public_url.rstrip("/"), clock,
-                  oidc_enabled=cfg.auth.oidc.enabled,
-                  trusted_proxies=trusted, signin_flows=stores.signin_flows)
-        state.web = web
-    if cfg.oauth_server.enabled:
-        ring = oauth_keys.KeyRing(database, os.environ.get("TOLLHOUSE_SECRET_KEY", "")
-                                  if secret_key is None else secret_key,
-                                  cfg.oauth_server.key_rotation_s,
-                                  cfg.oauth_server.access_token_ttl_s)
-        oauth_server = AuthorizationServer(cfg, database, ring, endpoints=routes,
-                                           codes=stores.codes, revocations=stores.revocations,
-                                           consents=stores.consent_flows)
-        state.oauth = oauth_server
-    connections: Connections | None = None
-    if per_user:
-        keys = vault_keys or keys_from_env(
-            None if secret_key is None else {"TOLLHOUSE_SECRET_KEY": secret_key})
-        connections = Connections(cfg, Vault(database, keys),
-                                  GuardedClient(resolver), flows=stores.connect_flows)
-        state.connections = connections
+    app.config.update(MAX_CONTENT_LENGTH=cfg.server.max_request_bytes,
+                      BODY_TIMEOUT=BODY_TIMEOUT_S, RESPONSE_TIMEOUT=None,
+                      PROVIDE_AUTOMATIC_OPTIONS=False)
+    parts = _parts(cfg, given)
+    app.extensions["tollhouse"] = parts.state
 
     @app.while_serving  # type: ignore[type-var]
     async def lifespan() -> AsyncIterator[None]:
-        destinations = Destinations((), resolver or SystemResolver(),
-                                    parse_addresses(cfg.egress.metadata_addresses))
-        egress = build_egress(cfg, destinations, trusted)
-        upstream = UpstreamClient(upstream_transport, destinations=destinations)
-        audit = audit_sink or SqliteAuditSink(database)
-        backend = worker = worker_task = None
-        if cfg.metering.enabled:
-            backend = build_backend(cfg.metering, upstream.http)
-            if isinstance(audit, SqliteAuditSink):
-                worker = OutboxWorker(database, backend,
-                                      cfg.metering.retry_max_s)
-                audit.on_outbox = worker.wake_threadsafe
-                worker_task = asyncio.get_running_loop().create_task(worker.run())
-        chain = Chain(default_policies(cfg, metering=backend, egress=egress,
-                                       rate_limits=stores.rate_limits))
-        state.outbox = worker
-        keys = None
-        authenticator: Authenticator = NoAuth()
-        if cfg.auth.mode == "jwt":
-            keys = KeyIndex(database)
-            authenticator = BearerAuth(
-                cfg, base_dir, upstream.http, keys, lockouts, clock, tollhouse=oauth_server,
-                people=LiveUsers(web.accounts) if oauth_server is not None and web is not None
-                else None)
-        access = next((p for p in chain.policies if isinstance(p, Access)), None)
-        registry = Registry(cfg, routes, egress, access, database, poll_s=registry_poll_s)
-        registry_watch = asyncio.get_running_loop().create_task(registry.watch())
-        state.api = Api(registry, keys, database, web, lockouts,
-                        cfg.server.max_request_bytes, clock,
-                        web.accounts if web is not None else Accounts(database),
-                        forget_person=getattr(connections, "forget", None),
-                        trusted_proxies=trusted)
-        provide(app, state.api)
-        state.gateway = Gateway(
-            routes=routes, authenticator=authenticator, chain=chain, sessions=stores.sessions,
-            inflight=stores.inflight, upstream=upstream, audit=audit,
-            allowed_origins=frozenset(origins), identity=identity, connections=connections,
-            trusted_proxies=trusted, bridged=stores.bridge, later=later)
+        serving = await Serving.open(parts, app)
         try:
             yield
         finally:
-            await state.gateway.drain(cfg.server.shutdown_grace_s)
-            await audit.close()  # every accepted record and usage event is on disk now
-            if worker_task is not None:
-                worker_task.cancel()  # undelivered events wait in the outbox for the next start
-                await asyncio.wait({worker_task}, timeout=5)
-            await upstream.aclose()
-            if connections is not None:
-                await connections.aclose()
-            if keys is not None:
-                keys.close()
-            registry_watch.cancel()
-            await asyncio.wait({registry_watch}, timeout=5)
-            registry.close()
-            database.close()
+            await serving.close()
 
-    def gateway() -> Gateway:
-        assert state.gateway is not None, "the gateway is built when the app starts serving"
-        return state.gateway
+    _routes(app, parts)
+    # the ASGI stack, outermost first: each layer answers what it owns and hands the rest on
+    layers: list[Callable[[ASGIApp], ASGIApp]] = [
+        lambda inner: BodyCap(inner, "/api/v1/", cfg.server.max_request_bytes, "api"),
+        lambda inner: McpEdge(inner, lambda: _gateway(parts.state),
+                              max_body=cfg.server.max_request_bytes,
+                              body_timeout_s=BODY_TIMEOUT_S),
+    ]
+    if parts.oauth is not None and parts.web is not None:
+        layers.append(OAuthBodyCap)  # /oauth/: 64 KiB whatever max_request_bytes says
+    stack: ASGIApp = app.asgi_app
+    for layer in reversed(layers):
+        stack = layer(stack)
+    app.asgi_app = stack  # type: ignore[method-assign]
+    return app
 
+
+def _parts(cfg: Config, given: Overrides) -> Parts:
+    routes = {u.name: UpstreamRoute.from_config(u) for u in cfg.upstreams}
+    origins = {o.rstrip("/").lower() for o in cfg.server.allowed_origins}
+    public = urlsplit(cfg.server.public_url)
+    origins.add(f"{public.scheme}://{public.netloc}".lower())
+    stores = open_stores(cfg, given.clock)  # every piece of shared live state ([state] url)
+    state = State()
+    state.stores = stores
+    database = Database(cfg.database.url, busy_timeout_s=cfg.database.busy_timeout_s)
+    database.ensure_schema()  # start-up migrations (proxy.migrations): versioned, idempotent
+    parts = Parts(cfg, given, routes,
+                  tuple(parse_networks(cfg.server.trusted_proxies, "server.trusted_proxies")),
+                  IdentityForwarder(cfg, given.base_dir or Path.cwd()), stores, database, state,
+                  frozenset(origins))
+    _people(parts)
+    return parts
+
+
+def _people(parts: Parts) -> None:
+    """Sign-in, the OAuth server and per-user upstream connections, each when configured."""
+    cfg, given, stores = parts.cfg, parts.given, parts.stores
+    per_user = any(u.auth == "per_user" for u in cfg.upstreams)
+    if cfg.oauth_server.enabled or cfg.auth.oidc.enabled or per_user:
+        parts.web = parts.state.web = Web(
+            Accounts(parts.database), stores.browser_sessions, stores.lockouts,
+            cfg.server.public_url.rstrip("/"), given.clock, oidc_enabled=cfg.auth.oidc.enabled,
+            trusted_proxies=parts.trusted, signin_flows=stores.signin_flows)
+    secret = os.environ.get("TOLLHOUSE_SECRET_KEY", "") if given.secret_key is None \
+        else given.secret_key
+    if cfg.oauth_server.enabled:
+        ring = oauth_keys.KeyRing(parts.database, secret, cfg.oauth_server.key_rotation_s,
+                                  cfg.oauth_server.access_token_ttl_s)
+        parts.oauth = parts.state.oauth = AuthorizationServer(
+            cfg, parts.database, ring, endpoints=parts.routes, codes=stores.codes,
+            revocations=stores.revocations, consents=stores.consent_flows)
+    if per_user:
+        keys = given.vault_keys or keys_from_env(
+            None if given.secret_key is None else {"TOLLHOUSE_SECRET_KEY": given.secret_key})
+        parts.connections = parts.state.connections = Connections(
+            cfg, Vault(parts.database, keys), GuardedClient(given.resolver),
+            flows=stores.connect_flows)
+
+
+def _routes(app: Quart, parts: Parts) -> None:
+    """Every Quart route; /mcp/<endpoint> is the ASGI edge in front of them."""
+    cfg, web = parts.cfg, parts.web
     edge.register(app)
     if web is not None:
-        people_web: Web = web
-        signin.register(app, people_web)
-    if oauth_server is not None and web is not None:
-        oauth_routes.register(app, oauth_server, people_web)
-        app.asgi_app = OAuthBodyCap(app.asgi_app)  # type: ignore[method-assign,assignment]
-    if connections is not None and web is not None:
-        connect_routes.register(app, connections, people_web)
-    if cfg.auth.oidc.enabled and web is not None:
-        from proxy import oidc  # type: ignore[attr-defined,unused-ignore]
+        signin.register(app, web)
+        if parts.oauth is not None:
+            oauth_routes.register(app, parts.oauth, web)
+        if parts.connections is not None:
+            connect_routes.register(app, parts.connections, web)
+        if cfg.auth.oidc.enabled:
+            from proxy import oidc  # type: ignore[attr-defined,unused-ignore]
 
-        oidc.register(app, lambda: people_web, cfg.auth.oidc,
-                      lambda: gateway().upstream.http, cfg.server.public_url.rstrip("/"))
-    app.asgi_app = McpEdge(app.asgi_app, gateway,  # type: ignore[method-assign,assignment,arg-type]
-                                max_body=cfg.server.max_request_bytes,
-                                body_timeout_s=BODY_TIMEOUT_S)
+            oidc.register(app, lambda: web, cfg.auth.oidc,
+                          lambda: _gateway(parts.state).upstream.http,
+                          cfg.server.public_url.rstrip("/"))
+    state = parts.state
+
     def api_scopes(name: str) -> list[str] | None:
         return state.api.registry.scopes_of(name) if state.api is not None else None
 
-    metadata.register(app, cfg, identity, own_server=oauth_server is not None,
+    metadata.register(app, cfg, parts.identity, own_server=parts.oauth is not None,
                       api_scopes=api_scopes)
-
     api_routes.register(app)
-    app.asgi_app = BodyCap(app.asgi_app, "/api/v1/",  # type: ignore[method-assign,assignment,arg-type]
-                           cfg.server.max_request_bytes, "api")
-    return app
+
+
+def _gateway(state: State) -> Gateway:
+    assert state.gateway is not None, "the gateway is built when the app starts serving"
+    return state.gateway
+
+
+@dataclass
+class Serving:
+    """What exists while the app serves, and the order it is closed in."""
+
+    parts: Parts
+    upstream: UpstreamClient
+    audit: AuditSink
+    registry: Registry
+    registry_watch: asyncio.Task[None]
+    keys: KeyIndex | None
+    worker_task: asyncio.Task[None] | None
+
+    @classmethod
+    async def open(cls, parts: Parts, app: Quart) -> Serving:
+        cfg, given, state = parts.cfg, parts.given, parts.state
+        destinations = Destinations((), given.resolver or SystemResolver(),
+                                    parse_addresses(cfg.egress.metadata_addresses))
+        egress = build_egress(cfg, destinations, parts.trusted)
+        upstream = UpstreamClient(given.upstream_transport, destinations=destinations)
+        audit = given.audit_sink or SqliteAuditSink(parts.database)
+        backend = worker_task = None
+        if cfg.metering.enabled:
+            backend = build_backend(cfg.metering, upstream.http)
+            if isinstance(audit, SqliteAuditSink):
+                state.outbox = OutboxWorker(parts.database, backend, cfg.metering.retry_max_s)
+                audit.on_outbox = state.outbox.wake_threadsafe
+                worker_task = asyncio.get_running_loop().create_task(state.outbox.run())
+        chain = Chain(default_policies(cfg, metering=backend, egress=egress,
+                                       rate_limits=parts.stores.rate_limits))
+        keys = KeyIndex(parts.database) if cfg.auth.mode == "jwt" else None
+        access = next((p for p in chain.policies if isinstance(p, Access)), None)
+        registry = Registry(cfg, parts.routes, egress, access, parts.database,
+                            poll_s=given.registry_poll_s)
+        state.api = Api(registry, keys, parts.database, parts.web, parts.stores.lockouts,
+                        cfg.server.max_request_bytes, given.clock,
+                        parts.web.accounts if parts.web is not None
+                        else Accounts(parts.database),
+                        forget_person=getattr(parts.connections, "forget", None),
+                        trusted_proxies=parts.trusted)
+        provide(app, state.api)
+        state.gateway = Gateway(
+            routes=parts.routes, authenticator=_authenticator(parts, upstream, keys),
+            chain=chain, sessions=parts.stores.sessions, inflight=parts.stores.inflight,
+            upstream=upstream, audit=audit, allowed_origins=parts.origins,
+            identity=parts.identity, connections=parts.connections,
+            trusted_proxies=parts.trusted, bridged=parts.stores.bridge, later=given.later)
+        watch = asyncio.get_running_loop().create_task(registry.watch())
+        return cls(parts, upstream, audit, registry, watch, keys, worker_task)
+
+    async def close(self) -> None:
+        parts = self.parts
+        if parts.state.gateway is not None:
+            await parts.state.gateway.drain(parts.cfg.server.shutdown_grace_s)
+        await self.audit.close()  # every accepted record and usage event is on disk now
+        if self.worker_task is not None:
+            self.worker_task.cancel()  # undelivered events wait in the outbox for the next start
+            await asyncio.wait({self.worker_task}, timeout=5)
+        await self.upstream.aclose()
+        if parts.connections is not None:
+            await parts.connections.aclose()
+        if self.keys is not None:
+            self.keys.close()
+        self.registry_watch.cancel()
+        await asyncio.wait({self.registry_watch}, timeout=5)
+        self.registry.close()
+        parts.database.close()
+
+
+def _authenticator(parts: Parts, upstream: UpstreamClient, keys: KeyIndex | None
+                   ) -> Authenticator:
+    if keys is None:
+        return NoAuth()
+    people = LiveUsers(parts.web.accounts) \
+        if parts.oauth is not None and parts.web is not None else None
+    return BearerAuth(parts.cfg, parts.given.base_dir or Path.cwd(), upstream.http, keys,
+                      parts.stores.lockouts, parts.given.clock, tollhouse=parts.oauth,
+                      people=people)
