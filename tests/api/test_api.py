@@ -29,6 +29,7 @@ from proxy.demo import demo_app
 from proxy.oauth.server import s256
 from tests import db_backends
 from tests.conftest import MCP_HEADERS
+from tests.helpers import until
 from tests.servers import bound_socket, serve
 
 
@@ -261,11 +262,11 @@ async def test_audit_pages_newest_first_and_usage(tmp_path: Path) -> None:
                     return seen
             return seen
 
-        for _ in range(50):  # the audit writer lingers up to 50 ms before a batch
-            if len((await e.admin.get(e.api("/audit"), params={"tool": "echo"})).json()[
-                    "items"]) == 5:
-                break
-            await asyncio.sleep(0.02)
+        async def all_written() -> bool:  # the audit writer lingers before a batch
+            body = (await e.admin.get(e.api("/audit"), params={"tool": "echo"})).json()
+            return len(body["items"]) == 5
+
+        await until(all_written, what="the five calls' audit records")
         assert await pages() == [["4", "3"], ["2", "1"], ["0"]]
         bad = await e.admin.get(e.api("/audit"), params={"limit": "0", "status": "maybe",
                                                            "since": "yesterday"})
