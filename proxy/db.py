@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import select
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -241,11 +242,7 @@ class Database:
     @property
     def unavailable(self) -> tuple[type[Exception], ...]:
         """Locked, unreachable or lost (DB-API `OperationalError`): worth a retry shortly."""
-        if self.postgresql:
-            import psycopg
-
-            return (psycopg.OperationalError,)
-        return (sqlite3.OperationalError,)
+        return unavailable(self.dialect)
 
     @property
     def missing_table(self) -> tuple[type[Exception], ...]:
@@ -397,6 +394,23 @@ class Database:
 
 
 Target = Database | str
+
+
+def unavailable(dialect: Dialect) -> tuple[type[Exception], ...]:
+    """`Database.unavailable` of a `dialect`'s database."""
+    if dialect == "postgresql":
+        import psycopg
+
+        return (psycopg.OperationalError,)
+    return (sqlite3.OperationalError,)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` is either database's `unavailable` error (for code that holds no
+    Database). A psycopg error exists only once psycopg is loaded: a SQLite gateway never
+    loads it for this."""
+    return isinstance(exc, unavailable("sqlite")) or (
+        "psycopg" in sys.modules and isinstance(exc, unavailable("postgresql")))
 
 
 def resolve(target: Target) -> Database:

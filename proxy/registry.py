@@ -22,9 +22,9 @@ from pydantic import ValidationError
 from policies.access import Access
 from policies.egress import Egress, UpstreamEgress
 from proxy import db
-from proxy.api.errors import ApiError, Invalid
 from proxy.api.models import AccessIn, ServerIn, ServerOut
 from proxy.config import AccessConfig, Config, ToolProfile, UpstreamConfig
+from proxy.errors import ApiError, BadRequest, Conflict, Invalid, NotFound
 from proxy.upstream import UpstreamRoute
 
 log = logging.getLogger("tollhouse.registry")
@@ -155,7 +155,7 @@ class Registry:
     async def get(self, name: str) -> ServerOut:
         await self.sync()
         if name not in self._config and name not in self._api:
-            raise ApiError(404, f"server '{name}' not found")
+            raise NotFound(f"server '{name}' not found")
         return self._out(name)
 
     async def names(self) -> set[str]:
@@ -166,7 +166,7 @@ class Registry:
 
     async def create(self, server: ServerIn) -> ServerOut:
         if server.name in self._config:
-            raise ApiError(409, f"server '{server.name}' already exists")
+            raise Conflict(f"server '{server.name}' already exists")
         self._validate(server)
         return await self._write(server.name, self._insert_row, server)
 
@@ -216,15 +216,15 @@ class Registry:
 
     def _config_is_read_only(self, name: str) -> None:
         if name in self._config:
-            raise ApiError(400, f"server '{name}' is defined in the config file, which the API "
-                                "cannot change")
+            raise BadRequest(f"server '{name}' is defined in the config file, which the "
+                             "API cannot change")
 
     def _validate(self, server: ServerIn) -> None:
         try:
             self._egress.validate(UpstreamEgress.from_url(server.name, str(server.url),
                                                           list(server.zones), []))
         except ValueError as exc:
-            raise ApiError(400, f"server '{server.name}': {exc}") from None
+            raise BadRequest(f"server '{server.name}': {exc}") from None
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
@@ -237,7 +237,7 @@ class Registry:
                     "INSERT INTO servers (name, spec, created_at, updated_at) "
                     "VALUES (?, ?, ?, ?)"), (server.name, server.model_dump_json(), now, now))
         except self._database.integrity_errors:
-            raise ApiError(409, f"server '{server.name}' already exists") from None
+            raise Conflict(f"server '{server.name}' already exists") from None
         return server
 
     def _update_row(self, name: str, change: Callable[[ServerIn], ServerIn]) -> ServerIn:
@@ -249,7 +249,7 @@ class Registry:
             row = conn.execute(sql(f"SELECT spec FROM servers WHERE name = ?{lock}"),
                                (name,)).fetchone()
             if row is None:
-                raise ApiError(404, f"server '{name}' not found")
+                raise NotFound(f"server '{name}' not found")
             server = change(ServerIn.model_validate(orjson.loads(row[0])))
             conn.execute(sql("UPDATE servers SET spec = ?, updated_at = ? WHERE name = ?"),
                          (server.model_dump_json(), time.time(), name))
@@ -264,11 +264,11 @@ class Registry:
                 sql("SELECT id, endpoints FROM api_keys WHERE revoked_at IS NULL"), ()
             ).fetchall() if name in orjson.loads(endpoints)]
             if keys:
-                raise ApiError(409, f"server '{name}' is named by API key(s) "
-                                    f"{', '.join(sorted(keys))}; edit or revoke them first")
+                raise Conflict(f"server '{name}' is named by API key(s) "
+                               f"{', '.join(sorted(keys))}; edit or revoke them first")
             cur = conn.execute(sql("DELETE FROM servers WHERE name = ?"), (name,))
             if cur.rowcount != 1:
-                raise ApiError(404, f"server '{name}' not found")
+                raise NotFound(f"server '{name}' not found")
 
     def close(self) -> None:
         self._db.shutdown(wait=False)

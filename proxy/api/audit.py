@@ -14,9 +14,9 @@ from proxy.api import query
 from proxy.api.bodies import json_response
 from proxy.api.caller import Caller
 from proxy.api.context import Api
-from proxy.api.errors import Invalid
 from proxy.audit.sqlite import query as audit_query
 from proxy.audit.sqlite import usage as usage_query
+from proxy.errors import Invalid
 
 STATUSES = ("ok", "denied", "error", "cancelled")
 DAY_S = 86400  # the usage period when `since` is not given: the last day

@@ -10,12 +10,13 @@ import orjson
 from pydantic import BaseModel, ValidationError
 from quart import Response, request
 
-from proxy.api.errors import JSON, Invalid
+from proxy.errors import Invalid
 
 M = TypeVar("M", bound=BaseModel)
 Problems = list[dict[str, Any]]
 # A check of the raw body (a JSON object) beside the model: the problems it finds
 Check = Callable[[dict[str, Any]], Awaitable[Problems]]
+JSON = {"Content-Type": "application/json", "Cache-Control": "no-store"}
 
 
 def json_response(body: Any, status: int = 200) -> Response:

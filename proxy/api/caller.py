@@ -13,11 +13,14 @@ from quart import Response, request
 
 from proxy.api.bodies import json_response
 from proxy.api.context import Api
-from proxy.api.errors import ApiError, LockedOut
 from proxy.api.models import Me
-from proxy.auth.lockout import Attempt, Locked
+from proxy.auth.lockout import Attempt
 from proxy.auth.peer import client_address
+from proxy.errors import NotPermitted, NotSignedIn
 from proxy.signin import COOKIE
+
+CHALLENGE = {"WWW-Authenticate": "Bearer"}
+LOCKED_OUT = "api: locked out after repeated failures"  # the reason (the wire has one text)
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ async def authenticate(api: Api, *, admin: bool, changes: bool) -> Caller:
     else:
         who = await _by_cookie(api, changes)
     if admin and not who.admin:
-        raise ApiError(403, "administrators only")
+        raise NotPermitted("administrators only")
     return who
 
 
@@ -47,16 +50,13 @@ async def _by_key(api: Api, token: str) -> Caller:
     # guessed, and its id is public, so locking the id out would let anyone shut the key's
     # owner out
     client = client_address(request.remote_addr, request.headers, api.trusted_proxies)
-    try:
-        async with Attempt(api.lockouts, (f"api-ip:{client}",)) as attempt:
-            key = await api.keys.lookup(token) if api.keys is not None else None
-            attempt.failed = key is None
-    except Locked as locked:
-        raise LockedOut(locked.retry_after_s) from None
+    async with Attempt(api.lockouts, (f"api-ip:{client}",), LOCKED_OUT) as attempt:
+        key = await api.keys.lookup(token) if api.keys is not None else None
+        attempt.failed = key is None
     if key is None:
-        raise ApiError(401, "invalid or expired credential", {"WWW-Authenticate": "Bearer"})
+        raise NotSignedIn("invalid or expired credential", headers=CHALLENGE)
     if key.endpoints:
-        raise ApiError(403, "an endpoint-kind API key cannot use the management API")
+        raise NotPermitted("an endpoint-kind API key cannot use the management API")
     return Caller(f"key:{key.id}", "tollhouse:api-key", key.name, key.role == "admin",
                   "api_key")
 
@@ -65,10 +65,10 @@ async def _by_cookie(api: Api, changes: bool) -> Caller:
     cookie = request.cookies.get(COOKIE)
     user = await api.web.user(cookie) if api.web is not None and cookie else None
     if user is None:
-        raise ApiError(401, "not signed in", {"WWW-Authenticate": "Bearer"})
+        raise NotSignedIn("not signed in", headers=CHALLENGE)
     if changes and not api.web.same_origin(request.headers):  # type: ignore[union-attr]
-        raise ApiError(403, "a cookie-authenticated change must come from this gateway "
-                            "(Origin or Referer)")
+        raise NotPermitted("a cookie-authenticated change must come from this gateway "
+                           "(Origin or Referer)")
     return Caller(user.subject, user.issuer, user.name, user.is_admin, "cookie")
 
 

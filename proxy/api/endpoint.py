@@ -1,6 +1,7 @@
 """The one wrapper every /api/v1 handler is served through: it fetches the `Api`,
-authenticates the caller, refuses NULs, and turns the API's errors into their responses. A
-handler is a module-level `async def handler(who: Caller, api: Api, **path) -> Response`."""
+authenticates the caller, refuses NULs and maps a busy or unreachable database to its 503. A
+handler is a module-level `async def handler(who: Caller, api: Api, **path) -> Response`; what
+it raises (a `proxy.errors` class) the app's one error handler renders (proxy.edge.routes)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from quart import Response, request
 from proxy import db
 from proxy.api.caller import Caller, authenticate
 from proxy.api.context import Api, current
-from proxy.api.errors import ApiError, Invalid
 from proxy.edge.routes import nul_in_body
+from proxy.errors import DatabaseUnavailable, Invalid
 
 Handler = Callable[..., Awaitable[Response]]
 View = Callable[..., Awaitable[Response]]
@@ -41,12 +42,8 @@ def view(route: Route) -> View:
         api = current()
         try:
             return await _serve(route, api, path)
-        except ApiError as exc:  # LockedOut too, in its own shape
-            return exc.response()
-        except Invalid as exc:
-            return exc.response()
-        except db.resolve(api.database).unavailable:  # busy or unreachable: retry
-            return ApiError(503, "the database is busy; retry", {"Retry-After": "1"}).response()
+        except db.resolve(api.database).unavailable as exc:  # busy or unreachable: retry
+            raise DatabaseUnavailable() from exc
 
     endpoint.__name__ = route.endpoint
     return endpoint

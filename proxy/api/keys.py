@@ -13,14 +13,14 @@ from quart import Response
 from proxy.api.bodies import Check, Problems, json_response, read, same_as_path
 from proxy.api.caller import Caller
 from proxy.api.context import Api
-from proxy.api.errors import ApiError
 from proxy.api.models import KEY_ID, KeyCreated, KeyIn, KeyOut, KeyPatch, KeyPut
 from proxy.auth import keys as api_keys
+from proxy.errors import Conflict, NotFound
 
 
 def _key_id(key_id: str) -> str:
     if not re.fullmatch(KEY_ID, key_id):  # ids are generated: no query for anything else
-        raise ApiError(404, f"API key '{key_id}' not found")
+        raise NotFound(f"API key '{key_id}' not found")
     return key_id
 
 
@@ -44,10 +44,10 @@ async def _change_key(api: Api, key_id: str, changes: dict[str, Any]) -> Respons
         changed = await asyncio.to_thread(
             lambda: api_keys.update(api.database, _key_id(key_id), **changes))
     except api_keys.KeyNotFound:
-        raise ApiError(404, f"API key '{key_id}' not found") from None
+        raise NotFound(f"API key '{key_id}' not found") from None
     except api_keys.KeyRevoked:
-        raise ApiError(409, f"API key '{key_id}' is revoked; a revoked key cannot be "
-                            "changed") from None
+        raise Conflict(f"API key '{key_id}' is revoked; a revoked key cannot be changed"
+                       ) from None
     return json_response(KeyOut(**changed.public()))
 
 
@@ -66,7 +66,7 @@ async def create_key(who: Caller, api: Api) -> Response:
 async def key(who: Caller, api: Api, key_id: str) -> Response:
     found = await asyncio.to_thread(api_keys.get, api.database, _key_id(key_id))
     if found is None:
-        raise ApiError(404, f"API key '{key_id}' not found")
+        raise NotFound(f"API key '{key_id}' not found")
     return json_response(KeyOut(**found.public()))
 
 
@@ -84,5 +84,5 @@ async def patch_key(who: Caller, api: Api, key_id: str) -> Response:
 
 async def revoke_key(who: Caller, api: Api, key_id: str) -> Response:
     if not await asyncio.to_thread(api_keys.revoke, api.database, _key_id(key_id)):
-        raise ApiError(404, f"API key '{key_id}' not found or already revoked")
+        raise NotFound(f"API key '{key_id}' not found or already revoked")
     return Response(b"", 204)

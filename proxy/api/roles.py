@@ -14,13 +14,13 @@ from proxy.accounts import Role as StoredRole
 from proxy.api.bodies import json_response, read, same_as_path
 from proxy.api.caller import Caller
 from proxy.api.context import Api
-from proxy.api.errors import ApiError
 from proxy.api.models import NAME, Role, RoleIn, RolePatch
+from proxy.errors import Conflict, NotFound
 
 
 def _role_name(name: str) -> str:
     if not re.fullmatch(NAME, name):  # never a role's name: no query
-        raise ApiError(404, f"role '{name}' not found")
+        raise NotFound(f"role '{name}' not found")
     return name
 
 
@@ -29,8 +29,8 @@ def _role_out(r: StoredRole) -> Role:
                 source="builtin" if r.builtin else "api")
 
 
-def _builtin(name: str) -> ApiError:
-    return ApiError(409, f"role '{name}' is built in and cannot be changed or deleted")
+def _builtin(name: str) -> Conflict:
+    return Conflict(f"role '{name}' is built in and cannot be changed or deleted")
 
 
 async def _change_role(api: Api, name: str, description: str | None) -> Response:
@@ -45,7 +45,7 @@ async def _change_role(api: Api, name: str, description: str | None) -> Response
     except BuiltinRole:
         raise _builtin(name) from None
     if found is None:
-        raise ApiError(404, f"role '{name}' not found")
+        raise NotFound(f"role '{name}' not found")
     return json_response(_role_out(found))
 
 
@@ -59,14 +59,14 @@ async def create_role(who: Caller, api: Api) -> Response:
     try:
         made = await asyncio.to_thread(api.accounts.create_role, body.name, body.description)
     except RoleExists:
-        raise ApiError(409, f"role '{body.name}' already exists") from None
+        raise Conflict(f"role '{body.name}' already exists") from None
     return json_response(_role_out(made), 201)
 
 
 async def role(who: Caller, api: Api, name: str) -> Response:
     found = await asyncio.to_thread(api.accounts.role, _role_name(name))
     if found is None:
-        raise ApiError(404, f"role '{name}' not found")
+        raise NotFound(f"role '{name}' not found")
     return json_response(_role_out(found))
 
 
@@ -87,8 +87,8 @@ async def delete_role(who: Caller, api: Api, name: str) -> Response:
         raise _builtin(name) from None
     except RoleInUse as exc:
         holders = f"{exc.holders} user" + ("s" if exc.holders != 1 else "")
-        raise ApiError(409, f"role '{name}' is held by {holders}; take it from them "
-                            "first") from None
+        raise Conflict(f"role '{name}' is held by {holders}; take it from them first"
+                       ) from None
     if not deleted:
-        raise ApiError(404, f"role '{name}' not found")
+        raise NotFound(f"role '{name}' not found")
     return Response(b"", 204)

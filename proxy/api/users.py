@@ -14,14 +14,14 @@ from proxy.accounts import LastAdmin, NotLocal, UnknownRoles, User, UserExists
 from proxy.api.bodies import Check, Problems, json_response, read, same_as_path
 from proxy.api.caller import Caller
 from proxy.api.context import Api
-from proxy.api.errors import ApiError, Invalid
 from proxy.api.models import NAME, UserIn, UserOut, UserPatch, UserPut
+from proxy.errors import BadRequest, Conflict, Invalid, NotFound
 from proxy.signin import COOKIE
 
 
 def _user_name(name: str) -> str:
     if "\x00" in name or len(name) > 1000:  # never a stored name: no query
-        raise ApiError(404, f"user '{name}' not found")
+        raise NotFound(f"user '{name}' not found")
     return name
 
 
@@ -60,9 +60,9 @@ def _known_roles(api: Api) -> Check:
     return check
 
 
-def _last_admin(name: str) -> ApiError:
-    return ApiError(409, f"user '{name}' is the last administrator; make another user an "
-                         "administrator first")
+def _last_admin(name: str) -> Conflict:
+    return Conflict(f"user '{name}' is the last administrator; make another user an "
+                    "administrator first")
 
 
 async def _change_user(api: Api, name: str, roles: list[str] | None,
@@ -71,14 +71,14 @@ async def _change_user(api: Api, name: str, roles: list[str] | None,
         changed = await asyncio.to_thread(
             lambda: api.accounts.update(_user_name(name), roles=roles, **changes))
     except NotLocal:
-        raise ApiError(400, f"user '{name}' signs in through an identity provider and has no "
-                            "password here") from None
+        raise BadRequest(f"user '{name}' signs in through an identity provider and has no "
+                         "password here") from None
     except UnknownRoles as exc:  # deleted since the request was checked
         raise _unknown_roles(exc, roles or []) from None
     except LastAdmin:
         raise _last_admin(name) from None
     if changed is None:
-        raise ApiError(404, f"user '{name}' not found")
+        raise NotFound(f"user '{name}' not found")
     if changes.get("password") is not None and api.web is not None:
         # a new password ends the person's other browser sessions (one stolen with the old
         # password among them); the caller's own session, if it is theirs, stays
@@ -97,7 +97,7 @@ async def create_user(who: Caller, api: Api) -> Response:
         user = await asyncio.to_thread(api.accounts.create_local, body.name, body.password,
                                        body.admin, body.roles)
     except UserExists:
-        raise ApiError(409, f"user '{body.name}' already exists") from None
+        raise Conflict(f"user '{body.name}' already exists") from None
     except UnknownRoles as exc:
         raise _unknown_roles(exc, body.roles) from None
     return json_response(_user_out(user), 201)
@@ -106,7 +106,7 @@ async def create_user(who: Caller, api: Api) -> Response:
 async def user(who: Caller, api: Api, name: str) -> Response:
     found = await asyncio.to_thread(api.accounts.by_name, _user_name(name))
     if found is None:
-        raise ApiError(404, f"user '{name}' not found")
+        raise NotFound(f"user '{name}' not found")
     return json_response(_user_out(found))
 
 
@@ -122,13 +122,13 @@ async def patch_user(who: Caller, api: Api, name: str) -> Response:
 
 async def delete_user(who: Caller, api: Api, name: str) -> Response:
     if who.via == "cookie" and who.name == name:
-        raise ApiError(400, "an administrator cannot delete their own account")
+        raise BadRequest("an administrator cannot delete their own account")
     try:
         gone = await asyncio.to_thread(api.accounts.delete, _user_name(name))
     except LastAdmin:
         raise _last_admin(name) from None
     if gone is None:
-        raise ApiError(404, f"user '{name}' not found")
+        raise NotFound(f"user '{name}' not found")
     if api.web is not None:
         await api.web.sessions.end_for(gone.id)
     if api.forget_person is not None:

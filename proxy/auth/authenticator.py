@@ -14,11 +14,11 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from proxy.auth import keys as api_keys
 from proxy.auth.jwks import JwksCache, kty_for
-from proxy.auth.lockout import Attempt, Locked, LockoutStore
+from proxy.auth.lockout import Attempt, LockoutStore
 from proxy.auth.people import LiveUsers, StoreDown
 from proxy.auth.principal import ANONYMOUS, Principal
 from proxy.config import Config, IssuerConfig
-from proxy.errors import Forbidden, LockedOut, Unauthenticated
+from proxy.errors import Forbidden, Unauthenticated
 
 log = logging.getLogger("tollhouse.auth")
 
@@ -107,20 +107,16 @@ class BearerAuth:
         # guessed, so locking a key id or a subject out would only let anyone who knows one
         # (they are public) shut its owner out
         watch = (f"ip:{peer}",) if peer else ()
-        try:
-            async with Attempt(self._lockouts, watch) as attempt:
-                try:
-                    if api_keys.looks_like_key(token):
-                        return await self._api_key(token, endpoint)
-                    return await self._jwt(token, endpoint)
-                except Failed as failure:
-                    attempt.failed = True
-                    raise Unauthenticated(f"auth: {failure.reason}",
-                                          headers=self.challenge(endpoint, "invalid_token")
-                                          ) from None
-        except Locked as locked:
-            raise LockedOut("auth: locked out after repeated failures",
-                            locked.retry_after_s) from None
+        async with Attempt(self._lockouts, watch) as attempt:  # LockedOut when locked
+            try:
+                if api_keys.looks_like_key(token):
+                    return await self._api_key(token, endpoint)
+                return await self._jwt(token, endpoint)
+            except Failed as failure:
+                attempt.failed = True
+                raise Unauthenticated(f"auth: {failure.reason}",
+                                      headers=self.challenge(endpoint, "invalid_token")
+                                      ) from None
 
     async def _api_key(self, token: str, endpoint: str) -> Principal:
         key = await self._keys.lookup(token) if self._keys is not None else None

@@ -4,13 +4,13 @@ route Quart serves: each error is rendered by `proxy.errors.render` for the requ
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
+from proxy import db
 from proxy.errors import (
     DatabaseUnavailable,
     GatewayError,
@@ -34,18 +34,6 @@ def nul_in_body(raw: bytes | str, mimetype: str) -> bool:
     """Whether a request body holds a NUL, raw or encoded as its media type encodes one."""
     pattern = _NUL_IN_JSON if mimetype.endswith("json") else _NUL_IN_FORM
     return pattern.search(raw if isinstance(raw, bytes) else raw.encode()) is not None
-
-
-@functools.cache
-def _database_unavailable() -> tuple[type[Exception], ...]:
-    """Either database's `unavailable` errors (proxy.db.Database.unavailable): locked past
-    busy_timeout_s, or unreachable. Imported on first need: a SQLite gateway loads no
-    psycopg until then."""
-    import sqlite3
-
-    import psycopg
-
-    return (sqlite3.OperationalError, psycopg.OperationalError)
 
 
 def respond(exc: GatewayError, surface: Surface | None = None) -> Response:
@@ -84,7 +72,8 @@ async def refuse_nul() -> None:
 
 async def answer(exc: GatewayError) -> Response:
     if isinstance(exc, StoreUnavailable):
-        log.warning("live-state store unavailable on %s: %s", request.path, exc)
+        what = "database" if isinstance(exc, DatabaseUnavailable) else "live-state store"
+        log.warning("%s unavailable on %s: %s", what, request.path, exc.__cause__ or exc)
     return respond(exc)
 
 
@@ -96,7 +85,7 @@ async def refused(exc: HTTPException) -> Response:
 async def unexpected(exc: Exception) -> Response:
     if isinstance(exc, HTTPException):
         return await refused(exc)
-    if isinstance(exc, _database_unavailable()):
+    if db.is_unavailable(exc):  # locked past busy_timeout_s, or unreachable
         log.warning("database unavailable on %s: %s", request.path, exc)
         return respond(DatabaseUnavailable())
     # a bug: logged with its traceback here, never shown to the client

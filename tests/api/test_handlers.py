@@ -13,7 +13,7 @@ from quart import Quart
 
 from proxy.api import caller, query, roles
 from proxy.api.caller import Caller
-from proxy.api.errors import ApiError
+from proxy.errors import NotFound
 
 ADMIN = Caller("key:abc", "tollhouse:api-key", "ci", True, "api_key")
 
@@ -62,7 +62,7 @@ async def test_a_handler_is_a_plain_function() -> None:
         assert answer.status_code == 200 and await answer.get_json() == {
             "subject": "key:abc", "issuer": "tollhouse:api-key", "name": "ci", "admin": True,
             "via": "api_key"}
-        with pytest.raises(ApiError) as refused:  # never a role's name: no query made
+        with pytest.raises(NotFound) as refused:  # never a role's name: no query made
             await roles.role(ADMIN, api, "no such/role")
-        assert (refused.value.status, refused.value.detail) == (
+        assert (refused.value.wire_status, refused.value.detail) == (
             404, "role 'no such/role' not found")

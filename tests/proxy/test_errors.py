@@ -19,7 +19,6 @@ import policies
 import proxy
 from policies.egress import EgressDenied
 from proxy import errors
-from proxy.api import errors as api_errors
 from proxy.connect.guarded import EgressRefused
 from proxy.connect.manager import UpstreamNeedsReconnect, UpstreamNotConnected
 from proxy.egress import EgressDestinationDenied
@@ -112,10 +111,6 @@ EXAMPLES: dict[type[GatewayError], Callable[[], GatewayError]] = {
     errors.OAuthError: lambda: errors.OAuthError("invalid_grant", "code expired"),
     errors.NulCharacter: lambda: errors.NulCharacter("query"),
     errors.HTTPRefusal: lambda: errors.HTTPRefusal(405, "Method Not Allowed"),
-    api_errors.ApiError: lambda: api_errors.ApiError(404, "API key 'k' not found"),
-    api_errors.LockedOut: lambda: api_errors.LockedOut(2.5),
-    api_errors.Invalid: lambda: api_errors.Invalid(
-        [{"loc": ["body", "url"], "msg": "invalid URL", "type": "value_error"}]),
     UpstreamNotConnected: lambda: UpstreamNotConnected("github", "http://gw/connect/github"),
     UpstreamNeedsReconnect: lambda: UpstreamNeedsReconnect("github", "http://gw/connect/github"),
     EgressRefused: lambda: EgressRefused(),
