@@ -22,9 +22,9 @@ from pydantic import ValidationError
 from policies.access import Access
 from policies.egress import Egress, UpstreamEgress
 from proxy import db
-from proxy.api.models import AccessIn, ServerIn, ServerOut
 from proxy.config import AccessConfig, Config, ToolProfile, UpstreamConfig
 from proxy.errors import ApiError, BadRequest, Conflict, Invalid, NotFound
+from proxy.schema import AccessIn, ServerIn, ServerOut
 from proxy.upstream import UpstreamRoute
 
 log = logging.getLogger("tollhouse.registry")
