@@ -1,14 +1,18 @@
-"""Builders (make_config) and a running gateway over an injected upstream transport."""
+"""Builders (make_config, mock_upstream) and a running gateway over an injected upstream
+transport."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 import pytest
+import respx
 
 from proxy.app import State, create_app
 from proxy.audit import MemoryAuditSink
@@ -34,6 +38,49 @@ def make_config(upstream_url: str = "http://upstream.test/mcp", **sections: Any)
     return from_dict(raw, env={})
 
 
+UPSTREAM_SESSION = "UPSTREAM-SID"
+
+
+@dataclass
+class MockUpstream:
+    """An MCP upstream behind an httpx MockTransport. POST answers each call with an empty
+    result under its id (initialize also opens session `UPSTREAM_SESSION`; a message without an
+    id is 202; another session id is 404; a body that is not JSON is 400); GET is 405 (no
+    stream); DELETE is 200. `seen` is every request it got, in order."""
+
+    router: respx.Router
+    transport: httpx.MockTransport
+    seen: list[httpx.Request]
+
+
+def mock_upstream(url: str = "http://upstream.test/mcp") -> MockUpstream:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.method == "GET":
+            return httpx.Response(405)
+        if request.method == "DELETE":
+            return httpx.Response(200)
+        try:
+            msg = orjson.loads(request.content)
+        except orjson.JSONDecodeError:
+            return httpx.Response(400)
+        if not isinstance(msg, dict) or "id" not in msg:
+            return httpx.Response(202)
+        if msg.get("method") == "initialize":
+            return httpx.Response(200, json={"jsonrpc": "2.0", "id": msg["id"], "result": {
+                "protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {
+                    "name": "up", "version": "1"}}}, headers={"mcp-session-id": UPSTREAM_SESSION})
+        if request.headers.get("mcp-session-id") not in (None, UPSTREAM_SESSION):
+            return httpx.Response(404)
+        return httpx.Response(200, json={"jsonrpc": "2.0", "id": msg["id"], "result": {}})
+
+    router = respx.Router(assert_all_called=False)
+    router.route(url=url).mock(side_effect=answer)
+    return MockUpstream(router, httpx.MockTransport(router.async_handler), seen)
+
+
 @dataclass
 class RunningGateway:
     url: str
@@ -51,7 +98,7 @@ class RunningGateway:
 
     async def post(self, body: bytes | dict[str, Any], *, name: str = "e",
                    headers: dict[str, str] | None = None) -> httpx.Response:
-        content = body if isinstance(body, bytes) else __import__("orjson").dumps(body)
+        content = body if isinstance(body, bytes) else orjson.dumps(body)
         return await self.client.post(self.endpoint(name), content=content,
                                       headers={**MCP_HEADERS, **(headers or {})})
 
@@ -65,12 +112,19 @@ class FakeResolver:
 
 @asynccontextmanager
 async def running_gateway(cfg: Config, transport: httpx.AsyncBaseTransport | None = None,
-                          *, later: Later | None = None) -> AsyncIterator[RunningGateway]:
+                          *, later: Later | None = None, sock: socket.socket | None = None,
+                          **options: Any) -> AsyncIterator[RunningGateway]:
+    """The gateway for `cfg` on Hypercorn (on `sock`, from `bound_socket()`, when the config
+    must name its own URL), its upstream calls going to `transport`, audit records kept in
+    memory, made-up hosts resolved by `FakeResolver`; `options` are further `create_app`
+    keywords (`resolver=None` for real DNS, `clock`, `secret_key`, ...)."""
     audit = MemoryAuditSink()
-    app = create_app(cfg, upstream_transport=transport, audit_sink=audit,
-                     resolver=FakeResolver(), later=later)
+    options.setdefault("resolver", FakeResolver())
+    app = create_app(cfg, upstream_transport=transport, audit_sink=audit, later=later,
+                     **options)
     state: State = app.extensions["tollhouse"]
-    async with serve(app) as url, httpx.AsyncClient(timeout=10) as client:
+    async with serve(app, sock=sock, graceful_timeout=1) as url, \
+            httpx.AsyncClient(timeout=10) as client:
         yield RunningGateway(url, audit, state, client)
 
 

@@ -1,14 +1,57 @@
-"""Helpers every test package shares: a hand-driven clock for call deadlines, and a waiter
-that polls a condition with a deadline instead of sleeping a fixed time."""
+"""Helpers every test package shares: a settable fake clock, a hand-driven clock for call
+deadlines, a token maker for the test issuer, and a waiter that polls a condition with a
+deadline instead of sleeping a fixed time."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-DEADLINE_S = 10.0
+import jwt
+
+DEADLINE_S = 10.0  # how long a test waits for something that should happen at once
+
+ISSUER = "https://idp.test/"
+SECRET = "a-test-hs256-secret-of-at-least-32-bytes"
+
+
+def audience(endpoint: str = "e") -> str:
+    """The audience the gateway expects at `endpoint`: its default public URL's."""
+    return f"http://127.0.0.1:8080/mcp/{endpoint}"
+
+
+def jwt_auth(**auth: object) -> dict[str, object]:
+    """An `[auth]` table that trusts the test issuer (HS256 with `SECRET`)."""
+    return {"mode": "jwt", "issuers": [{"issuer": ISSUER, "hs256_secret": SECRET,
+                                        "algorithms": ["HS256"]}], **auth}
+
+
+def token(key: object = SECRET, alg: str = "HS256", *, endpoint: str = "e",
+          headers: dict[str, str] | None = None, **claims: object) -> str:
+    """A JWT from the test issuer for `endpoint`, valid for five minutes; `claims` override."""
+    now = int(time.time())
+    body = {"iss": ISSUER, "aud": audience(endpoint), "sub": "alice", "iat": now,
+            "exp": now + 300, **claims}
+    return jwt.encode(body, key, algorithm=alg, headers=headers)  # type: ignore[arg-type]
+
+
+class Clock:
+    """A fake monotonic clock: calling it reads `now`, which a test sets or moves with
+    `advance`; with `step`, every reading moves it on by that much."""
+
+    def __init__(self, now: float = 1000.0, step: float = 0.0) -> None:
+        self.now, self.step = now, step
+
+    def __call__(self) -> float:
+        now = self.now
+        self.now += self.step
+        return now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 @dataclass
@@ -48,15 +91,15 @@ class Deadlines:
         return sum(not t.cancelled for t in self.timers)
 
 
-async def until(check: Callable[[], bool | Awaitable[bool]], deadline_s: float = DEADLINE_S,
+async def until(check: Callable[[], object | Awaitable[object]], deadline_s: float = DEADLINE_S,
                 what: str = "the condition") -> None:
     """Return once `check()` holds, polling; fail the test past the deadline."""
     end = time.monotonic() + deadline_s
     while True:
         result = check()
-        if not isinstance(result, bool):
+        if inspect.isawaitable(result):
             result = await result
         if result:
             return
         assert time.monotonic() < end, f"{what} did not hold within {deadline_s} s"
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # the poll interval: a check that holds returns at once

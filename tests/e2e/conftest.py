@@ -39,9 +39,11 @@ class Stack:
         return f"{self.gateway_url}/mcp/up"
 
 
-def stack_config(upstream_url: str, db_path: str, **upstream: Any) -> Config:
+def stack_config(upstream_url: str, db_path: str, config: dict[str, Any] | None = None,
+                 **upstream: Any) -> Config:
+    """One upstream `up` with `upstream`'s settings, and `config`'s other top-level tables."""
     return from_dict({
-        "database": {"url": db_path},
+        "database": {"url": db_path}, **(config or {}),
         "upstreams": [{"name": "up", "url": f"{upstream_url}/mcp", **upstream}],
     }, env={})
 
@@ -49,11 +51,14 @@ def stack_config(upstream_url: str, db_path: str, **upstream: Any) -> Config:
 @asynccontextmanager
 async def open_stack(tmp_path: Path, make_upstream: Callable[..., Any], *,
                      audit: AuditSink | None = None, later: Later | None = None,
-                     **upstream: Any) -> AsyncIterator[Stack]:
+                     config: dict[str, Any] | None = None, **upstream: Any
+                     ) -> AsyncIterator[Stack]:
+    """`make_upstream()`'s app served, and the gateway in front of it as endpoint `up`
+    (`upstream` its settings, `config` the other top-level tables)."""
     app, probe = make_upstream()
     db_path = db_backends.url()
     async with serve(app, graceful_timeout=1) as upstream_url:
-        cfg = stack_config(upstream_url, db_path, **upstream)
+        cfg = stack_config(upstream_url, db_path, config, **upstream)
         gateway_app = create_app(cfg, audit_sink=audit, later=later)
         async with serve(gateway_app, graceful_timeout=1) as gateway_url:
             yield Stack(upstream_url, gateway_url, probe, gateway_app.extensions["tollhouse"],

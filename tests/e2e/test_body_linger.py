@@ -20,12 +20,10 @@ import orjson
 import pytest
 
 from proxy import bodycap
-from proxy.app import create_app
-from proxy.audit import MemoryAuditSink
 from proxy.config import from_dict
 from tests import db_backends
-from tests.conftest import MCP_HEADERS, FakeResolver
-from tests.servers import bound_socket, serve
+from tests.conftest import MCP_HEADERS, running_gateway
+from tests.servers import bound_socket
 
 CAP = 4096
 BIG = 4 * 1024 * 1024  # over the cap, and more than loopback socket buffers hold; under the
@@ -57,10 +55,8 @@ async def gateway(**server: Any) -> AsyncIterator[str]:
         "database": {"url": db_backends.url()},
         "upstreams": [{"name": "e", "url": "http://upstream.test/mcp"}],
     }, env={})
-    app = create_app(cfg, audit_sink=MemoryAuditSink(), resolver=FakeResolver(),
-                     secret_key="linger-test-secret")
     try:
-        async with serve(app, sock=sock, graceful_timeout=1):
+        async with running_gateway(cfg, sock=sock, secret_key="linger-test-secret"):
             yield url
     finally:
         sock.close()  # a no-op once detached

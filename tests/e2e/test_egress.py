@@ -13,27 +13,19 @@ import httpx
 import orjson
 import pytest
 
-from proxy.app import create_app
 from proxy.audit import query
-from proxy.config import from_dict
-from tests import db_backends
+from tests.e2e.conftest import open_stack
 from tests.e2e.test_eras import modern_request
 from tests.e2e.upstreams import UpstreamProbe, stateless_json_app
-from tests.servers import serve
+
+EGRESS = {"server": {"trusted_proxies": ["127.0.0.1"]},
+          "egress": {"collections": {"customers": "local_only", "catalog": "remote"}}}
 
 
 @asynccontextmanager
 async def stack(tmp_path: Path, **upstream: Any) -> AsyncIterator[tuple[str, UpstreamProbe, str]]:
-    app, probe = stateless_json_app()
-    db = db_backends.url()
-    async with serve(app, graceful_timeout=1) as upstream_url:
-        cfg = from_dict({
-            "server": {"trusted_proxies": ["127.0.0.1"]},
-            "database": {"url": db},
-            "egress": {"collections": {"customers": "local_only", "catalog": "remote"}},
-            "upstreams": [{"name": "up", "url": f"{upstream_url}/mcp", **upstream}]}, env={})
-        async with serve(create_app(cfg), graceful_timeout=1) as url:
-            yield f"{url}/mcp/up", probe, db
+    async with open_stack(tmp_path, stateless_json_app, config=EGRESS, **upstream) as s:
+        yield s.endpoint, s.probe, s.db_path
 
 
 def call(era: str, **headers: str) -> tuple[bytes, dict[str, str]]:

@@ -20,24 +20,20 @@ from proxy.audit import query
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from tests import db_backends
+from tests.e2e.conftest import open_stack
 from tests.e2e.upstreams import UpstreamProbe, build_app, stateful_sse_app, stateless_json_app
+from tests.helpers import DEADLINE_S
 from tests.servers import serve
 
-DEADLINE = 10.0
 MODERN = "2026-07-28"
 
 
 @asynccontextmanager
 async def stack(tmp_path: Path, make: Any, era: str, **extra: Any
                 ) -> AsyncIterator[tuple[str, UpstreamProbe, str]]:
-    app, probe = make()
-    db = db_backends.url()
-    async with serve(app, graceful_timeout=1) as upstream_url:
-        cfg = from_dict({"database": {"url": db}, **extra,
-                         "upstreams": [{"name": "up", "url": f"{upstream_url}/mcp",
-                                        "era": era, "total_timeout_s": 5}]}, env={})
-        async with serve(create_app(cfg), graceful_timeout=1) as url:
-            yield f"{url}/mcp/up", probe, db
+    """`open_stack` with the upstream's era and a 5 s total timeout; `extra` top-level tables."""
+    async with open_stack(tmp_path, make, config=extra, era=era, total_timeout_s=5) as s:
+        yield s.endpoint, s.probe, s.db_path
 
 
 UPSTREAMS = {"stateful-modern": (stateful_sse_app, "auto"),
@@ -102,7 +98,7 @@ VALIDATION = {
         400, -32022, {"supported": [MODERN], "requested": "2099-01-01"}),
     # the mismatch is named whatever the two revisions are (the SDK's ladder and the suite)
     "header names an unknown revision, the envelope a served one": (
-        lambda: case(*modern_request("tools/list", **{"mcp_protocol_version": "2099-01-01"})),
+        lambda: case(*modern_request("tools/list", mcp_protocol_version="2099-01-01")),
         400, -32020, {"mismatch": "MCP-Protocol-Version"}),
     "header names the served revision, the envelope an unknown one": (
         lambda: case(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {
@@ -263,7 +259,7 @@ async def test_the_bridge_strips_the_2026_envelope_and_keeps_other_meta(tmp_path
         meta = {**envelope(), "progressToken": "p-1", "com.example/trace": "t-1"}
         body, headers = modern_request("tools/call", {**ECHO, "_meta": meta},
                                        mcp_param_region="eu")
-        async with httpx.AsyncClient(timeout=DEADLINE) as raw:
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as raw:
             response = await raw.post(endpoint, content=body, headers=headers)
         assert response.status_code == 200, response.text
         events = [orjson.loads(line[6:]) for line in response.content.splitlines()
@@ -281,7 +277,7 @@ async def test_bridged_server_request_ends_the_call_clearly(tmp_path: Path) -> N
     async with stack(tmp_path, stateful_sse_app, "legacy") as (endpoint, probe, db):
         body, headers = modern_request("tools/call", {"name": "ask_sampling",
                                                       "arguments": {"prompt": "x"}})
-        async with httpx.AsyncClient(timeout=DEADLINE) as raw:
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as raw:
             response = await raw.post(endpoint, content=body, headers=headers)
         last = orjson.loads(response.content.rsplit(b"data: ", 1)[1])
         assert last["error"]["code"] == -32000
@@ -295,18 +291,18 @@ async def test_modern_disconnect_cancels_the_upstream_call(tmp_path: Path) -> No
         body, headers = modern_request("tools/call", {"name": "wait_forever", "arguments": {}})
         async with httpx.AsyncClient() as doomed:
             pending = asyncio.create_task(doomed.post(endpoint, content=body, headers=headers))
-            await asyncio.wait_for(probe.started.wait(), DEADLINE)
+            await asyncio.wait_for(probe.started.wait(), DEADLINE_S)
             pending.cancel()
-        await asyncio.wait_for(probe.cancelled.wait(), DEADLINE)
+        await asyncio.wait_for(probe.cancelled.wait(), DEADLINE_S)
 
 
 async def test_modern_cancel_request_ends_only_the_callers_own_call(tmp_path: Path) -> None:
     async with stack(tmp_path, stateful_sse_app, "auto") as (endpoint, probe, db):
         body, headers = modern_request("tools/call", {"name": "wait_forever", "arguments": {}},
                                        request_id="call-7")
-        async with httpx.AsyncClient(timeout=DEADLINE) as raw:
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as raw:
             pending = asyncio.create_task(raw.post(endpoint, content=body, headers=headers))
-            await asyncio.wait_for(probe.started.wait(), DEADLINE)
+            await asyncio.wait_for(probe.started.wait(), DEADLINE_S)
             other = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
                                   "params": {"requestId": "someone-else",
                                              "_meta": envelope()}})
@@ -319,12 +315,12 @@ async def test_modern_cancel_request_ends_only_the_callers_own_call(tmp_path: Pa
                                  "params": {"requestId": "call-7", "_meta": envelope()}})
             assert (await raw.post(endpoint, content=mine, headers=note_headers)
                     ).status_code == 202
-            response = await asyncio.wait_for(pending, DEADLINE)
+            response = await asyncio.wait_for(pending, DEADLINE_S)
         last = orjson.loads(response.content.rsplit(b"data: ", 1)[-1].split(b"\r\n")[0]
                             if response.headers["content-type"].startswith("text/event-stream")
                             else response.content)
         assert last["error"]["code"] == -32800
-        await asyncio.wait_for(probe.cancelled.wait(), DEADLINE)
+        await asyncio.wait_for(probe.cancelled.wait(), DEADLINE_S)
 
 
 def sse_or_json(response: httpx.Response) -> dict[str, Any]:
@@ -344,18 +340,18 @@ async def test_sessionless_calls_sharing_an_id_all_stay_cancellable(tmp_path: Pa
                                "params": {"requestId": 1, "_meta": envelope()}})
         note_headers = {**headers, "mcp-method": "notifications/cancelled"}
         note_headers.pop("mcp-name")
-        async with httpx.AsyncClient(timeout=DEADLINE) as one, \
-                httpx.AsyncClient(timeout=DEADLINE) as two:
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as one, \
+                httpx.AsyncClient(timeout=DEADLINE_S) as two:
             pending = asyncio.create_task(one.post(endpoint, content=body, headers=headers))
-            await asyncio.wait_for(probe.started.wait(), DEADLINE)
+            await asyncio.wait_for(probe.started.wait(), DEADLINE_S)
             echoed = await two.post(endpoint, content=quick, headers=quick_headers)
             assert sse_or_json(echoed)["result"]["content"][0]["text"] == "hi"
             assert (await one.post(endpoint, content=cancel, headers=note_headers)
                     ).status_code == 202
-            response = await asyncio.wait_for(pending, DEADLINE)
+            response = await asyncio.wait_for(pending, DEADLINE_S)
         assert sse_or_json(response)["error"] == {"code": -32800,
                                                   "message": "cancelled by the client"}
-        await asyncio.wait_for(probe.cancelled.wait(), DEADLINE)
+        await asyncio.wait_for(probe.cancelled.wait(), DEADLINE_S)
 
 
 @pytest.mark.parametrize("make", [stateful_sse_app, stateless_json_app],
@@ -394,10 +390,10 @@ async def test_listen_is_a_long_lived_stream_on_a_modern_upstream(tmp_path: Path
         body, headers = modern_request("subscriptions/listen",
                                        {"notifications": {"toolsListChanged": True}},
                                        request_id="listen-1")
-        async with httpx.AsyncClient(timeout=DEADLINE) as raw:
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as raw:
             async with raw.stream("POST", endpoint, content=body, headers=headers) as response:
                 assert response.headers["content-type"].startswith("text/event-stream")
-                first = await asyncio.wait_for(response.aiter_bytes().__anext__(), DEADLINE)
+                first = await asyncio.wait_for(response.aiter_bytes().__anext__(), DEADLINE_S)
         ack = orjson.loads(first.split(b"data: ", 1)[1].split(b"\r\n")[0])
         assert ack["method"] == "notifications/subscriptions/acknowledged"
         assert ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "listen-1"
@@ -406,7 +402,7 @@ async def test_listen_is_a_long_lived_stream_on_a_modern_upstream(tmp_path: Path
 async def test_listen_on_a_legacy_upstream_is_404(tmp_path: Path) -> None:
     async with stack(tmp_path, stateful_sse_app, "legacy") as (endpoint, _, _db):
         body, headers = modern_request("subscriptions/listen", {"notifications": {}})
-        async with httpx.AsyncClient(timeout=DEADLINE) as raw:
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as raw:
             response = await raw.post(endpoint, content=body, headers=headers)
         assert response.status_code == 404
         assert response.json()["error"] == {"code": -32601, "message": "Method not found",
@@ -423,7 +419,7 @@ async def test_an_era_set_through_the_api_applies_on_the_next_call(tmp_path: Pat
     async with serve(app, graceful_timeout=1) as upstream, \
             serve(create_app(cfg), graceful_timeout=1) as url, \
             httpx.AsyncClient(headers={"Authorization": f"Bearer {secret}"},
-                              timeout=DEADLINE) as admin:
+                              timeout=DEADLINE_S) as admin:
         spec = {"name": "late", "url": f"{upstream}/mcp", "zones": ["loopback"],
                 "era": "legacy"}
         assert (await admin.post(f"{url}/api/v1/servers", json=spec)).status_code == 201

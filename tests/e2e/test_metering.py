@@ -18,14 +18,14 @@ import orjson
 
 from proxy.app import create_app
 from proxy.audit import query
-from proxy.config import from_dict
 from tests import db_backends
+from tests.e2e.conftest import stack_config
 from tests.e2e.test_eras import modern_request
 from tests.e2e.upstreams import UpstreamProbe, stateless_json_app
+from tests.helpers import DEADLINE_S
 from tests.servers import serve
 
 SECRET = "metering-hmac-secret"
-DEADLINE = 10.0
 
 
 @dataclass
@@ -75,15 +75,15 @@ class Receiver:
                 self.changed.clear()
                 await self.changed.wait()
 
-        await asyncio.wait_for(enough(), DEADLINE)
+        await asyncio.wait_for(enough(), DEADLINE_S)
 
 
 @asynccontextmanager
 async def gateway(tmp_path: Path, receiver_url: str, upstream_url: str) -> AsyncIterator[str]:
-    cfg = from_dict({
-        "database": {"url": db_backends.url()},
-        "metering": {"url": receiver_url, "secret": SECRET, "timeout_ms": 2000},
-        "upstreams": [{"name": "up", "url": f"{upstream_url}/mcp"}]}, env={})
+    """A gateway in front of `upstream_url` (`open_stack`'s config), billing to the receiver;
+    apart from the upstream, so a second one can restart on the same database."""
+    cfg = stack_config(upstream_url, db_backends.url(), {
+        "metering": {"url": receiver_url, "secret": SECRET, "timeout_ms": 2000}})
     async with serve(create_app(cfg), graceful_timeout=1) as url:
         yield f"{url}/mcp/up"
 

@@ -27,17 +27,10 @@ from proxy.signin import COOKIE, Web
 from proxy.state.flows import MemoryFlowStore
 from tests import db_backends
 from tests.e2e.oidc_provider import OidcProvider, running_provider
+from tests.helpers import Clock
 from tests.servers import serve
 
 ADMINS = "tollhouse-admins"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -296,7 +289,7 @@ async def test_a_flow_expires_after_ten_minutes(tmp_path: Path) -> None:
     async with oidc_stack(tmp_path) as s:
         browser = await s.browser()
         back = await s.callback_url(browser)
-        s.clock.now += 601
+        s.clock.advance(601)
         refused(await browser.get(back), 400, "has expired", s)
 
 

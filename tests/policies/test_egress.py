@@ -19,18 +19,11 @@ from proxy.config import EgressConfig, parse_networks, validate_egress
 from proxy.egress import Destinations, SystemResolver, classify, is_metadata, parse_addresses
 from proxy.errors import UpstreamUnavailable, render
 from proxy.jsonrpc import McpMessage, parse
+from tests.helpers import Clock
 
 ALICE = Principal(subject="alice", issuer="https://idp")
 CALL = parse(b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"find"}}')
 POLICIES = {"customers": "lan", "secrets": "local_only", "docs": "remote"}
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class FakeResolver:
@@ -218,7 +211,7 @@ async def test_pins_expire_and_the_transport_rechecks_then() -> None:
     assert policy.pinned("crm") == ["10.0.0.5", "10.0.0.6"]
     assert await destinations.admit("crm") == ["10.0.0.5", "10.0.0.6"]
     assert len(resolver.asked) == 1  # the transport used the pin: no second resolution
-    clock.t += 30
+    clock.advance(30)
     assert policy.pinned("crm") is None
     resolver.answers["crm.internal"] = ["127.0.0.1"]
     assert await destinations.admit("crm") == ["127.0.0.1"]  # zones: all

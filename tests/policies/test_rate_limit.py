@@ -10,19 +10,10 @@ from proxy.chain import CallContext, Chain
 from proxy.errors import RateLimited, render
 from proxy.jsonrpc import McpMessage, parse
 from proxy.state.ratelimit import MemoryRateLimitStore
+from tests.helpers import Clock
 
 ALICE = Principal(subject="alice", issuer="https://idp")
 BOB = Principal(subject="bob", issuer="https://idp")
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0, step: float = 0.0) -> None:
-        self.t, self.step = t, step
-
-    def __call__(self) -> float:
-        now = self.t
-        self.t += self.step
-        return now
 
 
 def make_call(method: str = "tools/call", tool: str | None = "t") -> McpMessage:
@@ -71,11 +62,11 @@ async def test_tokens_come_back_over_time() -> None:
     clock = Clock()
     policy = make_policy(RateLimitRule("r", rate="10/s", burst=20), clock=clock)
     assert await count_passing(policy, 30) == 20
-    clock.t += 0.1
+    clock.advance(0.1)
     assert await count_passing(policy, 5) == 1
-    clock.t += 0.35
+    clock.advance(0.35)
     assert await count_passing(policy, 5) == 3
-    clock.t += 60
+    clock.advance(60)
     assert await count_passing(policy, 30) == 20  # refilled to the burst, not beyond
 
 
@@ -178,9 +169,9 @@ async def test_every_matching_rule_applies_and_a_denial_charges_none() -> None:
             await policy.check(make_call(), make_ctx())
         assert info.value.reason == "rate_limit: per-endpoint"
     for _ in range(2):
-        clock.t += 1
+        clock.advance(1)
         assert await passes(policy)
-    clock.t += 1
+    clock.advance(1)
     with pytest.raises(RateLimited) as info:
         await policy.check(make_call(), make_ctx())
     assert info.value.reason == "rate_limit: per-user"
@@ -206,7 +197,7 @@ async def test_exact_under_concurrency_with_a_frozen_clock() -> None:
 async def test_exact_under_concurrency_while_time_moves() -> None:
     # 1000 calls 1 ms apart: the burst of 100 at once, then one per 100 ms for 0.9 s
     policy = make_policy(RateLimitRule("r", rate="10/s", burst=100),
-                         clock=Clock(t=5.0, step=0.001))
+                         clock=Clock(5.0, step=0.001))
     results = await asyncio.gather(*(passes(policy) for _ in range(1000)))
     assert sum(results) == 109
 

@@ -5,17 +5,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import httpx
 import jwt
 import pytest
-import respx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.conftest import make_config, running_gateway
+from tests.conftest import make_config, mock_upstream, running_gateway
+from tests.helpers import ISSUER, SECRET, audience, jwt_auth, token
 
-SECRET = "hs-secret-that-is-long-enough-for-hs256!"
-AUD = "http://127.0.0.1:8080/mcp/e"
+AUD = audience()
 CALL = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "t"}}
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
 
@@ -25,46 +23,27 @@ def rsa_key() -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def token(key: object = SECRET, alg: str = "HS256", **claims: object) -> str:
-    body = {"iss": "https://idp.test/", "aud": AUD, "sub": "alice",
-            "exp": int(time.time()) + 300, **claims}
-    return jwt.encode(body, key, algorithm=alg)  # type: ignore[arg-type]
-
-
-def upstream() -> tuple[httpx.MockTransport, list[httpx.Request]]:
-    seen: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json={"jsonrpc": "2.0", "id": 1, "result": {}},
-                              headers={"mcp-session-id": "up"})
-
-    router = respx.Router()
-    router.post("http://upstream.test/mcp").mock(side_effect=answer)
-    return httpx.MockTransport(router.async_handler), seen
-
-
 def jwt_config(tmp_path: Path, rsa_key: rsa.RSAPrivateKey):
     pem = rsa_key.public_key().public_bytes(serialization.Encoding.PEM,
                                             serialization.PublicFormat.SubjectPublicKeyInfo)
     (tmp_path / "idp.pem").write_bytes(pem)
-    return make_config(auth={"mode": "jwt", "issuers": [
-        {"issuer": "https://idp.test/", "hs256_secret": SECRET, "algorithms": ["HS256"]},
-        {"issuer": "https://rsa.test/", "public_key_pem": str(tmp_path / "idp.pem"),
-         "algorithms": ["RS256"]},
-    ]})
+    auth = jwt_auth()
+    auth["issuers"] = [*auth["issuers"],  # type: ignore[misc]
+                       {"issuer": "https://rsa.test/", "public_key_pem": str(tmp_path / "idp.pem"),
+                        "algorithms": ["RS256"]}]
+    return make_config(auth=auth)
 
 
 async def test_valid_tokens_pass_and_bad_ones_are_401(tmp_path: Path, rsa_key) -> None:
-    transport, seen = upstream()
+    up = mock_upstream()
     rsa_pem_public = (tmp_path / "idp.pem")
-    async with running_gateway(jwt_config(tmp_path, rsa_key), transport) as gw:
+    async with running_gateway(jwt_config(tmp_path, rsa_key), up.transport) as gw:
         ok = await gw.post(CALL, headers={"Authorization": f"Bearer {token()}"})
         assert ok.status_code == 200
         rs = token(rsa_key, "RS256", iss="https://rsa.test/")
         assert (await gw.post(CALL, headers={"Authorization": f"Bearer {rs}"})).status_code == 200
-        assert len(seen) == 2
-        assert all("authorization" not in r.headers for r in seen)
+        assert len(up.seen) == 2
+        assert all("authorization" not in r.headers for r in up.seen)
 
         bad = {
             "missing": None,
@@ -76,7 +55,7 @@ async def test_valid_tokens_pass_and_bad_ones_are_401(tmp_path: Path, rsa_key) -
             "unknown issuer": f"Bearer {token(iss='https://evil.test/')}",
             "wrong key": f"Bearer {token('another-secret-of-sufficient-length!!')}",
             "no subject": f"Bearer {token(sub='')}",
-            "alg none": "Bearer " + jwt.encode({"iss": "https://idp.test/", "aud": AUD,
+            "alg none": "Bearer " + jwt.encode({"iss": ISSUER, "aud": AUD,
                                                  "sub": "a", "exp": 9999999999}, None,
                                                 algorithm="none"),
             # an HS256 token whose secret is the RSA public key: key confusion
@@ -90,7 +69,7 @@ async def test_valid_tokens_pass_and_bad_ones_are_401(tmp_path: Path, rsa_key) -
             assert body["error"]["code"] == -32000 and body["id"] is None, case
             assert body["error"]["message"].startswith("Unauthorized"), case
             assert response.headers["www-authenticate"].startswith("Bearer "), case
-        assert len(seen) == 2
+        assert len(up.seen) == 2
         records = await gw.audit.wait_for(2 + len(bad))
         denied = [r for r in records if r.status == "denied"]
         assert len(denied) == len(bad)
@@ -115,8 +94,8 @@ def _confused(public_pem: str) -> str:
 
 
 async def test_sessions_are_bound_to_the_principal(tmp_path: Path, rsa_key) -> None:
-    transport, _ = upstream()
-    async with running_gateway(jwt_config(tmp_path, rsa_key), transport) as gw:
+    up = mock_upstream()
+    async with running_gateway(jwt_config(tmp_path, rsa_key), up.transport) as gw:
         alice = {"Authorization": f"Bearer {token(sub='alice')}"}
         bob = {"Authorization": f"Bearer {token(sub='bob')}"}
         sid = (await gw.post(INIT, headers=alice)).headers["mcp-session-id"]

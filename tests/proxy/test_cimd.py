@@ -9,6 +9,7 @@ import pytest
 
 from proxy.oauth.cimd import MetadataDocuments
 from proxy.oauth.server import OAuthError
+from tests.helpers import Clock
 
 URL = "https://client.example/oauth/client.json"
 
@@ -72,14 +73,6 @@ def test_a_good_document() -> None:
         URL, "Editor", ("http://127.0.0.1:3/cb",), "none")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def test_a_failure_is_cached_for_a_minute() -> None:
     resolver, clock = Resolver("127.0.0.1"), Clock()
     docs = MetadataDocuments(resolver, clock=clock)
@@ -88,7 +81,7 @@ async def test_a_failure_is_cached_for_a_minute() -> None:
             await docs.client(URL)
         assert info.value.error == "invalid_client" and info.value.status == 400
     assert resolver.calls == 1
-    clock.now += 61
+    clock.advance(61)
     with pytest.raises(OAuthError, match="egress policy"):
         await docs.client(URL)
     assert resolver.calls == 2

@@ -1,43 +1,20 @@
 """The answers that come before the upstream is called: seed 004's pre-parse answers, media
-types, parse errors, and sessions. A real Hypercorn serves; the upstream is a respx router."""
+types, parse errors, and sessions. A real Hypercorn serves; the upstream is a
+MockTransport (tests.conftest.mock_upstream)."""
 
 from __future__ import annotations
 
 import httpx
 import orjson
 import pytest
-import respx
 
-from tests.conftest import MCP_HEADERS, make_config, running_gateway
+from tests.conftest import MCP_HEADERS, make_config, mock_upstream, running_gateway
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-11-25", "capabilities": {},
                    "clientInfo": {"name": "t", "version": "1"}}}
 CALL = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
         "params": {"name": "echo", "arguments": {"text": "hi"}}}
-
-
-def upstream() -> tuple[respx.Router, httpx.MockTransport]:
-    router = respx.Router(assert_all_called=False)
-    seen: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        msg = orjson.loads(request.content)
-        if "id" not in msg:
-            return httpx.Response(202)
-        if msg.get("method") == "initialize":
-            return httpx.Response(200, json={"jsonrpc": "2.0", "id": msg["id"], "result": {
-                "protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {
-                    "name": "up", "version": "1"}}}, headers={"mcp-session-id": "UPSTREAM-SID"})
-        if request.headers.get("mcp-session-id") not in (None, "UPSTREAM-SID"):
-            return httpx.Response(404)
-        return httpx.Response(200, json={"jsonrpc": "2.0", "id": msg["id"], "result": {}})
-
-    router.post("http://upstream.test/mcp").mock(side_effect=answer)
-    router.delete("http://upstream.test/mcp").mock(return_value=httpx.Response(200))
-    router.seen = seen  # type: ignore[attr-defined]
-    return router, httpx.MockTransport(router.async_handler)
 
 
 def error_of(response: httpx.Response) -> dict:
@@ -47,8 +24,8 @@ def error_of(response: httpx.Response) -> dict:
 
 
 async def test_unknown_endpoint_is_plain_404() -> None:
-    _, transport = upstream()
-    async with running_gateway(make_config(), transport) as gw:
+    up = mock_upstream()
+    async with running_gateway(make_config(), up.transport) as gw:
         response = await gw.post(CALL, name="nope")
         assert response.status_code == 404
         assert response.json() == {"error": "not found"}
@@ -56,9 +33,9 @@ async def test_unknown_endpoint_is_plain_404() -> None:
 
 
 async def test_body_over_the_cap_declared_or_streamed_is_413_first() -> None:
-    router, transport = upstream()
+    up = mock_upstream()
     cfg = make_config(server={"max_request_bytes": 64})
-    async with running_gateway(cfg, transport) as gw:
+    async with running_gateway(cfg, up.transport) as gw:
         big = b'{"jsonrpc":"2.0","id":1,"method":"ping","pad":"' + b"x" * 100 + b'"}'
         # over the cap and from a foreign Origin with no credential: 413 comes first
         declared = await gw.post(big, headers={"Origin": "http://evil.example"})
@@ -72,15 +49,15 @@ async def test_body_over_the_cap_declared_or_streamed_is_413_first() -> None:
             assert response.status_code == 413
             assert error_of(response) == {"jsonrpc": "2.0", "id": None, "error": {
                 "code": -32600, "message": "Request body too large"}}
-        assert router.seen == []
+        assert up.seen == []
         records = await gw.audit.wait_for(2)
         assert [r.status for r in records] == ["denied", "denied"]
 
 
 async def test_foreign_origin_is_403_before_credentials() -> None:
-    router, transport = upstream()
+    up = mock_upstream()
     cfg = make_config(server={"allowed_origins": ["https://app.example.com"]})
-    async with running_gateway(cfg, transport) as gw:
+    async with running_gateway(cfg, up.transport) as gw:
         denied = await gw.post(CALL, headers={"Origin": "https://evil.example"})
         assert denied.status_code == 403
         assert error_of(denied)["error"]["code"] == -32600 and error_of(denied)["id"] is None
@@ -88,7 +65,7 @@ async def test_foreign_origin_is_403_before_credentials() -> None:
         own = await gw.post(CALL, headers={"Origin": "http://127.0.0.1:8080"})
         no_origin = await gw.post(CALL)
         assert [r.status_code for r in (allowed, own, no_origin)] == [200, 200, 200]
-        assert len(router.seen) == 3
+        assert len(up.seen) == 3
 
 
 @pytest.mark.parametrize(
@@ -104,20 +81,20 @@ async def test_foreign_origin_is_403_before_credentials() -> None:
     ],
 )
 async def test_malformed_messages(body: bytes, status: int, code: int, echo_id: object) -> None:
-    router, transport = upstream()
-    async with running_gateway(make_config(), transport) as gw:
+    up = mock_upstream()
+    async with running_gateway(make_config(), up.transport) as gw:
         response = await gw.post(body)
         assert response.status_code == status
         assert error_of(response)["error"]["code"] == code
         assert error_of(response)["id"] == echo_id
-        assert router.seen == []
+        assert up.seen == []
         (record,) = await gw.audit.wait_for(1)
         assert record.status == "error"
 
 
 async def test_media_types() -> None:
-    _, transport = upstream()
-    async with running_gateway(make_config(), transport) as gw:
+    up = mock_upstream()
+    async with running_gateway(make_config(), up.transport) as gw:
         text = await gw.post(CALL, headers={"Content-Type": "text/plain"})
         assert text.status_code == 415 and error_of(text)["error"]["code"] == -32600
         for ctype in ("application/jsonx", "application/json-seq", "application/json5",
@@ -135,8 +112,8 @@ async def test_media_types() -> None:
 
 
 async def test_other_http_methods_are_405() -> None:
-    _, transport = upstream()
-    async with running_gateway(make_config(), transport) as gw:
+    up = mock_upstream()
+    async with running_gateway(make_config(), up.transport) as gw:
         response = await gw.client.put(gw.endpoint(), content=b"{}")
         assert response.status_code == 405
         assert response.json() == {"error": "method not allowed"}
@@ -144,14 +121,14 @@ async def test_other_http_methods_are_405() -> None:
 
 
 async def test_gateway_issues_its_own_session_and_maps_it() -> None:
-    router, transport = upstream()
-    async with running_gateway(make_config(), transport) as gw:
+    up = mock_upstream()
+    async with running_gateway(make_config(), up.transport) as gw:
         init = await gw.post(INIT)
         sid = init.headers["mcp-session-id"]
         assert sid != "UPSTREAM-SID" and "UPSTREAM-SID" not in init.text
         call = await gw.post(CALL, headers={"Mcp-Session-Id": sid})
         assert call.status_code == 200 and call.headers["mcp-session-id"] == sid
-        assert router.seen[-1].headers["mcp-session-id"] == "UPSTREAM-SID"
+        assert up.seen[-1].headers["mcp-session-id"] == "UPSTREAM-SID"
 
         dead = await gw.post(CALL, headers={"Mcp-Session-Id": "made-up"})
         assert dead.status_code == 404 and dead.json() == {"error": "session not found"}
@@ -163,18 +140,18 @@ async def test_gateway_issues_its_own_session_and_maps_it() -> None:
 
 
 async def test_a_session_from_another_endpoint_is_not_found() -> None:
-    _, transport = upstream()
+    up = mock_upstream()
     cfg = make_config(upstreams=[{"name": "e", "url": "http://upstream.test/mcp"},
                                  {"name": "f", "url": "http://upstream.test/mcp"}])
-    async with running_gateway(cfg, transport) as gw:
+    async with running_gateway(cfg, up.transport) as gw:
         sid = (await gw.post(INIT, name="e")).headers["mcp-session-id"]
         foreign = await gw.post(CALL, name="f", headers={"Mcp-Session-Id": sid})
         assert foreign.status_code == 404 and foreign.json() == {"error": "session not found"}
 
 
 async def test_upstream_session_expiry_ends_ours() -> None:
-    router, transport = upstream()
-    async with running_gateway(make_config(), transport) as gw:
+    up = mock_upstream()
+    async with running_gateway(make_config(), up.transport) as gw:
         sid = (await gw.post(INIT)).headers["mcp-session-id"]
         session = await gw.gateway.sessions.get(sid)
         assert session is not None
@@ -185,25 +162,25 @@ async def test_upstream_session_expiry_ends_ours() -> None:
 
 
 async def test_notifications_and_responses_are_relayed_as_202() -> None:
-    router, transport = upstream()
-    async with running_gateway(make_config(), transport) as gw:
+    up = mock_upstream()
+    async with running_gateway(make_config(), up.transport) as gw:
         sid = (await gw.post(INIT)).headers["mcp-session-id"]
         note = await gw.post({"jsonrpc": "2.0", "method": "notifications/initialized"},
                              headers={"Mcp-Session-Id": sid})
         answer = await gw.post({"jsonrpc": "2.0", "id": "srv-1", "result": {}},
                                headers={"Mcp-Session-Id": sid})
         assert (note.status_code, answer.status_code) == (202, 202)
-        assert router.seen[-1].headers["mcp-session-id"] == "UPSTREAM-SID"
-        assert orjson.loads(router.seen[-1].content)["id"] == "srv-1"
+        assert up.seen[-1].headers["mcp-session-id"] == "UPSTREAM-SID"
+        assert orjson.loads(up.seen[-1].content)["id"] == "srv-1"
 
 
 async def test_an_unsupported_protocol_version_header_is_32022_before_the_session() -> None:
     """A revision of neither era in MCP-Protocol-Version: -32022 with supported/requested
     (seed 003), not the -32600 a modern request with a session id gets, nor -32602."""
-    router, transport = upstream()
-    async with running_gateway(make_config(), transport) as gw:
+    up = mock_upstream()
+    async with running_gateway(make_config(), up.transport) as gw:
         sid = (await gw.post(INIT)).headers["mcp-session-id"]
-        seen = len(router.seen)
+        seen = len(up.seen)
         for headers in ({"Mcp-Session-Id": sid, "MCP-Protocol-Version": "1999-01-01"},
                         {"MCP-Protocol-Version": "2027-01-01"},
                         {"Mcp-Session-Id": "made-up", "MCP-Protocol-Version": "1999-01-01"}):
@@ -218,7 +195,7 @@ async def test_an_unsupported_protocol_version_header_is_32022_before_the_sessio
                 "Mcp-Session-Id": sid, "MCP-Protocol-Version": "1999-01-01"})
             assert response.status_code == 400
             assert error_of(response)["error"]["code"] == -32022
-        assert len(router.seen) == seen  # nothing went upstream
+        assert len(up.seen) == seen  # nothing went upstream
         # every legacy revision still goes through on the session
         for version in ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"):
             ok = await gw.post(CALL, headers={"Mcp-Session-Id": sid,

@@ -4,43 +4,21 @@ X-Forwarded-For a client sends."""
 
 from __future__ import annotations
 
-import time
-
-import httpx
-import jwt
 import orjson
-import respx
 
 from proxy.config import Config
-from tests.conftest import MCP_HEADERS, RunningGateway, make_config, running_gateway
+from tests.conftest import MCP_HEADERS, RunningGateway, make_config, mock_upstream, running_gateway
+from tests.helpers import jwt_auth, token
 
-SECRET = "edge-lockout-hs256-secret-0123456789abcdef"
-ISSUER = "https://issuer.test/"
 CALL = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "echo", "arguments": {"text": "hi"}}}
 A, B = "203.0.113.5", "198.51.100.7"
 
 
-def token(secret: str = SECRET) -> str:
-    now = int(time.time())
-    return jwt.encode({"iss": ISSUER, "sub": "alice", "aud": "http://127.0.0.1:8080/mcp/e",
-                       "iat": now, "exp": now + 300}, secret, algorithm="HS256")
-
-
 def config(trusted_proxies: list[str]) -> Config:
     return make_config(
         server={"trusted_proxies": trusted_proxies},
-        auth={"mode": "jwt", "lockout": {"max_failures": 2, "window_s": 60, "lockout_s": 120},
-              "issuers": [{"issuer": ISSUER, "hs256_secret": SECRET,
-                           "algorithms": ["HS256"]}]})
-
-
-def upstream() -> httpx.MockTransport:
-    router = respx.Router(assert_all_called=False)
-    router.post("http://upstream.test/mcp").mock(return_value=httpx.Response(
-        200, json={"jsonrpc": "2.0", "id": 1, "result": {}}))
-    router.get("http://upstream.test/mcp").mock(return_value=httpx.Response(405))
-    return httpx.MockTransport(router.async_handler)
+        auth=jwt_auth(lockout={"max_failures": 2, "window_s": 60, "lockout_s": 120}))
 
 
 async def call(gw: RunningGateway, bearer: str, forwarded_for: str, method: str = "POST"
@@ -53,7 +31,7 @@ async def call(gw: RunningGateway, bearer: str, forwarded_for: str, method: str 
 
 
 async def test_behind_a_trusted_proxy_one_caller_cannot_lock_out_another() -> None:
-    async with running_gateway(config(["127.0.0.1"]), upstream()) as gw:
+    async with running_gateway(config(["127.0.0.1"]), mock_upstream().transport) as gw:
         bad = token("not-the-secret-0123456789abcdef0123456789")
         assert [await call(gw, bad, A) for _ in range(2)] == [401, 401]
         assert await call(gw, token(), A) == 429  # A is locked out, even with a good token
@@ -65,7 +43,7 @@ async def test_behind_a_trusted_proxy_one_caller_cannot_lock_out_another() -> No
 
 
 async def test_without_trusted_proxies_x_forwarded_for_is_ignored() -> None:
-    async with running_gateway(config([]), upstream()) as gw:
+    async with running_gateway(config([]), mock_upstream().transport) as gw:
         bad = token("not-the-secret-0123456789abcdef0123456789")
         assert [await call(gw, bad, A) for _ in range(2)] == [401, 401]
         assert await call(gw, token(), B) == 429  # one peer: a forged header changes nothing

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import orjson
-import respx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import MCP_HEADERS, make_config, running_gateway
+from tests.conftest import MCP_HEADERS, make_config, mock_upstream, running_gateway
 
 ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 json_values = st.recursive(
@@ -37,24 +35,9 @@ header_text = st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126
                       max_size=40)
 
 
-def echo_upstream() -> httpx.MockTransport:
-    def answer(request: httpx.Request) -> httpx.Response:
-        try:
-            msg = orjson.loads(request.content)
-        except orjson.JSONDecodeError:
-            return httpx.Response(400)
-        if not isinstance(msg, dict) or "id" not in msg:
-            return httpx.Response(202)
-        return httpx.Response(200, json={"jsonrpc": "2.0", "id": msg["id"], "result": {}})
-
-    router = respx.Router()
-    router.route().mock(side_effect=answer)
-    return httpx.MockTransport(router.async_handler)
-
-
 def test_arbitrary_requests_get_documented_answers() -> None:
     async def scenario() -> None:
-        async with running_gateway(make_config(), echo_upstream()) as gw:
+        async with running_gateway(make_config(), mock_upstream().transport) as gw:
             @settings(max_examples=300, deadline=None,
                       suppress_health_check=[HealthCheck.too_slow])
             @given(body=bodies, session=st.one_of(st.none(), header_text),

@@ -19,12 +19,12 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from proxy.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from proxy.demo import demo_app
 from tests import db_backends
-from tests.conftest import MCP_HEADERS
+from tests.conftest import MCP_HEADERS, running_gateway
+from tests.helpers import Clock, token
 from tests.servers import serve
 
 ISSUER = "https://idp.test/"
@@ -35,14 +35,6 @@ EC_KEY = ec.generate_private_key(ec.SECP256R1())
 def jwk(key: Any, kid: str, alg: str) -> dict[str, Any]:
     algo = jwt.algorithms.RSAAlgorithm if alg.startswith("RS") else jwt.algorithms.ECAlgorithm
     return {**json.loads(algo.to_jwk(key.public_key())), "kid": kid, "alg": alg, "use": "sig"}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -110,10 +102,8 @@ class Env:
 
     def token(self, key: Any = RSA_KEY, alg: str = "RS256", kid: str | None = "k1",
               endpoint: str = "a", **claims: Any) -> str:
-        body = {"iss": ISSUER, "aud": f"http://127.0.0.1:8080/mcp/{endpoint}", "sub": "alice",
-                "groups": ["eng"], "scope": "mcp:read", "exp": int(time.time()) + 300, **claims}
-        headers = {"kid": kid} if kid is not None else {}
-        return jwt.encode(body, key, algorithm=alg, headers=headers)
+        return token(key, alg, endpoint=endpoint, headers=None if kid is None else {"kid": kid},
+                     **{"iss": ISSUER, "groups": ["eng"], "scope": "mcp:read", **claims})
 
     async def call(self, token: str | None, *, endpoint: str = "a", tool: str = "echo",
                    client: httpx.AsyncClient | None = None, method: str = "tools/call"
@@ -148,9 +138,8 @@ async def environment(tmp_path: Path, **access: Any) -> AsyncIterator[Env]:
                 {"name": "c", "url": upstream_mcp, "identity": "jwt"},
             ],
         }, env={})
-        app = create_app(cfg, clock=clock)
-        async with serve(app) as url, httpx.AsyncClient(timeout=10) as client:
-            yield Env(url, jwks, upstream, clock, db, client, upstream_mcp)
+        async with running_gateway(cfg, clock=clock, resolver=None) as gw:
+            yield Env(gw.url, jwks, upstream, clock, db, gw.client, upstream_mcp)
 
 
 def rpc_error(response: httpx.Response) -> dict[str, Any]:
@@ -227,13 +216,13 @@ async def test_unknown_kid_refetches_at_most_once_a_minute(tmp_path: Path) -> No
         assert (await env.call(env.token())).status_code == 200
         assert (await env.call(env.token(kid="k3"))).status_code == 401
         assert env.jwks.paths == ["/jwks"]  # fetched under a minute ago: no refetch yet
-        env.clock.now += 61
+        env.clock.advance(61)
         for _ in range(3):
             assert (await env.call(env.token(kid="k3"))).status_code == 401
         assert env.jwks.paths == ["/jwks", "/jwks"]  # the first unknown kid refetched, once
         rotated = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         env.jwks.keys.append(jwk(rotated, "k3", "RS256"))
-        env.clock.now += 121  # past the refetch interval, and the lockout those failures caused
+        env.clock.advance(121)  # past the refetch interval, and the lockout those failures caused
         assert (await env.call(env.token(key=rotated, kid="k3"))).status_code == 200
 
 
@@ -243,7 +232,7 @@ async def test_jwks_unreachable_at_start_then_recovers(tmp_path: Path) -> None:
         assert (await env.call(env.token())).status_code == 401
         env.jwks.up = True
         assert (await env.call(env.token())).status_code == 401  # not refetched yet
-        env.clock.now += 61
+        env.clock.advance(61)
         assert (await env.call(env.token())).status_code == 200
 
 
@@ -251,7 +240,7 @@ async def test_keys_keep_working_through_a_jwks_outage(tmp_path: Path) -> None:
     async with environment(tmp_path) as env:
         assert (await env.call(env.token())).status_code == 200
         env.jwks.up = False
-        env.clock.now += 7200  # past the refresh interval: the refetch fails, keys are kept
+        env.clock.advance(7200)  # past the refresh interval: the refetch fails, keys are kept
         assert (await env.call(env.token(sub="bob"))).status_code == 200
         assert env.jwks.paths == ["/jwks", "/jwks"]
 
@@ -292,7 +281,7 @@ async def test_lockout_by_address_and_its_expiry(tmp_path: Path) -> None:
         transport = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
         async with httpx.AsyncClient(transport=transport, timeout=10) as other:
             assert (await env.call(env.token(), client=other)).status_code == 200
-        env.clock.now += 121
+        env.clock.advance(121)
         assert (await env.call(env.token())).status_code == 200
 
 

@@ -8,14 +8,7 @@ import pytest
 from proxy.accounts import Accounts
 from proxy.auth.people import LiveUsers, StoreDown
 from tests import db_backends
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers import Clock
 
 
 class Counting:
@@ -53,7 +46,7 @@ async def test_read_once_per_ttl_and_at_once_after_a_change() -> None:
     accounts.update("pat", roles=["ops"])  # through the same Accounts: seen at once
     changed = await live.current(pat.issuer, pat.subject)
     assert changed is not None and changed.groups == {"ops"} and table.reads == 2
-    clock.now = 31  # past the TTL: read again (a change made by another process shows here)
+    clock.advance(31)  # past the TTL: read again (a change made by another process shows here)
     await live.current(pat.issuer, pat.subject)
     assert table.reads == 3
     accounts.delete("pat")

@@ -3,29 +3,20 @@ import asyncio
 import pytest
 
 from proxy.state.ratelimit import Limit, MemoryRateLimitStore, Refused
+from tests.helpers import Clock
 
 SECOND = 1_000_000
-
-
-class Clock:
-    """The store's clock, set in microseconds."""
-
-    def __init__(self) -> None:
-        self.us = 0
-
-    def __call__(self) -> float:
-        return self.us / SECOND
 
 
 class Store:
     """A memory store and its clock: `take(limits, at_us)` sets the clock, then takes."""
 
     def __init__(self, **kwargs: int) -> None:
-        self.clock = Clock()
+        self.clock = Clock(0.0)
         self.store = MemoryRateLimitStore(clock=self.clock, **kwargs)
 
     async def take(self, limits: list[Limit], at_us: int) -> Refused | None:
-        self.clock.us = at_us
+        self.clock.now = at_us / SECOND
         return await self.store.take(limits)
 
     def __len__(self) -> int:

@@ -17,19 +17,17 @@ from proxy.state.flows import FlowStore, MemoryFlowStore
 from proxy.state.lockouts import LockoutStore, MemoryLockoutStore
 from proxy.state.ratelimit import MemoryRateLimitStore, RateLimitStore
 from proxy.state.revocations import MemoryRevocationStore, RevocationStore
+from tests.helpers import Clock
 
 
 class MemoryBackend:
     """The memory stores, all on one fake clock that `advance` moves."""
 
     def __init__(self) -> None:
-        self.now = 1000.0
-
-    def clock(self) -> float:
-        return self.now
+        self.clock = Clock()
 
     async def advance(self, seconds: float) -> None:
-        self.now += seconds
+        self.clock.advance(seconds)
 
     def lockouts(self, **cfg: Any) -> LockoutStore:
         return MemoryLockoutStore(LockoutConfig(**cfg), self.clock)

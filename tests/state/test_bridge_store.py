@@ -4,14 +4,7 @@ unless it is used, and forgetting it ends it at once."""
 from __future__ import annotations
 
 from proxy.state.bridge import HeldSession, Learned, MemoryBridgeStore
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers import Clock
 
 
 async def test_a_verdict_is_kept_per_route_key() -> None:
@@ -28,12 +21,12 @@ async def test_a_held_session_slides_on_use_and_ends_when_idle_or_forgotten() ->
     store = MemoryBridgeStore(session_ttl_s=10, clock=clock)
     held = HeldSession("usid-1", {"protocolVersion": "2025-11-25"})
     await store.hold("r", "alice", held)
-    clock.now += 9
+    clock.advance(9)
     assert await store.session("r", "alice") == held  # used: the idle timer restarts
-    clock.now += 9
+    clock.advance(9)
     assert await store.session("r", "alice") == held
     assert await store.session("r", "bob") is None  # never shared between principals
-    clock.now += 11
+    clock.advance(11)
     assert await store.session("r", "alice") is None
     await store.hold("r", "alice", held)
     await store.forget("r", "alice")
