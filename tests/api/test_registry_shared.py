@@ -4,8 +4,7 @@ the database refuses, and a server re-pointed and deleted under a call in flight
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +22,8 @@ from proxy.registry import Registry
 from proxy.upstream import UpstreamRoute
 from tests import db_backends
 from tests.conftest import MCP_HEADERS
+from tests.helpers import until
 from tests.servers import serve
-
-DEADLINE_S = 10.0
 
 
 @dataclass
@@ -75,13 +73,6 @@ async def _gateways(cfg: Any, secret: str, count: int, into: list[Gateway]
         into.append(Gateway(url, admin))
         async with _gateways(cfg, secret, count - 1, into):
             yield
-
-
-async def until(check: Callable[[], Awaitable[bool]]) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not await check():
-        assert time.monotonic() < deadline, "not within the deadline"
-        await asyncio.sleep(0.02)
 
 
 def answer(response: httpx.Response) -> Any:
@@ -246,12 +237,12 @@ async def test_watch_reloads_what_another_gateway_wrote_once_a_poll() -> None:
     elsewhere = Registry(cfg, {}, egress, database=database)
     watching = asyncio.create_task(here.watch())
     try:
-        await until(lambda: _true(waits == [7.5]))
+        await until(lambda: waits == [7.5], what="the first wait")
         await elsewhere.create(ServerIn.model_validate(
             {"name": "late", "url": "http://127.0.0.1:9/mcp", "zones": ["loopback"]}))
         assert "late" not in routes  # not before the next poll
         turns.put_nowait(None)
-        await until(lambda: _true(len(waits) == 2))  # polled, and waiting again
+        await until(lambda: len(waits) == 2, what="the next wait")  # polled, and waiting again
         assert "late" in routes and waits == [7.5, 7.5]
     finally:
         watching.cancel()
@@ -259,10 +250,6 @@ async def test_watch_reloads_what_another_gateway_wrote_once_a_poll() -> None:
         here.close()
         elsewhere.close()
         database.close()
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 class AnyEgress:

@@ -19,9 +19,7 @@ from tests.conftest import MCP_HEADERS
 from tests.e2e.conftest import open_stack
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import BOOM_RPC_CODE, stateful_sse_app, stateless_json_app
-from tests.helpers import Deadlines
-
-DEADLINE = 10.0
+from tests.helpers import DEADLINE_S, Deadlines, until
 
 
 async def test_list_and_call_tools(tmp_path: Path, upstream_kind) -> None:
@@ -89,11 +87,8 @@ async def test_server_to_client_request_round_trip(tmp_path: Path, standalone: b
 
 
 async def _wait_get_stream(stack) -> None:
-    async def opened() -> None:
-        while not any(ex.method == "GET" and ex.status == 200 for ex in stack.probe.exchanges):
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(opened(), DEADLINE)
+    await until(lambda: any(ex.method == "GET" and ex.status == 200
+                            for ex in stack.probe.exchanges), what="the GET stream to open")
 
 
 async def test_elicitation_round_trip(tmp_path: Path) -> None:
@@ -124,9 +119,9 @@ async def test_client_cancel_reaches_the_upstream(tmp_path: Path) -> None:
     async with open_stack(tmp_path, stateful_sse_app) as stack:
         async with connect(stack.endpoint) as client:
             call = asyncio.create_task(client.call_tool("wait_forever", {}))
-            await asyncio.wait_for(stack.probe.started.wait(), DEADLINE)
+            await asyncio.wait_for(stack.probe.started.wait(), DEADLINE_S)
             call.cancel()
-            await asyncio.wait_for(stack.probe.cancelled.wait(), DEADLINE)
+            await asyncio.wait_for(stack.probe.cancelled.wait(), DEADLINE_S)
             # the session still works after a cancelled call
             assert (await client.call_tool("echo", {"text": "still here"})).content[0].text
         await _settled(stack)
@@ -140,12 +135,12 @@ async def test_total_timeout_is_32800_and_cancels_upstream(tmp_path: Path) -> No
                           later=deadlines) as stack:
         async with connect(stack.endpoint) as client:
             call = asyncio.create_task(client.call_tool("wait_forever", {}))
-            await asyncio.wait_for(stack.probe.started.wait(), DEADLINE)
+            await asyncio.wait_for(stack.probe.started.wait(), DEADLINE_S)
             assert deadlines.expire() == 1  # the call's deadline, and only it, is armed
             with pytest.raises(MCPError) as info:
-                await asyncio.wait_for(call, DEADLINE)
+                await asyncio.wait_for(call, DEADLINE_S)
             assert info.value.error.code == -32800
-            await asyncio.wait_for(stack.probe.cancelled.wait(), DEADLINE)
+            await asyncio.wait_for(stack.probe.cancelled.wait(), DEADLINE_S)
         await _settled(stack)
 
 
@@ -164,9 +159,9 @@ async def test_client_disconnect_cancels_upstream(tmp_path: Path) -> None:
             async with httpx.AsyncClient() as doomed:
                 pending = asyncio.create_task(doomed.post(stack.endpoint, headers=headers,
                                                           content=orjson.dumps(call)))
-                await asyncio.wait_for(stack.probe.started.wait(), DEADLINE)
+                await asyncio.wait_for(stack.probe.started.wait(), DEADLINE_S)
                 pending.cancel()
-            await asyncio.wait_for(stack.probe.cancelled.wait(), DEADLINE)
+            await asyncio.wait_for(stack.probe.cancelled.wait(), DEADLINE_S)
         await _settled(stack)
 
 
@@ -195,15 +190,14 @@ async def test_upstream_down_is_32000(tmp_path: Path) -> None:
 async def _settled(stack) -> None:
     """No in-flight call, background task or borrowed upstream connection is left."""
     gateway = stack.gateway
-    await gateway.drain(DEADLINE)
+    await gateway.drain(DEADLINE_S)
 
     def ours() -> list[asyncio.Task]:
         return [t for t in asyncio.all_tasks()
                 if t.get_coro().__qualname__.startswith(("Gateway", "StreamRelay"))]
 
-    async def quiet() -> None:
-        while (len(gateway.inflight) or gateway._tasks or ours()
-               or gateway.upstream.connections_in_use()):
-            await asyncio.sleep(0.01)
+    def quiet() -> bool:
+        return not (len(gateway.inflight) or gateway._tasks or ours()
+                    or gateway.upstream.connections_in_use())
 
-    await asyncio.wait_for(quiet(), DEADLINE)
+    await until(quiet, what="the gateway to settle")

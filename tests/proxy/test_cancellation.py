@@ -12,9 +12,7 @@ import orjson
 import respx
 
 from tests.conftest import MCP_HEADERS, make_config, running_gateway
-from tests.helpers import Deadlines
-
-DEADLINE = 5.0
+from tests.helpers import DEADLINE_S, Deadlines
 
 
 class Upstream:
@@ -76,7 +74,7 @@ CANCEL = {"jsonrpc": "2.0", "method": "notifications/cancelled",
 
 
 async def assert_nothing_left(gw) -> None:
-    await gw.gateway.drain(DEADLINE)
+    await gw.gateway.drain(DEADLINE_S)
     assert len(gw.gateway.inflight) == 0
     assert not gw.gateway._tasks
 
@@ -85,14 +83,14 @@ async def test_client_cancel_answers_32800_and_forwards_the_notice() -> None:
     up = Upstream()
     async with running_gateway(make_config(), up.transport) as gw:
         pending = asyncio.create_task(gw.post(call()))
-        await asyncio.wait_for(up.started.wait(), DEADLINE)
+        await asyncio.wait_for(up.started.wait(), DEADLINE_S)
         note = await gw.post(CANCEL)
         assert note.status_code == 202
-        response = await asyncio.wait_for(pending, DEADLINE)
+        response = await asyncio.wait_for(pending, DEADLINE_S)
         assert response.status_code == 200
         assert response.json() == {"jsonrpc": "2.0", "id": 9, "error": {
             "code": -32800, "message": "cancelled by the client"}}
-        await asyncio.wait_for(up.notified.wait(), DEADLINE)
+        await asyncio.wait_for(up.notified.wait(), DEADLINE_S)
         assert up.notifications == [CANCEL]  # forwarded as sent, and only once
         (record,) = await gw.audit.wait_for(1)
         assert (record.status, record.error_message) == ("cancelled", "cancelled by the client")
@@ -105,14 +103,14 @@ async def test_client_cancel_on_a_stream_is_its_last_event() -> None:
         async with gw.client.stream("POST", gw.endpoint(), content=orjson.dumps(call()),
                                     headers=MCP_HEADERS) as response:
             chunks = response.aiter_bytes()
-            first = await asyncio.wait_for(chunks.__anext__(), DEADLINE)
+            first = await asyncio.wait_for(chunks.__anext__(), DEADLINE_S)
             assert b"notifications/progress" in first
             assert (await gw.post(CANCEL)).status_code == 202
             rest = b"".join([c async for c in chunks])
         last = orjson.loads(rest.split(b"data: ", 1)[1])
         assert last["error"] == {"code": -32800, "message": "cancelled by the client"}
-        await asyncio.wait_for(up.streams[0].closed.wait(), DEADLINE)
-        await asyncio.wait_for(up.notified.wait(), DEADLINE)
+        await asyncio.wait_for(up.streams[0].closed.wait(), DEADLINE_S)
+        await asyncio.wait_for(up.notified.wait(), DEADLINE_S)
         (record,) = await gw.audit.wait_for(1)
         assert record.status == "cancelled"
         await assert_nothing_left(gw)
@@ -121,10 +119,10 @@ async def test_client_cancel_on_a_stream_is_its_last_event() -> None:
 async def past_the_deadline(gw, up: Upstream, deadlines: Deadlines) -> httpx.Response:
     """A call that hangs upstream, answered once its total-timeout deadline fires."""
     posted = asyncio.create_task(gw.post(call()))
-    await asyncio.wait_for(up.started.wait(), DEADLINE)
+    await asyncio.wait_for(up.started.wait(), DEADLINE_S)
     assert [t.seconds for t in deadlines.timers] == [30.0]  # the route's total_timeout_s
     assert deadlines.expire() == 1
-    return await asyncio.wait_for(posted, DEADLINE)
+    return await asyncio.wait_for(posted, DEADLINE_S)
 
 
 async def test_total_timeout_cancels_and_tells_the_upstream() -> None:
@@ -135,7 +133,7 @@ async def test_total_timeout_cancels_and_tells_the_upstream() -> None:
     async with running_gateway(cfg, up.transport, later=deadlines) as gw:
         response = await past_the_deadline(gw, up, deadlines)
         assert response.json()["error"] == {"code": -32800, "message": "total timeout reached"}
-        await asyncio.wait_for(up.notified.wait(), DEADLINE)
+        await asyncio.wait_for(up.notified.wait(), DEADLINE_S)
         assert up.notifications[0]["params"]["requestId"] == 9
         (record,) = await gw.audit.wait_for(1)
         assert (record.status, record.error_message) == ("cancelled", "total timeout reached")
@@ -151,8 +149,8 @@ async def test_total_timeout_on_a_stream() -> None:
         response = await past_the_deadline(gw, up, deadlines)
         last = orjson.loads(response.content.rsplit(b"data: ", 1)[1])
         assert last["error"]["code"] == -32800
-        await asyncio.wait_for(up.notified.wait(), DEADLINE)
-        await asyncio.wait_for(up.streams[0].closed.wait(), DEADLINE)
+        await asyncio.wait_for(up.notified.wait(), DEADLINE_S)
+        await asyncio.wait_for(up.streams[0].closed.wait(), DEADLINE_S)
         await assert_nothing_left(gw)
 
 
@@ -162,10 +160,10 @@ async def test_client_disconnect_mid_stream_cancels_upstream() -> None:
         async with httpx.AsyncClient() as own:
             async with own.stream("POST", gw.endpoint(), content=orjson.dumps(call()),
                                   headers=MCP_HEADERS) as response:
-                await asyncio.wait_for(response.aiter_bytes().__anext__(), DEADLINE)
+                await asyncio.wait_for(response.aiter_bytes().__anext__(), DEADLINE_S)
         # the connection is gone: the gateway closes the upstream stream and says so
-        await asyncio.wait_for(up.streams[0].closed.wait(), DEADLINE)
-        await asyncio.wait_for(up.notified.wait(), DEADLINE)
+        await asyncio.wait_for(up.streams[0].closed.wait(), DEADLINE_S)
+        await asyncio.wait_for(up.notified.wait(), DEADLINE_S)
         assert up.notifications[0]["params"] == {"requestId": 9, "reason": "client disconnected"}
         (record,) = await gw.audit.wait_for(1)
         assert (record.status, record.error_message) == ("cancelled", "client disconnected")
@@ -178,9 +176,9 @@ async def test_client_disconnect_while_waiting_for_json() -> None:
         async with httpx.AsyncClient() as own:
             pending = asyncio.create_task(own.post(gw.endpoint(), content=orjson.dumps(call()),
                                                    headers=MCP_HEADERS))
-            await asyncio.wait_for(up.started.wait(), DEADLINE)
+            await asyncio.wait_for(up.started.wait(), DEADLINE_S)
             pending.cancel()
-        await asyncio.wait_for(up.notified.wait(), DEADLINE)
+        await asyncio.wait_for(up.notified.wait(), DEADLINE_S)
         (record,) = await gw.audit.wait_for(1)
         assert (record.status, record.error_message) == ("cancelled", "client disconnected")
         await assert_nothing_left(gw)
@@ -196,7 +194,7 @@ async def test_cancel_for_an_unknown_request_is_harmless() -> None:
 
 
 async def wait_hanging(up: Upstream, count: int) -> None:
-    async with asyncio.timeout(DEADLINE):
+    async with asyncio.timeout(DEADLINE_S):
         while up.hanging < count:
             up.more_hanging.clear()
             await up.more_hanging.wait()
@@ -213,7 +211,7 @@ async def test_calls_sharing_an_id_all_stay_registered() -> None:
         assert (await gw.post(quick)).json()["result"] == {}
         assert len(gw.gateway.inflight) == 1
         assert (await gw.post(CANCEL)).status_code == 202
-        response = await asyncio.wait_for(pending, DEADLINE)
+        response = await asyncio.wait_for(pending, DEADLINE_S)
         assert response.json()["error"]["code"] == -32800
         await assert_nothing_left(gw)
 
@@ -225,6 +223,6 @@ async def test_a_cancel_reaches_every_call_of_the_principal_with_that_id() -> No
         await wait_hanging(up, 2)
         assert len(gw.gateway.inflight) == 2
         assert (await gw.post(CANCEL)).status_code == 202
-        for response in await asyncio.wait_for(asyncio.gather(*pending), DEADLINE):
+        for response in await asyncio.wait_for(asyncio.gather(*pending), DEADLINE_S):
             assert response.json()["error"]["code"] == -32800
         await assert_nothing_left(gw)

@@ -30,6 +30,19 @@ from proxy.state.codes import MemoryCodeStore
 from proxy.state.flows import MemoryFlowStore
 from proxy.state.revocations import MemoryRevocationStore
 from tests.conftest import make_config
+from tests.helpers import DEADLINE_S, until
+
+OTHER_SESSIONS = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                  "AND pid <> pg_backend_pid()")
+
+
+def terminated(conn: Any, sessions: str, params: tuple[Any, ...] = ()) -> bool:
+    """End the PostgreSQL sessions whose pids `sessions` selects, each call returning once its
+    backend has exited (pg_terminate_backend's timeout form): no sleep waits for it."""
+    ends = conn.execute("SELECT pg_terminate_backend(s.pid::integer, %s::bigint) "
+                        f"FROM ({sessions}) AS s",
+                        (int(DEADLINE_S * 1000), *params)).fetchall()
+    return all(ended for (ended,) in ends)
 
 TABLES = {"audit", "usage_outbox", "api_keys", "api_keys_version", "users", "oauth_keys",
           "oauth_clients", "oauth_refresh", "upstream_tokens", "servers", "servers_version",
@@ -106,10 +119,9 @@ def test_a_connection_the_server_dropped_is_not_lent_again(database: Database) -
     other = Database(database.url)
     try:
         with other.transaction() as conn:
-            conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchall()
+            assert terminated(conn, "SELECT %s AS pid", (pid,))
     finally:
         other.close()
-    time.sleep(0.2)
     with database.transaction() as conn:  # a new session, not the dead one
         assert conn.execute("SELECT pg_backend_pid()", ()).fetchone()[0] != pid
 
@@ -276,11 +288,9 @@ async def test_the_audit_writer_reconnects_after_a_lost_session(database: Databa
         pytest.skip("PostgreSQL sessions only")
     sink = SqliteAuditSink(database, retry_backoff_s=0.01, linger_s=0)
     sink.emit(record(1))
-    while sink.written < 1:
-        await asyncio.sleep(0.01)
+    await until(lambda: sink.written >= 1, what="the first record written")
     with Database(database.url) as admin, admin.transaction() as conn:
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
-                     "datname = current_database() AND pid <> pg_backend_pid()", ()).fetchall()
+        assert terminated(conn, OTHER_SESSIONS)
     sink.emit(record(2))
     await sink.close()
     assert sink.written == 2
@@ -324,10 +334,7 @@ async def test_usage_events_land_once_and_are_marked_delivered(database: Databas
     worker = OutboxWorker(database, receiver, retry_max_s=0.05)
     task = asyncio.get_running_loop().create_task(worker.run())
     try:
-        for _ in range(200):
-            if worker.delivered == 2:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: worker.delivered == 2, what="both events delivered")
     finally:
         task.cancel()
         await asyncio.wait({task}, timeout=5)
@@ -356,14 +363,8 @@ class CountingReceiver:
         self.waiting += 1
         await self.hold.wait()
         self.waiting -= 1
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the fake yields to the loop here, so the two workers interleave
         self.seen[event["call_id"]] = self.seen.get(event["call_id"], 0) + 1
-
-
-async def _until(predicate: Any, deadline_s: float = 10.0) -> None:
-    async with asyncio.timeout(deadline_s):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 async def test_two_workers_on_one_database_send_each_event_once(database: Database) -> None:
@@ -380,9 +381,9 @@ async def test_two_workers_on_one_database_send_each_event_once(database: Databa
     loop = asyncio.get_running_loop()
     tasks = [loop.create_task(w.run()) for w in workers]
     try:
-        await _until(lambda: receiver.waiting == 2)
+        await until(lambda: receiver.waiting == 2)
         receiver.hold.set()
-        await _until(lambda: sum(w.delivered for w in workers) >= 120)
+        await until(lambda: sum(w.delivered for w in workers) >= 120)
     finally:
         for task in tasks:
             task.cancel()
@@ -414,7 +415,7 @@ async def test_a_stopped_worker_hands_back_what_it_claimed(database: Database) -
     second = OutboxWorker(database, receiver, retry_max_s=0.05)
     task = asyncio.get_running_loop().create_task(second.run())
     try:
-        await _until(lambda: second.delivered == 4)
+        await until(lambda: second.delivered == 4)
     finally:
         task.cancel()
         await asyncio.wait({task}, timeout=5)
@@ -458,10 +459,7 @@ async def test_key_lookups_outlive_lost_sessions(database: Database) -> None:
     try:
         assert await index.lookup(secret) is not None
         with Database(database.url) as admin, admin.transaction() as conn:
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
-                         "datname = current_database() AND pid <> pg_backend_pid()",
-                         ()).fetchall()
-        await asyncio.sleep(0.2)
+            assert terminated(conn, OTHER_SESSIONS)
         assert await index.lookup(secret) is not None
         assert api_keys.revoke(database, key.id)
         assert await index.lookup(secret) is None
