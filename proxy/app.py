@@ -255,7 +255,6 @@ class Serving:
         registry = Registry(cfg, parts.routes, egress, access, parts.database,
                             poll_s=given.registry_poll_s)
         state.api = Api(registry, keys, parts.database, parts.web, parts.stores.lockouts,
-                        cfg.server.max_request_bytes, given.clock,
                         parts.web.accounts if parts.web is not None
                         else Accounts(parts.database),
                         forget_person=getattr(parts.connections, "forget", None),

@@ -27,8 +27,6 @@ class Api:
     database: db.Target
     web: Web | None  # browser sign-in: None when no person signs in here
     lockouts: LockoutStore
-    max_body: int
-    clock: Callable[[], float]
     accounts: Accounts
     # drops what the gateway keeps in memory of a person (their upstream tokens), by
     # principal key, when their user is deleted

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from cachetools import TTLCache
@@ -41,7 +41,7 @@ class _Sessions(TTLCache[str, str]):
         super().__init__(maxsize=maxsize, ttl=ttl, timer=timer)
         self._index = index
 
-    def expire(self, time: Any = None) -> Iterable[tuple[str, str]]:
+    def expire(self, time: Any = None) -> list[tuple[str, str]]:
         expired = list(super().expire(time))
         for session_id, user_id in expired:
             _unindex(self._index, user_id, session_id)
