@@ -24,14 +24,12 @@ from quart import Quart
 
 from policies import build_egress, default_policies
 from policies.access import Access
-from proxy import edge, metadata, signin
-from proxy.accounts import Accounts
+from proxy import edge, metadata
 from proxy.api import routes as api_routes
 from proxy.api.context import Api, provide
 from proxy.audit import AuditSink, SqliteAuditSink
 from proxy.auth.authenticator import Authenticator, BearerAuth, NoAuth
 from proxy.auth.keys import KeyIndex
-from proxy.auth.people import LiveUsers
 from proxy.bodycap import BodyCap
 from proxy.chain import Chain
 from proxy.config import Config, parse_networks
@@ -48,9 +46,12 @@ from proxy.oauth import keys as oauth_keys
 from proxy.oauth import routes as oauth_routes
 from proxy.oauth.cap import OAuthBodyCap
 from proxy.oauth.server import AuthorizationServer
+from proxy.people import signin
+from proxy.people.accounts import Accounts
+from proxy.people.live import LiveUsers
+from proxy.people.signin import Web
 from proxy.registry import POLL_S as REGISTRY_POLL_S
 from proxy.registry import Registry
-from proxy.signin import Web
 from proxy.state import Stores, open_stores
 from proxy.state.inflight import Later
 from proxy.upstream import UpstreamClient, UpstreamRoute
@@ -201,7 +202,7 @@ def _routes(app: Quart, parts: Parts) -> None:
         if parts.connections is not None:
             connect_routes.register(app, parts.connections, web)
         if cfg.auth.oidc.enabled:
-            from proxy import oidc  # type: ignore[attr-defined,unused-ignore]
+            from proxy.people import oidc
 
             oidc.register(app, lambda: web, cfg.auth.oidc,
                           lambda: _gateway(parts.state).upstream.http,

@@ -156,8 +156,10 @@ def _check_secrets(cfg: Config, base_dir: Path, env: Mapping[str, str]) -> None:
 def _check_pem(value: str, key: str, base_dir: Path, *, private: bool) -> None:
     """A PEM key inline (often `${VAR}`) or in a file, parsed as the gateway will parse it."""
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.hazmat.primitives.serialization import (load_pem_private_key,
-                                                              load_pem_public_key)
+    from cryptography.hazmat.primitives.serialization import (
+        load_pem_private_key,
+        load_pem_public_key,
+    )
 
     kind = "an EC P-256 private key" if private else "a public key"
     if "-----BEGIN" in value:
@@ -250,7 +252,7 @@ def _db(args: argparse.Namespace) -> int:
 
 
 def _users(args: argparse.Namespace) -> int:
-    from proxy.accounts import Accounts, UserExists
+    from proxy.people.accounts import Accounts, UserExists
 
     cfg, _ = _load(args)
     accounts = Accounts(cfg.database.url)

@@ -211,7 +211,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     # A custom role is a group its holders are in, beside the groups their identity provider
     # gives (users.groups, which a federated sign-in overwrites): so it lives in a table of its
     # own. The foreign keys hold on PostgreSQL; SQLite parses and ignores them, and
-    # proxy.accounts writes as if they did not exist (it deletes a user's roles with the user).
+    # proxy.people.accounts writes as if they did not exist (it deletes a user's roles with the user).
     Migration(10, "custom roles and the users who hold them", (
         Sql("""CREATE TABLE IF NOT EXISTS roles (
             name TEXT PRIMARY KEY,

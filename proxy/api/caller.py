@@ -17,7 +17,7 @@ from proxy.api.models import Me
 from proxy.auth.lockout import Attempt
 from proxy.auth.peer import client_address
 from proxy.errors import NotPermitted, NotSignedIn
-from proxy.signin import COOKIE
+from proxy.people.signin import COOKIE
 
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 LOCKED_OUT = "api: locked out after repeated failures"  # the reason (the wire has one text)

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from quart import Quart, current_app
 
 from proxy import db
-from proxy.accounts import Accounts
 from proxy.auth.keys import KeyIndex
 from proxy.egress import IPNetwork
+from proxy.people.accounts import Accounts
+from proxy.people.signin import Web
 from proxy.registry import Registry
-from proxy.signin import Web
 from proxy.state.lockouts import LockoutStore
 
 EXTENSION = "tollhouse.api"

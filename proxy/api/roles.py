@@ -9,13 +9,13 @@ import re
 
 from quart import Response
 
-from proxy.accounts import BuiltinRole, RoleExists, RoleInUse
-from proxy.accounts import Role as StoredRole
 from proxy.api.bodies import json_response, read, same_as_path
 from proxy.api.caller import Caller
 from proxy.api.context import Api
 from proxy.api.models import NAME, Role, RoleIn, RolePatch
 from proxy.errors import Conflict, NotFound
+from proxy.people.accounts import BuiltinRole, RoleExists, RoleInUse
+from proxy.people.accounts import Role as StoredRole
 
 
 def _role_name(name: str) -> str:

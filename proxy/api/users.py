@@ -10,13 +10,13 @@ from typing import Any
 
 from quart import Response, request
 
-from proxy.accounts import LastAdmin, NotLocal, UnknownRoles, User, UserExists
 from proxy.api.bodies import Check, Problems, json_response, read, same_as_path
 from proxy.api.caller import Caller
 from proxy.api.context import Api
 from proxy.api.models import NAME, UserIn, UserOut, UserPatch, UserPut
 from proxy.errors import BadRequest, Conflict, Invalid, NotFound
-from proxy.signin import COOKIE
+from proxy.people.accounts import LastAdmin, NotLocal, UnknownRoles, User, UserExists
+from proxy.people.signin import COOKIE
 
 
 def _user_name(name: str) -> str:

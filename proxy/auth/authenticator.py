@@ -15,10 +15,10 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from proxy.auth import keys as api_keys
 from proxy.auth.jwks import JwksCache, kty_for
 from proxy.auth.lockout import Attempt, LockoutStore
-from proxy.auth.people import LiveUsers, StoreDown
 from proxy.auth.principal import ANONYMOUS, Principal
 from proxy.config import Config, IssuerConfig
 from proxy.errors import Forbidden, Unauthenticated
+from proxy.people.live import LiveUsers, StoreDown
 
 log = logging.getLogger("tollhouse.auth")
 

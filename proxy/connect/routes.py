@@ -12,10 +12,10 @@ from urllib.parse import urlencode
 import orjson
 from quart import Quart, Response, current_app, request
 
-from proxy.accounts import User
 from proxy.connect.manager import ConnectFailed, Connections
 from proxy.errors import GatewayError, NotFound, NotPermitted, NotSignedIn
-from proxy.signin import COOKIE, Web, page, see_other
+from proxy.people.accounts import User
+from proxy.people.signin import COOKIE, Web, page, see_other
 
 JSON = {"Content-Type": "application/json", "Cache-Control": "no-store"}
 EXTENSION = "tollhouse.connect"

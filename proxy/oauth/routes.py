@@ -21,7 +21,7 @@ from proxy.auth.lockout import Attempt
 from proxy.errors import OAuthError
 from proxy.oauth.cimd import MetadataDocuments
 from proxy.oauth.server import AuthorizationServer, Client
-from proxy.signin import COOKIE, Web, page, see_other
+from proxy.people.signin import COOKIE, Web, page, see_other
 from proxy.state.flows import ForeignFlow
 
 JSON = {"Content-Type": "application/json", "Cache-Control": "no-store", "Pragma": "no-cache"}

@@ -36,10 +36,10 @@ import orjson
 from cachetools import TTLCache
 
 from proxy import db
-from proxy.accounts import User
 from proxy.config import Config
 from proxy.errors import OAuthError as OAuthError  # noqa: PLC0414 - cimd raises it from here
 from proxy.oauth.keys import KeyRing
+from proxy.people.accounts import User
 from proxy.state.codes import CodeStore
 from proxy.state.flows import FlowStore
 from proxy.state.revocations import RevocationStore

@@ -21,12 +21,12 @@ import jwt
 import orjson
 from quart import Quart
 
-from proxy.accounts import Accounts
 from proxy.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from proxy.demo import demo_app
 from proxy.oauth.server import s256
+from proxy.people.accounts import Accounts
 from tests import db_backends
 from tests.conftest import MCP_HEADERS
 from tests.helpers import until

@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from proxy.app import create_app
-from tests.conftest import make_config
 from tests.conformance import suite
 from tests.conformance.server import build_app
+from tests.conftest import make_config
 from tests.servers import bound_socket, serve
 
 ENDPOINT = "everything"

@@ -19,11 +19,11 @@ import httpx
 import pytest
 from quart import Quart
 
-from proxy import oidc, signin
-from proxy.accounts import Accounts, MemoryBrowserSessions, User
 from proxy.auth.lockout import MemoryLockoutStore
 from proxy.config import LockoutConfig, OidcConfig
-from proxy.signin import COOKIE, Web
+from proxy.people import oidc, signin
+from proxy.people.accounts import Accounts, MemoryBrowserSessions, User
+from proxy.people.signin import COOKIE, Web
 from proxy.state.flows import MemoryFlowStore
 from tests import db_backends
 from tests.e2e.oidc_provider import OidcProvider, running_provider

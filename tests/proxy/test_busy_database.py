@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import httpx
 
-from proxy.accounts import Accounts
 from proxy.app import create_app
 from proxy.config import from_dict
+from proxy.people.accounts import Accounts
 from tests import db_backends
 from tests.servers import bound_socket, serve
 

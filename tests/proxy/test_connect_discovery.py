@@ -241,7 +241,7 @@ async def test_forget_drops_every_cached_token_of_the_person() -> None:
         assert await c.access_token("gh", bob) == "OLD-BOB-gh"
         assert await c.access_token("jira", bob) == "OLD-BOB-jira"
         assert await c.access_token("gh", carol) == "CAROL"
-        # bob is deleted: his rows go (proxy.accounts), and the gateway forgets its copies
+        # bob is deleted: his rows go (proxy.people.accounts), and the gateway forgets its copies
         with database.transaction() as conn:
             conn.execute(database.sql("DELETE FROM upstream_tokens WHERE principal = ?"), (bob,))
         c.forget(bob)

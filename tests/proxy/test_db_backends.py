@@ -17,7 +17,6 @@ import orjson
 import pytest
 
 from proxy import db, migrations
-from proxy.accounts import LOCAL_ISSUER, Accounts, UserExists
 from proxy.audit import AuditRecord
 from proxy.audit.sqlite import SqliteAuditSink, query, usage
 from proxy.auth import keys as api_keys
@@ -26,6 +25,7 @@ from proxy.db import Database
 from proxy.metering import OutboxWorker
 from proxy.oauth.keys import KeyRing
 from proxy.oauth.server import AuthorizationServer, OAuthError, s256
+from proxy.people.accounts import LOCAL_ISSUER, Accounts, UserExists
 from proxy.state.codes import MemoryCodeStore
 from proxy.state.flows import MemoryFlowStore
 from proxy.state.revocations import MemoryRevocationStore

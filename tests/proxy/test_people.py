@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.accounts import Accounts
-from proxy.auth.people import LiveUsers, StoreDown
+from proxy.people.accounts import Accounts
+from proxy.people.live import LiveUsers, StoreDown
 from tests import db_backends
 from tests.helpers import Clock
 

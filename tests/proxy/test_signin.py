@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.accounts import Accounts, check_password, hash_password
 from proxy.app import create_app
 from proxy.config import from_dict
-from proxy.signin import safe_next
+from proxy.people.accounts import Accounts, check_password, hash_password
+from proxy.people.signin import safe_next
 from tests import db_backends
 from tests.servers import serve
 

@@ -4,8 +4,8 @@ import asyncio
 
 import orjson
 
-from proxy.accounts import User
 from proxy.oauth.server import Grant
+from proxy.people.accounts import User
 from proxy.state.codes import Taken
 from tests.state.conftest import MemoryBackend
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import jwt
 import pytest
 
-from proxy.accounts import Accounts
 from proxy.db import Database
 from proxy.oauth.keys import KeyRing
 from proxy.oauth.server import AuthorizationServer, OAuthError, s256
+from proxy.people.accounts import Accounts
 from proxy.state import Stores, open_stores
 from tests.conftest import make_config
 

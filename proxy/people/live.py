@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Protocol
 from cachetools import TTLCache
 
 if TYPE_CHECKING:
-    from proxy.accounts import User
+    from proxy.people.accounts import User
 
 
 class UsersTable(Protocol):
-    """What LiveUsers needs of proxy.accounts.Accounts."""
+    """What LiveUsers needs of proxy.people.accounts.Accounts."""
 
     @property
     def generation(self) -> int: ...

@@ -17,10 +17,10 @@ from urllib.parse import urlsplit
 
 from quart import Quart, Response, current_app, request
 
-from proxy.accounts import Accounts, BrowserSessions, User
 from proxy.auth.lockout import Attempt, LockoutStore
 from proxy.auth.peer import client_address
 from proxy.egress import IPNetwork
+from proxy.people.accounts import Accounts, BrowserSessions, User
 from proxy.state.flows import FlowStore
 
 COOKIE = "tollhouse_session"
@@ -39,7 +39,7 @@ class Web:
     # server.trusted_proxies: behind one of them the client is the nearest untrusted
     # X-Forwarded-For hop; without any, X-Forwarded-For is never read
     trusted_proxies: tuple[IPNetwork, ...] = ()
-    # pending OIDC sign-ins (proxy.oidc), between the redirect and the provider's callback
+    # pending OIDC sign-ins (proxy.people.oidc), between the redirect and the provider's callback
     signin_flows: FlowStore = field(kw_only=True)
 
     def client_address(self, remote_addr: str | None, headers: Any) -> str:

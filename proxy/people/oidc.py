@@ -36,7 +36,7 @@ from quart import Quart, Response, request
 
 from proxy.auth.jwks import JwksCache, kty_for
 from proxy.config import OidcConfig
-from proxy.signin import Web, page, safe_next
+from proxy.people.signin import Web, page, safe_next
 from proxy.state.flows import FlowStore, ForeignFlow
 
 log = logging.getLogger("tollhouse.oidc")
