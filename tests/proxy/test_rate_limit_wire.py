@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import httpx
-import respx
-
-from tests.conftest import make_config, running_gateway
+from tests.conftest import make_config, mock_upstream, running_gateway
 
 CALL = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "t"}}
 
 
 async def test_limited_call_is_429_with_retry_after_and_never_forwarded() -> None:
-    forwarded: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        forwarded.append(request)
-        return httpx.Response(200, json={"jsonrpc": "2.0", "id": 3, "result": {}})
-
-    router = respx.Router()
-    router.post("http://upstream.test/mcp").mock(side_effect=answer)
+    up = mock_upstream()
     cfg = make_config(rate_limits=[{"name": "calls-per-user", "rate": "2/h"}])
-    async with running_gateway(cfg, httpx.MockTransport(router.async_handler)) as gw:
+    async with running_gateway(cfg, up.transport) as gw:
         assert [(await gw.post(CALL)).status_code for _ in range(2)] == [200, 200]
         limited = await gw.post(CALL)
         assert limited.status_code == 429
@@ -30,7 +20,7 @@ async def test_limited_call_is_429_with_retry_after_and_never_forwarded() -> Non
         # protocol chatter is not limited by a tools/call rule
         ping = await gw.post({"jsonrpc": "2.0", "id": 4, "method": "ping"})
         assert ping.status_code == 200
-        assert len(forwarded) == 3
+        assert len(up.seen) == 3
         records = await gw.audit.wait_for(4)
         assert (records[2].status, records[2].denied_reason) == (
             "denied", "rate_limit: calls-per-user")
