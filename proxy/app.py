@@ -27,7 +27,7 @@ from policies.access import Access
 from proxy import edge, metadata
 from proxy.api import routes as api_routes
 from proxy.api.context import Api, provide
-from proxy.audit import AuditSink, SqliteAuditSink
+from proxy.audit import AuditSink, DatabaseAuditSink
 from proxy.auth.authenticator import Authenticator, BearerAuth, NoAuth
 from proxy.auth.keys import KeyIndex
 from proxy.bodycap import BodyCap
@@ -241,11 +241,11 @@ class Serving:
                                     parse_addresses(cfg.egress.metadata_addresses))
         egress = build_egress(cfg, destinations, parts.trusted)
         upstream = UpstreamClient(given.upstream_transport, destinations=destinations)
-        audit = given.audit_sink or SqliteAuditSink(parts.database)
+        audit = given.audit_sink or DatabaseAuditSink(parts.database)
         backend = worker_task = None
         if cfg.metering.enabled:
             backend = build_backend(cfg.metering, upstream.http)
-            if isinstance(audit, SqliteAuditSink):
+            if isinstance(audit, DatabaseAuditSink):
                 state.outbox = OutboxWorker(parts.database, backend, cfg.metering.retry_max_s)
                 audit.on_outbox = state.outbox.wake_threadsafe
                 worker_task = asyncio.get_running_loop().create_task(state.outbox.run())

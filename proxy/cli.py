@@ -1,4 +1,4 @@
-"""`tollhouse serve | demo | audit`: the console script."""
+"""The console script: `tollhouse serve | demo | audit | usage | db | users | keys`."""
 
 from __future__ import annotations
 
@@ -304,7 +304,7 @@ def _printed_plainly(rows: list[dict[str, Any]], as_json: bool, empty: str) -> b
 
 
 def _usage(args: argparse.Namespace) -> int:
-    from proxy.audit.sqlite import usage
+    from proxy.audit.database import usage
 
     path = args.db if args.db else _load(args)[0].database.url
     rows = usage(path, since=parse_since(args.since))

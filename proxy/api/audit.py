@@ -14,8 +14,8 @@ from proxy.api import query
 from proxy.api.bodies import json_response
 from proxy.api.caller import Caller
 from proxy.api.context import Api
-from proxy.audit.sqlite import query as audit_query
-from proxy.audit.sqlite import usage as usage_query
+from proxy.audit.database import query as audit_query
+from proxy.audit.database import usage as usage_query
 from proxy.errors import Invalid
 
 STATUSES = ("ok", "denied", "error", "cancelled")

@@ -1,3 +1,6 @@
+"""One audit record per JSON-RPC request (and per GET and DELETE), the sink interface, and
+`MemoryAuditSink` for tests. A record never holds a token, a header value or an argument."""
+
 from __future__ import annotations
 
 import time

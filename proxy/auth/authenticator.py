@@ -1,3 +1,8 @@
+"""Who is calling the MCP edge: a bearer JWT from a configured issuer (JWKS or static keys), a
+token this gateway's OAuth server issued, or an API key; `NoAuth` when `auth.mode = "none"`.
+Failures answer 401 with the reason in the audit only, counted by the lockout helper against
+the caller's address."""
+
 from __future__ import annotations
 
 import logging

@@ -1,3 +1,6 @@
+"""A caller as every later step sees it: subject, groups, scopes, the API key (if any), and the
+`key` that sessions, in-flight calls, rate limits and per-user tokens are scoped by."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

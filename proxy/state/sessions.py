@@ -1,3 +1,8 @@
+"""MCP sessions (2025-11-25): the id the client holds, bound to one endpoint and one principal,
+mapped to the upstream's session id, which never reaches the client. A Redis store keeps
+`ms:<id>` as the session's JSON (SET PX idle timeout; `get` is GETEX PX, so each use restarts
+the idle timer; `delete` is DEL)."""
+
 from __future__ import annotations
 
 import hashlib

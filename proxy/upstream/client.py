@@ -1,3 +1,8 @@
+"""The upstream client: one route per upstream prepared at start-up (`UpstreamRoute`), the
+headers a forwarded call carries, `open` (the egress pin on the request, straight to the
+transport), and the httpx boundary: `map_errors`, `read_body`, `BodyChunks` and `rejection`
+turn every httpx failure and every upstream JSON-RPC refusal into a GatewayError here."""
+
 from __future__ import annotations
 
 import contextlib

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from proxy.app import State, create_app
-from proxy.audit import AuditSink, SqliteAuditSink
+from proxy.audit import AuditSink, DatabaseAuditSink
 from proxy.config import Config, from_dict
 from proxy.mcp.gateway import Gateway
 from proxy.state.inflight import Later
@@ -71,4 +71,4 @@ def upstream_kind(request: pytest.FixtureRequest) -> Callable[..., Any]:
         request.param]
 
 
-__all__ = ["SqliteAuditSink", "Stack", "open_stack"]
+__all__ = ["DatabaseAuditSink", "Stack", "open_stack"]

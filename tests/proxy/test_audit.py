@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 
-from proxy.audit import AuditRecord, SqliteAuditSink, query
+from proxy.audit import AuditRecord, DatabaseAuditSink, query
 from proxy.cli import main, parse_since
 from tests import db_backends
 
@@ -23,7 +23,7 @@ def record(i: int, **kw: object) -> AuditRecord:
 
 async def test_every_accepted_record_is_written_by_close(tmp_path: Path) -> None:
     db = db_backends.url()
-    sink = SqliteAuditSink(db, batch_size=7)
+    sink = DatabaseAuditSink(db, batch_size=7)
     for i in range(1000):
         sink.emit(record(i))
     await sink.close()
@@ -34,7 +34,7 @@ async def test_every_accepted_record_is_written_by_close(tmp_path: Path) -> None
 
 async def test_a_nul_from_a_client_is_stored_escaped_and_loses_no_record() -> None:
     db = db_backends.url()
-    sink = SqliteAuditSink(db)
+    sink = DatabaseAuditSink(db)
     sink.emit(record(1, status="ok"))
     sink.emit(record(2, tool="a\x00b", client_name="c\x00", note="n\x00",
                      request_id="\x00", principal="p\x00"))
@@ -48,7 +48,7 @@ async def test_a_nul_from_a_client_is_stored_escaped_and_loses_no_record() -> No
 async def test_a_row_the_database_refuses_leaves_only_itself_out(tmp_path: Path) -> None:
     db = db_backends.url()
     fallback = tmp_path / "audit-fallback.jsonl"
-    sink = SqliteAuditSink(db, retry_backoff_s=0.001, fallback_path=str(fallback))
+    sink = DatabaseAuditSink(db, retry_backoff_s=0.001, fallback_path=str(fallback))
     sink.emit(record(1, call_id="c1"))
     sink.emit(record(2, bytes_in=2**70))  # no backend stores it (SQLite: the driver refuses)
     sink.emit(record(3, call_id="c3"))
@@ -62,7 +62,7 @@ async def test_a_row_the_database_refuses_leaves_only_itself_out(tmp_path: Path)
 
 async def test_filters_newest_first(tmp_path: Path) -> None:
     db = db_backends.url()
-    sink = SqliteAuditSink(db)
+    sink = DatabaseAuditSink(db)
     sink.emit(record(1, status="ok"))
     sink.emit(record(2, status="denied", denied_reason="auth: expired", endpoint="f"))
     sink.emit(record(3, status="error", error_message="upstream timed out"))
@@ -78,10 +78,10 @@ async def test_unwritable_database_falls_back_to_a_file(tmp_path: Path) -> None:
     db = db_backends.url()
     if db_backends.on_postgresql():
         fallback = tmp_path / "audit-fallback.jsonl"
-        sink = SqliteAuditSink(db, retry_backoff_s=0.001, fallback_path=str(fallback))
+        sink = DatabaseAuditSink(db, retry_backoff_s=0.001, fallback_path=str(fallback))
     else:  # beside the database file unless told otherwise
         fallback = Path(db.removeprefix("sqlite:///") + ".audit-fallback.jsonl")
-        sink = SqliteAuditSink(db, retry_backoff_s=0.001)
+        sink = DatabaseAuditSink(db, retry_backoff_s=0.001)
     assert sink._conn is not None
     sink._conn.execute("DROP TABLE audit")  # every insert now fails
     sink._conn.commit()
@@ -95,7 +95,7 @@ async def test_cli_audit(tmp_path: Path, capsys) -> None:
     db = db_backends.url()
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[database]\nurl = "{db}"\n')
-    sink = SqliteAuditSink(db)
+    sink = DatabaseAuditSink(db)
     sink.emit(record(1, ts=time.time(), status="denied", denied_reason="auth: expired"))
     sink.emit(record(2, ts=time.time()))
     await sink.close()
@@ -117,7 +117,7 @@ def test_parse_since() -> None:
 
 async def test_cli_usage_totals(tmp_path: Path, capsys) -> None:
     db = db_backends.url()
-    sink = SqliteAuditSink(db)
+    sink = DatabaseAuditSink(db)
     now = time.time()
     for i, status in enumerate(["ok", "ok", "denied", "error"]):
         sink.emit(record(i, ts=now, status=status, bytes_in=10, bytes_out=100))

@@ -18,7 +18,7 @@ import pytest
 
 from proxy import db, migrations
 from proxy.audit import AuditRecord
-from proxy.audit.sqlite import SqliteAuditSink, query, usage
+from proxy.audit.database import DatabaseAuditSink, query, usage
 from proxy.auth import keys as api_keys
 from proxy.connect.vault import Vault
 from proxy.db import Database
@@ -253,7 +253,7 @@ def record(i: int, **kw: Any) -> AuditRecord:
 
 
 async def test_audit_writes_queries_and_sums_usage(database: Database) -> None:
-    sink = SqliteAuditSink(database, batch_size=7)
+    sink = DatabaseAuditSink(database, batch_size=7)
     for i in range(40):
         sink.emit(record(i, status=("ok", "denied", "error", "cancelled")[i % 4],
                          bytes_in=10, bytes_out=100, duration_ms=1.25,
@@ -286,7 +286,7 @@ async def test_audit_writes_queries_and_sums_usage(database: Database) -> None:
 async def test_the_audit_writer_reconnects_after_a_lost_session(database: Database) -> None:
     if not database.postgresql:
         pytest.skip("PostgreSQL sessions only")
-    sink = SqliteAuditSink(database, retry_backoff_s=0.01, linger_s=0)
+    sink = DatabaseAuditSink(database, retry_backoff_s=0.01, linger_s=0)
     sink.emit(record(1))
     await until(lambda: sink.written >= 1, what="the first record written")
     with Database(database.url) as admin, admin.transaction() as conn:
@@ -305,12 +305,12 @@ def test_reading_a_database_never_written_finds_nothing(database_url: str, tmp_p
 
 
 async def test_usage_events_land_once_and_are_marked_delivered(database: Database) -> None:
-    sink = SqliteAuditSink(database)
+    sink = DatabaseAuditSink(database)
     sink.emit(record(1, call_id="c1"))
     sink.emit(record(2, call_id="c2"))
     sink.emit(record(3))  # not metered: no usage event
     await sink.close()
-    again = SqliteAuditSink(database)
+    again = DatabaseAuditSink(database)
     again.emit(record(1, call_id="c1"))  # the same call id: the outbox keeps the first
     await again.close()
     assert rows(database, "SELECT call_id, attempts, delivered_at FROM usage_outbox "
@@ -368,7 +368,7 @@ class CountingReceiver:
 
 
 async def test_two_workers_on_one_database_send_each_event_once(database: Database) -> None:
-    sink = SqliteAuditSink(database)
+    sink = DatabaseAuditSink(database)
     for i in range(120):
         sink.emit(record(i, call_id=f"c{i:03d}"))
     await sink.close()
@@ -396,7 +396,7 @@ async def test_two_workers_on_one_database_send_each_event_once(database: Databa
 
 
 async def test_a_stopped_worker_hands_back_what_it_claimed(database: Database) -> None:
-    sink = SqliteAuditSink(database)
+    sink = DatabaseAuditSink(database)
     for i in range(5):
         sink.emit(record(i, call_id=f"c{i}"))
     await sink.close()

@@ -1,3 +1,8 @@
+"""The audit sink on the gateway's database (SQLite or PostgreSQL): batched writes from a
+writer thread, off the event loop; usage events go to the outbox in the same transaction;
+nothing accepted is lost (a refused batch is retried row by row, the rest to a fallback file).
+`query` reads records back for `tollhouse audit` and /api/v1/audit."""
+
 from __future__ import annotations
 
 import json
@@ -37,11 +42,11 @@ def connect(target: db.Target) -> db.Connection:
     return conn
 
 
-class SqliteAuditSink:
+class DatabaseAuditSink:
     """Records go onto a queue from the event loop (never blocking it) and a writer thread
     inserts them in batches. `close` drains the queue; if the database cannot be written,
     the records go to a JSON-lines file (beside a SQLite database, else `fallback_path` or
-    the working directory) rather than being dropped. Despite the name, SQLite or PostgreSQL,
+    the working directory) rather than being dropped. SQLite or PostgreSQL,
     whichever `target` names (a Database, a URL, or a SQLite path)."""
 
     def __init__(self, target: db.Target, batch_size: int = 500, linger_s: float = 0.05,
