@@ -168,9 +168,9 @@ async def _send(send: Send, result: EdgeResponse) -> None:
         await send({"type": "http.response.start", "status": result.status, "headers": headers})
         await send({"type": "http.response.body", "body": result.body})
         return
-    await send({"type": "http.response.start", "status": result.status, "headers": headers})
     stream = result.stream
-    try:
+    try:  # the stream is closed however this ends, the first send included
+        await send({"type": "http.response.start", "status": result.status, "headers": headers})
         async for chunk in stream:
             if chunk:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

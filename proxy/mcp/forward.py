@@ -96,10 +96,13 @@ class Forwarder:
     # -- a call --------------------------------------------------------------------------
 
     async def call(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
-                   session: Session | None, ctx: CallContext) -> Forwarded:
-        leg = await self._leg(route, req, msg, session, ctx)
+                   session: Session | None, ctx: CallContext, into: Forwarded) -> None:
+        """Forward the call; `into` holds the leg from the moment it is chosen (so a call
+        cancelled while it waits can tell its upstream on the right session) and, at the end,
+        the upstream's 2xx answer."""
+        leg = into.leg = await self._leg(route, req, msg, session, ctx)
         if leg.local is not None:
-            return Forwarded(leg)
+            return
         response = await self._send(route, leg, msg)
         try:
             retried = await self._retry(route, req, msg, session, ctx, leg, response)
@@ -107,13 +110,13 @@ class Forwarder:
             await response.aclose()
             raise
         if retried is not None:
-            leg, answer = retried
+            into.leg, answer = retried
             if answer is None:
-                return Forwarded(leg)
+                return
             response = answer
         await self._check_status(response, session, call_id=msg.id,
                                  modern=ctx.era == "modern")
-        return Forwarded(leg, response)
+        into.response = response
 
     async def _send(self, route: UpstreamRoute, leg: Leg, msg: McpMessage) -> httpx.Response:
         return await self.upstream.open(route, "POST", leg.headers, leg.body or msg.body)

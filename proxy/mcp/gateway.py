@@ -37,7 +37,7 @@ from proxy.errors import (
 from proxy.jsonrpc import McpMessage
 from proxy.mcp import eras, guards
 from proxy.mcp.exchange import EdgeRequest, EdgeResponse
-from proxy.mcp.forward import Forwarder, Leg
+from proxy.mcp.forward import Forwarded, Forwarder, Leg
 from proxy.mcp.relay import StreamEnd, StreamRelay
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
 from proxy.state.bridge import BridgeStore, MemoryBridgeStore
@@ -123,6 +123,10 @@ class Gateway:
             if msg.kind == "request":
                 return await self._call(route, req, msg, session, ctx, record, started)
             return await self._one_way(route, req, msg, session, ctx)
+        except asyncio.CancelledError:
+            if record.status != "cancelled":  # gone before the call (which audits its own)
+                self._disconnected(record, started)
+            raise
         except GatewayError as exc:
             request_id = msg.id if msg is not None else guards.late_id(exc, body)
             return self._refuse(exc, record, started, request_id)
@@ -140,10 +144,12 @@ class Gateway:
             handle.deadline(route.total_timeout_s, self._later)
         key = call_key(route.name, ctx.principal.key, session.id if session else "", msg.id)
         self.inflight.add(key, handle)
-        forwarded = None
+        # until the leg is chosen, a cancel notice goes on the caller's session as it stands
+        forwarded = Forwarded(Leg([], session.upstream_session_id if session else None,
+                                  session.protocol_version if session else None))
         handed_over = False
         try:
-            forwarded = await self.forward.call(route, req, msg, session, ctx)
+            await self.forward.call(route, req, msg, session, ctx, forwarded)
             rewrite = forwarded.leg.rewrite(self.chain.rewriter(msg, ctx), msg.method)
             response = forwarded.response
             if response is None:
@@ -172,10 +178,9 @@ class Gateway:
             self._emit(record, started)
             return EdgeResponse(200, {**JSON_HEADERS, **headers}, data)
         except asyncio.CancelledError:
-            leg = forwarded.leg if forwarded is not None else Leg([])
+            leg = forwarded.leg
             if not handle.absorb():  # the client went away: clean up, let the cancel go on
-                record.status, record.error_message = "cancelled", EndReason.DISCONNECTED.value
-                self._emit(record, started)
+                self._disconnected(record, started)
                 self.forward.notify_cancelled(route, leg, msg.id, EndReason.DISCONNECTED)
                 raise
             return self._cancelled(route, msg, ctx, handle, leg, record, started)
@@ -183,7 +188,7 @@ class Gateway:
             if not handed_over:
                 handle.close()
                 self.inflight.discard(key, handle)
-                if forwarded is not None and forwarded.response is not None:
+                if forwarded.response is not None:
                     await forwarded.response.aclose()
 
     async def _answer_here(self, route: UpstreamRoute, msg: McpMessage, leg: Leg,
@@ -291,6 +296,9 @@ class Gateway:
             answer = await step(route, req, session, record)
             self._emit(record, started)
             return answer
+        except asyncio.CancelledError:  # the client went away before the answer
+            self._disconnected(record, started)
+            raise
         except GatewayError as exc:
             return self._refuse(exc, record, started, None)
         except Exception:
@@ -318,6 +326,10 @@ class Gateway:
         if not isinstance(exc, EndpointNotFound):
             self._emit(record, started)
         return EdgeResponse(status, headers, body)
+
+    def _disconnected(self, record: AuditRecord, started: float) -> None:
+        record.status, record.error_message = "cancelled", EndReason.DISCONNECTED.value
+        self._emit(record, started)
 
     def _emit(self, record: AuditRecord, started: float) -> None:
         if started:

@@ -226,3 +226,48 @@ async def test_a_cancel_reaches_every_call_of_the_principal_with_that_id() -> No
         for response in await asyncio.wait_for(asyncio.gather(*pending), DEADLINE_S):
             assert response.json()["error"]["code"] == -32800
         await assert_nothing_left(gw)
+
+
+async def test_a_call_ended_while_it_waits_tells_the_upstream_on_its_session() -> None:
+    """The deadline fires while the upstream has not answered: the cancel notice goes on the
+    caller's upstream session, with its protocol version, like the call itself."""
+    started, notified = asyncio.Event(), asyncio.Event()
+    notices: list[httpx.Request] = []
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        msg = orjson.loads(request.content)
+        if msg.get("method") == "initialize":
+            return httpx.Response(200, headers={"mcp-session-id": "UP-1"}, json={
+                "jsonrpc": "2.0", "id": msg["id"], "result": {
+                    "protocolVersion": "2025-11-25", "capabilities": {},
+                    "serverInfo": {"name": "up", "version": "1"}}})
+        if "id" not in msg:
+            if msg["method"] == "notifications/cancelled":
+                notices.append(request)
+                notified.set()
+            return httpx.Response(202)
+        started.set()
+        await asyncio.Event().wait()  # hangs until the gateway gives up on it
+        raise AssertionError("unreachable")
+
+    router = respx.Router()
+    router.post("http://upstream.test/mcp").mock(side_effect=answer)
+    deadlines = Deadlines()
+    cfg = make_config(upstreams=[{"name": "e", "url": "http://upstream.test/mcp",
+                                  "total_timeout_s": 30}])
+    async with running_gateway(cfg, httpx.MockTransport(router.async_handler),
+                               later=deadlines) as gw:
+        init = await gw.post({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}})
+        sid = init.headers["mcp-session-id"]
+        posted = asyncio.create_task(gw.post(call(), headers={"Mcp-Session-Id": sid}))
+        await asyncio.wait_for(started.wait(), DEADLINE_S)
+        assert deadlines.expire() == 1
+        response = await asyncio.wait_for(posted, DEADLINE_S)
+        assert response.json()["error"]["code"] == -32800
+        await asyncio.wait_for(notified.wait(), DEADLINE_S)
+        (notice,) = notices
+        assert notice.headers["mcp-session-id"] == "UP-1"
+        assert notice.headers["mcp-protocol-version"] == "2025-11-25"
+        await assert_nothing_left(gw)

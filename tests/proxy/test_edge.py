@@ -4,6 +4,8 @@ MockTransport (tests.conftest.mock_upstream)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import orjson
 import pytest
@@ -201,3 +203,18 @@ async def test_an_unsupported_protocol_version_header_is_32022_before_the_sessio
             ok = await gw.post(CALL, headers={"Mcp-Session-Id": sid,
                                               "MCP-Protocol-Version": version})
             assert ok.status_code == 200 and ok.json()["result"] == {}
+
+
+async def test_a_client_gone_before_its_body_arrived_is_audited_once() -> None:
+    up = mock_upstream()
+    async with running_gateway(make_config(), up.transport) as gw:
+        host, port = gw.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /mcp/e HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"jsonrpc\"")
+        await writer.drain()
+        writer.close()  # gone, 90 bytes short
+        await writer.wait_closed()
+        (record,) = await gw.audit.wait_for(1)
+        assert (record.status, record.error_message) == ("cancelled", "client disconnected")
+        assert up.seen == []
