@@ -61,24 +61,20 @@ async def refuse(scope: Scope, receive: Receive, send: Send, status: int,
     await send({"type": "http.response.body", "body": b""})
 
 
-async def discard(receive: Receive, limit: int | None = None,
-                  timeout_s: float | None = None) -> bool:
-    """Read and drop the rest of a request body, at most `limit` bytes (LINGER_BYTES) for at
-    most `timeout_s` (LINGER_S); True if it ended within them."""
-    limit = LINGER_BYTES if limit is None else limit
+async def discard(receive: Receive) -> None:
+    """Read and drop the rest of a request body, at most LINGER_BYTES for at most LINGER_S."""
     dropped = 0
     try:
-        async with asyncio.timeout(LINGER_S if timeout_s is None else timeout_s):
-            while dropped <= limit:
+        async with asyncio.timeout(LINGER_S):
+            while dropped <= LINGER_BYTES:
                 message = await receive()
                 if message["type"] != "http.request":  # the client went away
-                    return False
+                    return
                 dropped += len(message.get("body", b""))
                 if not message.get("more_body", False):
-                    return True
+                    return
     except TimeoutError:
         pass
-    return False
 
 
 class BodyCap:

@@ -129,8 +129,8 @@ async def delete_user(who: Caller, api: Api, name: str) -> Response:
         raise _last_admin(name) from None
     if gone is None:
         raise NotFound(f"user '{name}' not found")
+    if api.forget_person is not None:  # in memory, cannot fail: before the store that can
+        api.forget_person(gone.principal().key)
     if api.web is not None:
         await api.web.sessions.end_for(gone.id)
-    if api.forget_person is not None:
-        api.forget_person(gone.principal().key)
     return Response(b"", 204)

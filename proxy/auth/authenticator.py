@@ -14,16 +14,17 @@ from typing import Any, Protocol
 
 import httpx
 import jwt
-from cachetools import TTLCache
+from cachetools import LRUCache, TTLCache
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from proxy.auth import keys as api_keys
 from proxy.auth.jwks import JwksCache, kty_for
-from proxy.auth.lockout import Attempt, LockoutStore
+from proxy.auth.lockout import Attempt
 from proxy.auth.principal import ANONYMOUS, Principal
 from proxy.config import Config, IssuerConfig
 from proxy.errors import Forbidden, Unauthenticated
 from proxy.people.live import LiveUsers, StoreDown
+from proxy.state.lockouts import LockoutStore
 
 log = logging.getLogger("tollhouse.auth")
 
@@ -91,6 +92,7 @@ class BearerAuth:
         self._clock = clock
         self._cache: TTLCache[tuple[str, str], tuple[Principal, float]] = TTLCache(
             maxsize=50_000, ttl=300)
+        self._token_issuers: LRUCache[str, object] = LRUCache(maxsize=50_000)
         self._challenges = {u.name: self._challenge(u.name) for u in cfg.upstreams}
 
     def _challenge(self, endpoint: str) -> str:
@@ -134,15 +136,23 @@ class BearerAuth:
                          key_endpoints=key.endpoints, role=key.role)
 
     async def _jwt(self, token: str, endpoint: str) -> Principal:
-        if self._tollhouse is not None and _issuer_of(token) == self._public_url:
-            # not cached here: the authorization server checks revocation on every call
-            return await self._own(token, endpoint)
-        cached = self._cache.get((token, endpoint))
+        cached = self._cache.get((token, endpoint))  # external issuers' tokens only
         if cached is not None and cached[1] > time.time():
             return cached[0]
+        if self._tollhouse is not None and self._issuer(token) == self._public_url:
+            # not cached here: the authorization server checks revocation on every call
+            return await self._own(token, endpoint)
         principal, expires = await self._verify(token, endpoint)
         self._cache[(token, endpoint)] = (principal, expires)
         return principal
+
+    def _issuer(self, token: str) -> str | None:
+        """The unverified `iss` of a token, read once per token (a token's claims never
+        change, so the cache can never be stale; it only saves a decode per call)."""
+        issuer = self._token_issuers.get(token, _UNREAD)
+        if issuer is _UNREAD:
+            issuer = self._token_issuers[token] = _issuer_of(token)
+        return issuer  # type: ignore[return-value]
 
     async def _own(self, token: str, endpoint: str) -> Principal:
         """A token this gateway's authorization server issued, for this endpoint only."""
@@ -227,6 +237,9 @@ class BearerAuth:
 
 class TokenVerifier(Protocol):
     async def verify_access(self, token: str, resource: str) -> dict[str, Any]: ...
+
+
+_UNREAD = object()
 
 
 def _issuer_of(token: str) -> str | None:

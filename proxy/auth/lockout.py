@@ -11,10 +11,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from proxy.errors import LockedOut
-from proxy.state.lockouts import LockoutStore as LockoutStore
-from proxy.state.lockouts import MemoryLockoutStore as MemoryLockoutStore
-
-Locked = LockedOut  # the name callers that re-raise it still catch
+from proxy.state.lockouts import LockoutStore
 
 REASON = "auth: locked out after repeated failures"
 

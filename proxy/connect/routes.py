@@ -13,7 +13,7 @@ import orjson
 from quart import Quart, Response, current_app, request
 
 from proxy.connect.manager import ConnectFailed, Connections
-from proxy.errors import GatewayError, NotFound, NotPermitted, NotSignedIn
+from proxy.errors import GatewayError, NotFound, NotPermitted, NotSignedIn, StoreUnavailable
 from proxy.people.accounts import User
 from proxy.people.signin import COOKIE, Web, page, see_other
 
@@ -83,6 +83,8 @@ async def connect(upstream: str) -> Response:
         location = await here.connections.begin(upstream, user.principal().key, cookie)
     except ConnectFailed as exc:
         return page("Cannot connect", f"<p>{html.escape(str(exc))}</p>", 502)
+    except StoreUnavailable:
+        raise  # the app's error handler: 503 with Retry-After, not "unreachable"
     except GatewayError as exc:
         return _unreachable(upstream, exc)
     return see_other(location)
@@ -104,6 +106,8 @@ async def callback(upstream: str) -> Response:
         await here.connections.finish(upstream, state, code, user.principal().key, cookie)
     except ConnectFailed as exc:
         return page("Not connected", f"<p>{html.escape(str(exc))}</p>", 400)
+    except StoreUnavailable:
+        raise  # the app's error handler: 503 with Retry-After, not "unreachable"
     except GatewayError as exc:
         return _unreachable(upstream, exc, "Not connected")
     return page("Connected", f"<p>Your {html.escape(upstream)} account is connected to "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from functools import partial
 from typing import Any
 
@@ -40,7 +40,7 @@ from proxy.mcp.exchange import EdgeRequest, EdgeResponse
 from proxy.mcp.forward import Forwarded, Forwarder, Leg
 from proxy.mcp.relay import StreamEnd, StreamRelay
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
-from proxy.state.bridge import BridgeStore, MemoryBridgeStore
+from proxy.state.bridge import BridgeStore
 from proxy.state.inflight import EndReason, Later, call_key
 from proxy.upstream import BodyChunks, UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
@@ -58,10 +58,10 @@ class Gateway:
     def __init__(self, *, routes: Mapping[str, UpstreamRoute], authenticator: Authenticator,
                  chain: Chain, sessions: SessionStore, inflight: InFlightRegistry,
                  upstream: UpstreamClient, audit: AuditSink, allowed_origins: frozenset[str],
-                 identity: IdentityForwarder | None = None,
+                 identity: IdentityForwarder, bridged: BridgeStore,
                  connections: Connections | None = None,
-                 trusted_proxies: Sequence[IPNetwork] = (), bridged: BridgeStore | None = None,
-                 later: Later | None = None) -> None:
+                 trusted_proxies: tuple[IPNetwork, ...] = (), later: Later | None = None
+                 ) -> None:
         self.routes = routes  # live: the registry changes it, each call reads it
         self.auth = authenticator
         self.chain = chain
@@ -70,9 +70,8 @@ class Gateway:
         self.upstream = upstream
         self.audit = audit
         self.allowed_origins = allowed_origins
-        self.trusted_proxies = tuple(trusted_proxies)  # parsed once, by create_app
-        self.forward = Forwarder(upstream, sessions, bridged or MemoryBridgeStore(),
-                                 identity=identity or IdentityForwarder.none(),
+        self.trusted_proxies = trusted_proxies  # parsed once, by create_app
+        self.forward = Forwarder(upstream, sessions, bridged, identity=identity,
                                  connections=connections, spawn=self.spawn)
         self._later = later  # the clock deadlines run on (the loop's unless a test gives one)
         self._tasks: set[asyncio.Task[None]] = set()

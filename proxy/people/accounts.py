@@ -27,8 +27,6 @@ from dataclasses import dataclass
 
 from proxy import db
 from proxy.auth.principal import Principal
-from proxy.state.browser import BrowserSessions as BrowserSessions
-from proxy.state.browser import MemoryBrowserSessions as MemoryBrowserSessions
 
 LOCAL_ISSUER = "tollhouse:local"
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32, "maxmem": 64 * 1024 * 1024}

@@ -10,18 +10,20 @@ from __future__ import annotations
 import asyncio
 import html
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from quart import Quart, Response, current_app, request
 
-from proxy.auth.lockout import Attempt, LockoutStore
+from proxy.auth.lockout import Attempt
 from proxy.auth.peer import client_address
 from proxy.egress import IPNetwork
-from proxy.people.accounts import Accounts, BrowserSessions, User
+from proxy.people.accounts import Accounts, User
+from proxy.state.browser import BrowserSessions
 from proxy.state.flows import FlowStore
+from proxy.state.lockouts import LockoutStore
 
 COOKIE = "tollhouse_session"
 
@@ -71,8 +73,6 @@ class Web:
         user_id = await self.sessions.user_id(cookie)
         if user_id is None:
             return None
-        import asyncio
-
         return await asyncio.to_thread(self.accounts.get, user_id)
 
     async def sign_in(self, user: User, next_url: str) -> Response:
@@ -203,4 +203,3 @@ async def signed_in() -> Response:
                              "<button type='submit'>Sign out</button></form>")
 
 
-SignedIn = Callable[[], Awaitable[User | None]]

@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 SCHEMES = ("memory",)
 FLOW_TTL_S = 600.0  # a sign-in, connect or consent left half done is forgotten after this
-REVOCATION_MARGIN_S = 60.0
-BRIDGE_SESSION_TTL_S = 1800.0  # an upstream session held for a sessionless caller, idle  # clock skew a revoked token's entry outlives its lifetime by
+REVOCATION_MARGIN_S = 60.0  # clock skew a revoked token's entry outlives its lifetime by
+BRIDGE_SESSION_TTL_S = 1800.0  # an upstream session held for a sessionless caller, idle
 
 
 @dataclass(frozen=True)

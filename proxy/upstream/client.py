@@ -46,8 +46,8 @@ class UpstreamRoute:
     era: str
     call_timeout_ext: dict[str, float | None]
     stream_timeout_ext: dict[str, float | None]
-    url_text: str = ""  # the URL as configured (httpx.URL is costly to print)
-    state_key: str = ""  # name and URL: what live state learned about this upstream is under
+    url_text: str  # the URL as configured (httpx.URL is costly to print)
+    state_key: str  # name and URL: what live state learned about this upstream is under
 
     @classmethod
     def from_config(cls, cfg: UpstreamConfig) -> UpstreamRoute:

@@ -49,10 +49,6 @@ class IdentityForwarder:
         self._signed: TTLCache[tuple[str, str], list[tuple[str, str]]] = TTLCache(
             maxsize=50_000, ttl=TTL_S - 60)
 
-    @classmethod
-    def none(cls) -> IdentityForwarder:
-        return cls(Config())
-
     def headers(self, route: UpstreamRoute, principal: Principal) -> list[tuple[str, str]] | None:
         mode = self._modes.get(route.name, "none")
         if mode == "none" or not principal.authenticated:

@@ -19,12 +19,13 @@ import httpx
 import pytest
 from quart import Quart
 
-from proxy.auth.lockout import MemoryLockoutStore
 from proxy.config import LockoutConfig, OidcConfig
 from proxy.people import oidc, signin
-from proxy.people.accounts import Accounts, MemoryBrowserSessions, User
+from proxy.people.accounts import Accounts, User
 from proxy.people.signin import COOKIE, Web
+from proxy.state.browser import MemoryBrowserSessions
 from proxy.state.flows import MemoryFlowStore
+from proxy.state.lockouts import MemoryLockoutStore
 from tests import db_backends
 from tests.e2e.oidc_provider import OidcProvider, running_provider
 from tests.helpers import Clock

@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from proxy.auth.lockout import Attempt, Locked
+from proxy.auth.lockout import Attempt
 from proxy.config import LockoutConfig
+from proxy.errors import LockedOut
 from proxy.state.lockouts import MemoryLockoutStore
 from tests.state.conftest import MemoryBackend
 
@@ -74,13 +75,13 @@ async def test_parallel_wrong_guesses_get_at_most_the_limit_of_answers(
                 await everyone_in.wait()  # every guess is past the first look by now
                 attempt.failed = True
                 return "wrong"
-        except Locked:
+        except LockedOut:
             return "locked"
 
     answers = await asyncio.gather(*(guess() for _ in range(n)))
     assert len(entered) == n  # none was refused before it was checked
     assert answers.count("wrong") == 3 and answers.count("locked") == n - 3
-    with pytest.raises(Locked) as right:
+    with pytest.raises(LockedOut) as right:
         async with Attempt(store, ("ip:a",)):
             pass  # a right guess: refused before it is checked
     assert right.value.retry_after_s == pytest.approx(120.0)
@@ -92,7 +93,7 @@ async def test_an_attempt_already_locked_is_refused_before_anything_is_checked(
     for _ in range(3):
         await store.attempt(["ip:a"], failed=True)
     checked = []
-    with pytest.raises(Locked):
+    with pytest.raises(LockedOut):
         async with Attempt(store, ["ip:a"]):
             checked.append(True)
     assert checked == []
