@@ -159,6 +159,8 @@ class StreamRelay:
         if self._closed:
             return
         self._closed = True
+        if not self._finished:  # closed before its last event: the send to the client failed
+            self.disconnected = True
         if self.handle is not None and self.handle.task is not None:
             self.handle.task.remove_done_callback(self._task_done)
         try:
@@ -205,7 +207,10 @@ class StreamEnd:
             self._notify(relay.refused)
         record = relay.record
         if relay.disconnected and record is not None:
-            record.status, record.error_message = "cancelled", EndReason.DISCONNECTED.value
-            self._notify(EndReason.DISCONNECTED)
+            if handle is not None and handle.reason is not None:
+                record.fail(Cancelled(handle.reason))  # ended mid-send: already notified
+            else:
+                record.status, record.error_message = "cancelled", EndReason.DISCONNECTED.value
+                self._notify(EndReason.DISCONNECTED)
         if record is not None:
             self._audit.emit(record)
