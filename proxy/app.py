@@ -268,6 +268,7 @@ class Serving:
             identity=parts.identity, connections=parts.connections,
             trusted_proxies=parts.trusted, bridged=parts.stores.bridge, later=given.later)
         watch = asyncio.get_running_loop().create_task(registry.watch())
+        await parts.stores.start()
         return cls(parts, upstream, audit, registry, watch, keys, worker_task)
 
     async def close(self) -> None:
@@ -286,6 +287,7 @@ class Serving:
         self.registry_watch.cancel()
         await asyncio.wait({self.registry_watch}, timeout=5)
         self.registry.close()
+        await parts.stores.aclose()
         parts.database.close()
 
 

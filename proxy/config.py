@@ -40,6 +40,9 @@ class ServerConfig:
     max_sessions: int = 100_000
     shutdown_grace_s: float = 10.0
     trusted_proxies: list[str] = field(default_factory=list)
+    # worker processes sharing the listen address (one socket, bound once by `tollhouse
+    # serve`); more than one needs a shared [state] url (Redis)
+    workers: int = 1
 
     @property
     def host(self) -> str:
@@ -147,9 +150,18 @@ class DatabaseConfig:
 
 @dataclass(frozen=True)
 class StateConfig:
-    """Where the live state is kept (proxy.state): "memory", in this one process."""
+    """Where the live state is kept (proxy.state): "memory", in this one process, or a Redis
+    (`redis://` or `rediss://` for TLS) that every gateway process of a deployment shares."""
 
     url: str = "memory"
+    key_prefix: str = "tollhouse:"  # every key and pub/sub channel starts with it
+    # how long one Redis command may take before the request is answered 503 (and how long
+    # connecting may take): the bound on detecting an unreachable Redis
+    timeout_s: float = 1.0
+
+    @property
+    def shared(self) -> bool:
+        return self.url != "memory"
 
 
 @dataclass(frozen=True)
@@ -320,6 +332,42 @@ def _value(tp: Any, raw: Any, key: str, env: typing.Mapping[str, str]) -> Any:
     raise ConfigError(f"config: '{key}' has an unsupported type")  # pragma: no cover
 
 
+STATE_SCHEMES = ("redis://", "rediss://")
+
+
+def _check_state(cfg: Config) -> None:
+    state = cfg.state
+    # only the scheme is ever shown: a store URL may hold a password
+    if state.url != "memory" and not state.url.startswith(STATE_SCHEMES):
+        scheme = state.url.partition("://")[0] if "://" in state.url else state.url
+        raise ConfigError(f"config: 'state.url' must be \"memory\", redis://HOST:PORT/DB or "
+                          f"rediss://HOST:PORT/DB ({scheme[:20]!r} is not one)")
+    if state.shared:
+        from urllib.parse import urlsplit
+        try:
+            parts = urlsplit(state.url)
+            port = parts.port
+            db = parts.path.strip("/")
+        except ValueError:
+            raise ConfigError("config: 'state.url' is not a valid Redis URL (its port is not a "
+                              "number)") from None
+        if not parts.hostname or (db and not db.isdigit()) or port == 0:
+            raise ConfigError("config: 'state.url' must name a host, and a database number "
+                              "if any: redis://HOST:PORT/DB")
+    if not state.key_prefix or len(state.key_prefix) > 64 or any(
+            c.isspace() or not c.isprintable() for c in state.key_prefix):
+        raise ConfigError("config: 'state.key_prefix' must be 1-64 printable characters "
+                          "without spaces")
+    if not 0.05 <= state.timeout_s <= 30:
+        raise ConfigError("config: 'state.timeout_s' must be between 0.05 and 30 seconds")
+    if not 1 <= cfg.server.workers <= 64:
+        raise ConfigError("config: 'server.workers' must be between 1 and 64")
+    if cfg.server.workers > 1 and not state.shared:
+        raise ConfigError(f"config: 'server.workers' = {cfg.server.workers} needs a shared "
+                          "'state.url' (redis://...): with \"memory\" each worker would keep "
+                          "its own sessions, cancellations and limits")
+
+
 def _substitute(text: str, key: str, env: typing.Mapping[str, str]) -> str:
     def repl(match: re.Match[str]) -> str:
         name = match.group(1)
@@ -377,10 +425,7 @@ def _check(cfg: Config, base_dir: Path) -> None:
     if not cfg.database.url.startswith(("sqlite:///", "postgresql://", "postgres://")):
         raise ConfigError("config: 'database.url' must be sqlite:///PATH or "
                           "postgresql://USER:PASSWORD@HOST:PORT/DBNAME")
-    if cfg.state.url != "memory":  # the scheme alone is shown: a store URL may hold a password
-        scheme = cfg.state.url.partition("://")[0] if "://" in cfg.state.url else cfg.state.url
-        raise ConfigError(f"config: 'state.url' must be \"memory\" ({scheme[:20]!r} is not a "
-                          "store this version has)")
+    _check_state(cfg)
     seen: set[str] = set()
     for i, up in enumerate(cfg.upstreams):
         where = f"upstreams[{i}]"

@@ -9,7 +9,7 @@ initialize result; it is dropped after `session_ttl_s` without use.
 
 A Redis store keeps `bv:<route>` (the verdict's JSON, SET; a verdict is a fact about the
 upstream, so it needs no expiry, and a re-pointed server has a new key) and
-`bs:<route>:<principal>` (the held session's JSON, SET PX ttl; `session` is GETEX PX, so each
+`bh:<route>:<principal>` (the held session's JSON, SET PX ttl; `session` is GETEX PX, so each
 use restarts the idle timer; `forget` is DEL). Two replicas that open a session for one caller
 at once both open one and the later SET wins: the upstream holds one spare session until it
 expires, which costs nothing but a little of its memory.
@@ -20,9 +20,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import orjson
 from cachetools import TTLCache
+
+if TYPE_CHECKING:
+    from proxy.state.shared import Shared
 
 Era = Literal["legacy", "modern"]
 
@@ -78,3 +82,57 @@ class MemoryBridgeStore:
 
     async def forget(self, route: str, principal_key: str) -> None:
         self._sessions.pop((route, principal_key), None)
+
+
+class RedisBridgeStore:
+    """The bridge's knowledge shared by every process. A verdict is read on every call, so each
+    process keeps the ones it read for `verdict_ttl_s`: a verdict another process changed (an
+    upstream found to refuse legacy initialize) is seen here at most that late, and a call
+    that meets the change meanwhile learns it again itself."""
+
+    def __init__(self, shared: Shared, session_ttl_s: float = 1800.0,
+                 verdict_ttl_s: float = 5.0) -> None:
+        self._shared = shared
+        self._verdicts = shared.key("bv:")
+        self._held = shared.key("bh:")
+        self._ttl_ms = max(1, round(session_ttl_s * 1000))
+        self._local: TTLCache[str, Learned] = TTLCache(maxsize=10_000, ttl=verdict_ttl_s)
+
+    async def learned(self, route: str) -> Learned | None:
+        local = self._local.get(route)
+        if local is not None:
+            return local
+        raw = await self._shared.run("bridge", self._shared.client.get(self._verdicts + route))
+        if raw is None:
+            return None
+        era, discover, modern_only = orjson.loads(raw)
+        learned = Learned(era, discover, modern_only)
+        self._local[route] = learned
+        return learned
+
+    async def learn(self, route: str, learned: Learned) -> None:
+        await self._shared.run("bridge", self._shared.client.set(
+            self._verdicts + route,
+            orjson.dumps((learned.era, learned.discover, learned.modern_only))))
+        self._local[route] = learned
+
+    async def session(self, route: str, principal_key: str) -> HeldSession | None:
+        raw = await self._shared.run("bridge", self._shared.client.getex(
+            self._held_key(route, principal_key), px=self._ttl_ms))
+        if raw is None:
+            return None
+        upstream_id, result = orjson.loads(raw)
+        return HeldSession(upstream_id, result)
+
+    async def hold(self, route: str, principal_key: str, session: HeldSession) -> None:
+        await self._shared.run("bridge", self._shared.client.set(
+            self._held_key(route, principal_key),
+            orjson.dumps((session.upstream_session_id, session.initialize_result)),
+            px=self._ttl_ms))
+
+    async def forget(self, route: str, principal_key: str) -> None:
+        await self._shared.run("bridge", self._shared.client.delete(
+            self._held_key(route, principal_key)))
+
+    def _held_key(self, route: str, principal_key: str) -> str:
+        return f"{self._held}{orjson.dumps((route, principal_key)).decode()}"

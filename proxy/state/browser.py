@@ -2,7 +2,7 @@
 index by person, so ending a person's sessions (a new password, a deleted user) touches only
 theirs and scans nothing.
 
-A Redis store keeps `bs:<id>` = the person (SET PX ttl) and the set `bs:u:<person>` of their
+A Redis store keeps `br:<id>` = the person (SET PX ttl) and the set `br:u:<person>` of their
 ids (SADD, PEXPIRE ttl, so a quiet person's set goes with their last session): `create` is one
 MULTI, `user_id` a GET, `delete` and `end_for` one Lua script each (GET the owner, DEL, SREM;
 SMEMBERS, DEL each but `keep`, rebuild the set). An id left in a set after its session expired
@@ -14,9 +14,12 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cachetools import TTLCache
+
+if TYPE_CHECKING:
+    from proxy.state.shared import Shared
 
 
 class BrowserSessions(Protocol):
@@ -97,3 +100,66 @@ class MemoryBrowserSessions:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+
+_DELETE = """
+local owner = redis.call('GET', KEYS[1])
+if owner then
+  redis.call('DEL', KEYS[1])
+  redis.call('SREM', ARGV[1] .. owner, ARGV[2])
+end
+return 0
+"""
+
+_END_FOR = """
+local ids = redis.call('SMEMBERS', KEYS[1])
+local ended, kept = 0, false
+for _, id in ipairs(ids) do
+  if id == ARGV[2] then
+    kept = redis.call('EXISTS', ARGV[1] .. id) == 1
+  else
+    ended = ended + redis.call('DEL', ARGV[1] .. id)
+  end
+end
+redis.call('DEL', KEYS[1])
+if kept then
+  redis.call('SADD', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
+return ended
+"""
+
+
+class RedisBrowserSessions:
+    """Browser sessions shared by every process: signed in on one replica, known on all."""
+
+    def __init__(self, shared: Shared, ttl_s: float = 8 * 3600) -> None:
+        self._shared = shared
+        self._sessions = shared.key("br:")
+        self._people = shared.key("br:u:")
+        self._ttl_ms = max(1, round(ttl_s * 1000))
+        self._delete = shared.script(_DELETE)
+        self._end_for = shared.script(_END_FOR)
+
+    async def create(self, user_id: str) -> str:
+        session_id = secrets.token_urlsafe(32)
+        pipe = self._shared.client.pipeline(transaction=True)
+        pipe.set(self._sessions + session_id, user_id, px=self._ttl_ms)
+        pipe.sadd(self._people + user_id, session_id)
+        pipe.pexpire(self._people + user_id, self._ttl_ms)
+        await self._shared.run("browser-session", pipe.execute())
+        return session_id
+
+    async def user_id(self, session_id: str) -> str | None:
+        raw = await self._shared.run("browser-session", self._shared.client.get(
+            self._sessions + session_id))
+        return None if raw is None else raw.decode()
+
+    async def delete(self, session_id: str) -> None:
+        await self._shared.run("browser-session", self._delete(
+            keys=[self._sessions + session_id], args=[self._people, session_id]))
+
+    async def end_for(self, user_id: str, keep: str | None = None) -> int:
+        ended = await self._shared.run("browser-session", self._end_for(
+            keys=[self._people + user_id], args=[self._sessions, keep or "", self._ttl_ms]))
+        return int(ended)

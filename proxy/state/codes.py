@@ -1,10 +1,10 @@
 """OAuth authorization codes: each taken once, and a code presented again is recognised as
 reused for a while after, so what its first use produced can be revoked (RFC 9700).
 
-A Redis store keeps `oc:<code>` (a hash of the grant's JSON and its tag, SET PX code TTL) and
-`oc:u:<code>` (the tag, once taken). `put` is one HSET + PEXPIRE in a MULTI; `take` one Lua
-script: HGETALL the code; if it is there, DEL it, SET the used marker PX used TTL and return
-the grant; else return GET of the used marker. Two replicas exchanging one code at once: one
+A Redis store keeps `oc:<code>` (the grant's JSON and its tag, SET PX code TTL) and
+`oc:u:<code>` (the tag, once taken). `put` is one SET; `take` one Lua script: GET the code; if
+it is there, DEL it, SET the used marker PX used TTL and return the grant; else return GET of
+the used marker. Two replicas exchanging one code at once: one
 gets the grant, the other the tag.
 """
 
@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+import orjson
 from cachetools import TTLCache
+
+if TYPE_CHECKING:
+    from proxy.state.shared import Shared
 
 
 class Taken(NamedTuple):
@@ -52,3 +56,38 @@ class MemoryCodeStore:
             return Taken(None, self._used.get(code))
         self._used[code] = held[1]
         return Taken(held[0])
+
+
+_TAKE = """
+local held = redis.call('GET', KEYS[1])
+if held then
+  redis.call('DEL', KEYS[1])
+  local tag = cjson.decode(held)[2]
+  redis.call('SET', KEYS[2], tag, 'PX', ARGV[1])
+  return {1, held}
+end
+return {0, redis.call('GET', KEYS[2])}
+"""
+
+
+class RedisCodeStore:
+    """Codes shared by every process: a code is taken once across all of them."""
+
+    def __init__(self, shared: Shared, ttl_s: float, used_ttl_s: float = 600.0) -> None:
+        self._shared = shared
+        self._codes = shared.key("oc:")
+        self._used = shared.key("oc:u:")
+        self._ttl_ms = max(1, round(ttl_s * 1000))
+        self._used_ttl_ms = max(1, round(used_ttl_s * 1000))
+        self._take = shared.script(_TAKE)
+
+    async def put(self, code: str, grant: dict[str, Any], tag: str) -> None:
+        await self._shared.run("authorization-code", self._shared.client.set(
+            self._codes + code, orjson.dumps((grant, tag)), px=self._ttl_ms))
+
+    async def take(self, code: str) -> Taken:
+        took, value = await self._shared.run("authorization-code", self._take(
+            keys=[self._codes + code, self._used + code], args=[self._used_ttl_ms]))
+        if took:
+            return Taken(orjson.loads(value)[0])
+        return Taken(None, value.decode() if value else None)

@@ -6,9 +6,9 @@ same binding before it expires; a take by another binding is refused and leaves 
 its owner. One interface serves all three; each kind has its own store (and, in memory, its
 own bound), so a flood of one cannot push out the others.
 
-A Redis store keeps `fl:<kind>:<key>` as a hash {binding, value (JSON)} with PEXPIRE ttl
-(`put`: one MULTI); `take` is one Lua script: HGET the binding; none: nil; another: "foreign";
-the same: DEL and return the value. Callers pass bindings that are digests, never a cookie.
+A Redis store keeps `fl:<kind>:<key>` as the JSON of [binding, value] (SET PX ttl); `take` is
+one Lua script: GET it; none: nil; another binding: "foreign" (the flow stays); the same: DEL
+and return the value. Callers pass bindings that are digests, never a cookie.
 """
 
 from __future__ import annotations
@@ -16,9 +16,13 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+import orjson
 from cachetools import TTLCache
+
+if TYPE_CHECKING:
+    from proxy.state.shared import Shared
 
 
 class ForeignFlow(Exception):
@@ -57,3 +61,38 @@ class MemoryFlowStore:
 
     def __len__(self) -> int:
         return len(self._flows)
+
+
+_TAKE = """
+local held = redis.call('GET', KEYS[1])
+if not held then return 0 end
+if cjson.decode(held)[1] ~= ARGV[1] then return 1 end
+redis.call('DEL', KEYS[1])
+return held
+"""
+
+
+class RedisFlowStore:
+    """Flows shared by every process: a flow started on one replica completes on any other.
+    The bindings are digests, compared inside the script (no secret is compared there)."""
+
+    def __init__(self, shared: Shared, kind: str, ttl_s: float = 600.0) -> None:
+        self._shared = shared
+        self._kind = kind
+        self._prefix = shared.key(f"fl:{kind}:")
+        self._ttl_ms = max(1, round(ttl_s * 1000))
+        self._take = shared.script(_TAKE)
+
+    async def put(self, key: str, binding: str, value: dict[str, str]) -> None:
+        await self._shared.run(f"{self._kind}-flow", self._shared.client.set(
+            self._prefix + key, orjson.dumps((binding, value)), px=self._ttl_ms))
+
+    async def take(self, key: str, binding: str) -> dict[str, str] | None:
+        held = await self._shared.run(f"{self._kind}-flow", self._take(
+            keys=[self._prefix + key], args=[binding]))
+        if held == 0:
+            return None
+        if held == 1:
+            raise ForeignFlow(key)
+        value: dict[str, str] = orjson.loads(held)[1]
+        return value

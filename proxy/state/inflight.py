@@ -13,9 +13,15 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable
-from typing import Any, Protocol
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
+
+if TYPE_CHECKING:
+    from proxy.state.shared import Shared
+
+log = logging.getLogger("tollhouse.state")
 
 
 class EndReason(enum.StrEnum):
@@ -138,3 +144,42 @@ class MemoryInFlight:
 
     def __len__(self) -> int:
         return self._count
+
+
+class SharedInFlight(MemoryInFlight):
+    """The calls this process runs, plus a cancel channel every process of the deployment
+    listens on. `cancel` ends the local calls under the key at once, then publishes the key
+    once (one PUBLISH, whichever replica runs the call): each other process ends the calls it
+    holds under that key and ignores the rest. Registering a call costs no Redis command, and
+    nothing is kept in Redis per call, so a replica that dies leaves nothing behind.
+
+    A cancel published while a replica's subscription is down (Redis restarting) does not
+    reach that replica: the call then runs to its answer or its total timeout."""
+
+    def __init__(self, shared: Shared) -> None:
+        super().__init__()
+        self._shared = shared
+        self._channel = shared.key("cancel")
+        self._reasons = {reason.value: reason for reason in EndReason}
+
+    def start(self) -> None:
+        self._shared.subscribe(self._channel, self._heard)
+
+    async def cancel(self, key: str, reason: EndReason) -> None:
+        await super().cancel(key, reason)
+        message = orjson.dumps((self._shared.replica, key, reason.value))
+        await self._shared.run("in-flight", self._shared.client.publish(self._channel, message))
+
+    def _heard(self, data: bytes) -> None:
+        replica, key, reason = orjson.loads(data)
+        if replica == self._shared.replica or not isinstance(key, str):
+            return  # ours, already ended locally
+        end = self._reasons.get(reason)
+        if end is None:
+            log.warning("a cancel with an unknown reason was ignored")
+            return
+        held = self._calls.get(key)
+        if held is None:
+            return
+        for handle in (held if isinstance(held, list) else (held,)):
+            handle.cancel(end)

@@ -25,6 +25,7 @@ from cachetools import TTLCache
 
 if TYPE_CHECKING:
     from proxy.config import LockoutConfig
+    from proxy.state.shared import Shared
 
 
 class LockoutStore(Protocol):
@@ -104,3 +105,61 @@ class MemoryLockoutStore:
                 del locks[stale]
             while len(locks) > self._max_tracked:
                 del locks[next(iter(locks))]
+
+
+_LOCKED = """
+for i = 1, #KEYS do
+  local ms = redis.call('PTTL', KEYS[i])
+  if ms > 0 then return ms end
+end
+return -1
+"""
+
+# KEYS: n lock keys, then their n count keys; ARGV: failed (0/1), max failures, window ms,
+# lockout ms
+_ATTEMPT = """
+local n = #KEYS / 2
+for i = 1, n do
+  local ms = redis.call('PTTL', KEYS[i])
+  if ms > 0 then return ms end
+end
+if ARGV[1] == '0' then return -1 end
+for i = 1, n do
+  local count = redis.call('INCR', KEYS[n + i])
+  if count == 1 then redis.call('PEXPIRE', KEYS[n + i], ARGV[3]) end
+  if count >= tonumber(ARGV[2]) then
+    redis.call('SET', KEYS[i], '1', 'PX', ARGV[4])
+    redis.call('DEL', KEYS[n + i])
+  end
+end
+return -1
+"""
+
+
+class RedisLockoutStore:
+    """Lockouts shared by every process, each decision one script, on Redis's clock: N
+    replicas together answer at most `max_failures` failures per key before the lock."""
+
+    def __init__(self, shared: Shared, cfg: LockoutConfig) -> None:
+        self._shared = shared
+        self._locks = shared.key("lk:l:")
+        self._counts = shared.key("lk:c:")
+        self._args = (cfg.max_failures, max(1, round(cfg.window_s * 1000)),
+                      max(1, round(cfg.lockout_s * 1000)))
+        self._locked = shared.script(_LOCKED)
+        self._attempt = shared.script(_ATTEMPT)
+
+    async def locked(self, keys: Sequence[str]) -> float | None:
+        if not keys:
+            return None
+        ms = await self._shared.run("lockout", self._locked(
+            keys=[self._locks + k for k in keys]))
+        return ms / 1000 if ms > 0 else None
+
+    async def attempt(self, keys: Sequence[str], *, failed: bool) -> float | None:
+        if not keys:
+            return None
+        ms = await self._shared.run("lockout", self._attempt(
+            keys=[self._locks + k for k in keys] + [self._counts + k for k in keys],
+            args=[1 if failed else 0, *self._args]))
+        return ms / 1000 if ms > 0 else None

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from cachetools import TLRUCache
+
+if TYPE_CHECKING:
+    from proxy.state.shared import Shared
 
 US = 1_000_000
 
@@ -85,3 +88,53 @@ class MemoryRateLimitStore:
 
     def __len__(self) -> int:
         return len(self._tats)
+
+
+# KEYS: the buckets; ARGV: interval, tolerance (µs) per bucket. Returns -1 (admitted, every
+# bucket charged) or {position, wait µs} (refused, nothing charged). Numbers go back to Redis
+# through string.format('%d'): Lua's own number-to-string would round a µs time to 14 digits.
+_TAKE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local tats = {}
+local worst, longest = -1, 0
+for i = 1, #KEYS do
+  local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if tat < now then tat = now end
+  local wait = tat - tonumber(ARGV[2 * i]) - now
+  if wait > longest then worst, longest = i - 1, wait end
+  tats[i] = tat + tonumber(ARGV[2 * i - 1])
+end
+if worst >= 0 then return {worst, string.format('%d', longest)} end
+for i = 1, #KEYS do
+  redis.call('SET', KEYS[i], string.format('%d', tats[i]),
+             'PX', string.format('%d', math.ceil((tats[i] - now) / 1000)))
+end
+return -1
+"""
+
+
+class RedisRateLimitStore:
+    """Buckets shared by every process: one script per decision, on Redis's clock (TIME), so
+    replicas together admit exactly what one process would. While Redis is away no call is
+    admitted (StoreUnavailable, 503): a limit is never lifted, and never multiplied by the
+    number of replicas, by an outage."""
+
+    def __init__(self, shared: Shared) -> None:
+        self._shared = shared
+        self._prefix = shared.prefix  # the policy's keys start "rl:" themselves
+        self._take = shared.script(_TAKE)
+
+    async def take(self, limits: Sequence[Limit]) -> Refused | None:
+        if not limits:
+            return None
+        keys: list[str] = []
+        args: list[int] = []
+        for key, interval_us, tolerance_us in limits:
+            keys.append(self._prefix + key)
+            args += (interval_us, tolerance_us)
+        verdict = await self._shared.run("rate-limit", self._take(keys=keys, args=args))
+        if verdict == -1:
+            return None
+        position, wait_us = verdict
+        return Refused(int(position), int(wait_us) / US)

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from proxy.state.shared import Shared
 
 
 class RevocationStore(Protocol):
@@ -70,3 +73,26 @@ class MemoryRevocationStore:
                 del table[stale]
             while len(table) > self._max_entries:
                 del table[next(iter(table))]
+
+
+class RedisRevocationStore:
+    """Revocations every process sees from its next call: one EXISTS per check."""
+
+    def __init__(self, shared: Shared, ttl_s: float) -> None:
+        self._shared = shared
+        self._tokens = shared.key("rv:t:")
+        self._families = shared.key("rv:f:")
+        self._ttl_ms = max(1, round(ttl_s * 1000))
+
+    async def revoke_token(self, jti: str) -> None:
+        await self._shared.run("revocation", self._shared.client.set(
+            self._tokens + jti, b"1", px=self._ttl_ms))
+
+    async def revoke_family(self, family: str) -> None:
+        await self._shared.run("revocation", self._shared.client.set(
+            self._families + family, b"1", px=self._ttl_ms))
+
+    async def revoked(self, jti: str, family: str) -> bool:
+        found = await self._shared.run("revocation", self._shared.client.exists(
+            self._tokens + jti, self._families + family))
+        return bool(found)

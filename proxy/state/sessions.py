@@ -10,9 +10,13 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
 from cachetools import TTLCache
+
+if TYPE_CHECKING:
+    from proxy.state.shared import Shared
 
 
 @dataclass(slots=True)
@@ -79,3 +83,37 @@ class MemorySessionStore:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+
+class RedisSessionStore:
+    """Sessions shared by every gateway process on one Redis: any replica continues a session
+    any other opened. No bound on their number but the idle timeout (Redis's memory)."""
+
+    def __init__(self, shared: Shared, idle_timeout_s: float) -> None:
+        self._shared = shared
+        self._prefix = shared.key("ms:")
+        self._ttl_ms = max(1, round(idle_timeout_s * 1000))
+
+    async def create(self, endpoint: str, principal_key: str, upstream_session_id: str | None,
+                     protocol_version: str | None,
+                     bridged_envelope: dict[str, Any] | None = None) -> Session:
+        session = Session(secrets.token_urlsafe(24), endpoint, principal_key,
+                          upstream_session_id, protocol_version,
+                          bridged_envelope=bridged_envelope)
+        held = orjson.dumps((endpoint, principal_key, upstream_session_id, protocol_version,
+                             session.created_at, bridged_envelope))
+        await self._shared.run("session", self._shared.client.set(
+            self._prefix + session.id, held, px=self._ttl_ms))
+        return session
+
+    async def get(self, session_id: str) -> Session | None:
+        raw = await self._shared.run("session", self._shared.client.getex(
+            self._prefix + session_id, px=self._ttl_ms))
+        if raw is None:
+            return None
+        endpoint, principal_key, upstream_id, version, created, envelope = orjson.loads(raw)
+        return Session(session_id, endpoint, principal_key, upstream_id, version, created,
+                       bridged_envelope=envelope)
+
+    async def delete(self, session_id: str) -> None:
+        await self._shared.run("session", self._shared.client.delete(self._prefix + session_id))

@@ -23,13 +23,48 @@ def test_state_is_in_memory_by_default() -> None:
     assert from_dict({**UPSTREAMS, "state": {"url": "memory"}}).state.url == "memory"
 
 
-@pytest.mark.parametrize("url", ["redis://:hunter2@cache.internal:6379/0", "memroy", ""])
+@pytest.mark.parametrize("url", ["memcached://:hunter2@cache.internal:11211", "memroy", "",
+                                 "redis:/cache.internal", "http://:hunter2@cache.internal/"])
 def test_any_other_store_is_one_config_line_that_shows_no_secret(url: str) -> None:
     with pytest.raises(ConfigError) as info:
         from_dict({**UPSTREAMS, "state": {"url": url}})
     message = str(info.value)
     assert message.startswith("config: 'state.url' must be \"memory\"")
     assert "\n" not in message and "hunter2" not in message and "cache.internal" not in message
+
+
+@pytest.mark.parametrize("url", ["redis://:hunter2@cache.internal:6379/0",
+                                 "rediss://cache.internal:6380", "redis://127.0.0.1:6379/15"])
+def test_redis_is_a_state_store(url: str) -> None:
+    cfg = from_dict({**UPSTREAMS, "state": {"url": url}})
+    assert cfg.state.shared and cfg.state.key_prefix == "tollhouse:"
+
+
+@pytest.mark.parametrize(("state", "message"), [
+    ({"url": "redis://:hunter2@cache.internal:notaport/0"}, "port is not a number"),
+    ({"url": "redis://:hunter2@/0"}, "must name a host"),
+    ({"url": "redis://:hunter2@cache.internal/zero"}, "database number"),
+    ({"url": "redis://h", "key_prefix": ""}, "'state.key_prefix' must be"),
+    ({"url": "redis://h", "key_prefix": "a b"}, "'state.key_prefix' must be"),
+    ({"url": "redis://h", "timeout_s": 0}, "'state.timeout_s' must be"),
+])
+def test_a_bad_redis_setting_is_one_line_without_the_secret(state: dict[str, object],
+                                                             message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        from_dict({**UPSTREAMS, "state": state})
+    assert "\n" not in str(info.value) and "hunter2" not in str(info.value)
+
+
+def test_workers_need_a_shared_store() -> None:
+    with pytest.raises(ConfigError) as info:
+        from_dict({**UPSTREAMS, "server": {"workers": 4}})
+    assert "'server.workers'" in str(info.value) and "'state.url'" in str(info.value)
+    assert "\n" not in str(info.value)
+    cfg = from_dict({**UPSTREAMS, "server": {"workers": 4},
+                     "state": {"url": "redis://127.0.0.1:6379/0"}})
+    assert cfg.server.workers == 4
+    with pytest.raises(ConfigError, match="'server.workers' must be between 1 and 64"):
+        from_dict({**UPSTREAMS, "server": {"workers": 0}})
 
 
 def test_unknown_state_keys_are_refused() -> None:
