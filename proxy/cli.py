@@ -113,19 +113,22 @@ def _load(args: argparse.Namespace) -> tuple[Config, Path]:
     return load(args.config), Path(args.config).resolve().parent
 
 
-def _logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+def _logging(level: str, prefix: str = "") -> None:
+    """Log lines to stderr; a worker of several puts `worker=N pid=P ` in front of each."""
+    logging.basicConfig(level=level.upper(),
+                        format=f"%(asctime)s %(levelname)s {prefix}%(name)s %(message)s")
 
 
 def _serve(args: argparse.Namespace) -> int:
     cfg, base_dir = _load(args)
     _check_secrets(cfg, base_dir, os.environ)
     _logging(args.log_level)
+    if cfg.server.workers > 1:
+        return _serve_workers(cfg, base_dir, args.log_level)
     from proxy.app import create_app
 
     app = create_app(cfg, base_dir=base_dir)
-    log.info("tollhouse listening on %s, endpoints: %s", cfg.server.listen,
-             ", ".join(f"/mcp/{u.name}" for u in cfg.upstreams) or "(none)")
+    log.info("tollhouse listening on %s, endpoints: %s", cfg.server.listen, _endpoints(cfg))
     try:
         asyncio.run(_run_hypercorn(app, [cfg.server.listen], cfg.server.shutdown_grace_s))
     except OSError as exc:
@@ -133,6 +136,38 @@ def _serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _endpoints(cfg: Config) -> str:
+    return ", ".join(f"/mcp/{u.name}" for u in cfg.upstreams) or "(none)"
+
+
+def _serve_workers(cfg: Config, base_dir: Path, log_level: str) -> int:
+    """`server.workers` > 1 (proxy.workers): the address bound and the schema migrated here,
+    once, before any worker starts; then the workers, supervised until a stop signal."""
+    from proxy import workers
+    from proxy.db import Database
+
+    try:
+        sock = workers.listen_socket(cfg.server.listen)
+    except OSError as exc:
+        print(f"tollhouse: cannot listen on {cfg.server.listen}: {exc.strerror}",
+              file=sys.stderr)
+        return 1
+    with sock:
+        with Database(cfg.database.url, busy_timeout_s=cfg.database.busy_timeout_s) as db:
+            try:
+                db.ensure_schema()  # N workers starting at once then find nothing to migrate
+            except db.errors as exc:
+                print(f"tollhouse: database {db!r}: {exc}", file=sys.stderr)
+                return 1
+        where = workers.address(sock)
+
+        def announce() -> None:
+            log.info("tollhouse listening on %s with %d workers, endpoints: %s", where,
+                     cfg.server.workers, _endpoints(cfg))
+
+        return workers.serve(cfg, base_dir, sock, log_level, announce)
 
 
 def _check_secrets(cfg: Config, base_dir: Path, env: Mapping[str, str]) -> None:
@@ -184,7 +219,10 @@ def _check_pem(value: str, key: str, base_dir: Path, *, private: bool) -> None:
 
 
 async def _run_hypercorn(app: Any, binds: list[str], grace_s: float,
-                         stop: asyncio.Event | None = None) -> None:
+                         stop: asyncio.Event | None = None,
+                         on_signal: Callable[[int], None] | None = None) -> None:
+    """Serve `app` until SIGINT/SIGTERM (or `stop`), then drain for up to `grace_s`;
+    `on_signal` hears which signal stopped it."""
     from hypercorn.asyncio import serve
     from hypercorn.config import Config as HyperConfig
 
@@ -196,8 +234,13 @@ async def _run_hypercorn(app: Any, binds: list[str], grace_s: float,
     hc.keep_alive_timeout = 75
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    def stopped(signum: int) -> None:
+        if on_signal is not None and not stop.is_set():
+            on_signal(signum)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopped, sig)
     await serve(app, hc, shutdown_trigger=stop.wait)
 
 
