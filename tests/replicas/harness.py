@@ -61,27 +61,36 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def toml_value(value: Any) -> str:
+    """A TOML value: JSON's strings, numbers and booleans are TOML's; a dict is an inline
+    table, a list an array."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(v)}"
+                               for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
 def toml(tables: dict[str, Any]) -> str:
-    """`tables` as TOML: top-level tables of scalars or lists of scalars, and arrays of tables
-    (a list of dicts), each with nested tables one level down. JSON's strings are TOML's."""
+    """`tables` as TOML: each top-level value a table, or an array of tables (a list of
+    dicts); within them, a dict is a sub-table and anything else a value."""
     out: list[str] = []
 
-    def table(header: str, body: dict[str, Any]) -> None:
+    def table(header: str, name: str, body: dict[str, Any]) -> None:
         out.append(header)
         nested = {k: v for k, v in body.items() if isinstance(v, dict)}
-        for key, value in body.items():
-            if key not in nested:
-                out.append(f"{key} = {json.dumps(value)}")
-        name = header.strip("[]")
+        out.extend(f"{json.dumps(k)} = {toml_value(v)}" for k, v in body.items()
+                   if k not in nested)
         for key, value in nested.items():
-            table(f"[{name}.{key}]", value)
+            table(f"[{name}.{json.dumps(key)}]", f"{name}.{json.dumps(key)}", value)
 
     for name, value in tables.items():
         if isinstance(value, list):
             for item in value:
-                table(f"[[{name}]]", item)
+                table(f"[[{name}]]", name, item)
         else:
-            table(f"[{name}]", value)
+            table(f"[{name}]", name, value)
     return "\n".join(out) + "\n"
 
 

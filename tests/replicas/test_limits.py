@@ -1,0 +1,122 @@
+"""Item 3: limits are exact across replicas. A burst of B admits exactly B of 1,000 concurrent
+calls split between two replicas, and N parallel wrong credentials across both get at most
+`max_failures` answers that are not "locked"."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from tests.conftest import MCP_HEADERS
+from tests.e2e.upstreams import stateless_json_app
+from tests.helpers import jwt_auth, token
+from tests.replicas.harness import Cluster, open_cluster
+from tests.servers import serve
+
+BURST = 25
+CALLS = 1000
+MAX_FAILURES = 5
+GUESSES = 60
+PER_REPLICA_CONNECTIONS = 200  # the calls are all issued at once; this many on the wire each
+
+LIMIT = {"name": "burst", "key": "principal", "methods": ["tools/call"], "rate": "1/h",
+         "burst": BURST}
+
+
+def call(i: int) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                         "params": {"name": "echo", "arguments": {"text": f"call {i}"}}})
+
+
+async def open_session(client: httpx.AsyncClient, endpoint: str) -> dict[str, str]:
+    """A 2025-11-25 session opened through `endpoint`; the headers that continue it."""
+    init = await client.post(endpoint, headers=MCP_HEADERS, content=orjson.dumps({
+        "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "burst", "version": "1"}}}))
+    assert init.status_code == 200, init.text
+    headers = {**MCP_HEADERS, "Mcp-Session-Id": init.headers["mcp-session-id"]}
+    note = await client.post(endpoint, headers=headers,
+                             content=b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+    assert note.status_code == 202
+    return headers
+
+
+async def split(cluster: Cluster, count: int, send: Any) -> list[httpx.Response]:
+    """`send(client, endpoint, i)` for i in range(count), all at once, alternating between
+    the replicas (each straight to its port, its own connection pool)."""
+    limits = httpx.Limits(max_connections=PER_REPLICA_CONNECTIONS)
+    clients = [httpx.AsyncClient(timeout=60, limits=limits) for _ in cluster.replicas]
+    try:
+        return list(await asyncio.gather(*(
+            send(clients[i % len(clients)], cluster.replicas[i % len(clients)].endpoint, i)
+            for i in range(count))))
+    finally:
+        await asyncio.gather(*(c.aclose() for c in clients))
+
+
+async def test_a_burst_admits_exactly_its_size_across_replicas(tmp_path: Path) -> None:
+    app, probe = stateless_json_app()
+    async with serve(app, graceful_timeout=1) as url, \
+            open_cluster(tmp_path, url, era="legacy", config={"rate_limits": [LIMIT]}) as cluster:
+        async with httpx.AsyncClient(timeout=10) as client:
+            headers = await open_session(client, cluster.endpoint)
+
+        async def send(client: httpx.AsyncClient, endpoint: str, i: int) -> httpx.Response:
+            return await client.post(endpoint, headers=headers, content=call(i))
+
+        answers = await split(cluster, CALLS, send)
+        keys = await cluster.keys()
+    admitted = [r for r in answers if r.status_code == 200]
+    limited = [r for r in answers if r.status_code == 429]
+    assert len(admitted) == BURST
+    assert Counter(r.status_code for r in answers) == {200: BURST, 429: CALLS - BURST}, \
+        {r.text for r in answers if r.status_code not in (200, 429)}
+    for response in admitted:
+        body = response.json()
+        assert body["result"]["content"][0]["text"] == f"call {body['id']}"
+    for response in limited:
+        assert int(response.headers["retry-after"]) > 0
+        assert response.json()["error"] == {"code": -32000, "message": "Too many requests"}
+    # both replicas admitted some, and only the admitted reached the upstream
+    per_replica = [sum(1 for i, r in enumerate(answers) if r.status_code == 200 and i % 2 == n)
+                   for n in range(2)]
+    assert all(per_replica), per_replica
+    assert len(probe.tool_calls("echo")) == BURST
+    (bucket,) = [k for k in keys if k.startswith("rl:")]
+    assert keys[bucket] > 0  # the bucket expires by itself
+
+
+async def test_parallel_wrong_credentials_across_replicas_lock_after_max_failures(
+        tmp_path: Path) -> None:
+    app, _probe = stateless_json_app()
+    lockout = {"max_failures": MAX_FAILURES, "window_s": 60, "lockout_s": 120}
+    async with serve(app, graceful_timeout=1) as url, \
+            open_cluster(tmp_path, url, era="legacy",
+                         config={"auth": jwt_auth(lockout=lockout)}) as cluster:
+        bad = token("not-the-secret-0123456789abcdef0123456789")
+        wire = {**MCP_HEADERS, "Authorization": f"Bearer {bad}"}
+
+        async def guess(client: httpx.AsyncClient, endpoint: str, i: int) -> httpx.Response:
+            return await client.post(endpoint, headers=wire, content=call(i))
+
+        answers = await split(cluster, GUESSES, guess)
+        good = {**MCP_HEADERS, "Authorization": f"Bearer {token(endpoint='up')}"}
+        async with httpx.AsyncClient(timeout=10) as client:
+            after = [await client.post(r.endpoint, headers=good, content=call(0))
+                     for r in cluster.replicas]
+        keys = await cluster.keys()
+    statuses = Counter(r.status_code for r in answers)
+    assert statuses == {401: MAX_FAILURES, 429: GUESSES - MAX_FAILURES}, statuses
+    for response in answers:
+        if response.status_code == 429:
+            assert int(response.headers["retry-after"]) > 0
+    # locked on every replica, even with a good credential
+    assert [r.status_code for r in after] == [429, 429], [r.text for r in after]
+    locks = [k for k in keys if k.startswith("lk:l:")]
+    assert locks and all(keys[k] > 0 for k in locks)
