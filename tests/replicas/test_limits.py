@@ -22,7 +22,7 @@ BURST = 25
 CALLS = 1000
 MAX_FAILURES = 5
 GUESSES = 60
-PER_REPLICA_CONNECTIONS = 200  # the calls are all issued at once; this many on the wire each
+PER_REPLICA_CONNECTIONS = 150  # all calls are issued at once; this many on the wire to each
 
 LIMIT = {"name": "burst", "key": "principal", "methods": ["tools/call"], "rate": "1/h",
          "burst": BURST}

@@ -59,9 +59,9 @@ async def crossing(cluster: Cluster, ask: Callable[[int], Awaitable[None]],
     pairs: list[tuple[str, str]] = []
     for k in range(ATTEMPTS):
         await ask(k)
-        call = await cluster.logged(lambda s: raised(s, k), f"tools/call #{k}")
-        response = await cluster.logged(lambda s: s.is_response and reply(k) in s.body,
-                                        f"answer #{k}")
+        call = await cluster.logged(lambda s, k=k: raised(s, k), f"tools/call #{k}")  # type: ignore[misc]
+        response = await cluster.logged(
+            lambda s, k=k: s.is_response and reply(k) in s.body, f"answer #{k}")  # type: ignore[misc]
         assert response.status == 202
         pairs.append((where_raised(call), response.server))
         if pairs[-1][0] != pairs[-1][1]:
@@ -84,7 +84,7 @@ async def test_sampling_raised_on_one_replica_is_answered_through_the_other(
     async with connect(cluster.endpoint, sampling_callback=sampler(answers)) as client:
         async def ask(k: int) -> None:
             result = await client.call_tool("ask_sampling", {"prompt": f"prompt #{k}"})
-            assert result.content[0].text == f"sampled prompt #{k}"  # type: ignore[union-attr]
+            assert result.content[0].text == f"sampled prompt #{k}"
 
         pairs = await crossing(cluster, ask, tool_call("ask_sampling", "prompt", "prompt #{}"),
                                lambda k: f"sampled prompt #{k}", lambda s: s.server)
@@ -94,13 +94,13 @@ async def test_sampling_raised_on_one_replica_is_answered_through_the_other(
 
 async def test_elicitation_raised_on_one_replica_is_answered_through_the_other(
         cluster: Cluster) -> None:
-    async def on_elicit(ctx: Any, params: Any) -> types.ElicitResult:
+    async def on_elicit(ctx: Any, params: Any) -> types.ElicitResult | types.ErrorData:
         return types.ElicitResult(action="accept", content={"answer": f"yes {params.message}"})
 
-    async with connect(cluster.endpoint, elicitation_callback=on_elicit) as client:
+    async with connect(cluster.endpoint, elicitation_callback=on_elicit) as client:  # type: ignore[arg-type]
         async def ask(k: int) -> None:
             result = await client.call_tool("ask_elicitation", {"message": f"ok #{k}"})
-            assert result.content[0].text == f"accept:yes ok #{k}"  # type: ignore[union-attr]
+            assert result.content[0].text == f"accept:yes ok #{k}"
 
         pairs = await crossing(cluster, ask, tool_call("ask_elicitation", "message", "ok #{}"),
                                lambda k: f"yes ok #{k}", lambda s: s.server)
@@ -124,7 +124,7 @@ async def test_a_request_on_the_get_stream_is_answered_through_the_other_replica
         async def ask(k: int) -> None:
             result = await client.call_tool("ask_sampling", {"prompt": f"stream #{k}",
                                                              "standalone": True})
-            assert result.content[0].text == f"sampled stream #{k}"  # type: ignore[union-attr]
+            assert result.content[0].text == f"sampled stream #{k}"
 
         pairs = await crossing(cluster, ask, tool_call("ask_sampling", "prompt", "stream #{}"),
                                lambda k: f"sampled stream #{k}", lambda s: stream.server)
