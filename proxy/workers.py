@@ -292,7 +292,7 @@ class Supervisor:
             proc.stdin.close()
         except BrokenPipeError:  # it died at once; _reap tells
             pass
-        log.info("started worker %d (pid %d)", slot.index, proc.pid)
+        log.debug("started worker %d (pid %d)", slot.index, proc.pid)
 
     def _alive(self) -> int:
         return sum(s.proc is not None for s in self.slots)
