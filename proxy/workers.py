@@ -178,9 +178,9 @@ class Supervisor:
         os.close(self._wake_w)
 
     def _take_signals(self) -> None:
-        if self._signals and not self.stopping:
-            name = signal.Signals(self._signals[0]).name
-            self._signals.clear()
+        first, self._signals = self._signals[:1], []
+        if first and not self.stopping:  # a second signal while stopping changes nothing
+            name = signal.Signals(first[0]).name
             log.info("%s: stopping %d worker(s); each finishes its calls first (up to "
                      "server.shutdown_grace_s = %g s)", name, self._alive(),
                      self.cfg.server.shutdown_grace_s)
@@ -224,7 +224,7 @@ class Supervisor:
             now = self.clock()
             for slot in self.slots:
                 if slot.due is not None and slot.due <= now:
-                    self._start(slot)
+                    self._restart(slot)
 
     def _read_ready(self, slot: _Slot) -> None:
         assert slot.ready_fd is not None
@@ -282,6 +282,9 @@ class Supervisor:
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(listen_fd, ready_w),
                                     env=env)
+        except BaseException:
+            os.close(ready_r)
+            raise
         finally:
             os.close(ready_w)
         slot.proc, slot.ready_fd = proc, ready_r
@@ -293,6 +296,16 @@ class Supervisor:
         except BrokenPipeError:  # it died at once; _reap tells
             pass
         log.debug("started worker %d (pid %d)", slot.index, proc.pid)
+
+    def _restart(self, slot: _Slot) -> None:
+        try:
+            self._start(slot)
+        except OSError as exc:  # no process could be made (out of fds, memory...): later
+            slot.failures += 1
+            delay = min(RESTART_MIN_S * 2 ** (slot.failures - 1), RESTART_MAX_S)
+            slot.due = self.clock() + delay
+            log.error("worker %d cannot be started (%s); trying again in %.1f s",
+                      slot.index, exc.strerror or exc, delay)
 
     def _alive(self) -> int:
         return sum(s.proc is not None for s in self.slots)

@@ -474,3 +474,42 @@ async def test_workers_do_not_outlive_a_killed_supervisor(tmp_path: Path,
         gw.proc.wait(DEADLINE_S)
         await until(lambda: not any(_alive(pid) for pid in workers), PROCESS_S,
                     what="the orphaned workers to exit")
+
+
+@dataclass
+class _Exited:
+    """Stands in for a worker's Popen that has exited with `returncode`."""
+
+    returncode: int
+    pid: int = 4242
+
+    def poll(self) -> int:
+        return self.returncode
+
+
+def test_a_worker_that_keeps_dying_is_restarted_ever_more_slowly(prefix: str) -> None:
+    """The restart policy, on a hand-moved clock: never sooner than 1 s after the last start,
+    doubling while it dies within 30 s of starting, at most 30 s; one that ran 30 s or more
+    is restarted at once, and the doubling starts over."""
+    from proxy.config import from_dict
+    from proxy.workers import Supervisor, _Slot
+    from tests.helpers import Clock
+
+    cfg = from_dict({"server": {"workers": 2}, "state": {"url": REDIS_URL, "key_prefix": prefix},
+                     "upstreams": [{"name": "up", "url": "http://127.0.0.1:9/mcp"}]}, env={})
+    clock = Clock(100.0)
+    with socket.socket() as sock:
+        sup = Supervisor(cfg, Path("."), sock, "info", lambda: None, clock=clock)
+        slot = _Slot(1)
+        sup.slots = [slot]
+        delays = []
+        for lived in (0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 45.0, 0.2):
+            slot.started = clock.now
+            clock.advance(lived)
+            slot.proc = _Exited(-signal.SIGKILL)  # type: ignore[assignment]
+            sup._reap(restart=True)
+            assert slot.proc is None and slot.due is not None
+            delays.append(round(slot.due - slot.started, 1))
+            clock.now = slot.due
+        sup._selector.close()
+    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 45.0, 2.0]
