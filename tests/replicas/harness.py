@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -360,8 +361,6 @@ async def open_cluster(tmp_path: Path, upstream_url: str, *, replicas: int = 2,
     """`replicas` gateway processes in front of `upstream_url` (endpoint `up`, `upstream` its
     settings, `config` further top-level tables merged over the defaults) behind HAProxy."""
     require_tools()
-    import secrets
-
     prefix = f"tollhouse-replicas:{secrets.token_hex(6)}:"
     database_url = db_backends.url()
     redis = aioredis.Redis.from_url(REDIS_URL, socket_timeout=5)
