@@ -63,7 +63,8 @@ async def test_a_killed_replica_loses_nothing_the_client_cannot_recover(
             await asyncio.wait_for(doomed, CLIENT_TIMEOUT_S + DEADLINE_S)
         error = info.value.error
         assert error.code == REQUEST_TIMEOUT or (error.code, error.message) == ABANDONED, error
-        assert not probe.cancelled.is_set()  # and nobody cancelled it upstream either
+        if error.code != REQUEST_TIMEOUT:  # (a timed-out SDK call sends its own cancel)
+            assert not probe.cancelled.is_set()  # nobody cancelled it upstream either
 
         # the next requests continue the same session, on the survivor
         before = len(echo_calls(cluster, sid))
