@@ -19,8 +19,9 @@ from proxy.audit import MemoryAuditSink
 from proxy.config import Config, from_dict
 from proxy.mcp.gateway import Gateway
 from proxy.state.inflight import Later
-from tests import db_backends
+from tests import db_backends, state_backends
 from tests.db_backends import _per_test_databases, database, database_url  # noqa: F401 (fixtures)
+from tests.state_backends import _per_test_prefixes  # noqa: F401 (fixture)
 from tests.servers import serve
 
 MCP_HEADERS = {"Content-Type": "application/json",
@@ -29,10 +30,11 @@ MCP_HEADERS = {"Content-Type": "application/json",
 
 
 def make_config(upstream_url: str = "http://upstream.test/mcp", **sections: Any) -> Config:
-    """A config with one upstream `e`, on the running test's database unless `database` is
-    given."""
+    """A config with one upstream `e`, on the running test's database and this run's state
+    store (a fresh key prefix on Redis) unless `database` or `state` is given."""
     raw: dict[str, Any] = {"upstreams": [{"name": "e", "url": upstream_url}],
-                           "database": {"url": db_backends.url()}}
+                           "database": {"url": db_backends.url()},
+                           "state": state_backends.state()}
     for key, value in sections.items():
         raw[key] = value
     return from_dict(raw, env={})

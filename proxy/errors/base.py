@@ -145,6 +145,12 @@ class StoreUnavailable(GatewayError):
     def description(self) -> str:
         return self.detail or "the live-state store is unavailable; retry"
 
+    @property
+    def audit_reason(self) -> str:
+        """One fixed word, so an outage is easy to count in the audit log; which store and
+        why is in the gateway's log (proxy.edge.routes, proxy.mcp.gateway)."""
+        return "state_store_unavailable"
+
 
 class DatabaseUnavailable(StoreUnavailable):
     """The database is locked past its busy timeout, or unreachable: worth a retry shortly."""
@@ -153,6 +159,10 @@ class DatabaseUnavailable(StoreUnavailable):
 
     def __init__(self, detail: str = "the database is busy; retry") -> None:
         super().__init__(detail)
+
+    @property
+    def audit_reason(self) -> str:
+        return str(self)
 
 
 class InternalError(GatewayError):

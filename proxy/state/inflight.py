@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson

@@ -30,6 +30,7 @@ from proxy.errors import StoreUnavailable
 log = logging.getLogger("tollhouse.state")
 T = TypeVar("T")
 
+MAX_CONNECTIONS = 200  # per process; a command beyond them waits for one (up to timeout_s)
 RECONNECT_MIN_S = 0.05  # the pub/sub listener's first wait before it reconnects, doubling
 RECONNECT_MAX_S = 1.0
 
@@ -38,14 +39,19 @@ class Shared:
     """One Redis for one gateway process. `replica` names this process on the cancel channel,
     so it can tell its own messages from the others'."""
 
-    def __init__(self, url: str, prefix: str, timeout_s: float = 1.0) -> None:
+    def __init__(self, url: str, prefix: str, timeout_s: float = 1.0,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.prefix = prefix
         self.timeout_s = timeout_s
         self.replica = secrets.token_hex(8)
-        self.client: aioredis.Redis = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+        # a pool that makes a command wait (up to timeout_s) for a free connection when
+        # max_connections are busy, rather than failing it at once as the default pool does
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=timeout_s,
+            socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 1), retry_on_error=[rex.ConnectionError],
             health_check_interval=0, decode_responses=False)
+        self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
         self._listeners: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()  # set while every subscription is live (tests wait)
 
@@ -121,6 +127,8 @@ class Shared:
 
 def _reason(exc: BaseException) -> str:
     """What went wrong, in words that carry no address or password."""
+    if isinstance(exc, rex.MaxConnectionsError):
+        return "every connection busy"
     if isinstance(exc, rex.TimeoutError):
         return "timed out"
     if isinstance(exc, rex.BusyLoadingError):  # a ConnectionError too: first

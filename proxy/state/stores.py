@@ -27,7 +27,6 @@ from proxy.state.lockouts import LockoutStore, MemoryLockoutStore, RedisLockoutS
 from proxy.state.ratelimit import MemoryRateLimitStore, RateLimitStore, RedisRateLimitStore
 from proxy.state.revocations import MemoryRevocationStore, RedisRevocationStore, RevocationStore
 from proxy.state.sessions import MemorySessionStore, RedisSessionStore, SessionStore
-
 from proxy.state.shared import Shared
 
 if TYPE_CHECKING:

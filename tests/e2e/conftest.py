@@ -16,7 +16,7 @@ from proxy.audit import AuditSink, DatabaseAuditSink
 from proxy.config import Config, from_dict
 from proxy.mcp.gateway import Gateway
 from proxy.state.inflight import Later
-from tests import db_backends
+from tests import db_backends, state_backends
 from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app, stateless_json_app
 from tests.servers import serve
 
@@ -43,7 +43,7 @@ def stack_config(upstream_url: str, db_path: str, config: dict[str, Any] | None 
                  **upstream: Any) -> Config:
     """One upstream `up` with `upstream`'s settings, and `config`'s other top-level tables."""
     return from_dict({
-        "database": {"url": db_path}, **(config or {}),
+        "database": {"url": db_path}, "state": state_backends.state(), **(config or {}),
         "upstreams": [{"name": "up", "url": f"{upstream_url}/mcp", **upstream}],
     }, env={})
 

@@ -153,7 +153,8 @@ async def test_a_session_from_another_endpoint_is_not_found() -> None:
 
 async def test_upstream_session_expiry_ends_ours() -> None:
     up = mock_upstream()
-    async with running_gateway(make_config(), up.transport) as gw:
+    # the memory store: the test edits the session object it holds
+    async with running_gateway(make_config(state={"url": "memory"}), up.transport) as gw:
         sid = (await gw.post(INIT)).headers["mcp-session-id"]
         session = await gw.gateway.sessions.get(sid)
         assert session is not None

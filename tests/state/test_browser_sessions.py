@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 from proxy.state.browser import MemoryBrowserSessions
-from tests.state.conftest import MemoryBackend
+from tests.state.conftest import Backend
 
 
-async def test_create_read_delete(backend: MemoryBackend) -> None:
+async def test_create_read_delete(backend: Backend) -> None:
     store = backend.browser_sessions(ttl_s=3600)
     sid = await store.create("u1")
     assert len(sid) >= 32 and sid != await store.create("u1")
@@ -15,7 +15,7 @@ async def test_create_read_delete(backend: MemoryBackend) -> None:
     assert await store.user_id("never") is None
 
 
-async def test_a_session_ends_at_its_lifetime_however_it_is_used(backend: MemoryBackend) -> None:
+async def test_a_session_ends_at_its_lifetime_however_it_is_used(backend: Backend) -> None:
     store = backend.browser_sessions(ttl_s=100)
     sid = await store.create("u1")
     await backend.advance(99)
@@ -24,7 +24,7 @@ async def test_a_session_ends_at_its_lifetime_however_it_is_used(backend: Memory
     assert await store.user_id(sid) is None
 
 
-async def test_ending_a_persons_sessions_ends_only_theirs(backend: MemoryBackend) -> None:
+async def test_ending_a_persons_sessions_ends_only_theirs(backend: Backend) -> None:
     store = backend.browser_sessions(ttl_s=3600)
     alice = [await store.create("alice") for _ in range(3)]
     bob = [await store.create("bob") for _ in range(2)]
@@ -40,14 +40,14 @@ async def test_ending_a_persons_sessions_ends_only_theirs(backend: MemoryBackend
     assert await store.user_id(later) == "alice"
 
 
-async def test_another_persons_session_cannot_be_kept(backend: MemoryBackend) -> None:
+async def test_another_persons_session_cannot_be_kept(backend: Backend) -> None:
     store = backend.browser_sessions(ttl_s=3600)
     mine, theirs = await store.create("alice"), await store.create("bob")
     assert await store.end_for("alice", keep=theirs) == 1
     assert await store.user_id(mine) is None and await store.user_id(theirs) == "bob"
 
 
-async def test_expired_sessions_count_as_ended_already(backend: MemoryBackend) -> None:
+async def test_expired_sessions_count_as_ended_already(backend: Backend) -> None:
     store = backend.browser_sessions(ttl_s=100)
     await store.create("alice")
     await backend.advance(100)

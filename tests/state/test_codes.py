@@ -7,12 +7,12 @@ import orjson
 from proxy.oauth.server import Grant
 from proxy.people.accounts import User
 from proxy.state.codes import Taken
-from tests.state.conftest import MemoryBackend
+from tests.state.conftest import Backend
 
 GRANT = {"client_id": "c", "resource": "https://gw/mcp/e", "user": {"id": "u1"}}
 
 
-async def test_a_code_is_taken_once_then_known_as_used(backend: MemoryBackend) -> None:
+async def test_a_code_is_taken_once_then_known_as_used(backend: Backend) -> None:
     store = backend.codes(ttl_s=60, used_ttl_s=600)
     await store.put("code-1", GRANT, "fam-1")
     assert await store.take("code-1") == Taken(GRANT)
@@ -20,7 +20,7 @@ async def test_a_code_is_taken_once_then_known_as_used(backend: MemoryBackend) -
     assert await store.take("code-2") == Taken(None)
 
 
-async def test_a_code_is_taken_once_under_concurrency(backend: MemoryBackend) -> None:
+async def test_a_code_is_taken_once_under_concurrency(backend: Backend) -> None:
     store = backend.codes(ttl_s=60, used_ttl_s=600)
     await store.put("code-1", GRANT, "fam-1")
     results = await asyncio.gather(*(store.take("code-1") for _ in range(50)))
@@ -29,7 +29,7 @@ async def test_a_code_is_taken_once_under_concurrency(backend: MemoryBackend) ->
 
 
 async def test_an_unused_code_expires_and_a_used_one_is_forgotten_later(
-        backend: MemoryBackend) -> None:
+        backend: Backend) -> None:
     store = backend.codes(ttl_s=60, used_ttl_s=600)
     await store.put("late", GRANT, "fam-1")
     await store.put("used", GRANT, "fam-2")

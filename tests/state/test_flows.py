@@ -5,12 +5,12 @@ import asyncio
 import pytest
 
 from proxy.state.flows import ForeignFlow
-from tests.state.conftest import MemoryBackend
+from tests.state.conftest import Backend
 
 VALUE = {"verifier": "v", "next_url": "/signin/done"}
 
 
-async def test_a_flow_is_taken_once_by_its_binding(backend: MemoryBackend) -> None:
+async def test_a_flow_is_taken_once_by_its_binding(backend: Backend) -> None:
     store = backend.flows(ttl_s=600)
     await store.put("state-1", "browser-a", VALUE)
     assert await store.take("state-1", "browser-a") == VALUE
@@ -18,7 +18,7 @@ async def test_a_flow_is_taken_once_by_its_binding(backend: MemoryBackend) -> No
     assert await store.take("unknown", "browser-a") is None
 
 
-async def test_another_binding_is_refused_and_leaves_the_flow(backend: MemoryBackend) -> None:
+async def test_another_binding_is_refused_and_leaves_the_flow(backend: Backend) -> None:
     store = backend.flows(ttl_s=600)
     await store.put("state-1", "browser-a", VALUE)
     for binding in ("browser-b", "", "browser-a-but-longer"):
@@ -27,7 +27,7 @@ async def test_another_binding_is_refused_and_leaves_the_flow(backend: MemoryBac
     assert await store.take("state-1", "browser-a") == VALUE  # its starter can still finish
 
 
-async def test_a_flow_expires(backend: MemoryBackend) -> None:
+async def test_a_flow_expires(backend: Backend) -> None:
     store = backend.flows(ttl_s=600)
     await store.put("state-1", "browser-a", VALUE)
     await store.put("state-2", "browser-a", VALUE)
@@ -37,7 +37,7 @@ async def test_a_flow_expires(backend: MemoryBackend) -> None:
     assert await store.take("state-2", "browser-a") is None
 
 
-async def test_a_flow_is_taken_once_under_concurrency(backend: MemoryBackend) -> None:
+async def test_a_flow_is_taken_once_under_concurrency(backend: Backend) -> None:
     store = backend.flows(ttl_s=600)
     await store.put("state-1", "browser-a", VALUE)
     results = await asyncio.gather(*(store.take("state-1", "browser-a") for _ in range(20)))

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 from proxy.state.revocations import MemoryRevocationStore
-from tests.state.conftest import MemoryBackend
+from tests.state.conftest import Backend
 
 
-async def test_a_token_or_its_family_revoked(backend: MemoryBackend) -> None:
+async def test_a_token_or_its_family_revoked(backend: Backend) -> None:
     store = backend.revocations(ttl_s=660)
     assert not await store.revoked("jti-1", "fam-1")
     await store.revoke_token("jti-1")
@@ -16,7 +16,7 @@ async def test_a_token_or_its_family_revoked(backend: MemoryBackend) -> None:
     assert not await store.revoked("jti-3", "fam-2")
 
 
-async def test_an_entry_outlives_the_tokens_it_refuses_then_goes(backend: MemoryBackend) -> None:
+async def test_an_entry_outlives_the_tokens_it_refuses_then_goes(backend: Backend) -> None:
     store = backend.revocations(ttl_s=660)
     await store.revoke_token("jti-1")
     await store.revoke_family("fam-1")

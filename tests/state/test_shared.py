@@ -57,7 +57,8 @@ async def test_codes_and_revocations_hold_across_processes_sharing_the_store(
 async def test_without_a_shared_store_a_code_is_only_known_where_it_was_issued(
         database: Database) -> None:
     """What the memory store cannot do, stated: it is one process's state."""
-    cfg = make_config(auth={"mode": "jwt"}, oauth_server={"enabled": True})
+    cfg = make_config(auth={"mode": "jwt"}, oauth_server={"enabled": True},
+                      state={"url": "memory"})
     a, b = replica(database, open_stores(cfg)), replica(database, open_stores(cfg))
     client = a.authenticate_client(a.register({"redirect_uris": [CALLBACK]})["client_id"], None)
     alice = Accounts(database).create_local("alice", "correct-horse")
