@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ class WrkResult:
     p50_ms: float
     p99_ms: float
     errors: int  # socket errors (connect/read/write/timeout) + non-2xx/3xx answers
+    cpu_ms: float | None = None  # the target's own processes, CPU ms per call (harness fills it)
+    lb_cpu_ms: float | None = None  # the load balancer in front of it, likewise
+    redis_cpu_ms: float | None = None  # the Redis server (whoever else uses it meanwhile too)
 
     @property
     def rps(self) -> float:
@@ -36,15 +40,25 @@ def threads_for(connections: int) -> int:
     return 1 if connections == 1 else 2
 
 
-def run_wrk(url: str, connections: int, duration_s: int, cpus: set[int] | None = None) -> WrkResult:
-    """One wrk run against url (127.0.0.1 only); bounded by a subprocess timeout."""
+# the headers tools_call.lua reads from its environment
+HEADER_ENV = {"authorization": "BENCH_AUTHORIZATION", "mcp-session-id": "BENCH_SESSION_ID"}
+
+
+def run_wrk(url: str, connections: int, duration_s: int, cpus: set[int] | None = None,
+            headers: dict[str, str] | None = None) -> WrkResult:
+    """One wrk run against url (127.0.0.1 only); bounded by a subprocess timeout. `headers`
+    (Authorization, Mcp-Session-Id only) go on every request."""
     if not url.startswith("http://127.0.0.1:"):
         raise ValueError(f"load goes to 127.0.0.1 only, not {url}")
     cmd = [wrk_path(), f"-t{threads_for(connections)}", f"-c{connections}", f"-d{duration_s}s",
            "--timeout", "10s", "--latency", "-s", str(LUA_SCRIPT), url]
     if cpus:
         cmd = ["taskset", "-c", ",".join(map(str, sorted(cpus))), *cmd]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 30, check=False)
+    env = {k: v for k, v in os.environ.items() if k not in HEADER_ENV.values()}
+    for name, value in (headers or {}).items():
+        env[HEADER_ENV[name.lower()]] = value  # KeyError: a header the script cannot send
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 30, check=False,
+                          env=env)
     if done.returncode != 0:
         raise RuntimeError(f"wrk failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
     return parse(done.stdout)

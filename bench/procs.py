@@ -32,6 +32,14 @@ class Server:
     proc: subprocess.Popen[bytes]
     log: Path
     url: str = field(default="")
+    headers: dict[str, str] = field(default_factory=dict)  # sent on every request (wrk, probe)
+    # process groups whose CPU is this target's (empty: its own); a load balancer's apart
+    groups: list[int] = field(default_factory=list)
+    lb_groups: list[int] = field(default_factory=list)
+
+    @property
+    def cpu_groups(self) -> list[int]:
+        return self.groups or [self.proc.pid]
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -89,9 +97,10 @@ def wait_ready(server: Server, deadline_s: float = 20.0) -> None:
                        f"{server.log_tail()}")
 
 
-def probe(url: str, timeout_s: float = 10.0) -> tuple[int, str]:
+def probe(url: str, timeout_s: float = 10.0, headers: dict[str, str] | None = None) -> tuple[int, str]:
     """POST one tools/call; (status, start of body)."""
-    req = urllib.request.Request(url, data=PROBE_BODY, headers=PROBE_HEADERS, method="POST")
+    req = urllib.request.Request(url, data=PROBE_BODY, headers={**PROBE_HEADERS, **(headers or {})},
+                                 method="POST")
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.status, resp.read(300).decode(errors="replace")

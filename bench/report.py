@@ -21,8 +21,18 @@ def _medians(runs: list[WrkResult]) -> tuple[float, float, float, int]:
             sum(r.errors for r in runs))
 
 
+def _cpu(runs: list[WrkResult], attr: str) -> float | None:
+    """Median CPU ms per call of one kind over the runs that have it."""
+    values = [v for v in (getattr(r, attr) for r in runs) if v is not None]
+    return median(values) if values else None
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:.3f}" if value is not None else "–"
+
+
 def render(results: Results, names: list[str], args: argparse.Namespace, reference: str | None,
-           notes: list[str], elapsed_s: float) -> str:
+           notes: list[str], elapsed_s: float, pairs: list[tuple[str, str, str]] | None = None) -> str:
     conc = args.concurrency
     med = {key: _medians(runs) for key, runs in results.items()}
     lines = [
@@ -35,8 +45,13 @@ def render(results: Results, names: list[str], args: argparse.Namespace, referen
         f"pinning: {'server under test on CPU 1, stub + wrk on CPU 0' if args.pin else 'none'}. "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}; took {elapsed_s:.0f} s.",
         "",
-        "| target | c | req/s | p50 ms | p99 ms | errors | vs stub | vs pass-through |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ("CPU: utime + stime from /proc, before and after each run, divided by its calls (medians): "
+        "the target's own processes (all gateway workers or replicas), the load balancer in front "
+        "of it, and the Redis server."),
+        "",
+        ("| target | c | req/s | p50 ms | p99 ms | errors | vs stub | vs pass-through "
+        "| CPU ms/call | LB ms/call | Redis ms/call |"),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in names:
         for c in conc:
@@ -45,9 +60,12 @@ def render(results: Results, names: list[str], args: argparse.Namespace, referen
             rps, p50, p99, errors = med[(name, c)]
             stub = med.get(("stub", c), (None,))[0] if name != "stub" else None
             ref = med.get((reference, c), (None,))[0] if reference and name not in ("stub", reference) else None
+            runs = results[(name, c)]
             lines.append(f"| {name} | {c} | {rps:,.0f} | {p50:.2f} | {p99:.2f} | {errors} | "
-                         f"{_ratio(rps, stub)} | {_ratio(rps, ref)} |")
+                         f"{_ratio(rps, stub)} | {_ratio(rps, ref)} | {_ms(_cpu(runs, 'cpu_ms'))} | "
+                         f"{_ms(_cpu(runs, 'lb_cpu_ms'))} | {_ms(_cpu(runs, 'redis_cpu_ms'))} |")
     lines += _tollhouse_summary(med, conc, reference)
+    lines += _side_by_side(results, med, conc, pairs or [])
     if notes:
         lines += ["", "Notes:", *(f"- {n}" for n in notes)]
     return "\n".join(lines) + "\n"
@@ -77,3 +95,27 @@ def _tollhouse_summary(med: dict[tuple[str, int], tuple[float, float, float, int
             line += f", {c1[1] - med[(reference, 1)][1]:+.2f} ms over {reference}"
         out.append(line)
     return out
+
+
+def _side_by_side(results: Results, med: dict[tuple[str, int], tuple[float, float, float, int]],
+                  conc: list[int], pairs: list[tuple[str, str, str]]) -> list[str]:
+    """Each pair measured in the same rounds: the other as a ratio of (or added to) the base."""
+    rows = []
+    for label, base, other in pairs:
+        for c in conc:
+            if (base, c) not in med or (other, c) not in med:
+                continue
+            (b_rps, b_p50, b_p99, _), (o_rps, o_p50, o_p99, _) = med[(base, c)], med[(other, c)]
+            b_cpu, o_cpu = _cpu(results[(base, c)], "cpu_ms"), _cpu(results[(other, c)], "cpu_ms")
+            o_lb = _cpu(results[(other, c)], "lb_cpu_ms")
+            cpu_delta = f"{o_cpu / b_cpu - 1:+.1%}" if b_cpu and o_cpu is not None else "–"
+            rows.append(f"| {label}: {other} vs {base} | {c} | {b_rps:,.0f} → {o_rps:,.0f} | "
+                        f"{_ratio(o_rps, b_rps)} | {b_p50:.2f} → {o_p50:.2f} ({o_p50 - b_p50:+.2f}) | "
+                        f"{b_p99:.2f} → {o_p99:.2f} | {_ms(b_cpu)} → {_ms(o_cpu)} ({cpu_delta}) | "
+                        f"{_ms(o_lb)} |")
+    if not rows:
+        return []
+    return ["", "Side by side (same interleaved rounds, medians):", "",
+            ("| comparison | c | req/s | ratio | p50 ms (Δ) | p99 ms | gateway CPU ms/call (Δ) "
+            "| + LB ms/call |"),
+            "|---|---:|---:|---:|---:|---:|---:|---:|", *rows]

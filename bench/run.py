@@ -7,12 +7,18 @@ rounds after a warm-up; prints a Markdown table of medians. Every process it
 started is killed at the end, also on error or Ctrl-C.
 
 Usage: ``.venv/bin/python bench/run.py [--targets stub,passthrough,tollhouse] [--duration 5] [--rounds 3]``
+
+With ``--state memory,redis``, ``--workers 1,2`` or ``--replicas 1,2`` (see variants.py) the
+one Tollhouse target becomes one target per state × workers × replicas, all in the same
+interleaved rounds, and the report adds CPU per call and a side-by-side comparison.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -20,9 +26,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import cpu
 import report
-from loadgen import run_wrk
+import variants
+from loadgen import WrkResult, run_wrk
 from procs import Processes, Server, free_port, probe, wait_ready
 from transports import TRANSPORTS
 
@@ -74,8 +83,26 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tollhouse", default=str(Path(PYTHON).parent / "tollhouse"), help="tollhouse executable")
     p.add_argument("--compare", help="a second tollhouse executable (another build), run side by side "
                                      "as `tollhouse-compare`")
+    p.add_argument("--state", type=csv, default=[],
+                   help="Tollhouse state backends, each its own target: memory, redis")
+    p.add_argument("--workers", type=lambda v: [int(c) for c in csv(v)], default=[1],
+                   help="Tollhouse `server.workers` values, each its own target (>1: shared state only)")
+    p.add_argument("--replicas", type=lambda v: [int(c) for c in csv(v)], default=[],
+                   help="also N separate Tollhouse processes behind HAProxy (roundrobin), per shared state")
+    p.add_argument("--stateful", action="store_true",
+                   help="Tollhouse config with every per-call store on the hot path: JWT caller "
+                        "(lockout check), 2025-11-25 session, a rate limit that never refuses")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis for --state redis")
     p.add_argument("--output", type=Path, help="also write the Markdown report here")
     args = p.parse_args()
+    args.variants = bool(args.state or args.replicas or args.workers != [1] or args.stateful)
+    args.state = args.state or ["memory"]
+    if set(args.state) - {"memory", "redis"}:
+        p.error("--state takes memory and/or redis")
+    if not all(1 <= w <= 64 for w in args.workers) or not all(1 <= r <= 8 for r in args.replicas):
+        p.error("--workers must be 1..64, --replicas 1..8")
+    if not args.redis_url.startswith(("redis://127.0.0.1", "redis://localhost")):
+        p.error("--redis-url: a loopback redis:// URL only")
     unknown = set(args.targets) - {"stub", "passthrough", "tollhouse"}
     if unknown:
         p.error(f"unknown targets: {', '.join(sorted(unknown))}")
@@ -138,7 +165,7 @@ def start_tollhouse(procs: Processes, stub: Server, exe: str, tmpdir: Path, pin:
 def check_target(procs: Processes, server: Server) -> str | None:
     """Probe one tools/call; a note (and the server stopped) unless it gets a 2xx JSON-RPC result."""
     try:
-        status, body = probe(server.url)
+        status, body = probe(server.url, headers=server.headers)
     except OSError as exc:
         status, body = 0, str(exc)
     if 200 <= status < 300 and '"result"' in body:
@@ -147,19 +174,83 @@ def check_target(procs: Processes, server: Server) -> str | None:
     return f"{server.name} skipped: probe POST {server.url} answered {status}: {body[:200]!r}"
 
 
-def measure(targets: list[Server], args: argparse.Namespace, pin: Pinning) -> report.Results:
+def measured_run(server: Server, conns: int, duration_s: int, pin: Pinning, redis_pid: int | None
+                 ) -> WrkResult:
+    """One wrk run, with the CPU its target's processes (and load balancer, and Redis) spent on
+    it, per call: /proc utime + stime read before and after."""
+    def sample() -> tuple[float, float, float | None]:
+        return (cpu.group_cpu_s(server.cpu_groups), cpu.group_cpu_s(server.lb_groups),
+                cpu.pid_cpu_s(redis_pid) if redis_pid else None)
+
+    before = sample()
+    res = run_wrk(server.url, conns, duration_s, pin.helpers, server.headers)
+    after = sample()
+    if not res.requests:
+        return res
+    per_call_ms = 1000.0 / res.requests
+    redis_ms = (after[2] - before[2]) * per_call_ms if after[2] is not None and before[2] is not None else None
+    return dataclasses.replace(res, cpu_ms=(after[0] - before[0]) * per_call_ms,
+                               lb_cpu_ms=(after[1] - before[1]) * per_call_ms if server.lb_groups else None,
+                               redis_cpu_ms=redis_ms)
+
+
+def measure(targets: list[Server], args: argparse.Namespace, pin: Pinning, redis_pid: int | None
+            ) -> report.Results:
     results: report.Results = {}
     for server in targets if args.warmup else []:
         print(f"warm-up {server.name} ({args.warmup:g} s)", file=sys.stderr)
-        run_wrk(server.url, max(args.concurrency), args.warmup, pin.helpers)
+        run_wrk(server.url, max(args.concurrency), args.warmup, pin.helpers, server.headers)
     for rnd in range(1, args.rounds + 1):
         for server in targets:
             for conns in args.concurrency:
-                res = run_wrk(server.url, conns, args.duration, pin.helpers)
+                res = measured_run(server, conns, args.duration, pin, redis_pid)
                 results.setdefault((server.name, conns), []).append(res)
                 print(f"round {rnd}/{args.rounds} {server.name} c={conns}: {res.rps:.0f} req/s "
-                      f"p50 {res.p50_ms:.2f} ms p99 {res.p99_ms:.2f} ms errors {res.errors}", file=sys.stderr)
+                      f"p50 {res.p50_ms:.2f} ms p99 {res.p99_ms:.2f} ms errors {res.errors} "
+                      f"cpu {res.cpu_ms or 0:.3f} ms/call", file=sys.stderr)
     return results
+
+
+def start_variants(procs: Processes, stub: Server, args: argparse.Namespace, tmpdir: Path,
+                   prefix: str) -> tuple[list[Server], list[tuple[str, str, str]], list[str]]:
+    """Every Tollhouse variant of --state × --workers × --replicas; the pairs to set side by
+    side; notes for those not run."""
+    planned, notes = variants.plan(args.state, args.workers, args.replicas)
+    settings = variants.Settings(args.tollhouse, tmpdir, stub.port, args.redis_url, prefix,
+                                 args.stateful, secrets.token_hex(32))
+    started: list[Server] = []
+    for v in planned:
+        got = variants.start(procs, v, settings)
+        if isinstance(got, str):
+            notes.append(got)
+        else:
+            started.append(got)
+    if "redis" in args.state and not args.stateful:
+        notes.append("without --stateful no Redis store is on the per-call path (anonymous, "
+                     "sessionless, no rate limit): Redis and memory should measure the same")
+    return started, comparisons(planned), notes
+
+
+def comparisons(planned: list[variants.Variant]) -> list[tuple[str, str, str]]:
+    """(label, baseline, other): Redis against memory for the same process layout, and each
+    multi-process layout against one process (and N replicas against one behind the LB)."""
+    names = {v.name for v in planned}
+    pairs: list[tuple[str, str, str]] = []
+    for v in planned:
+        if v.state == "redis":
+            mem = dataclasses.replace(v, state="memory").name
+            if mem in names:
+                pairs.append(("Redis vs memory state", mem, v.name))
+    for v in planned:
+        single = variants.Variant(v.state).name
+        if v.workers > 1 and single in names:
+            pairs.append((f"{v.workers} workers vs 1", single, v.name))
+        if v.replicas and single in names:
+            pairs.append((f"{v.replicas} replica(s) behind HAProxy vs 1 process direct", single, v.name))
+        one_lb = variants.Variant(v.state, 1, 1).name
+        if v.replicas > 1 and one_lb in names:
+            pairs.append((f"{v.replicas} replicas vs 1, both behind HAProxy", one_lb, v.name))
+    return pairs
 
 
 def main() -> None:
@@ -167,19 +258,25 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     pin = Pinning({1}, {0}) if args.pin else Pinning()
     notes: list[str] = []
+    prefix = variants.new_prefix()  # every Redis key of this run; deleted at the end
     with tempfile.TemporaryDirectory(prefix="tollhouse-bench-") as tmp:
         tmpdir = Path(tmp)
         procs = Processes(tmpdir)
         try:
             stub = start_stub(procs, pin)
             targets: list[Server] = [stub] if "stub" in args.targets else []
-            variants = [(a, t) for a in args.apps for t in args.transports] if "passthrough" in args.targets else []
-            for app, transport in variants:
+            apps = [(a, t) for a in args.apps for t in args.transports] if "passthrough" in args.targets else []
+            for app, transport in apps:
                 try:
                     targets.append(start_passthrough(procs, stub, app, transport, args, pin))
                 except RuntimeError as exc:
                     notes.append(f"{passthrough_name(app, transport)} skipped: it did not start. {exc}")
-            if "tollhouse" in args.targets:
+            pairs: list[tuple[str, str, str]] = []
+            if "tollhouse" in args.targets and args.variants:
+                started_variants, pairs, more = start_variants(procs, stub, args, tmpdir, prefix)
+                targets += started_variants
+                notes += more
+            elif "tollhouse" in args.targets:
                 started = start_tollhouse(procs, stub, args.tollhouse, tmpdir, pin)
                 if isinstance(started, str):
                     notes.append(started)
@@ -196,14 +293,22 @@ def main() -> None:
                 if note:
                     notes.append(note)
                     targets.remove(server)
+            redis_pid = None
+            if "redis" in args.state and args.variants:
+                redis_pid = cpu.listener_pid(urlsplit(args.redis_url).port or 6379)
+                if redis_pid is None:
+                    notes.append("the Redis server's process is out of sight: no Redis CPU figures")
             began = time.monotonic()
-            results = measure(targets, args, pin)
+            results = measure(targets, args, pin, redis_pid)
             ref_name = passthrough_name(args.apps[0], args.transports[0])
             reference = ref_name if ref_name in {s.name for s in targets} else None
             text = report.render(results, [s.name for s in targets], args, reference, notes,
-                                 time.monotonic() - began)
+                                 time.monotonic() - began, pairs)
         finally:
             procs.stop_all()
+            if args.variants and "redis" in args.state:
+                deleted = variants.delete_keys(args.redis_url, prefix)
+                print(f"deleted {deleted} Redis keys under {prefix}", file=sys.stderr)
     print(text)
     if args.output:
         args.output.write_text(text)
