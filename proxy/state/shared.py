@@ -5,9 +5,10 @@ replicas.
 Every command a store sends goes through `Shared.run`, which turns any Redis failure (refused,
 reset, timed out after `timeout_s`, read-only after a failover, loading, out of memory) into
 `proxy.errors.StoreUnavailable` naming the store: the request is answered 503 with Retry-After,
-never a 500 and never a hang. Nothing is retried here but once, at once, on a broken pooled
-connection (redis-py's own retry): a Redis that is away costs each request at most about two
-`timeout_s`. A read-only reply means the address now leads to a replica (a managed Redis failed
+never a 500 and never a hang. Nothing is retried but once, at once, on a broken pooled
+connection (redis-py's own retry; never a timeout): a Redis that refuses costs a request
+nothing, a hung one `timeout_s`, and one whose every pooled connection is busy at most
+`timeout_s` of waiting for one, then its command's own. A read-only reply means the address now leads to a replica (a managed Redis failed
 over): the pool is dropped, so the next command connects afresh and finds the new primary.
 """
 
@@ -49,7 +50,9 @@ class Shared:
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=max_connections, timeout=timeout_s,
             socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 1), retry_on_error=[rex.ConnectionError],
+            # once, at once, on a broken pooled connection; a timeout is not retried, so a hung
+            # Redis costs a request one timeout_s
+            retry=Retry(NoBackoff(), 1, supported_errors=(rex.ConnectionError,)),
             health_check_interval=0, decode_responses=False)
         self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
         self._listeners: list[asyncio.Task[None]] = []
@@ -122,7 +125,7 @@ class Shared:
         if self._listeners:
             await asyncio.wait(self._listeners, timeout=2)
         self._listeners.clear()
-        await self.client.aclose()
+        await self.client.aclose(close_connection_pool=True)
 
 
 def _reason(exc: BaseException) -> str:

@@ -27,8 +27,20 @@ def replica(database: Database, stores: Stores) -> AuthorizationServer:
 
 async def test_codes_and_revocations_hold_across_processes_sharing_the_store(
         database: Database) -> None:
-    stores = open_stores(make_config(auth={"mode": "jwt"}, oauth_server={"enabled": True}))
-    a, b = replica(database, stores), replica(database, stores)
+    cfg = make_config(auth={"mode": "jwt"}, oauth_server={"enabled": True})
+    # on Redis, two connections as two processes have; in memory, one store both use
+    stores = open_stores(cfg)
+    other = open_stores(cfg) if cfg.state.shared else stores
+    try:
+        await _codes_and_revocations_hold(replica(database, stores), replica(database, other),
+                                          database)
+    finally:
+        await stores.aclose()
+        await other.aclose()
+
+
+async def _codes_and_revocations_hold(a: AuthorizationServer, b: AuthorizationServer,
+                                      database: Database) -> None:
     resource = f"{a.issuer}/mcp/e"
     client = a.authenticate_client(
         a.register({"redirect_uris": [CALLBACK]})["client_id"], None)
