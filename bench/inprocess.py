@@ -8,14 +8,21 @@ can be compared by (run each with its own checkout first on sys.path, alternatel
 
     .venv/bin/python bench/inprocess.py [--calls 3000] [--rounds 5]
     cd /path/to/other/checkout && /work/main/.venv/bin/python /work/main/bench/inprocess.py
+
+`--state redis://127.0.0.1:6379/0` keeps the state in Redis (a fresh key prefix, deleted at the
+end); `--stateful` is run.py's per-call-store config (a JWT caller, a 2025-11-25 session, a rate
+limit that never refuses); `--profile N` prints cProfile's top N functions of one round.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import os
+import pstats
+import secrets
 import sys
 import tempfile
 import time
@@ -35,6 +42,10 @@ RESULT = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {
 HEADERS = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
            (b"accept", b"application/json, text/event-stream"),
            (b"mcp-protocol-version", b"2025-11-25"), (b"content-length", str(len(CALL)).encode())]
+INITIALIZE = json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+    "protocolVersion": "2025-11-25", "capabilities": {},
+    "clientInfo": {"name": "inprocess", "version": "1"}}}).encode()
+ISSUER, AUDIENCE = "https://issuer.bench.invalid/", "tollhouse-bench"
 
 
 class Resolver:
@@ -43,14 +54,22 @@ class Resolver:
 
 
 def upstream(request: httpx.Request) -> httpx.Response:
+    if b'"initialize"' in request.content:
+        return httpx.Response(200, headers={"content-type": "application/json"}, content=json.dumps(
+            {"jsonrpc": "2.0", "id": 0, "result": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                                   "serverInfo": {"name": "up", "version": "1"}}}).encode())
     return httpx.Response(200, content=RESULT, headers={"content-type": "application/json"})
 
 
-async def one_call(app: Any) -> int:
+async def one_call(app: Any, extra: list[tuple[bytes, bytes]] | None = None, body: bytes = CALL,
+                   answer: dict[str, str] | None = None) -> int:
+    headers = [h for h in HEADERS if h[0] != b"content-length"] if body is not CALL else HEADERS
+    if body is not CALL:
+        headers.append((b"content-length", str(len(body)).encode()))
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
              "method": "POST", "scheme": "http", "path": "/mcp/bench", "raw_path": b"/mcp/bench",
-             "query_string": b"", "headers": HEADERS, "client": ("127.0.0.1", 40000),
-             "server": ("127.0.0.1", 8080), "root_path": ""}
+             "query_string": b"", "headers": [*headers, *(extra or [])],
+             "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8080), "root_path": ""}
     sent = False
     status = 0
 
@@ -58,7 +77,7 @@ async def one_call(app: Any) -> int:
         nonlocal sent
         if not sent:
             sent = True
-            return {"type": "http.request", "body": CALL, "more_body": False}
+            return {"type": "http.request", "body": body, "more_body": False}
         await asyncio.Event().wait()  # the client stays connected
         raise AssertionError("unreachable")
 
@@ -66,31 +85,92 @@ async def one_call(app: Any) -> int:
         nonlocal status
         if message["type"] == "http.response.start":
             status = message["status"]
+            if answer is not None:
+                answer.update({k.decode().lower(): v.decode() for k, v in message["headers"]})
 
     await app(scope, receive, send)
     return status
+
+
+def config(tmp: str, state: str, prefix: str, stateful: bool, secret: str) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "auth": {"mode": "none"}, "database": {"url": f"sqlite:///{tmp}/b.db"},
+        "state": {"url": state, "key_prefix": prefix},
+        "upstreams": [{"name": "bench", "url": "http://upstream.test/mcp", "era": "legacy"}]}
+    if stateful:
+        cfg["auth"] = {"mode": "jwt", "issuers": [{"issuer": ISSUER, "hs256_secret": secret,
+                                                   "algorithms": ["HS256"], "audience": AUDIENCE}]}
+        cfg["rate_limits"] = [{"name": "never", "key": "principal", "methods": ["tools/call"],
+                               "rate": "1000000/s", "burst": 1_000_000_000}]
+    return cfg
+
+
+async def session_headers(app: Any, secret: str) -> list[tuple[bytes, bytes]]:
+    """A bearer and the Mcp-Session-Id of one initialize."""
+    import jwt
+
+    now = int(time.time())
+    token = jwt.encode({"iss": ISSUER, "sub": "bench-user", "aud": AUDIENCE, "iat": now,
+                        "exp": now + 86400}, secret, algorithm="HS256")
+    auth = [(b"authorization", f"Bearer {token}".encode())]
+    answer: dict[str, str] = {}
+    status = await one_call(app, auth, INITIALIZE, answer)
+    if status != 200 or "mcp-session-id" not in answer:
+        raise SystemExit(f"initialize answered {status}")
+    return [*auth, (b"mcp-session-id", answer["mcp-session-id"].encode())]
+
+
+def delete_keys(url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--state", default="memory", help="memory, or a loopback redis:// URL")
+    parser.add_argument("--stateful", action="store_true", help="JWT caller, session, rate limit")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="cProfile one more round; print the top N by cumulative time")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = from_dict({"auth": {"mode": "none"}, "database": {"url": f"sqlite:///{tmp}/b.db"},
-                         "upstreams": [{"name": "bench", "url": "http://upstream.test/mcp"}]},
-                        env={})
-        app = create_app(cfg, upstream_transport=httpx.MockTransport(upstream),
-                         resolver=Resolver())
-        async with app.test_app():
-            assert await one_call(app) == 200
-            best = float("inf")
-            for _ in range(args.rounds):
-                began = time.perf_counter()
-                for _ in range(args.calls):
-                    await one_call(app)
-                best = min(best, (time.perf_counter() - began) / args.calls)
-    print(f"{os.getcwd()}: {best * 1e6:.1f} us per call (best of {args.rounds} x {args.calls})")
+    if args.state != "memory" and not args.state.startswith(("redis://127.0.0.1", "redis://localhost")):
+        parser.error("--state: memory or a loopback redis:// URL")
+    prefix, secret = f"bench{secrets.token_hex(6)}:", secrets.token_hex(32)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = from_dict(config(tmp, args.state, prefix, args.stateful, secret), env={})
+            app = create_app(cfg, upstream_transport=httpx.MockTransport(upstream),
+                             resolver=Resolver())
+            async with app.test_app():
+                extra = await session_headers(app, secret) if args.stateful else []
+                assert await one_call(app, extra) == 200
+                best = best_cpu = float("inf")
+                for _ in range(args.rounds):
+                    began, began_cpu = time.perf_counter(), time.process_time()
+                    for _ in range(args.calls):
+                        await one_call(app, extra)
+                    best = min(best, (time.perf_counter() - began) / args.calls)
+                    best_cpu = min(best_cpu, (time.process_time() - began_cpu) / args.calls)
+                if args.profile:
+                    prof = cProfile.Profile()
+                    prof.enable()
+                    for _ in range(args.calls):
+                        await one_call(app, extra)
+                    prof.disable()
+    finally:
+        if args.state != "memory":
+            delete_keys(args.state, prefix)
+    mode = f"state {args.state.split('@')[-1]}{', stateful' if args.stateful else ''}"
+    print(f"{os.getcwd()} ({mode}): {best * 1e6:.1f} us per call, {best_cpu * 1e6:.1f} us CPU "
+          f"(best of {args.rounds} x {args.calls})")
+    if args.profile:
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)
 
 
 if __name__ == "__main__":
