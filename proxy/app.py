@@ -188,7 +188,7 @@ def _people(parts: Parts) -> None:
             None if given.secret_key is None else {"TOLLHOUSE_SECRET_KEY": given.secret_key})
         parts.connections = parts.state.connections = Connections(
             cfg, Vault(parts.database, keys), GuardedClient(given.resolver),
-            flows=stores.connect_flows)
+            flows=stores.connect_flows, leases=stores.leases)
 
 
 def _routes(app: Quart, parts: Parts) -> None:

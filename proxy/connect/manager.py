@@ -4,7 +4,10 @@ The authorization server is configured or discovered (the upstream's protected-r
 metadata, RFC 9728; its authorization server's metadata, RFC 8414; dynamic client
 registration, RFC 7591, when no client id is configured); every request goes through the egress
 guard. A connect flow's `state` is bound to the person and to the browser session. Tokens are
-refreshed before they expire; concurrent calls of one person trigger at most one refresh; a
+refreshed before they expire; concurrent calls of one person trigger at most one refresh, even
+when they land on different gateway processes: within a process they share one (SingleFlight),
+and across processes only the holder of the lease `rf:<upstream>:<principal>` (proxy.state.leases)
+spends the refresh token, while the others watch the vault row for the token it stores. A
 refresh refused with invalid_grant marks the connection `needs_reconnect`.
 """
 
@@ -28,13 +31,21 @@ from cachetools import TTLCache
 
 from proxy.config import Config, UpstreamConfig
 from proxy.connect.guarded import GuardedClient
+from proxy.connect.vault import Connection as StoredConnection
 from proxy.connect.vault import Vault
-from proxy.errors import UpstreamFailure
+from proxy.errors import StoreUnavailable, UpstreamFailure
 from proxy.singleflight import SingleFlight
 from proxy.state.flows import FlowStore, ForeignFlow
+from proxy.state.leases import LeaseStore, MemoryLeases
 
 log = logging.getLogger("tollhouse.connect")
 T = TypeVar("T")
+
+# how long one process may hold a person's refresh: three times the token request's timeout
+# (proxy.connect.guarded), so a live holder keeps it; a holder that died blocks the others no
+# longer than this, then one of them takes the lease
+REFRESH_LEASE_S = 30.0
+REFRESH_POLL_S = 0.05  # how often a process waiting on another's refresh reads the vault row
 
 
 class UpstreamNotConnected(UpstreamFailure):
@@ -103,7 +114,9 @@ OAUTH_ERRORS = frozenset({"invalid_request", "invalid_client", "invalid_grant",
 
 class Connections:
     def __init__(self, cfg: Config, vault: Vault, guarded: GuardedClient,
-                 clock: Callable[[], float] = time.time, *, flows: FlowStore) -> None:
+                 clock: Callable[[], float] = time.time, *, flows: FlowStore,
+                 leases: LeaseStore | None = None, lease_s: float = REFRESH_LEASE_S,
+                 poll_s: float = REFRESH_POLL_S) -> None:
         self.public_url = cfg.server.public_url.rstrip("/")
         self.upstreams: dict[str, UpstreamConfig] = {
             u.name: u for u in cfg.upstreams if u.auth == "per_user"}
@@ -114,6 +127,10 @@ class Connections:
         # connect flows under way, by upstream and state, bound to the person and browser
         self._flows = flows
         self._refreshing: SingleFlight[tuple[str, str], str] = SingleFlight()
+        # who refreshes a person's token across processes (a memory store: this one alone)
+        self._leases: LeaseStore = MemoryLeases() if leases is None else leases
+        self._lease_s = lease_s
+        self._poll_s = poll_s
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-vault")
         self.last_lists: dict[tuple[str, str], dict[str, Any]] = {}  # (upstream, method)
         # the hot path: a person's unsealed token for a minute, so a call costs no database
@@ -340,14 +357,63 @@ class Connections:
         return await self._refreshing.run(key, lambda: self._refresh(name, principal, stale))
 
     async def _refresh(self, name: str, principal: str, stale: str) -> str:
+        """This process's one refresh: the lease holder refreshes; any other process waits
+        for the holder's token to land in the vault row, and takes the lease itself if the
+        holder gives it up (or dies, and the lease runs out) without a new token."""
         with self._hot_lock:
             epoch = self._forgotten.get(principal, 0)
+        lease = f"rf:{name}:{principal}"
+        deadline = time.monotonic() + 2 * self._lease_s
+        while True:
+            held = await self._leases.acquire(lease, self._lease_s)
+            if held is not None:
+                try:
+                    return await self._refresh_holding(name, principal, stale, epoch)
+                finally:
+                    await self._release(lease, held)
+            connection = await self._stored(name, principal)
+            found = self._refreshed_elsewhere(name, principal, stale, epoch, connection)
+            if found is not None:
+                return found
+            if time.monotonic() >= deadline:  # holders came and went with no token
+                raise UpstreamFailure("the upstream's token refresh did not finish")
+            await asyncio.sleep(self._poll_s)
+
+    async def _release(self, lease: str, held: str) -> None:
+        """The refresh is over either way; a lease that cannot be released runs out by
+        itself, so the call's outcome stands."""
+        try:
+            await self._leases.release(lease, held)
+        except StoreUnavailable as exc:
+            log.warning("connect: a refresh lease was not released (%s); it runs out within "
+                        "%.0f s", exc, self._lease_s)
+
+    async def _stored(self, name: str, principal: str) -> StoredConnection:
         connection = await self._in_db(self._vault.get, name, principal)
         if connection is None:
             raise UpstreamNotConnected(name, self.connect_url(name))
+        return connection
+
+    def _refreshed_elsewhere(self, name: str, principal: str, stale: str, epoch: int,
+                             connection: StoredConnection) -> str | None:
+        """The token another process's refresh stored in the row, once it is there; None
+        while the row still has the stale one."""
+        if connection.status != "connected":  # the holder's refresh was refused
+            raise UpstreamNeedsReconnect(name, self.connect_url(name))
         current = connection.tokens.get("access_token")
-        if current != stale and connection.status == "connected":
-            return str(current)  # someone refreshed it already
+        if current == stale:
+            return None
+        self._remember(name, principal, str(current), connection.expires_at, epoch)
+        return str(current)
+
+    async def _refresh_holding(self, name: str, principal: str, stale: str,
+                               epoch: int) -> str:
+        """Holding the lease: the row read again (another process may have refreshed, or
+        been refused, since this one found the token stale), then the refresh."""
+        connection = await self._stored(name, principal)
+        found = self._refreshed_elsewhere(name, principal, stale, epoch, connection)
+        if found is not None:
+            return found
         refresh_token = connection.tokens.get("refresh_token")
         if not refresh_token:
             await self._in_db(self._vault.mark, name, principal, "needs_reconnect")

@@ -23,6 +23,7 @@ from proxy.state.browser import BrowserSessions, MemoryBrowserSessions, RedisBro
 from proxy.state.codes import CodeStore, MemoryCodeStore, RedisCodeStore
 from proxy.state.flows import FlowStore, MemoryFlowStore, RedisFlowStore
 from proxy.state.inflight import InFlightRegistry, MemoryInFlight, SharedInFlight
+from proxy.state.leases import LeaseStore, MemoryLeases, RedisLeases
 from proxy.state.lockouts import LockoutStore, MemoryLockoutStore, RedisLockoutStore
 from proxy.state.ratelimit import MemoryRateLimitStore, RateLimitStore, RedisRateLimitStore
 from proxy.state.revocations import MemoryRevocationStore, RedisRevocationStore, RevocationStore
@@ -51,6 +52,7 @@ class Stores:
     signin_flows: FlowStore
     connect_flows: FlowStore
     consent_flows: FlowStore
+    leases: LeaseStore  # who refreshes a person's upstream token (proxy.connect.manager)
     shared: Shared | None = None  # the Redis connection, when the state is shared
 
     async def start(self) -> None:
@@ -85,6 +87,7 @@ def open_stores(cfg: Config, clock: Callable[[], float] = time.monotonic) -> Sto
         signin_flows=MemoryFlowStore(FLOW_TTL_S, 10_000, clock),
         connect_flows=MemoryFlowStore(FLOW_TTL_S, 10_000, clock),
         consent_flows=MemoryFlowStore(FLOW_TTL_S, 100_000, clock),
+        leases=MemoryLeases(clock=clock),
     )
 
 
@@ -104,5 +107,6 @@ def _redis_stores(cfg: Config) -> Stores:
         signin_flows=RedisFlowStore(shared, "signin", FLOW_TTL_S),
         connect_flows=RedisFlowStore(shared, "connect", FLOW_TTL_S),
         consent_flows=RedisFlowStore(shared, "consent", FLOW_TTL_S),
+        leases=RedisLeases(shared),
         shared=shared,
     )

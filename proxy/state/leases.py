@@ -1,0 +1,89 @@
+"""Short leases: one holder at a time of a name, across every gateway process, for a bounded
+time. A person's upstream token is refreshed by whoever holds `rf:<upstream>:<principal>`
+(proxy.connect.manager), so two replicas never spend the same refresh token twice (an
+authorization server that rotates refresh tokens refuses the second use with invalid_grant).
+
+A lease ends when its holder releases it or when its time to live runs out (a holder that died
+holds nothing for long). Release is by the token `acquire` returned, so a holder whose lease
+ran out and went to someone else cannot end the new holder's.
+
+A Redis store keeps `ls:<name>` = the token (SET NX PX ttl): `acquire` is that one command,
+`release` one Lua compare-and-delete. The memory store is a dictionary of (token, expiry): one
+process only, where the callers already share one refresh (proxy.singleflight).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from proxy.state.shared import Shared
+
+
+class LeaseStore(Protocol):
+    async def acquire(self, name: str, ttl_s: float) -> str | None:
+        """A token when this caller now holds `name` for `ttl_s`; None while another does."""
+
+    async def release(self, name: str, token: str) -> None:
+        """End the lease `token` holds on `name`; nothing if it ran out or is another's."""
+
+
+class MemoryLeases:
+    """Leases in one process. `acquire` has no await, so it runs whole. At most `max_leases`
+    are held: past that, the ones that ran out go first, then the oldest."""
+
+    def __init__(self, max_leases: int = 100_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._held: dict[str, tuple[str, float]] = {}
+        self._max = max_leases
+        self._clock = clock
+
+    async def acquire(self, name: str, ttl_s: float) -> str | None:
+        now = self._clock()
+        held = self._held.get(name)
+        if held is not None and held[1] > now:
+            return None
+        token = secrets.token_hex(16)
+        self._held.pop(name, None)  # re-inserted last: the dictionary stays oldest first
+        self._held[name] = (token, now + ttl_s)
+        if len(self._held) > self._max:
+            for stale in [k for k, (_, until) in self._held.items() if until <= now]:
+                del self._held[stale]
+            while len(self._held) > self._max:
+                del self._held[next(iter(self._held))]
+        return token
+
+    async def release(self, name: str, token: str) -> None:
+        held = self._held.get(name)
+        if held is not None and held[0] == token:
+            del self._held[name]
+
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class RedisLeases:
+    """Leases every process shares: SET NX PX to take one, compare-and-delete to end it."""
+
+    def __init__(self, shared: Shared) -> None:
+        self._shared = shared
+        self._prefix = shared.key("ls:")
+        self._release = shared.script(_RELEASE)
+
+    async def acquire(self, name: str, ttl_s: float) -> str | None:
+        token = secrets.token_hex(16)
+        took = await self._shared.run("lease", self._shared.client.set(
+            self._prefix + name, token, nx=True, px=max(1, round(ttl_s * 1000))))
+        return token if took else None
+
+    async def release(self, name: str, token: str) -> None:
+        await self._shared.run("lease", self._release(keys=[self._prefix + name],
+                                                      args=[token]))
