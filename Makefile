@@ -16,16 +16,20 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/tollhouse demo
 
-# The whole suite runs once per database backend: SQLite, then the PostgreSQL at
-# 127.0.0.1:5432 (trust auth; TOLLHOUSE_TEST_POSTGRES_URL to point elsewhere), each test on a
-# fresh database. `make test TEST_DATABASES=sqlite` runs the SQLite pass alone.
+# The whole suite runs once per database and live-state backend: SQLite and the PostgreSQL
+# at 127.0.0.1:5432 (trust auth; TOLLHOUSE_TEST_POSTGRES_URL to point elsewhere), each with
+# the memory store and with the Redis at 127.0.0.1:6379 (TOLLHOUSE_TEST_REDIS_URL), each test
+# on a fresh database and a fresh key prefix. `make test TEST_DATABASES=sqlite
+# TEST_STATES=memory` runs one pass alone.
 TEST_DATABASES ?= sqlite postgresql
+TEST_STATES ?= memory redis
 
 test: $(VENV)/.installed
-	@set -e; for backend in $(TEST_DATABASES); do \
-		echo "== the test suite on $$backend"; \
-		TOLLHOUSE_TEST_DATABASE=$$backend $(VENV)/bin/python -m pytest $(PYTEST_ARGS); \
-	done
+	@set -e; for backend in $(TEST_DATABASES); do for state in $(TEST_STATES); do \
+		echo "== the test suite on $$backend, $$state state"; \
+		TOLLHOUSE_TEST_DATABASE=$$backend TOLLHOUSE_TEST_STATE=$$state \
+			$(VENV)/bin/python -m pytest $(PYTEST_ARGS); \
+	done; done
 
 # The official MCP conformance suite, directly against an official-SDK server and through the
 # gateway, both eras; the same test is part of `make test` (README, "The conformance suite").
