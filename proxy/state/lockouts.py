@@ -9,10 +9,10 @@ answered as such, and every later attempt, right or wrong, is answered "locked".
 the cheap look before any work, so a locked-out caller costs no verification at all.
 
 A Redis store keeps, per key, `lk:c:<key>` (the count, PEXPIRE window on the first INCR) and
-`lk:l:<key>` (the lock, SET PX lockout): `locked` is one PTTL per key in a pipeline (or one
-short script), `attempt` one Lua script (PTTL every lock; if none is live and the attempt
-failed, INCR each count, PEXPIRE a new one, SET the lock and DEL the count at the
-threshold). Redis's own clock runs the expiries, so replicas agree.
+`lk:l:<key>` (the lock, SET PX lockout): `attempt` is one Lua script (PTTL every lock; if none
+is live and the attempt failed, INCR each count, PEXPIRE a new one, SET the lock and DEL the
+count at the threshold), on Redis's clock, so replicas agree. Its `locked` asks Redis nothing:
+it answers from the locks this process met, which keeps a credential check at one command.
 """
 
 from __future__ import annotations
@@ -107,59 +107,70 @@ class MemoryLockoutStore:
                 del locks[next(iter(locks))]
 
 
-_LOCKED = """
-for i = 1, #KEYS do
-  local ms = redis.call('PTTL', KEYS[i])
-  if ms > 0 then return ms end
-end
-return -1
-"""
-
 # KEYS: n lock keys, then their n count keys; ARGV: failed (0/1), max failures, window ms,
-# lockout ms
+# lockout ms. Returns {1, i, ms}: key i is locked for ms (the attempt is refused); {0, i, ms}:
+# this failure locked key i (it is told, and the lock holds from now); 0: nothing locked.
 _ATTEMPT = """
 local n = #KEYS / 2
 for i = 1, n do
   local ms = redis.call('PTTL', KEYS[i])
-  if ms > 0 then return ms end
+  if ms > 0 then return {1, i - 1, ms} end
 end
-if ARGV[1] == '0' then return -1 end
+if ARGV[1] == '0' then return 0 end
+local set = 0
 for i = 1, n do
   local count = redis.call('INCR', KEYS[n + i])
   if count == 1 then redis.call('PEXPIRE', KEYS[n + i], ARGV[3]) end
   if count >= tonumber(ARGV[2]) then
     redis.call('SET', KEYS[i], '1', 'PX', ARGV[4])
     redis.call('DEL', KEYS[n + i])
+    set = i
   end
 end
-return -1
+if set > 0 then return {0, set - 1, tonumber(ARGV[4])} end
+return 0
 """
 
 
 class RedisLockoutStore:
-    """Lockouts shared by every process, each decision one script, on Redis's clock: N
-    replicas together answer at most `max_failures` failures per key before the lock."""
+    """Lockouts shared by every process, each settlement one script on Redis's clock: N
+    replicas together answer at most `max_failures` failures per key before the lock.
 
-    def __init__(self, shared: Shared, cfg: LockoutConfig) -> None:
+    `attempt` is the authority and the one Redis command a credential check costs. `locked`,
+    the look before any work, asks no one: it answers from the locks this process has met
+    (an attempt that found or set one), so a locked-out caller costs this process one
+    verification at most, and a lock set elsewhere is met at that caller's next settlement."""
+
+    def __init__(self, shared: Shared, cfg: LockoutConfig,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._shared = shared
         self._locks = shared.key("lk:l:")
         self._counts = shared.key("lk:c:")
         self._args = (cfg.max_failures, max(1, round(cfg.window_s * 1000)),
                       max(1, round(cfg.lockout_s * 1000)))
-        self._locked = shared.script(_LOCKED)
         self._attempt = shared.script(_ATTEMPT)
+        self._clock = clock
+        self._met: TTLCache[str, float] = TTLCache(cfg.max_tracked, cfg.lockout_s, timer=clock)
 
     async def locked(self, keys: Sequence[str]) -> float | None:
-        if not keys:
+        if not self._met:
             return None
-        ms = await self._shared.run("lockout", self._locked(
-            keys=[self._locks + k for k in keys]))
-        return ms / 1000 if ms > 0 else None
+        now = self._clock()
+        for key in keys:
+            until = self._met.get(key)
+            if until is not None and until > now:
+                return until - now
+        return None
 
     async def attempt(self, keys: Sequence[str], *, failed: bool) -> float | None:
         if not keys:
             return None
-        ms = await self._shared.run("lockout", self._attempt(
+        verdict = await self._shared.run("lockout", self._attempt(
             keys=[self._locks + k for k in keys] + [self._counts + k for k in keys],
             args=[1 if failed else 0, *self._args]))
-        return ms / 1000 if ms > 0 else None
+        if verdict == 0:
+            return None
+        refused, position, ms = verdict
+        retry = int(ms) / 1000
+        self._met[keys[int(position)]] = self._clock() + retry
+        return retry if refused else None

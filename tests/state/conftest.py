@@ -96,6 +96,7 @@ class RedisBackend:
     def __init__(self) -> None:
         self.prefix = state_backends.fresh_prefix()
         self.shared = Shared(state_backends.REDIS_URL, self.prefix, timeout_s=5.0)
+        self.clock = Clock()  # what a store keeps in this process (the locks it met) runs on it
         self._travel = self.shared.script(_TIME_TRAVEL)
 
     async def aclose(self) -> None:
@@ -103,6 +104,7 @@ class RedisBackend:
 
     async def advance(self, seconds: float) -> None:
         await self._travel(args=[self.prefix, round(seconds * 1000), self.prefix + "rl:"])
+        self.clock.advance(seconds)
 
     def sessions(self, idle_timeout_s: float) -> SessionStore:
         return RedisSessionStore(self.shared, idle_timeout_s)
@@ -111,7 +113,7 @@ class RedisBackend:
         return RedisBridgeStore(self.shared, session_ttl_s)
 
     def lockouts(self, **cfg: Any) -> LockoutStore:
-        return RedisLockoutStore(self.shared, LockoutConfig(**cfg))
+        return RedisLockoutStore(self.shared, LockoutConfig(**cfg), self.clock)
 
     def browser_sessions(self, ttl_s: float) -> BrowserSessions:
         return RedisBrowserSessions(self.shared, ttl_s)

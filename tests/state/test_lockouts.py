@@ -134,3 +134,26 @@ async def test_the_memory_store_tracks_at_most_max_tracked_locks() -> None:
     now[0] = 10.0
     await store.attempt(["d"], failed=True)  # b's lock has run out: it goes, c stays
     assert [await store.locked([k]) for k in "bcd"] == [None, 5.0, 10.0]
+
+
+async def test_a_lock_set_by_one_process_holds_at_the_next_settlement_of_another() -> None:
+    """Two Redis stores on one prefix stand for two replicas: the look before the work is
+    local, but the settlement (one script) sees the other replica's lock."""
+    from proxy.state.lockouts import RedisLockoutStore
+    from proxy.state.shared import Shared
+    from tests import state_backends
+
+    prefix = state_backends.fresh_prefix()
+    one, two = (Shared(state_backends.REDIS_URL, prefix) for _ in range(2))
+    try:
+        cfg = LockoutConfig(**LIMITS)
+        a, b = RedisLockoutStore(one, cfg), RedisLockoutStore(two, cfg)
+        for _ in range(LIMITS["max_failures"]):
+            assert await a.attempt(["ip:x"], failed=True) is None  # each failure is told
+        assert await a.locked(["ip:x"]) is not None  # a met the lock it set
+        assert await b.locked(["ip:x"]) is None  # b has not met it yet ...
+        assert await b.attempt(["ip:x"], failed=False) == pytest.approx(120.0, abs=0.5)
+        assert await b.locked(["ip:x"]) is not None  # ... and now it has
+    finally:
+        await one.aclose()
+        await two.aclose()
