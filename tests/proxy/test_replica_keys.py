@@ -29,7 +29,9 @@ def ring(database: Database, clock: Clock, **options: float) -> KeyRing:
 
 
 def server(database: Database, keys: KeyRing) -> AuthorizationServer:
-    cfg = make_config(auth={"mode": "jwt"}, oauth_server={"enabled": True})
+    # the live state is not what these tests are about: in memory, nothing to close
+    cfg = make_config(auth={"mode": "jwt"}, oauth_server={"enabled": True},
+                      state={"url": "memory"})
     stores = open_stores(cfg)
     return AuthorizationServer(cfg, database, keys, codes=stores.codes,
                                revocations=stores.revocations, consents=stores.consent_flows)
