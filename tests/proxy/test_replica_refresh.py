@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from proxy.connect.guarded import GuardedClient
-from proxy.connect.manager import Connections, UpstreamNeedsReconnect
+from proxy.connect.manager import REFRESH_POLL_S, Connections, UpstreamNeedsReconnect
 from proxy.connect.vault import Vault
 from proxy.errors import StoreUnavailable
 from proxy.state.flows import MemoryFlowStore
@@ -75,11 +75,12 @@ class Watched:
         await self.inner.release(name, token)
 
 
-def replica(server: RotatingServer, leases: LeaseStore, **options: float) -> Connections:
+def replica(server: RotatingServer, leases: LeaseStore,
+            poll_s: float = REFRESH_POLL_S) -> Connections:
     """One gateway process: its own vault connection, HTTP client and in-process state."""
     guarded = GuardedClient(Resolver(), transport=httpx.MockTransport(server))
     return Connections(per_user_cfg(), Vault(db_backends.open_database(), VAULT_KEYS), guarded,
-                       flows=MemoryFlowStore(), leases=leases, **options)
+                       flows=MemoryFlowStore(), leases=leases, poll_s=poll_s)
 
 
 @asynccontextmanager
