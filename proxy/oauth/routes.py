@@ -70,7 +70,7 @@ async def metadata() -> Response:
 
 
 async def jwks() -> Response:
-    return _json(current().server.keys.jwks(), headers={"Cache-Control": "public, max-age=300"})
+    return _json(await current().server.keys.published(), headers={"Cache-Control": "public, max-age=300"})
 
 
 async def authorize() -> Response:

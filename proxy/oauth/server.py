@@ -404,7 +404,7 @@ class AuthorizationServer:
         verified = self._verified.get((token, resource))
         if verified is None:
             header = jwt.get_unverified_header(token)
-            key = self.keys.public(str(header.get("kid", "")))
+            key = await self.keys.public_key(str(header.get("kid", "")))
             if key is None or header.get("alg") != "ES256":
                 raise jwt.InvalidTokenError("unknown signing key")
             verified = jwt.decode(token, key, algorithms=["ES256"], audience=resource,
