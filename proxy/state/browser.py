@@ -153,7 +153,9 @@ class RedisBrowserSessions:
     async def user_id(self, session_id: str) -> str | None:
         raw = await self._shared.run("browser-session", self._shared.client.get(
             self._sessions + session_id))
-        return None if raw is None else raw.decode()
+        if raw is None:
+            return None
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
 
     async def delete(self, session_id: str) -> None:
         await self._shared.run("browser-session", self._delete(

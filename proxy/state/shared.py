@@ -114,7 +114,7 @@ class Shared:
                 wait = min(wait * 2, RECONNECT_MAX_S)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def ping(self) -> None:
         await self.run("state", self.client.ping())
