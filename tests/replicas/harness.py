@@ -39,6 +39,9 @@ from typing import Any
 
 import httpx
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests import db_backends
 from tests.helpers import DEADLINE_S
@@ -363,7 +366,11 @@ async def open_cluster(tmp_path: Path, upstream_url: str, *, replicas: int = 2,
     require_tools()
     prefix = f"tollhouse-replicas:{secrets.token_hex(6)}:"
     database_url = db_backends.url()
-    redis = aioredis.Redis.from_url(REDIS_URL, socket_timeout=5)
+    # the machine's Redis, or the one `config`'s [state] names (an outage test's own)
+    redis_url = (config or {}).get("state", {}).get("url", REDIS_URL)
+    # a connection broken by an outage test's restart is made afresh, once
+    redis = aioredis.Redis.from_url(redis_url, socket_timeout=5, retry=Retry(NoBackoff(), 1),
+                                    retry_on_error=[RedisConnectionError])
     lb_port = free_port()
     ports = [(f"r{i}", free_port()) for i in range(replicas)]
     started: list[Replica] = []
