@@ -38,6 +38,14 @@ class Session:
         if not self.id_hash:
             self.id_hash = session_hash(self.id)
 
+    @classmethod
+    def new(cls, endpoint: str, principal_key: str, upstream_session_id: str | None,
+            protocol_version: str | None,
+            bridged_envelope: dict[str, Any] | None = None) -> Session:
+        """A session under a fresh random id (what every store's `create` makes)."""
+        return cls(secrets.token_urlsafe(24), endpoint, principal_key, upstream_session_id,
+                   protocol_version, bridged_envelope=bridged_envelope)
+
 
 def session_hash(session_id: str) -> str:
     """What the audit log keeps instead of a session id (which is a bearer-like secret)."""
@@ -66,9 +74,8 @@ class MemorySessionStore:
     async def create(self, endpoint: str, principal_key: str, upstream_session_id: str | None,
                      protocol_version: str | None,
                      bridged_envelope: dict[str, Any] | None = None) -> Session:
-        session = Session(secrets.token_urlsafe(24), endpoint, principal_key,
-                          upstream_session_id, protocol_version,
-                          bridged_envelope=bridged_envelope)
+        session = Session.new(endpoint, principal_key, upstream_session_id, protocol_version,
+                              bridged_envelope)
         self._sessions[session.id] = session
         return session
 
@@ -97,9 +104,8 @@ class RedisSessionStore:
     async def create(self, endpoint: str, principal_key: str, upstream_session_id: str | None,
                      protocol_version: str | None,
                      bridged_envelope: dict[str, Any] | None = None) -> Session:
-        session = Session(secrets.token_urlsafe(24), endpoint, principal_key,
-                          upstream_session_id, protocol_version,
-                          bridged_envelope=bridged_envelope)
+        session = Session.new(endpoint, principal_key, upstream_session_id, protocol_version,
+                              bridged_envelope)
         held = orjson.dumps((endpoint, principal_key, upstream_session_id, protocol_version,
                              session.created_at, bridged_envelope))
         await self._shared.run("session", self._shared.client.set(
