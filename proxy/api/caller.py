@@ -50,7 +50,8 @@ async def _by_key(api: Api, token: str) -> Caller:
     # guessed, and its id is public, so locking the id out would let anyone shut the key's
     # owner out
     client = client_address(request.remote_addr, request.headers, api.trusted_proxies)
-    async with Attempt(api.lockouts, (f"api-ip:{client}",), LOCKED_OUT) as attempt:
+    async with Attempt(api.lockouts, (f"api-ip:{client}",), LOCKED_OUT,
+                       unguessable=True) as attempt:
         key = await api.keys.lookup(token) if api.keys is not None else None
         attempt.failed = key is None
     if key is None:

@@ -114,7 +114,7 @@ class BearerAuth:
         # guessed, so locking a key id or a subject out would only let anyone who knows one
         # (they are public) shut its owner out
         watch = (f"ip:{peer}",) if peer else ()
-        async with Attempt(self._lockouts, watch) as attempt:  # LockedOut when locked
+        async with Attempt(self._lockouts, watch, unguessable=True) as attempt:  # LockedOut
             try:
                 if api_keys.looks_like_key(token):
                     return await self._api_key(token, endpoint)

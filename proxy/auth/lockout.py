@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Self
 
 from proxy.errors import LockedOut
 from proxy.state.lockouts import LockoutStore
@@ -27,17 +28,27 @@ class Attempt:
     `LockedOut` in place of whatever the block returned or raised when a key was locked, by this
     caller's parallel attempts too: so N guesses sent at once get at most `max_failures`
     answers that tell anything. With no keys (no address known) nothing is asked. `reason` is
-    what the audit log records for a locked-out caller."""
+    what the audit log records for a locked-out caller.
 
-    __slots__ = ("_keys", "_reason", "_store", "failed")
+    `unguessable` is for credentials nobody can guess (a JWT's signature, an API key's 256-bit
+    secret; not a password or a client secret): holding back a correct one found in a burst of
+    wrong ones protects nothing there, so a success is not settled at all and answers from the
+    look on entry (the locks this process knows: with Redis, a lock set by another replica is
+    known here from this process's next settled failure of that key). Failures are settled as
+    ever, so they stay exactly counted across replicas, and a bearer call costs no lockout
+    command on Redis."""
 
-    def __init__(self, store: LockoutStore, keys: Sequence[str], reason: str = REASON) -> None:
+    __slots__ = ("_keys", "_reason", "_store", "_unguessable", "failed")
+
+    def __init__(self, store: LockoutStore, keys: Sequence[str], reason: str = REASON, *,
+                 unguessable: bool = False) -> None:
         self._store = store
         self._keys = keys
         self._reason = reason
+        self._unguessable = unguessable
         self.failed = False
 
-    async def __aenter__(self) -> Attempt:
+    async def __aenter__(self) -> Self:
         if self._keys:
             retry = await self._store.locked(self._keys)
             if retry is not None:
@@ -48,6 +59,8 @@ class Attempt:
                         tb: TracebackType | None) -> None:
         if not self._keys or (exc_type is not None and not issubclass(exc_type, Exception)):
             return  # cancelled: there is no answer to hold back
+        if self._unguessable and not self.failed:
+            return  # a success that no guess could have found: nothing to settle
         retry = await self._store.attempt(self._keys, failed=self.failed)
         if retry is not None:
             raise LockedOut(self._reason, retry) from None

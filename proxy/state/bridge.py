@@ -102,7 +102,7 @@ class RedisBridgeStore:
         local = self._local.get(route)
         if local is not None:
             return local
-        raw = await self._shared.run("bridge", self._shared.client.get(self._verdicts + route))
+        raw = await self._shared.command("bridge", "GET", self._verdicts + route)
         if raw is None:
             return None
         era, discover, modern_only = orjson.loads(raw)
@@ -111,28 +111,27 @@ class RedisBridgeStore:
         return learned
 
     async def learn(self, route: str, learned: Learned) -> None:
-        await self._shared.run("bridge", self._shared.client.set(
-            self._verdicts + route,
-            orjson.dumps((learned.era, learned.discover, learned.modern_only))))
+        await self._shared.command(
+            "bridge", "SET", self._verdicts + route,
+            orjson.dumps((learned.era, learned.discover, learned.modern_only)))
         self._local[route] = learned
 
     async def session(self, route: str, principal_key: str) -> HeldSession | None:
-        raw = await self._shared.run("bridge", self._shared.client.getex(
-            self._held_key(route, principal_key), px=self._ttl_ms))
+        raw = await self._shared.command("bridge", "GETEX", self._held_key(route, principal_key),
+                                         "PX", self._ttl_ms)
         if raw is None:
             return None
         upstream_id, result = orjson.loads(raw)
         return HeldSession(upstream_id, result)
 
     async def hold(self, route: str, principal_key: str, session: HeldSession) -> None:
-        await self._shared.run("bridge", self._shared.client.set(
-            self._held_key(route, principal_key),
+        await self._shared.command(
+            "bridge", "SET", self._held_key(route, principal_key),
             orjson.dumps((session.upstream_session_id, session.initialize_result)),
-            px=self._ttl_ms))
+            "PX", self._ttl_ms)
 
     async def forget(self, route: str, principal_key: str) -> None:
-        await self._shared.run("bridge", self._shared.client.delete(
-            self._held_key(route, principal_key)))
+        await self._shared.command("bridge", "DEL", self._held_key(route, principal_key))
 
     def _held_key(self, route: str, principal_key: str) -> str:
         return f"{self._held}{orjson.dumps((route, principal_key)).decode()}"

@@ -3,9 +3,9 @@ index by person, so ending a person's sessions (a new password, a deleted user) 
 theirs and scans nothing.
 
 A Redis store keeps `br:<id>` = the person (SET PX ttl) and the set `br:u:<person>` of their
-ids (SADD, PEXPIRE ttl, so a quiet person's set goes with their last session): `create` is one
-MULTI, `user_id` a GET, `delete` and `end_for` one Lua script each (GET the owner, DEL, SREM;
-SMEMBERS, DEL each but `keep`, rebuild the set). An id left in a set after its session expired
+ids (SADD, PEXPIRE ttl, so a quiet person's set goes with their last session): `user_id` is a
+GET, `create`, `delete` and `end_for` one Lua script each (SET PX, SADD, PEXPIRE; GET the
+owner, DEL, SREM; SMEMBERS, DEL each but `keep`, rebuild the set). An id left in a set after its session expired
 is harmless: deleting it again deletes nothing.
 """
 
@@ -102,6 +102,13 @@ class MemoryBrowserSessions:
         return len(self._sessions)
 
 
+_CREATE = """
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('SADD', KEYS[2], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 0
+"""
+
 _DELETE = """
 local owner = redis.call('GET', KEYS[1])
 if owner then
@@ -138,30 +145,26 @@ class RedisBrowserSessions:
         self._sessions = shared.key("br:")
         self._people = shared.key("br:u:")
         self._ttl_ms = max(1, round(ttl_s * 1000))
-        self._delete = shared.script(_DELETE)
-        self._end_for = shared.script(_END_FOR)
+        self._create = shared.script(_CREATE, "browser-session")
+        self._delete = shared.script(_DELETE, "browser-session")
+        self._end_for = shared.script(_END_FOR, "browser-session")
 
     async def create(self, user_id: str) -> str:
         session_id = secrets.token_urlsafe(32)
-        pipe = self._shared.client.pipeline(transaction=True)
-        pipe.set(self._sessions + session_id, user_id, px=self._ttl_ms)
-        pipe.sadd(self._people + user_id, session_id)
-        pipe.pexpire(self._people + user_id, self._ttl_ms)
-        await self._shared.run("browser-session", pipe.execute())
+        await self._create([self._sessions + session_id, self._people + user_id],
+                           [user_id, session_id, self._ttl_ms])
         return session_id
 
     async def user_id(self, session_id: str) -> str | None:
-        raw = await self._shared.run("browser-session", self._shared.client.get(
-            self._sessions + session_id))
+        raw = await self._shared.command("browser-session", "GET", self._sessions + session_id)
         if raw is None:
             return None
         return raw.decode() if isinstance(raw, bytes) else str(raw)
 
     async def delete(self, session_id: str) -> None:
-        await self._shared.run("browser-session", self._delete(
-            keys=[self._sessions + session_id], args=[self._people, session_id]))
+        await self._delete([self._sessions + session_id], [self._people, session_id])
 
     async def end_for(self, user_id: str, keep: str | None = None) -> int:
-        ended = await self._shared.run("browser-session", self._end_for(
-            keys=[self._people + user_id], args=[self._sessions, keep or "", self._ttl_ms]))
+        ended = await self._end_for([self._people + user_id],
+                                    [self._sessions, keep or "", self._ttl_ms])
         return int(ended)

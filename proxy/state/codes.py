@@ -79,15 +79,15 @@ class RedisCodeStore:
         self._used = shared.key("oc:u:")
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._used_ttl_ms = max(1, round(used_ttl_s * 1000))
-        self._take = shared.script(_TAKE)
+        self._take = shared.script(_TAKE, "authorization-code")
 
     async def put(self, code: str, grant: dict[str, Any], tag: str) -> None:
-        await self._shared.run("authorization-code", self._shared.client.set(
-            self._codes + code, orjson.dumps((grant, tag)), px=self._ttl_ms))
+        await self._shared.command("authorization-code", "SET", self._codes + code,
+                                   orjson.dumps((grant, tag)), "PX", self._ttl_ms)
 
     async def take(self, code: str) -> Taken:
-        took, value = await self._shared.run("authorization-code", self._take(
-            keys=[self._codes + code, self._used + code], args=[self._used_ttl_ms]))
+        took, value = await self._take([self._codes + code, self._used + code],
+                                       [self._used_ttl_ms])
         if took:
             return Taken(orjson.loads(value)[0])
         return Taken(None, value.decode() if value else None)

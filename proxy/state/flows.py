@@ -81,15 +81,14 @@ class RedisFlowStore:
         self._kind = kind
         self._prefix = shared.key(f"fl:{kind}:")
         self._ttl_ms = max(1, round(ttl_s * 1000))
-        self._take = shared.script(_TAKE)
+        self._take = shared.script(_TAKE, f"{kind}-flow")
 
     async def put(self, key: str, binding: str, value: dict[str, str]) -> None:
-        await self._shared.run(f"{self._kind}-flow", self._shared.client.set(
-            self._prefix + key, orjson.dumps((binding, value)), px=self._ttl_ms))
+        await self._shared.command(f"{self._kind}-flow", "SET", self._prefix + key,
+                                   orjson.dumps((binding, value)), "PX", self._ttl_ms)
 
     async def take(self, key: str, binding: str) -> dict[str, str] | None:
-        held = await self._shared.run(f"{self._kind}-flow", self._take(
-            keys=[self._prefix + key], args=[binding]))
+        held = await self._take([self._prefix + key], [binding])
         if held == 0:
             return None
         if held == 1:

@@ -168,7 +168,7 @@ class SharedInFlight(MemoryInFlight):
     async def cancel(self, key: str, reason: EndReason) -> None:
         await super().cancel(key, reason)
         message = orjson.dumps((self._shared.replica, key, reason.value))
-        await self._shared.run("in-flight", self._shared.client.publish(self._channel, message))
+        await self._shared.command("in-flight", "PUBLISH", self._channel, message)
 
     def _heard(self, data: bytes) -> None:
         replica, key, reason = orjson.loads(data)

@@ -76,14 +76,13 @@ class RedisLeases:
     def __init__(self, shared: Shared) -> None:
         self._shared = shared
         self._prefix = shared.key("ls:")
-        self._release = shared.script(_RELEASE)
+        self._release = shared.script(_RELEASE, "lease")
 
     async def acquire(self, name: str, ttl_s: float) -> str | None:
         token = secrets.token_hex(16)
-        took = await self._shared.run("lease", self._shared.client.set(
-            self._prefix + name, token, nx=True, px=max(1, round(ttl_s * 1000))))
+        took = await self._shared.command("lease", "SET", self._prefix + name, token, "NX",
+                                          "PX", max(1, round(ttl_s * 1000)))
         return token if took else None
 
     async def release(self, name: str, token: str) -> None:
-        await self._shared.run("lease", self._release(keys=[self._prefix + name],
-                                                      args=[token]))
+        await self._release([self._prefix + name], [token])

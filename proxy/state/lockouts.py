@@ -143,12 +143,11 @@ class RedisLockoutStore:
 
     def __init__(self, shared: Shared, cfg: LockoutConfig,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._shared = shared
         self._locks = shared.key("lk:l:")
         self._counts = shared.key("lk:c:")
         self._args = (cfg.max_failures, max(1, round(cfg.window_s * 1000)),
                       max(1, round(cfg.lockout_s * 1000)))
-        self._attempt = shared.script(_ATTEMPT)
+        self._attempt = shared.script(_ATTEMPT, "lockout")
         self._clock = clock
         self._met: TTLCache[str, float] = TTLCache(cfg.max_tracked, cfg.lockout_s, timer=clock)
 
@@ -165,9 +164,9 @@ class RedisLockoutStore:
     async def attempt(self, keys: Sequence[str], *, failed: bool) -> float | None:
         if not keys:
             return None
-        verdict = await self._shared.run("lockout", self._attempt(
-            keys=[self._locks + k for k in keys] + [self._counts + k for k in keys],
-            args=[1 if failed else 0, *self._args]))
+        verdict = await self._attempt(
+            [self._locks + k for k in keys] + [self._counts + k for k in keys],
+            [1 if failed else 0, *self._args])
         if verdict == 0:
             return None
         refused, position, ms = verdict

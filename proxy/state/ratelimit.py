@@ -121,9 +121,8 @@ class RedisRateLimitStore:
     number of replicas, by an outage."""
 
     def __init__(self, shared: Shared) -> None:
-        self._shared = shared
         self._prefix = shared.prefix  # the policy's keys start "rl:" themselves
-        self._take = shared.script(_TAKE)
+        self._take = shared.script(_TAKE, "rate-limit")
 
     async def take(self, limits: Sequence[Limit]) -> Refused | None:
         if not limits:
@@ -133,7 +132,7 @@ class RedisRateLimitStore:
         for key, interval_us, tolerance_us in limits:
             keys.append(self._prefix + key)
             args += (interval_us, tolerance_us)
-        verdict = await self._shared.run("rate-limit", self._take(keys=keys, args=args))
+        verdict = await self._take(keys, args)
         if verdict == -1:
             return None
         position, wait_us = verdict

@@ -85,14 +85,14 @@ class RedisRevocationStore:
         self._ttl_ms = max(1, round(ttl_s * 1000))
 
     async def revoke_token(self, jti: str) -> None:
-        await self._shared.run("revocation", self._shared.client.set(
-            self._tokens + jti, b"1", px=self._ttl_ms))
+        await self._shared.command("revocation", "SET", self._tokens + jti, b"1",
+                                   "PX", self._ttl_ms)
 
     async def revoke_family(self, family: str) -> None:
-        await self._shared.run("revocation", self._shared.client.set(
-            self._families + family, b"1", px=self._ttl_ms))
+        await self._shared.command("revocation", "SET", self._families + family, b"1",
+                                   "PX", self._ttl_ms)
 
     async def revoked(self, jti: str, family: str) -> bool:
-        found = await self._shared.run("revocation", self._shared.client.exists(
-            self._tokens + jti, self._families + family))
+        found = await self._shared.command("revocation", "EXISTS", self._tokens + jti,
+                                           self._families + family)
         return bool(found)

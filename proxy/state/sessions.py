@@ -108,13 +108,13 @@ class RedisSessionStore:
                               bridged_envelope)
         held = orjson.dumps((endpoint, principal_key, upstream_session_id, protocol_version,
                              session.created_at, bridged_envelope))
-        await self._shared.run("session", self._shared.client.set(
-            self._prefix + session.id, held, px=self._ttl_ms))
+        await self._shared.command("session", "SET", self._prefix + session.id, held,
+                                   "PX", self._ttl_ms)
         return session
 
     async def get(self, session_id: str) -> Session | None:
-        raw = await self._shared.run("session", self._shared.client.getex(
-            self._prefix + session_id, px=self._ttl_ms))
+        raw = await self._shared.command("session", "GETEX", self._prefix + session_id,
+                                         "PX", self._ttl_ms)
         if raw is None:
             return None
         endpoint, principal_key, upstream_id, version, created, envelope = orjson.loads(raw)
@@ -122,4 +122,4 @@ class RedisSessionStore:
                        bridged_envelope=envelope)
 
     async def delete(self, session_id: str) -> None:
-        await self._shared.run("session", self._shared.client.delete(self._prefix + session_id))
+        await self._shared.command("session", "DEL", self._prefix + session_id)

@@ -1,82 +1,77 @@
-"""The connection every shared store of one gateway process uses: one Redis client (one pool),
-its key prefix, its Lua scripts, and the pub/sub listener that carries cancellations between
-replicas.
+"""The connection every shared store of one gateway process uses: one pipelined link to Redis
+(`proxy.state.link`), its key prefix, its Lua scripts, and the pub/sub listener that carries
+cancellations between replicas.
 
-Every command a store sends goes through `Shared.run`, which turns any Redis failure (refused,
-reset, timed out after `timeout_s`, read-only after a failover, loading, out of memory) into
-`proxy.errors.StoreUnavailable` naming the store: the request is answered 503 with Retry-After,
-never a 500 and never a hang. Nothing is retried but once, at once, on a broken pooled
-connection (redis-py's own retry; never a timeout): a Redis that refuses costs a request
-nothing, a hung one `timeout_s`, and one whose every pooled connection is busy at most
-`timeout_s` of waiting for one, then its command's own. A read-only reply means the address now leads to a replica (a managed Redis failed
-over): the pool is dropped, so the next command connects afresh and finds the new primary.
+Every command a store sends goes through `Shared.command` (or a `Script`), which turns any Redis
+failure (refused, closed, not answered within `timeout_s`, read-only after a failover, loading,
+out of memory) into `proxy.errors.StoreUnavailable` naming the store: the request is answered
+503 with Retry-After, never a 500 and never a hang. Nothing is retried: a Redis that refuses
+costs a request nothing, a hung one `timeout_s`. A read-only reply means the address now leads
+to a replica (a managed Redis failed over): the link is dropped, so the next command connects
+afresh and finds the new primary.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis import exceptions as rex
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from proxy.errors import StoreUnavailable
+from proxy.state.link import Address, Link, LinkDown, ReplyError
 
 log = logging.getLogger("tollhouse.state")
-T = TypeVar("T")
 
-MAX_CONNECTIONS = 200  # per process; a command beyond them waits for one (up to timeout_s)
 RECONNECT_MIN_S = 0.05  # the pub/sub listener's first wait before it reconnects, doubling
 RECONNECT_MAX_S = 1.0
+
+Arg = bytes | str | float
 
 
 class Shared:
     """One Redis for one gateway process. `replica` names this process on the cancel channel,
     so it can tell its own messages from the others'."""
 
-    def __init__(self, url: str, prefix: str, timeout_s: float = 1.0,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+    def __init__(self, url: str, prefix: str, timeout_s: float = 1.0) -> None:
         self.prefix = prefix
         self.timeout_s = timeout_s
         self.replica = secrets.token_hex(8)
-        # a pool that makes a command wait (up to timeout_s) for a free connection when
-        # max_connections are busy, rather than failing it at once as the default pool does
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=timeout_s,
-            socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            # once, at once, on a broken pooled connection; a timeout is not retried, so a hung
-            # Redis costs a request one timeout_s
-            retry=Retry(NoBackoff(), 1, supported_errors=(rex.ConnectionError,)),
-            health_check_interval=0, decode_responses=False)
-        self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
+        address = Address.parse(url)
+        self._link = Link(address, timeout_s)
+        self._address = address
         self._listeners: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()  # set while every subscription is live (tests wait)
 
     def key(self, name: str) -> str:
         return self.prefix + name
 
-    def script(self, source: str) -> Any:
-        """A Lua script, sent by its SHA and loaded again by itself if Redis forgot it."""
-        return self.client.register_script(source)
+    def script(self, source: str, store: str) -> Script:
+        """A Lua script run for `store`, sent by its SHA and in full when Redis forgot it."""
+        return Script(self, source, store)
 
-    async def run(self, store: str, command: Awaitable[T]) -> T:
+    async def command(self, store: str, *args: Arg) -> Any:
         """The command's reply, or StoreUnavailable naming `store` (never the URL)."""
         try:
-            return await command
-        except rex.ReadOnlyError as exc:
-            await self.client.connection_pool.disconnect()  # failed over: find the new primary
-            raise StoreUnavailable(f"the {store} store is read-only (failing over)") from exc
-        except rex.RedisError as exc:
-            raise StoreUnavailable(f"the {store} store is unavailable "
-                                   f"({_reason(exc)})") from exc
-        except OSError as exc:  # pragma: no cover - redis-py wraps socket errors itself
-            raise StoreUnavailable(f"the {store} store is unreachable") from exc
+            reply = await self._link.call(*args)
+        except LinkDown as exc:
+            raise StoreUnavailable(f"the {store} store is unavailable ({exc.reason})") from None
+        if isinstance(reply, ReplyError):
+            self._refused(store, reply)
+        return reply
+
+    def _refused(self, store: str, reply: ReplyError) -> None:
+        code = str(reply).split(" ", 1)[0][:20]
+        if code == "READONLY":
+            self._link.reset()  # failed over: find the new primary
+            raise StoreUnavailable(f"the {store} store is read-only (failing over)")
+        raise StoreUnavailable(f"the {store} store is unavailable (replied {code})")
 
     def subscribe(self, channel: str, on_message: Callable[[bytes], None]) -> None:
         """Deliver every message published on `channel` to `on_message` (in this loop), from
@@ -86,9 +81,21 @@ class Shared:
             self._listen(channel, on_message), name=f"tollhouse-listen-{channel}"))
 
     async def _listen(self, channel: str, on_message: Callable[[bytes], None]) -> None:
+        a = self._address
+        client = aioredis.Redis(
+            host=a.host, port=a.port, db=a.db, username=a.username, password=a.password,
+            ssl=a.tls, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s,
+            health_check_interval=0)
+        try:
+            await self._subscribed(client, channel, on_message)
+        finally:
+            await client.aclose(close_connection_pool=True)
+
+    async def _subscribed(self, client: aioredis.Redis, channel: str,
+                          on_message: Callable[[bytes], None]) -> None:
         wait = RECONNECT_MIN_S
         while True:
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(channel)
                 self.listening.set()
@@ -117,7 +124,7 @@ class Shared:
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def ping(self) -> None:
-        await self.run("state", self.client.ping())
+        await self.command("state", "PING")
 
     async def aclose(self) -> None:
         for task in self._listeners:
@@ -125,7 +132,32 @@ class Shared:
         if self._listeners:
             await asyncio.wait(self._listeners, timeout=2)
         self._listeners.clear()
-        await self.client.aclose(close_connection_pool=True)
+        await self._link.aclose()
+
+
+class Script:
+    """A Lua script: `await script(keys, args)` is its reply, or StoreUnavailable."""
+
+    __slots__ = ("_sha", "_shared", "_source", "_store")
+
+    def __init__(self, shared: Shared, source: str, store: str) -> None:
+        self._shared = shared
+        self._source = source
+        self._sha = hashlib.sha1(source.encode()).hexdigest()
+        self._store = store
+
+    async def __call__(self, keys: Sequence[str] = (), args: Sequence[Arg] = ()) -> Any:
+        shared, store = self._shared, self._store
+        try:
+            reply = await shared._link.call("EVALSHA", self._sha, len(keys), *keys, *args)
+            if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
+                # a restarted or flushed Redis: send it in full (which also caches it)
+                reply = await shared._link.call("EVAL", self._source, len(keys), *keys, *args)
+        except LinkDown as exc:
+            raise StoreUnavailable(f"the {store} store is unavailable ({exc.reason})") from None
+        if isinstance(reply, ReplyError):
+            shared._refused(store, reply)
+        return reply
 
 
 def _reason(exc: BaseException) -> str:

@@ -10,7 +10,6 @@ authorization server, every call gets the new token, and the connection stays co
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,7 +25,7 @@ from proxy.errors import StoreUnavailable
 from proxy.state.flows import MemoryFlowStore
 from proxy.state.leases import LeaseStore, MemoryLeases, RedisLeases
 from proxy.state.shared import Shared
-from tests import db_backends
+from tests import db_backends, state_backends
 from tests.helpers import DEADLINE_S, Clock, until
 from tests.proxy.test_connect_discovery import VAULT_KEYS, Resolver, per_user_cfg
 
@@ -90,14 +89,11 @@ async def two_lease_stores(kind: str) -> AsyncIterator[tuple[Watched, Watched]]:
         one = MemoryLeases()
         yield Watched(one), Watched(one)
         return
-    prefix = f"tollhouse-test:{secrets.token_hex(6)}:"
+    prefix = state_backends.fresh_prefix()
     a, b = Shared(REDIS_URL, prefix, 5.0), Shared(REDIS_URL, prefix, 5.0)
     try:
         yield Watched(RedisLeases(a)), Watched(RedisLeases(b))
     finally:
-        keys = [key async for key in a.client.scan_iter(match=f"{prefix}*")]
-        if keys:
-            await a.client.delete(*keys)
         await a.aclose()
         await b.aclose()
 

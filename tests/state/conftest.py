@@ -97,13 +97,13 @@ class RedisBackend:
         self.prefix = state_backends.fresh_prefix()
         self.shared = Shared(state_backends.REDIS_URL, self.prefix, timeout_s=5.0)
         self.clock = Clock()  # what a store keeps in this process (the locks it met) runs on it
-        self._travel = self.shared.script(_TIME_TRAVEL)
+        self._travel = self.shared.script(_TIME_TRAVEL, "test")
 
     async def aclose(self) -> None:
         await self.shared.aclose()
 
     async def advance(self, seconds: float) -> None:
-        await self._travel(args=[self.prefix, round(seconds * 1000), self.prefix + "rl:"])
+        await self._travel((), [self.prefix, round(seconds * 1000), self.prefix + "rl:"])
         self.clock.advance(seconds)
 
     def sessions(self, idle_timeout_s: float) -> SessionStore:
