@@ -72,13 +72,15 @@ async def test_redis_gone_is_503_audited_never_unlimited_and_recovers_by_itself(
 
         redis_server.kill()
         _unavailable(await gw.post(CALL, headers=_headers(session)))
-        # without a session too: neither the lockout nor the rate limit can be decided, so
-        # the call is not made
-        _unavailable(await gw.post(CALL, headers=_headers()))
-        _unavailable(await gw.post(INIT, headers=_headers()))
+        # without a session too: a valid bearer token needs no lockout command, but the rate
+        # limit cannot be decided, so the call is not made (refused once its body is read)
+        _unavailable(await gw.post(CALL, headers=_headers()), 2)
+        _unavailable(await gw.post(INIT, headers=_headers()), 1)
+        # a wrong credential must be counted where every replica sees it: not told either
+        _unavailable(await gw.post(CALL, headers={"Authorization": "Bearer not-a-token"}))
         assert len(up.seen) == forwarded  # nothing reached the upstream while Redis was away
         failed = [r for r in gw.audit.records if r.status == "error"]
-        assert len(failed) == 3
+        assert len(failed) == 4
         assert {r.error_message for r in failed} == {"state_store_unavailable"}
         assert all("127.0.0.1" not in str(r.as_dict()) for r in failed)
 

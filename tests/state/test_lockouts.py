@@ -87,6 +87,42 @@ async def test_parallel_wrong_guesses_get_at_most_the_limit_of_answers(
     assert right.value.retry_after_s == within(backend, 120.0)
 
 
+async def test_a_right_password_in_a_burst_is_held_back_an_unguessable_token_is_not(
+        backend: Backend) -> None:
+    """A password guessed right while parallel wrong guesses lock the address is not told; a
+    bearer token (its signature or secret cannot be guessed) is served, and its success asks
+    the store nothing: failures alone are settled."""
+    store = backend.lockouts(**LIMITS)
+    asked: list[bool] = []
+
+    class Watched:
+        async def locked(self, keys: object) -> float | None:
+            return await store.locked(keys)  # type: ignore[arg-type]
+
+        async def attempt(self, keys: object, *, failed: bool) -> float | None:
+            asked.append(failed)
+            return await store.attempt(keys, failed=failed)  # type: ignore[arg-type]
+
+    async def right_one(unguessable: bool) -> str:
+        try:
+            async with Attempt(Watched(), ("ip:a",), unguessable=unguessable):
+                for _ in range(3):  # wrong guesses from the same address, settled meanwhile
+                    await store.attempt(["ip:a"], failed=True)
+                return "told"
+        except LockedOut:
+            return "locked"
+
+    assert await right_one(unguessable=False) == "locked"
+    assert asked == [False]  # the success was settled, and found the lock
+    await backend.advance(LIMITS["lockout_s"])
+    asked.clear()
+    assert await right_one(unguessable=True) == "told"
+    assert asked == []  # nothing settled for it
+    with pytest.raises(LockedOut):  # and the lock holds for the next attempt, right or wrong
+        async with Attempt(store, ("ip:a",), unguessable=True):
+            pass
+
+
 async def test_an_attempt_already_locked_is_refused_before_anything_is_checked(
         backend: Backend) -> None:
     store = backend.lockouts(**LIMITS)
