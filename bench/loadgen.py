@@ -41,20 +41,25 @@ def threads_for(connections: int) -> int:
 
 
 # the headers tools_call.lua reads from its environment
-HEADER_ENV = {"authorization": "BENCH_AUTHORIZATION", "mcp-session-id": "BENCH_SESSION_ID"}
+HEADER_ENV = {"authorization": "BENCH_AUTHORIZATION", "mcp-session-id": "BENCH_SESSION_ID",
+              "mcp-protocol-version": "BENCH_PROTOCOL", "mcp-method": "BENCH_MCP_METHOD",
+              "mcp-name": "BENCH_MCP_NAME"}
 
 
 def run_wrk(url: str, connections: int, duration_s: int, cpus: set[int] | None = None,
-            headers: dict[str, str] | None = None) -> WrkResult:
+            headers: dict[str, str] | None = None, body: bytes | None = None) -> WrkResult:
     """One wrk run against url (127.0.0.1 only); bounded by a subprocess timeout. `headers`
-    (Authorization, Mcp-Session-Id only) go on every request."""
+    (those of HEADER_ENV only) go on every request, and `body` is each request's (default:
+    the script's tools/call of echo)."""
     if not url.startswith("http://127.0.0.1:"):
         raise ValueError(f"load goes to 127.0.0.1 only, not {url}")
     cmd = [wrk_path(), f"-t{threads_for(connections)}", f"-c{connections}", f"-d{duration_s}s",
            "--timeout", "10s", "--latency", "-s", str(LUA_SCRIPT), url]
     if cpus:
         cmd = ["taskset", "-c", ",".join(map(str, sorted(cpus))), *cmd]
-    env = {k: v for k, v in os.environ.items() if k not in HEADER_ENV.values()}
+    env = {k: v for k, v in os.environ.items() if k not in HEADER_ENV.values() and k != "BENCH_BODY"}
+    if body is not None:
+        env["BENCH_BODY"] = body.decode()
     for name, value in (headers or {}).items():
         env[HEADER_ENV[name.lower()]] = value  # KeyError: a header the script cannot send
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 30, check=False,

@@ -33,6 +33,7 @@ class Server:
     log: Path
     url: str = field(default="")
     headers: dict[str, str] = field(default_factory=dict)  # sent on every request (wrk, probe)
+    body: bytes | None = None  # every request's body (wrk, probe); None: PROBE_BODY
     # process groups whose CPU is this target's (empty: its own); a load balancer's apart
     groups: list[int] = field(default_factory=list)
     lb_groups: list[int] = field(default_factory=list)
@@ -55,11 +56,16 @@ class Processes:
         self.logdir = logdir
         self.servers: list[Server] = []
 
-    def start(self, name: str, cmd: Sequence[str], port: int, path: str, cpus: set[int] | None = None) -> Server:
+    def start(self, name: str, cmd: Sequence[str], port: int, path: str, cpus: set[int] | None = None,
+              pythonpath: Path | None = None) -> Server:
         log = self.logdir / f"{name}.log"
+        env = None
+        if pythonpath is not None:  # a module the process imports by name (a metering hook)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                p for p in (str(pythonpath), os.environ.get("PYTHONPATH", "")) if p)}
         with log.open("wb") as fh:
             proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+                                    start_new_session=True, env=env)
         server = Server(name, port, proc, log, f"http://127.0.0.1:{port}{path}")
         self.servers.append(server)
         if cpus:
@@ -97,10 +103,11 @@ def wait_ready(server: Server, deadline_s: float = 20.0) -> None:
                        f"{server.log_tail()}")
 
 
-def probe(url: str, timeout_s: float = 10.0, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    """POST one tools/call; (status, start of body)."""
-    req = urllib.request.Request(url, data=PROBE_BODY, headers={**PROBE_HEADERS, **(headers or {})},
-                                 method="POST")
+def probe(url: str, timeout_s: float = 10.0, headers: dict[str, str] | None = None,
+          body: bytes | None = None) -> tuple[int, str]:
+    """POST one tools/call (`body`, default PROBE_BODY); (status, start of body)."""
+    req = urllib.request.Request(url, data=body or PROBE_BODY,
+                                 headers={**PROBE_HEADERS, **(headers or {})}, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.status, resp.read(300).decode(errors="replace")

@@ -29,6 +29,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import cpu
+import paths
 import report
 import variants
 from loadgen import WrkResult, run_wrk
@@ -93,6 +94,9 @@ def parse_args() -> argparse.Namespace:
                    help="Tollhouse config with every per-call store on the hot path: JWT caller "
                         "(lockout check), 2025-11-25 session, a rate limit that never refuses")
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis for --state redis")
+    p.add_argument("--paths", type=csv, default=[],
+                   help="Tollhouse targets by request path (bench/paths.py), each its own target "
+                        f"set against auth-off: {', '.join(paths.PATHS)}")
     p.add_argument("--output", type=Path, help="also write the Markdown report here")
     args = p.parse_args()
     args.variants = bool(args.state or args.replicas or args.workers != [1] or args.stateful)
@@ -103,6 +107,10 @@ def parse_args() -> argparse.Namespace:
         p.error("--workers must be 1..64, --replicas 1..8")
     if not args.redis_url.startswith(("redis://127.0.0.1", "redis://localhost")):
         p.error("--redis-url: a loopback redis:// URL only")
+    if set(args.paths) - set(paths.PATHS):
+        p.error(f"--paths takes {', '.join(paths.PATHS)}")
+    if args.paths and args.variants:
+        p.error("--paths and --state/--workers/--replicas/--stateful are separate runs")
     unknown = set(args.targets) - {"stub", "passthrough", "tollhouse"}
     if unknown:
         p.error(f"unknown targets: {', '.join(sorted(unknown))}")
@@ -165,7 +173,7 @@ def start_tollhouse(procs: Processes, stub: Server, exe: str, tmpdir: Path, pin:
 def check_target(procs: Processes, server: Server) -> str | None:
     """Probe one tools/call; a note (and the server stopped) unless it gets a 2xx JSON-RPC result."""
     try:
-        status, body = probe(server.url, headers=server.headers)
+        status, body = probe(server.url, headers=server.headers, body=server.body)
     except OSError as exc:
         status, body = 0, str(exc)
     if 200 <= status < 300 and '"result"' in body:
@@ -183,7 +191,7 @@ def measured_run(server: Server, conns: int, duration_s: int, pin: Pinning, redi
                 cpu.pid_cpu_s(redis_pid) if redis_pid else None)
 
     before = sample()
-    res = run_wrk(server.url, conns, duration_s, pin.helpers, server.headers)
+    res = run_wrk(server.url, conns, duration_s, pin.helpers, server.headers, server.body)
     after = sample()
     if not res.requests:
         return res
@@ -199,7 +207,8 @@ def measure(targets: list[Server], args: argparse.Namespace, pin: Pinning, redis
     results: report.Results = {}
     for server in targets if args.warmup else []:
         print(f"warm-up {server.name} ({args.warmup:g} s)", file=sys.stderr)
-        run_wrk(server.url, max(args.concurrency), args.warmup, pin.helpers, server.headers)
+        run_wrk(server.url, max(args.concurrency), args.warmup, pin.helpers, server.headers,
+                server.body)
     for rnd in range(1, args.rounds + 1):
         for server in targets:
             for conns in args.concurrency:
@@ -272,7 +281,15 @@ def main() -> None:
                 except RuntimeError as exc:
                     notes.append(f"{passthrough_name(app, transport)} skipped: it did not start. {exc}")
             pairs: list[tuple[str, str, str]] = []
-            if "tollhouse" in args.targets and args.variants:
+            if "tollhouse" in args.targets and args.paths:
+                for name in args.paths:
+                    got = paths.start(procs, paths.PATHS[name], args.tollhouse, tmpdir, stub.port)
+                    if isinstance(got, str):
+                        notes.append(got)
+                    else:
+                        targets.append(got)
+                pairs = paths.comparisons([t.name for t in targets])
+            elif "tollhouse" in args.targets and args.variants:
                 started_variants, pairs, more = start_variants(procs, stub, args, tmpdir, prefix)
                 targets += started_variants
                 notes += more

@@ -4,8 +4,10 @@ A raw asyncio.Protocol HTTP/1.1 server (uvloop when installed) with
 keep-alive and pipelining. ``POST /mcp`` takes a JSON-RPC message:
 
 * a request (has ``id``) gets ``200`` + ``application/json``: a proper result
-  for ``initialize``, ``tools/list`` and ``ping``, the echo tool result for
-  every other method;
+  for ``initialize``, ``server/discover`` (2026-07-28 and 2025-11-25 both),
+  ``tools/list`` and ``ping``, the echo tool result for every other method;
+  ``tools/call`` of ``big`` answers a 64 KiB text result, and of ``sse`` the
+  echo result as one ``text/event-stream`` event (the paths of bench/paths.py);
 * a notification or response (no ``id``) gets ``202`` with an empty body.
 
 Usage: ``python bench/stub.py --port 9000``
@@ -53,13 +55,25 @@ SPECIAL_RESULTS: dict[str, dict[str, Any]] = {
         ]
     },
     "ping": {},
+    "server/discover": {
+        "supportedVersions": ["2026-07-28", PROTOCOL_VERSION],
+        "capabilities": {"tools": {}},
+        "serverInfo": {"name": "tollhouse-bench-stub", "version": "0.1.0"},
+    },
 }
+BIG_RESULT: dict[str, Any] = {"content": [{"type": "text", "text": "x" * (64 * 1024)}], "isError": False}
+_BIG_TAIL = b',"result":' + _dumps(BIG_RESULT) + b"}"
 # Pre-encoded tail of the common echo answer: {"jsonrpc":"2.0","id":<id>,"result":...}
 _ECHO_TAIL = b',"result":' + _dumps(ECHO_RESULT) + b"}"
 
 REASONS = {200: b"OK", 202: b"Accepted", 400: b"Bad Request", 404: b"Not Found",
            405: b"Method Not Allowed", 411: b"Length Required", 413: b"Content Too Large",
            431: b"Request Header Fields Too Large"}
+
+
+def _tool(message: dict[str, Any]) -> str | None:
+    params = message.get("params")
+    return params.get("name") if message["method"] == "tools/call" and isinstance(params, dict) else None
 
 
 def answer(message: Any) -> bytes | None:
@@ -70,27 +84,36 @@ def answer(message: Any) -> bytes | None:
     id_json = _dumps(message["id"])
     if method in SPECIAL_RESULTS:
         return b'{"jsonrpc":"2.0","id":' + id_json + b',"result":' + _dumps(SPECIAL_RESULTS[method]) + b"}"
+    if _tool(message) == "big":
+        return b'{"jsonrpc":"2.0","id":' + id_json + _BIG_TAIL
     return b'{"jsonrpc":"2.0","id":' + id_json + _ECHO_TAIL
 
 
-def handle_mcp(body: bytes) -> tuple[int, bytes]:
-    """Status and JSON body for a POST /mcp body."""
+def handle_mcp(body: bytes) -> tuple[int, bytes, bytes]:
+    """Status, content type and body for a POST /mcp body."""
     try:
         message = _loads(body)
     except ValueError:
         error = {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "Parse error"}}
-        return 400, _dumps(error)
+        return 400, JSON, _dumps(error)
     if isinstance(message, list):  # batch (pre-2025-06-18 clients)
         answers = [a for a in map(answer, message) if a is not None]
-        return (200, b"[" + b",".join(answers) + b"]") if answers else (202, b"")
+        return (200, JSON, b"[" + b",".join(answers) + b"]") if answers else (202, JSON, b"")
     reply = answer(message)
-    return (200, reply) if reply is not None else (202, b"")
+    if reply is None:
+        return 202, JSON, b""
+    if isinstance(message, dict) and _tool(message) == "sse":
+        return 200, SSE, b"event: message\ndata: " + reply + b"\n\n"
+    return 200, JSON, reply
 
 
-def render(status: int, body: bytes, keep_alive: bool) -> bytes:
+JSON, SSE = b"application/json", b"text/event-stream"
+
+
+def render(status: int, body: bytes, keep_alive: bool, content_type: bytes = JSON) -> bytes:
     head = b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b"Unknown"))
     if body:
-        head += b"Content-Type: application/json\r\n"
+        head += b"Content-Type: " + content_type + b"\r\n"
     head += b"Content-Length: %d\r\n" % len(body)
     if not keep_alive:
         head += b"Connection: close\r\n"
@@ -184,13 +207,14 @@ class StubProtocol(asyncio.Protocol):
         del buf[:end]
         keep_alive = conn != b"close" if version == b"HTTP/1.1" else conn == b"keep-alive"
         path = target.split(b"?", 1)[0]
+        kind = JSON
         if path != b"/mcp":
             status, payload = 404, b""
         elif method != b"POST":
             status, payload = 405, b""
         else:
-            status, payload = handle_mcp(body)
-        self.transport.write(render(status, payload, keep_alive))
+            status, kind, payload = handle_mcp(body)
+        self.transport.write(render(status, payload, keep_alive, kind))
         if not keep_alive:
             self.transport.close()
             self.transport = None

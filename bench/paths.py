@@ -1,0 +1,172 @@
+"""Tollhouse targets by request path: what the gateway does per call, each its own target in
+the same interleaved rounds, set side by side against `auth-off` (and against the stub, the
+upstream called directly).
+
+| path | client | upstream | what is on the call's path |
+|---|---|---|---|
+| `auth-off` | 2025-11-25, sessionless | legacy | nothing: anonymous, no policy (the floor) |
+| `all-policies` | 2025-11-25, sessionless | legacy | a JWT caller (HS256), an access rule and a group's tool profile, a rate limit that never refuses, egress zones, an in-process metering hook (authorize and record), audit and usage events to SQLite |
+| `modern` | 2026-07-28, sessionless | 2026-07-28 | the per-request envelope and its headers |
+| `bridged` | 2026-07-28 | legacy | the era bridge: one held upstream session for the caller |
+| `sse` | 2025-11-25 | legacy, answering as `text/event-stream` | the SSE relay |
+| `64k` | 2025-11-25 | legacy, a 64 KiB text result | a large answer |
+
+Every path but `all-policies` runs the `auth-off` config with its own upstream era, tool and
+request; each gets its own config file and SQLite database.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from procs import Processes, Server, free_port, wait_ready
+
+MODERN = "2026-07-28"
+ISSUER = "https://issuer.bench.invalid/"
+AUDIENCE = "tollhouse-bench"
+SUBJECT = "bench-user"
+BENCH_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Path_:
+    name: str
+    era: str  # the upstream's `era` in the config
+    tool: str  # what the stub answers: echo (JSON), sse (one SSE event), big (64 KiB)
+    modern_client: bool
+    policies: bool = False
+
+    def body(self) -> bytes:
+        params: dict[str, object] = {"name": self.tool, "arguments": {"text": "hello"}}
+        if self.modern_client:
+            params["_meta"] = {"io.modelcontextprotocol/protocolVersion": MODERN,
+                               "io.modelcontextprotocol/clientCapabilities": {},
+                               "io.modelcontextprotocol/clientInfo": {"name": "tollhouse-bench",
+                                                                      "version": "1"}}
+        return json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params},
+                          separators=(",", ":")).encode()
+
+    def headers(self) -> dict[str, str]:
+        if not self.modern_client:
+            return {}
+        return {"mcp-protocol-version": MODERN, "mcp-method": "tools/call", "mcp-name": self.tool}
+
+
+PATHS = {p.name: p for p in (
+    Path_("auth-off", "legacy", "echo", False),
+    Path_("all-policies", "legacy", "echo", False, policies=True),
+    Path_("modern", "modern", "echo", True),
+    Path_("bridged", "legacy", "echo", True),
+    Path_("sse", "legacy", "sse", False),
+    Path_("64k", "legacy", "big", False),
+)}
+
+BASE = """\
+[server]
+listen = "127.0.0.1:{port}"
+public_url = "http://127.0.0.1:{port}"
+[database]
+url = "sqlite:///{dbdir}/bench.db"
+[[upstreams]]
+name = "bench"
+url = "http://127.0.0.1:{stub_port}/mcp"
+era = "{era}"
+"""
+AUTH_OFF = """\
+[auth]
+mode = "none"
+"""
+# every policy of the chain on one call: identity, access and a tool profile, a rate limit,
+# egress zones, metering before and after; audit and usage events go to SQLite
+ALL_POLICIES = """\
+zones = ["loopback"]
+collections = ["bench-data"]
+[upstreams.access]
+allow_subjects = ["{subject}"]
+tools_allow = ["echo", "sse", "big"]
+tools_deny = ["admin_*"]
+[upstreams.access.group_tools.eng]
+tools_allow = ["deploy_*"]
+[auth]
+mode = "jwt"
+[[auth.issuers]]
+issuer = "{issuer}"
+hs256_secret = "{secret}"
+algorithms = ["HS256"]
+audience = "{audience}"
+[[rate_limits]]
+name = "bench-unreachable"
+key = "principal_tool"
+methods = ["tools/call"]
+rate = "1000000/s"
+burst = 1000000000
+[egress.collections]
+bench-data = "local_only"
+[metering]
+hook = "bench_meter:METER"
+methods = ["tools/call"]
+"""
+
+
+def config_text(path: Path_, port: int, stub_port: int, dbdir: Path, secret: str) -> str:
+    text = BASE.format(port=port, dbdir=dbdir, stub_port=stub_port, era=path.era)
+    if not path.policies:
+        return text + AUTH_OFF
+    return text + ALL_POLICIES.format(subject=SUBJECT, issuer=ISSUER, secret=secret,
+                                      audience=AUDIENCE)
+
+
+def bearer(secret: str) -> str:
+    import jwt  # the gateway's venv has it
+
+    now = int(time.time())
+    token = jwt.encode({"iss": ISSUER, "sub": SUBJECT, "aud": AUDIENCE, "iat": now,
+                        "exp": now + 86400}, secret, algorithm="HS256")
+    return f"Bearer {token}"
+
+
+def start(procs: Processes, path: Path_, exe: str, tmpdir: Path, stub_port: int) -> Server | str:
+    """The started target `tollhouse{<path>}`, or a note why not."""
+    name = f"tollhouse{{{path.name}}}"
+    found = shutil.which(exe)
+    if found is None:
+        return f"{name} skipped: `{exe}` is not installed."
+    own = tmpdir / f"path-{path.name}"
+    own.mkdir(exist_ok=True)
+    secret = secrets.token_hex(32)
+    port = free_port()
+    config = own / "tollhouse.toml"
+    config.write_text(config_text(path, port, stub_port, own, secret))
+    # the metering hook is a module of bench/, imported by name
+    server = procs.start(name, [found, "serve", "--config", str(config)], port, "/mcp/bench",
+                         pythonpath=BENCH_DIR)
+    try:
+        wait_ready(server, deadline_s=30.0)
+    except RuntimeError as exc:
+        procs.stop(server)
+        return f"{name} skipped: it did not start. {exc}"
+    server.body = path.body()
+    server.headers = path.headers()
+    if path.policies:
+        server.headers["authorization"] = bearer(secret)
+    return server
+
+
+def comparisons(started: list[str]) -> list[tuple[str, str, str]]:
+    """Each path against auth-off, when both ran."""
+    base = "tollhouse{auth-off}"
+    if base not in started:
+        return []
+    return [(f"{n.removeprefix('tollhouse{').rstrip('}')} vs auth-off", base, n)
+            for n in started if n.startswith("tollhouse{") and n != base]
+
+
+if __name__ == "__main__":  # pragma: no cover - a listing for the README
+    for p in PATHS.values():
+        sys.stdout.write(f"{p.name}: {p.body().decode()[:80]} {p.headers()}\n")
