@@ -11,7 +11,8 @@ can be compared by (run each with its own checkout first on sys.path, alternatel
 
 `--state redis://127.0.0.1:6379/0` keeps the state in Redis (a fresh key prefix, deleted at the
 end); `--stateful` is run.py's per-call-store config (a JWT caller, a 2025-11-25 session, a rate
-limit that never refuses); `--profile N` prints cProfile's top N functions of one round.
+limit that never refuses); `--all-policies` is paths.py's every-policy-on config (sessionless);
+`--profile N` prints cProfile's top N functions of one round.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from typing import Any
 
 sys.path.insert(0, os.getcwd())  # the checkout to measure: the one this is run from
 
-import httpx  # noqa: E402
+import httpx
 
-from proxy.app import create_app  # noqa: E402
-from proxy.config import from_dict  # noqa: E402
+from proxy.app import create_app
+from proxy.config import from_dict
 
 CALL = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                    "params": {"name": "echo", "arguments": {"text": "hi"}}}).encode()
@@ -50,7 +51,7 @@ ISSUER, AUDIENCE = "https://issuer.bench.invalid/", "tollhouse-bench"
 
 class Resolver:
     async def resolve(self, host: str, port: int) -> list[str]:
-        return ["192.0.2.10"]
+        return ["10.0.0.10"]  # a LAN address: in the default zones and in all-policies' zone
 
 
 def upstream(request: httpx.Request) -> httpx.Response:
@@ -62,7 +63,7 @@ def upstream(request: httpx.Request) -> httpx.Response:
 
 
 async def one_call(app: Any, extra: list[tuple[bytes, bytes]] | None = None, body: bytes = CALL,
-                   answer: dict[str, str] | None = None) -> int:
+                   answer: dict[str, str] | None = None, out: list[bytes] | None = None) -> int:
     headers = [h for h in HEADERS if h[0] != b"content-length"] if body is not CALL else HEADERS
     if body is not CALL:
         headers.append((b"content-length", str(len(body)).encode()))
@@ -87,6 +88,8 @@ async def one_call(app: Any, extra: list[tuple[bytes, bytes]] | None = None, bod
             status = message["status"]
             if answer is not None:
                 answer.update({k.decode().lower(): v.decode() for k, v in message["headers"]})
+        elif message["type"] == "http.response.body" and out is not None:
+            out.append(message.get("body", b""))
 
     await app(scope, receive, send)
     return status
@@ -105,14 +108,31 @@ def config(tmp: str, state: str, prefix: str, stateful: bool, secret: str) -> di
     return cfg
 
 
-async def session_headers(app: Any, secret: str) -> list[tuple[bytes, bytes]]:
-    """A bearer and the Mcp-Session-Id of one initialize."""
+def every_policy(tmp: str, state: str, prefix: str, secret: str) -> dict[str, Any]:
+    """paths.py's all-policies config, pointed at the in-memory upstream."""
+    import tomllib
+    from pathlib import Path
+
+    import paths
+
+    cfg = tomllib.loads(paths.config_text(paths.PATHS["all-policies"], 8080, 9, Path(tmp), secret))
+    cfg["upstreams"][0].update(url="http://upstream.test/mcp", zones=["lan"])
+    cfg["state"] = {"url": state, "key_prefix": prefix}
+    return cfg
+
+
+def bearer(secret: str) -> str:
     import jwt
 
     now = int(time.time())
     token = jwt.encode({"iss": ISSUER, "sub": "bench-user", "aud": AUDIENCE, "iat": now,
                         "exp": now + 86400}, secret, algorithm="HS256")
-    auth = [(b"authorization", f"Bearer {token}".encode())]
+    return f"Bearer {token}"
+
+
+async def session_headers(app: Any, secret: str) -> list[tuple[bytes, bytes]]:
+    """A bearer and the Mcp-Session-Id of one initialize."""
+    auth = [(b"authorization", bearer(secret).encode())]
     answer: dict[str, str] = {}
     status = await one_call(app, auth, INITIALIZE, answer)
     if status != 200 or "mcp-session-id" not in answer:
@@ -136,6 +156,8 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--state", default="memory", help="memory, or a loopback redis:// URL")
     parser.add_argument("--stateful", action="store_true", help="JWT caller, session, rate limit")
+    parser.add_argument("--all-policies", action="store_true",
+                        help="paths.py's all-policies config: every policy of the chain on")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="cProfile one more round; print the top N by cumulative time")
     args = parser.parse_args()
@@ -144,12 +166,18 @@ async def main() -> None:
     prefix, secret = f"bench{secrets.token_hex(6)}:", secrets.token_hex(32)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = from_dict(config(tmp, args.state, prefix, args.stateful, secret), env={})
+            raw = (every_policy(tmp, args.state, prefix, secret) if args.all_policies
+                   else config(tmp, args.state, prefix, args.stateful, secret))
+            cfg = from_dict(raw, env={})
             app = create_app(cfg, upstream_transport=httpx.MockTransport(upstream),
                              resolver=Resolver())
             async with app.test_app():
-                extra = await session_headers(app, secret) if args.stateful else []
-                assert await one_call(app, extra) == 200
+                extra = (await session_headers(app, secret) if args.stateful
+                         else [(b"authorization", bearer(secret).encode())] if args.all_policies
+                         else [])
+                first: list[bytes] = []
+                if await one_call(app, extra, out=first) != 200 or b'"result"' not in b"".join(first):
+                    raise SystemExit(f"the first call was not answered a result: {b''.join(first)[:300]!r}")
                 best = best_cpu = float("inf")
                 for _ in range(args.rounds):
                     began, began_cpu = time.perf_counter(), time.process_time()
@@ -166,7 +194,8 @@ async def main() -> None:
     finally:
         if args.state != "memory":
             delete_keys(args.state, prefix)
-    mode = f"state {args.state.split('@')[-1]}{', stateful' if args.stateful else ''}"
+    mode = (f"state {args.state.split('@')[-1]}{', stateful' if args.stateful else ''}"
+            f"{', all policies' if args.all_policies else ''}")
     print(f"{os.getcwd()} ({mode}): {best * 1e6:.1f} us per call, {best_cpu * 1e6:.1f} us CPU "
           f"(best of {args.rounds} x {args.calls})")
     if args.profile:
