@@ -38,6 +38,7 @@ from cachetools import TTLCache
 from proxy import db
 from proxy.config import Config
 from proxy.errors import OAuthError as OAuthError  # noqa: PLC0414 - cimd raises it from here
+from proxy.errors import StoreUnavailable
 from proxy.oauth.keys import KeyRing
 from proxy.people.accounts import User
 from proxy.state.codes import CodeStore
@@ -283,21 +284,40 @@ class AuthorizationServer:
         resource = form.get("resource") or grant.resource
         if resource != grant.resource:
             raise OAuthError("invalid_target", "resource differs from the authorization")
-        return await asyncio.to_thread(self._tokens, client.client_id, grant.user, resource,
-                                       grant.family, scope_requested=grant.scope_requested)
+        tokens = await asyncio.to_thread(self._tokens, client.client_id, grant.user, resource,
+                                         grant.family, scope_requested=grant.scope_requested)
+        return await self._unless_revoked(grant.family, tokens)
 
     async def refresh(self, client: Client, form: dict[str, str],
                       user_lookup: Callable[[str], User | None]) -> dict[str, Any]:
         """Rotate a refresh token (its database steps in a thread); a reuse revokes the
         family, in the database and in the live-state store, before the refusal."""
         try:
-            return await asyncio.to_thread(self._refresh, client, form, user_lookup)
+            family, tokens = await asyncio.to_thread(self._refresh, client, form, user_lookup)
         except _FamilyRevoked as revoked:
-            await self._revocations.revoke_family(revoked.family)
+            await self._revoked_in_store(revoked.family)  # its rows are revoked already
             raise revoked.error from None
+        return await self._unless_revoked(family, tokens)
+
+    async def _unless_revoked(self, family: str, tokens: dict[str, Any]) -> dict[str, Any]:
+        """`tokens`, just issued in `family`, whose refresh row may have been stored after a
+        revocation of the family revoked its rows: the code or refresh token was presented
+        again at the same moment (by another replica, or another request here). The revoker
+        revokes the rows again once it has told the store, so whichever of the two comes
+        second sees the other: here, the store says revoked, and the rows are revoked again.
+        The answer stands (the first use succeeds); what it carries is refused. A store out
+        of reach leaves the answer as it is (the revoker could not tell it either)."""
+        try:
+            revoked = await self._revocations.revoked("", family)  # "": the family only
+        except StoreUnavailable:
+            return tokens
+        if revoked:
+            await asyncio.to_thread(self._revoke_family_rows, family)
+        return tokens
 
     def _refresh(self, client: Client, form: dict[str, str],
-                 user_lookup: Callable[[str], User | None]) -> dict[str, Any]:
+                 user_lookup: Callable[[str], User | None]) -> tuple[str, dict[str, Any]]:
+        """The family and the new tokens; raises _FamilyRevoked on a reuse."""
         token = form.get("refresh_token", "")
         with self._db.transaction() as conn:
             row = conn.execute(self._sql(
@@ -329,8 +349,8 @@ class AuthorizationServer:
                                (self._clock(), _sha(token))).rowcount == 1
         if not won:  # a concurrent use won the race
             raise self._family_revoked(family, "refresh token reused; its family is revoked")
-        return self._tokens(client.client_id, user, resource, family,
-                            scope_requested=bool(form.get("scope")))
+        return family, self._tokens(client.client_id, user, resource, family,
+                                    scope_requested=bool(form.get("scope")))
 
     def _tokens(self, client_id: str, user: User, resource: str, family: str, *,
                 scope_requested: bool) -> dict[str, Any]:
@@ -372,7 +392,14 @@ class AuthorizationServer:
 
     async def _revoke_family(self, family: str) -> None:
         await asyncio.to_thread(self._revoke_family_rows, family)
+        await self._revoked_in_store(family)
+
+    async def _revoked_in_store(self, family: str) -> None:
+        """Tell the store, then revoke the rows once more: a refresh row of the family
+        stored since they were first revoked is caught by this, or by its issuer's look at
+        the store (`_unless_revoked`)."""
         await self._revocations.revoke_family(family)
+        await asyncio.to_thread(self._revoke_family_rows, family)
 
     async def revoke(self, client: Client, token: str) -> None:
         """RFC 7009: a refresh token revokes its family; an access token is refused from now

@@ -5,10 +5,16 @@ the browser back with a code and the state. `/token` checks the client, the redi
 PKCE S256 verifier and that each code is used once, then returns an ID token. Knobs make it
 misbehave: a wrong audience, issuer or nonce, an expired token, a key it does not publish, a
 forged signature, `alg` none or HS256, a refusal at /authorize, a broken token endpoint.
+
+With `refresh_grant` it is also an upstream's OAuth authorization server: a code's answer
+carries a refresh token, each good once (a reused one is invalid_grant), every access token
+lives `expires_in` seconds, `refreshed` lists every refresh token presented (as it arrives),
+and with `hold_refresh` set each refresh waits for that event before it is answered.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import secrets
@@ -75,6 +81,12 @@ class OidcProvider:
     alg: str = "RS256"
     deny: bool = False
     token_status: int | None = None  # answer /token with this status and no token
+    # the refresh grant (an upstream's authorization server)
+    refresh_grant: bool = False
+    expires_in: int = 300
+    hold_refresh: asyncio.Event | None = None
+    refreshed: list[str] = field(default_factory=list)
+    refresh_tokens: set[str] = field(default_factory=set)  # the ones still good
     # what happened
     hits: Counter[str] = field(default_factory=Counter)
     challenges: list[str] = field(default_factory=list)
@@ -151,6 +163,10 @@ class OidcProvider:
         elif path == "/token" and method == "POST":
             self.hits["token"] += 1
             form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
+            if form.get("grant_type") == "refresh_token":
+                self.refreshed.append(form.get("refresh_token", ""))
+                if self.hold_refresh is not None:
+                    await self.hold_refresh.wait()
             status, out, extra = self.token(form, headers.get("authorization", ""))
         else:
             status, out = 404, {"error": "not_found"}
@@ -217,6 +233,11 @@ class OidcProvider:
         client_id = self._client(form, authorization)
         if client_id is None:
             return self._refuse("client", "invalid_client", 401)
+        if form.get("grant_type") == "refresh_token" and self.refresh_grant:
+            if form.get("refresh_token") not in self.refresh_tokens:
+                return self._refuse("refresh_token")
+            self.refresh_tokens.discard(form["refresh_token"])
+            return 200, self._access(), {}
         if form.get("grant_type") != "authorization_code":
             return self._refuse("grant_type", "unsupported_grant_type")
         grant = self.codes.pop(form.get("code", ""), None)
@@ -227,10 +248,18 @@ class OidcProvider:
         if s256(form.get("code_verifier", "")) != grant.challenge:
             return self._refuse("pkce")
         id_token = self.id_token(grant)
-        access_token = secrets.token_urlsafe(32)
-        self.issued += [id_token, access_token]
-        return 200, {"access_token": access_token, "token_type": "Bearer", "expires_in": 300,
-                     "id_token": id_token, "scope": "openid profile email"}, {}
+        self.issued.append(id_token)
+        return 200, {**self._access(), "id_token": id_token, "scope": "openid profile email"}, {}
+
+    def _access(self) -> dict[str, Any]:
+        """A fresh access token (and, with `refresh_grant`, a refresh token good once)."""
+        out: dict[str, Any] = {"access_token": secrets.token_urlsafe(32),
+                               "token_type": "Bearer", "expires_in": self.expires_in}
+        if self.refresh_grant:
+            out["refresh_token"] = secrets.token_urlsafe(32)
+            self.refresh_tokens.add(out["refresh_token"])
+        self.issued += [v for k, v in out.items() if k.endswith("_token")]
+        return out
 
     def id_token(self, grant: Grant) -> str:
         now = int(time.time())

@@ -54,7 +54,7 @@ START_DEADLINE_S = 30.0  # a gateway process imports everything and migrates: ~1
 
 # Redis keys the gateway may leave under its prefix (proxy/state/*.py), by kind. Every one
 # but the bridge's era verdicts expires by itself.
-KEY_KINDS = ("ms:", "bv:", "bh:", "rl:", "lk:l:", "lk:c:", "br:", "oc:", "fl:", "rv:")
+KEY_KINDS = ("ms:", "bv:", "bh:", "rl:", "lk:l:", "lk:c:", "br:", "oc:", "fl:", "rv:", "ls:")
 KEPT_KINDS = ("bv:",)
 
 
@@ -240,12 +240,15 @@ def gateway_config(port: int, lb_port: int, upstream_url: str, database_url: str
         "database": {"url": database_url},
         "state": {"url": REDIS_URL, "key_prefix": prefix},
     }
+    more = (config or {}).get("upstreams", [])  # beside `up`, each with its own name
     for name, value in (config or {}).items():
+        if name == "upstreams":
+            continue
         if isinstance(value, dict) and isinstance(tables.get(name), dict):
             tables[name] = {**tables[name], **value}
         else:
             tables[name] = value
-    tables["upstreams"] = [{"name": ENDPOINT, "url": f"{upstream_url}/mcp", **upstream}]
+    tables["upstreams"] = [{"name": ENDPOINT, "url": f"{upstream_url}/mcp", **upstream}, *more]
     return tables
 
 
@@ -291,15 +294,16 @@ backend replicas
 """
 
 
-async def _start_replica(name: str, port: int, tables: dict[str, Any], tmp_path: Path
-                         ) -> Replica:
+async def _start_replica(name: str, port: int, tables: dict[str, Any], tmp_path: Path,
+                         env: dict[str, str] | None = None) -> Replica:
     cfg = tmp_path / f"{name}.toml"
     cfg.write_text(toml(tables))
     log_path = tmp_path / f"{name}.log"
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "proxy", "serve", "--config", str(cfg), "--log-level",
-            "warning", cwd=REPO, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
+            "warning", cwd=REPO, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+            env=None if env is None else {**os.environ, **env})
     return Replica(name, port, process, log_path)
 
 
@@ -359,13 +363,16 @@ def require_tools() -> None:
 
 @contextlib.asynccontextmanager
 async def open_cluster(tmp_path: Path, upstream_url: str, *, replicas: int = 2,
-                       config: dict[str, Any] | None = None, **upstream: Any
+                       config: dict[str, Any] | None = None, database_url: str | None = None,
+                       env: dict[str, str] | None = None, **upstream: Any
                        ) -> AsyncIterator[Cluster]:
     """`replicas` gateway processes in front of `upstream_url` (endpoint `up`, `upstream` its
-    settings, `config` further top-level tables merged over the defaults) behind HAProxy."""
+    settings, `config` further top-level tables merged over the defaults, its `upstreams`
+    added beside `up`) behind HAProxy, on the test's database (or `database_url`, for a
+    cluster that outlives one test), with `env` added to the replicas' environment."""
     require_tools()
     prefix = f"tollhouse-replicas:{secrets.token_hex(6)}:"
-    database_url = db_backends.url()
+    database_url = database_url or db_backends.url()
     # the machine's Redis, or the one `config`'s [state] names (an outage test's own)
     redis_url = (config or {}).get("state", {}).get("url", REDIS_URL)
     # a connection broken by an outage test's restart is made afresh, once
@@ -379,7 +386,7 @@ async def open_cluster(tmp_path: Path, upstream_url: str, *, replicas: int = 2,
         await redis.ping()
         started = list(await asyncio.gather(*(
             _start_replica(name, port, gateway_config(port, lb_port, upstream_url, database_url,
-                                                      prefix, config, upstream), tmp_path)
+                                                      prefix, config, upstream), tmp_path, env)
             for name, port in ports)))
         lb_cfg = tmp_path / "haproxy.cfg"
         lb_cfg.write_text(haproxy_config(lb_port, ports))

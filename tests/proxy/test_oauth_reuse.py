@@ -1,0 +1,134 @@
+"""A code or a refresh token presented twice at the same moment (at two replicas, or in two
+requests to one): the second presentation is refused and revokes what the first produced,
+even when the first stores its refresh token only after the second revoked the family's rows.
+
+Two authorization servers on one database and one live-state store (this run's: memory or
+Redis) stand for two replicas. The first one's token issue is held in its worker thread
+until the second has been answered: the order in which a race between two replicas stores
+the refresh row last (tests/replicas/test_security.py meets it now and then)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import jwt
+import pytest
+
+from proxy.db import Database
+from proxy.oauth.keys import KeyRing
+from proxy.oauth.server import AuthorizationServer, Client, OAuthError, s256
+from proxy.people.accounts import Accounts, User
+from proxy.state import open_stores
+from tests import state_backends
+from tests.conftest import make_config
+from tests.helpers import DEADLINE_S, until
+
+REDIRECT_URI = "http://127.0.0.1:3000/cb"
+VERIFIER = "v" * 50
+
+
+class Held:
+    """`server`'s token issue waits, in its worker thread, for `go`; `entered` once it does."""
+
+    def __init__(self, server: AuthorizationServer) -> None:
+        self.entered, self.go = threading.Event(), threading.Event()
+        issue = server._tokens
+
+        def held(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            self.entered.set()
+            assert self.go.wait(DEADLINE_S), "the held token issue was never let go"
+            return issue(*args, **kwargs)
+
+        server._tokens = held  # type: ignore[method-assign]
+
+
+class Two:
+    def __init__(self, a: AuthorizationServer, b: AuthorizationServer, client: Client,
+                 user: User, database: Database) -> None:
+        self.a, self.b, self.client, self.user = a, b, client, user
+        self.resource = f"{a.issuer}/mcp/e"  # make_config's one endpoint
+        self.accounts = Accounts(database)
+
+    def lookup(self, user_id: str) -> User | None:
+        return self.accounts.get(user_id)
+
+    async def code(self) -> dict[str, str]:
+        code = await self.a.issue_code(self.client, REDIRECT_URI,
+                                       {"code_challenge": s256(VERIFIER)}, self.user,
+                                       self.resource)
+        return {"code": code, "code_verifier": VERIFIER, "redirect_uri": REDIRECT_URI}
+
+    async def refused(self, tokens: dict[str, Any]) -> None:
+        """Neither token of `tokens` is any good, at either server."""
+        for server in (self.a, self.b):
+            with pytest.raises(jwt.InvalidTokenError, match="revoked"):
+                await server.verify_access(tokens["access_token"], self.resource)
+        with pytest.raises(OAuthError, match="revoked"):
+            await self.b.refresh(self.client, {"refresh_token": tokens["refresh_token"]},
+                                 self.lookup)
+
+
+@pytest.fixture
+async def two(database: Database) -> AsyncIterator[Two]:
+    cfg = make_config(auth={"mode": "jwt"}, oauth_server={"enabled": True},
+                      state=state_backends.state())
+    stores = open_stores(cfg)
+
+    def server() -> AuthorizationServer:
+        ring = KeyRing(database, "test-secret", cfg.oauth_server.key_rotation_s,
+                       cfg.oauth_server.access_token_ttl_s)
+        return AuthorizationServer(cfg, database, ring, codes=stores.codes,
+                                   revocations=stores.revocations,
+                                   consents=stores.consent_flows)
+
+    try:
+        a, b = server(), server()
+        registered = a.register({"redirect_uris": [REDIRECT_URI], "client_name": "Test",
+                                 "token_endpoint_auth_method": "none"})
+        client = a.authenticate_client(registered["client_id"], None)
+        yield Two(a, b, client, Accounts(database).create_local("ann", "ann-password"),
+                  database)
+    finally:
+        await stores.aclose()
+
+
+async def test_a_code_presented_again_while_its_first_use_issues_revokes_what_it_issues(
+        two: Two) -> None:
+    form = await two.code()
+    held = Held(two.a)
+    first = asyncio.create_task(two.a.exchange_code(two.client, form))
+    await until(held.entered.is_set, what="the first use issuing its tokens")
+    with pytest.raises(OAuthError, match="already used"):
+        await two.b.exchange_code(two.client, form)
+    held.go.set()
+    tokens = await first  # the first use is answered; what it carries is refused
+    await two.refused(tokens)
+
+
+async def test_a_refresh_token_presented_again_while_its_first_use_issues_revokes_the_new_one(
+        two: Two) -> None:
+    tokens = await two.a.exchange_code(two.client, await two.code())
+    form = {"refresh_token": tokens["refresh_token"]}
+    held = Held(two.a)
+    first = asyncio.create_task(two.a.refresh(two.client, form, two.lookup))
+    await until(held.entered.is_set, what="the first use issuing its tokens")
+    with pytest.raises(OAuthError, match="reused"):
+        await two.b.refresh(two.client, form, two.lookup)
+    held.go.set()
+    rotated = await first
+    await two.refused(rotated)
+
+
+async def test_one_use_at_a_time_is_not_revoked(two: Two) -> None:
+    """The look at the store after issuing revokes nothing when nothing was presented
+    twice: the code's tokens and each rotation's work."""
+    tokens = await two.a.exchange_code(two.client, await two.code())
+    for server in (two.b, two.a):
+        tokens = await server.refresh(two.client, {"refresh_token": tokens["refresh_token"]},
+                                      two.lookup)
+        for verifier in (two.a, two.b):
+            claims = await verifier.verify_access(tokens["access_token"], two.resource)
+            assert claims["sub"] == two.user.subject
