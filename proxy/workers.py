@@ -104,6 +104,7 @@ class _Slot:
     started: float = 0.0
     serving: bool = False
     failures: int = 0  # deaths in a row, each within STABLE_S of starting
+    config: Config | None = None  # the config it was started with or last told to reload
     due: float | None = None  # when a dead worker is restarted
 
     @property
@@ -116,7 +117,7 @@ class Supervisor:
     """Starts, watches and stops the workers; `run()` is `tollhouse serve`'s exit status."""
 
     cfg: Config
-    base_dir: Path
+    config_path: Path  # the file SIGHUP re-reads
     sock: socket.socket
     log_level: str
     announce: Callable[[], None]  # the one "listening" line, once the first worker serves
@@ -127,8 +128,13 @@ class Supervisor:
     last_exit: tuple[int, str] = (0, "")  # the last worker's exit code, and in words
     _selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
     _signals: list[int] = field(default_factory=list)
+    _hangups: int = 0
     _wake_r: int = -1
     _wake_w: int = -1
+
+    @property
+    def base_dir(self) -> Path:
+        return self.config_path.parent
 
     def run(self) -> int:
         self.slots = [_Slot(i + 1) for i in range(self.cfg.server.workers)]
@@ -152,19 +158,22 @@ class Supervisor:
     # -- signals ----------------------------------------------------------------------------
 
     def _install_signals(self) -> dict[int, object]:
-        """SIGTERM/SIGINT stop, SIGCHLD reaps; each wakes the select loop (a wakeup fd)."""
+        """SIGTERM/SIGINT stop, SIGHUP reloads, SIGCHLD reaps; each wakes the select loop (a
+        wakeup fd)."""
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         previous: dict[int, object] = {}
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             previous[sig] = signal.signal(sig, self._on_signal)
         previous[-1] = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         return previous
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if signum != signal.SIGCHLD:
+        if signum == signal.SIGHUP:
+            self._hangups += 1
+        elif signum != signal.SIGCHLD:
             self._signals.append(signum)
 
     def _restore_signals(self, previous: dict[int, object]) -> None:
@@ -178,6 +187,10 @@ class Supervisor:
         os.close(self._wake_w)
 
     def _take_signals(self) -> None:
+        if self._hangups:
+            self._hangups = 0
+            if not self.stopping:
+                self._reload()
         first, self._signals = self._signals[:1], []
         if first and not self.stopping:  # a second signal while stopping changes nothing
             name = signal.Signals(first[0]).name
@@ -234,6 +247,7 @@ class Supervisor:
             data = b""
         if data:
             slot.serving = True
+            self._forward_reload(slot)  # a reload while it started: it has the old config
         self._forget_ready(slot)  # said it serves, or closed the pipe (it is exiting)
 
     def _forget_ready(self, slot: _Slot) -> None:
@@ -291,11 +305,37 @@ class Supervisor:
         self._selector.register(ready_r, selectors.EVENT_READ, slot)
         assert proc.stdin is not None
         try:
-            proc.stdin.write(pickle.dumps((self.cfg, self.base_dir)))
+            proc.stdin.write(pickle.dumps((self.cfg, self.config_path)))
+            slot.config = self.cfg
             proc.stdin.close()
         except BrokenPipeError:  # it died at once; _reap tells
             pass
         log.debug("started worker %d (pid %d)", slot.index, proc.pid)
+
+    def _reload(self) -> None:
+        """SIGHUP: the file checked here once (a fault is one line, and nothing is forwarded),
+        kept for the workers started later, and SIGHUP sent to every worker that serves,
+        each of which re-reads it and applies it to its next call (`Serving.reload`)."""
+        from proxy.config import ConfigError, load, validate
+        from proxy.reload import applied
+
+        try:
+            cfg = applied(self.cfg, load(self.config_path))
+            validate(cfg, self.base_dir)
+        except ConfigError as exc:
+            log.error("SIGHUP: config reload from %s refused, nothing changed: %s",
+                      self.config_path, exc)
+            return
+        self.cfg = cfg
+        log.info("SIGHUP: %d worker(s) reload %s", self._alive(), self.config_path)
+        for slot in self.slots:
+            self._forward_reload(slot)
+
+    def _forward_reload(self, slot: _Slot) -> None:
+        if slot.proc is not None and slot.serving and slot.config is not self.cfg:
+            slot.config = self.cfg
+            with contextlib.suppress(ProcessLookupError):
+                slot.proc.send_signal(signal.SIGHUP)
 
     def _restart(self, slot: _Slot) -> None:
         try:
@@ -347,10 +387,10 @@ def _how(code: int) -> str:
     return f"exited with code {code}"
 
 
-def serve(cfg: Config, base_dir: Path, sock: socket.socket, log_level: str,
+def serve(cfg: Config, config_path: Path, sock: socket.socket, log_level: str,
           announce: Callable[[], None]) -> int:
     """Run `cfg.server.workers` workers on `sock` until stopped; the exit status."""
-    return Supervisor(cfg, base_dir, sock, log_level, announce).run()
+    return Supervisor(cfg, config_path, sock, log_level, announce).run()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,9 +425,11 @@ def worker_main(argv: list[str] | None = None) -> int:
     p.add_argument("--parent", type=int, required=True)
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler reloads
     _follow_parent(args.parent)
-    cfg, base_dir = pickle.loads(sys.stdin.buffer.read())
-    assert isinstance(cfg, Config) and isinstance(base_dir, Path)
+    cfg, config_path = pickle.loads(sys.stdin.buffer.read())
+    assert isinstance(cfg, Config) and isinstance(config_path, Path)
+    base_dir = config_path.parent
     with open(os.devnull, "rb") as null:
         os.dup2(null.fileno(), 0)
 
@@ -418,7 +460,7 @@ def worker_main(argv: list[str] | None = None) -> int:
                  signal.Signals(signum).name)
 
     asyncio.run(cli._run_hypercorn(app, [f"fd://{args.fd}"], cfg.server.shutdown_grace_s,
-                                   on_signal=stopping))
+                                   on_signal=stopping, config_path=config_path))
     log.info("worker %d (pid %d) stopped", index, os.getpid())
     return 0
 
