@@ -233,7 +233,7 @@ async def running(config: Path, prefix: str | None) -> AsyncIterator[Serve]:
     """`tollhouse serve` on `config` until it serves with every worker (or, with
     `server.workers = 1`, until its one process serves); afterwards whatever of it is left is
     killed and the prefix's Redis keys, if any, are deleted."""
-    single = re.search(r"^workers = 1$", config.read_text(), re.M) is not None
+    single = re.search(r"^workers = 1$", config.read_text(), re.MULTILINE) is not None
     gw = Serve(_spawn(config))
     proc = gw.proc
     reader = threading.Thread(target=gw.read, daemon=True)
