@@ -25,7 +25,7 @@ from quart import Quart
 from policies import build_egress, default_policies
 from policies.access import Access
 from policies.metering import MeteringBackend
-from proxy import edge, metadata
+from proxy import edge, metadata, reload
 from proxy.api import routes as api_routes
 from proxy.api.context import Api, provide
 from proxy.audit import AuditSink, DatabaseAuditSink
@@ -33,7 +33,7 @@ from proxy.auth.authenticator import Authenticator, BearerAuth, NoAuth
 from proxy.auth.keys import KeyIndex
 from proxy.bodycap import BodyCap
 from proxy.chain import Chain
-from proxy.config import Config, ConfigError, load, parse_networks, validate
+from proxy.config import Config, parse_networks
 from proxy.connect import routes as connect_routes
 from proxy.connect.guarded import GuardedClient
 from proxy.connect.manager import Connections
@@ -54,7 +54,6 @@ from proxy.people.live import LiveUsers
 from proxy.people.signin import Web
 from proxy.registry import POLL_S as REGISTRY_POLL_S
 from proxy.registry import Registry
-from proxy.reload import applied, fixed_changes
 from proxy.state import Stores, open_stores
 from proxy.state.inflight import Later
 from proxy.upstream import UpstreamClient, UpstreamRoute
@@ -243,6 +242,7 @@ class Serving:
     worker_task: asyncio.Task[None] | None
     destinations: Destinations
     backend: MeteringBackend | None
+    drain_deadline: float | None = None  # the loop's time the drain's grace ends at
 
     @classmethod
     async def open(cls, parts: Parts, app: Quart) -> Serving:
@@ -275,10 +275,10 @@ class Serving:
         watch = asyncio.get_running_loop().create_task(registry.watch())
         await parts.stores.start()
         serving = cls(parts, upstream, audit, registry, watch, keys, None, destinations, backend)
-        serving._outbox(backend)
+        serving.deliver_through(backend)
         return serving
 
-    def _outbox(self, backend: MeteringBackend | None) -> None:
+    def deliver_through(self, backend: MeteringBackend | None) -> None:
         """The usage outbox's worker, delivering through `backend`: started with the first
         metering backend (at start-up or by a reload), pointed at each later one."""
         state = self.parts.state
@@ -308,7 +308,7 @@ class Serving:
         """SIGTERM: refuse what is new and end the GET streams at once, then wait up to
         `grace_s` for the calls in flight; the seconds of grace left."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace_s
+        deadline = self.drain_deadline = loop.time() + grace_s
         self.gateway.stop_serving()
         log.info("draining: new sessions and calls are refused (503); %d call(s) in flight "
                  "get up to %g s to finish", len(self.gateway.inflight), grace_s)
@@ -321,64 +321,20 @@ class Serving:
         return left
 
     async def reload(self, path: Path) -> bool:
-        """SIGHUP: apply the config file at `path` from the next call on (proxy.reload says
-        what applies live). One log line either way; a file that fails changes nothing."""
-        try:
-            running = self.gateway.live.cfg
-            read = load(path)
-            fixed = fixed_changes(running, read)
-            cfg = applied(running, read)
-            validate(cfg, path.parent)
-            await self._apply(cfg)
-        except ConfigError as exc:
-            log.error("config reload from %s refused, nothing changed: %s", path, exc)
-            return False
-        except Exception as exc:  # noqa: BLE001 - a hook that does not import, a bad key file
-            log.error("config reload from %s refused, nothing changed: %s: %s", path,
-                      type(exc).__name__, exc)
-            return False
-        if fixed:
-            log.warning("config reloaded from %s; these keys cannot change while serving and "
-                        "keep their running values until a restart: %s", path, ", ".join(fixed))
-        else:
-            log.info("config reloaded from %s", path)
-        return True
-
-    async def _apply(self, cfg: Config) -> None:
-        """Build everything the new config decides, then swap it in within one step of the
-        event loop: the route table, the registry's view, the policy chain."""
-        parts, gateway = self.parts, self.gateway
-        running = gateway.live.cfg
-        backend = self.backend
-        if cfg.metering != running.metering:
-            backend = build_backend(cfg.metering, self.upstream.http) \
-                if cfg.metering.enabled else None
-        parts.identity.prepare(cfg)
-        routes = {u.name: UpstreamRoute.from_config(u) for u in cfg.upstreams}
-        gone = {u.name for u in running.upstreams} - set(routes)
-        async with self.registry.changing():  # from here on nothing awaits: no call sees
-            egress = build_egress(cfg, self.destinations, parts.trusted)  # half of it
-            chain = Chain(default_policies(cfg, metering=backend, egress=egress,
-                                           rate_limits=parts.stores.rate_limits))
-            access = next((p for p in chain.policies if isinstance(p, Access)), None)
-            for name in gone:
-                parts.routes.pop(name, None)
-                self.destinations.discard(name)
-            parts.routes.update(routes)
-            self.registry.rebase(cfg, egress, access)
-            gateway.live = Live(cfg, chain)
-        self.backend = backend
-        self._outbox(backend)
+        """SIGHUP: the config file at `path` applied from the next call (proxy.reload)."""
+        return await reload.reload(self, path)
 
     async def close(self) -> None:
         parts = self.parts
         grace = parts.cfg.server.shutdown_grace_s
+        if self.drain_deadline is not None:  # what the drain left of it, and a moment more
+            grace = max(self.drain_deadline - asyncio.get_running_loop().time(), 1.0)
         if parts.state.gateway is not None:
             await parts.state.gateway.drain(grace)
         await self.audit.close()  # every accepted record and usage event is on disk now
         if self.worker_task is not None:
             assert parts.state.outbox is not None
-            if self.draining:  # a drain delivers what is due before the process goes
+            if self.drain_deadline is not None:  # a drain delivers what is due first
                 await parts.state.outbox.flush(grace)
             self.worker_task.cancel()  # undelivered events wait in the outbox for the next start
             await asyncio.wait({self.worker_task}, timeout=5)

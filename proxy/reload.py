@@ -12,13 +12,78 @@ that changes one of those keeps its running value and names the key in its one l
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from proxy.config import Config, UpstreamConfig
+from policies import build_egress, default_policies
+from policies.access import Access
+from proxy.chain import Chain
+from proxy.config import Config, ConfigError, UpstreamConfig, load, validate
+from proxy.live import Live
+from proxy.metering import build_backend
+from proxy.upstream import UpstreamRoute
+
+if TYPE_CHECKING:
+    from proxy.app import Serving
+
+log = logging.getLogger("tollhouse")
 
 # the tables and keys that keep their start-up values, in the order the log line names them
 FIXED = ("server", "auth", "database", "state", "oauth_server", "egress.metadata_addresses")
+
+
+async def reload(serving: Serving, path: Path) -> bool:
+    """SIGHUP: apply the config file at `path` from the next call on, as the module says.
+    One log line either way; a file that fails changes nothing."""
+    try:
+        running = serving.gateway.live.cfg
+        read = load(path)
+        fixed = fixed_changes(running, read)
+        cfg = applied(running, read)
+        validate(cfg, path.parent)
+        await _apply(serving, cfg)
+    except ConfigError as exc:
+        log.error("config reload from %s refused, nothing changed: %s", path, exc)
+        return False
+    except Exception as exc:  # noqa: BLE001 - a hook that does not import, a bad key file
+        log.error("config reload from %s refused, nothing changed: %s: %s", path,
+                  type(exc).__name__, exc)
+        return False
+    if fixed:
+        log.warning("config reloaded from %s; these keys cannot change while serving and "
+                    "keep their running values until a restart: %s", path, ", ".join(fixed))
+    else:
+        log.info("config reloaded from %s", path)
+    return True
+
+
+async def _apply(serving: Serving, cfg: Config) -> None:
+    """Build everything the new config decides, then swap it in within one step of the
+    event loop: the route table, the registry's view, the policy chain."""
+    parts, gateway = serving.parts, serving.gateway
+    running = gateway.live.cfg
+    backend = serving.backend
+    if cfg.metering != running.metering:
+        backend = build_backend(cfg.metering, serving.upstream.http) \
+            if cfg.metering.enabled else None
+    parts.identity.prepare(cfg)
+    routes = {u.name: UpstreamRoute.from_config(u) for u in cfg.upstreams}
+    gone = {u.name for u in running.upstreams} - set(routes)
+    async with serving.registry.changing():  # from here on nothing awaits: no call sees
+        egress = build_egress(cfg, serving.destinations, parts.trusted)  # half of it
+        chain = Chain(default_policies(cfg, metering=backend, egress=egress,
+                                       rate_limits=parts.stores.rate_limits))
+        access = next((p for p in chain.policies if isinstance(p, Access)), None)
+        for name in gone:
+            parts.routes.pop(name, None)
+            serving.destinations.discard(name)
+        parts.routes.update(routes)
+        serving.registry.rebase(cfg, egress, access)
+        gateway.live = Live(cfg, chain)
+    serving.backend = backend
+    serving.deliver_through(backend)
 
 
 def fixed_changes(running: Config, read: Config) -> list[str]:

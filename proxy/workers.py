@@ -11,9 +11,13 @@ request of a session may land on any worker, which is why more than one worker n
 
 Why exec and not fork: nothing of the supervisor (threads, a Redis connection, an event loop,
 pooled database connections) can leak into a worker half-initialised, and a restarted worker
-starts exactly like the first ones. The config is not re-read from the file: the supervisor
-sends each worker the config it checked (pickled on the worker's stdin, secrets included, never
-logged), so a worker restarted after the file was edited still matches its siblings.
+starts exactly like the first ones. A worker does not read the config file at start: the
+supervisor sends it the config it checked (pickled on the worker's stdin, with the file's path,
+secrets included, never logged), so a worker restarted after the file was edited still matches
+its siblings. SIGHUP to the supervisor checks the file once (a broken one is one log line, and
+nothing is forwarded), keeps the result for the workers it starts later, and forwards SIGHUP to
+every worker that serves (one still starting gets it once it serves); each worker then re-reads
+the file and applies it to its next call (`Serving.reload`).
 
 Supervision:
 - The first worker starts alone; the others only once it serves. A first worker that exits
@@ -21,8 +25,9 @@ Supervision:
   such as a TOLLHOUSE_SECRET_KEY that does not open the stored signing keys, stays the one
   line and exit 2 it is with one worker).
 - SIGTERM or SIGINT to the supervisor: it closes its copy of the socket, forwards SIGTERM to
-  every worker, and waits. Each worker drains (Hypercorn's graceful_timeout and the app's
-  Serving.close, both `server.shutdown_grace_s`) and exits; the supervisor then exits 0. A
+  every worker, and waits. Each worker drains (`Serving.drain`: new calls refused with 503,
+  calls in flight given up to `server.shutdown_grace_s`, then the audit queue and the usage
+  outbox flushed) and exits; the supervisor then exits 0. A
   worker still alive 2 x shutdown_grace_s + 10 s later is killed (SIGKILL; exit 1).
 - A worker that exits while not asked to is logged (its pid, exit code or signal) and
   restarted: at the earliest 1 s after it was last started, and, while it keeps dying within
