@@ -11,6 +11,7 @@ that changes one of those keeps its running value and names the key in its one l
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Iterator
@@ -39,10 +40,10 @@ async def reload(serving: Serving, path: Path) -> bool:
     One log line either way; a file that fails changes nothing."""
     try:
         running = serving.gateway.live.cfg
-        read = load(path)
+        read = await asyncio.to_thread(load, path)  # off the loop: files are read
         fixed = fixed_changes(running, read)
         cfg = applied(running, read)
-        validate(cfg, path.parent)
+        await asyncio.to_thread(validate, cfg, path.parent)
         await _apply(serving, cfg)
     except ConfigError as exc:
         log.error("config reload from %s refused, nothing changed: %s", path, exc)

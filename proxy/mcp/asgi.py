@@ -202,36 +202,42 @@ async def _send(send: Send, result: EdgeResponse, heartbeat_s: float = 0.0) -> N
 class _Heartbeat:
     """A comment line on a streamed answer that has sent nothing for `interval` seconds, so a
     proxy or load balancer between the client and the gateway does not take an idle stream
-    for a dead one. One task per stream, asleep until the stream has been idle that long;
-    the lock keeps a comment between two whole events, never inside one."""
+    for a dead one. A stream that is never idle that long costs one timer; the lock keeps a
+    comment between two whole events, never inside one."""
 
-    __slots__ = ("_interval", "_last", "_loop", "_send", "_task", "lock")
+    __slots__ = ("_handle", "_interval", "_last", "_loop", "_send", "_task", "lock")
 
     def __init__(self, send: Send, interval: float) -> None:
         self._send = send
         self._interval = interval
         self._loop = asyncio.get_running_loop()
         self._last = self._loop.time()
+        self._task: asyncio.Task[None] | None = None
         self.lock = asyncio.Lock()
-        self._task = self._loop.create_task(self._run())
-        self._task.add_done_callback(_retrieve)
+        self._handle = self._loop.call_later(interval, self._due)
 
     def sent(self) -> None:
         self._last = self._loop.time()
 
     def stop(self) -> None:
-        self._task.cancel()
+        self._handle.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
-    async def _run(self) -> None:
-        while True:
-            delay = self._last + self._interval - self._loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-                continue
-            async with self.lock:
-                await self._send({"type": "http.response.body", "body": HEARTBEAT,
-                                  "more_body": True})
-                self._last = self._loop.time()
+    def _due(self) -> None:
+        idle = self._loop.time() - self._last
+        if idle < self._interval:  # something was sent meanwhile
+            self._handle = self._loop.call_later(self._interval - idle, self._due)
+            return
+        self._task = self._loop.create_task(self._beat())
+        self._task.add_done_callback(_retrieve)
+
+    async def _beat(self) -> None:
+        async with self.lock:
+            await self._send({"type": "http.response.body", "body": HEARTBEAT,
+                              "more_body": True})
+            self._last = self._loop.time()
+        self._handle = self._loop.call_later(self._interval, self._due)
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:
