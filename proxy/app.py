@@ -230,8 +230,9 @@ def _gateway(state: State) -> Gateway:
 
 @dataclass
 class Serving:
-    """What exists while the app serves, and the order it is closed in. `draining` (set by
-    `stop_serving`, on SIGTERM) is what /readyz and the MCP edge's refusals read."""
+    """What exists while the app serves, and the order it is closed in. `draining` (true from
+    the moment `drain` begins, on SIGTERM) is what /readyz and the MCP edge's refusals read:
+    one flag, the gateway's."""
 
     parts: Parts
     upstream: UpstreamClient
