@@ -13,9 +13,11 @@ from pathlib import Path
 
 import httpx
 import orjson
+from mcp import types
 
 from tests.conftest import MCP_HEADERS
 from tests.e2e.conftest import Stack, open_stack
+from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import stateful_sse_app
 from tests.helpers import DEADLINE_S
 
@@ -115,3 +117,29 @@ async def test_a_drain_ends_a_get_stream_cleanly(tmp_path: Path) -> None:
         again = await raw.get(stack.endpoint, headers=headers)
         assert again.status_code == 503 and again.headers["retry-after"] == "1"
         serving.draining = False  # the stack closes as usual
+
+
+async def test_the_sdk_client_reads_through_comment_lines(tmp_path: Path) -> None:
+    """A streamed call stays idle while its client answers a sampling request; by the time a
+    second stream has had two comment lines (after two intervals), the call's stream has had
+    at least one, and the official client still gets its result."""
+    go = asyncio.Event()
+
+    async def on_sampling(ctx: object, params: types.CreateMessageRequestParams
+                          ) -> types.CreateMessageResult:
+        await go.wait()
+        return types.CreateMessageResult(role="assistant", model="test",
+                                         content=types.TextContent(type="text", text="ok"))
+
+    async with _stack(tmp_path, 0.05) as stack, httpx.AsyncClient(timeout=DEADLINE_S) as raw:
+        async with connect(stack.endpoint, sampling_callback=on_sampling) as client:
+            call = asyncio.create_task(client.call_tool("ask_sampling", {"prompt": "hi"}))
+            headers = await _session(raw, stack)
+            async with raw.stream("GET", stack.endpoint, headers=headers) as response:
+                chunks = response.aiter_raw()
+                seen = await _until_heartbeat(chunks)
+                while seen.count(HEARTBEAT) < 2:
+                    seen += await _until_heartbeat(chunks)
+            go.set()
+            result = await asyncio.wait_for(call, DEADLINE_S)
+            assert result.content[0].text == "ok"
