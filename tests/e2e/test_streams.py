@@ -131,15 +131,15 @@ async def test_the_sdk_client_reads_through_comment_lines(tmp_path: Path) -> Non
         return types.CreateMessageResult(role="assistant", model="test",
                                          content=types.TextContent(type="text", text="ok"))
 
-    async with _stack(tmp_path, 0.05) as stack, httpx.AsyncClient(timeout=DEADLINE_S) as raw:
-        async with connect(stack.endpoint, sampling_callback=on_sampling) as client:
-            call = asyncio.create_task(client.call_tool("ask_sampling", {"prompt": "hi"}))
-            headers = await _session(raw, stack)
-            async with raw.stream("GET", stack.endpoint, headers=headers) as response:
-                chunks = response.aiter_raw()
-                seen = await _until_heartbeat(chunks)
-                while seen.count(HEARTBEAT) < 2:
-                    seen += await _until_heartbeat(chunks)
-            go.set()
-            result = await asyncio.wait_for(call, DEADLINE_S)
-            assert result.content[0].text == "ok"
+    async with _stack(tmp_path, 0.05) as stack, httpx.AsyncClient(timeout=DEADLINE_S) as raw, \
+            connect(stack.endpoint, sampling_callback=on_sampling) as client:
+        call = asyncio.create_task(client.call_tool("ask_sampling", {"prompt": "hi"}))
+        headers = await _session(raw, stack)
+        async with raw.stream("GET", stack.endpoint, headers=headers) as response:
+            chunks = response.aiter_raw()
+            seen = await _until_heartbeat(chunks)
+            while seen.count(HEARTBEAT) < 2:
+                seen += await _until_heartbeat(chunks)
+        go.set()
+        result = await asyncio.wait_for(call, DEADLINE_S)
+        assert result.content[0].text == "ok"
