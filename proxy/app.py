@@ -24,7 +24,8 @@ from quart import Quart
 
 from policies import build_egress, default_policies
 from policies.access import Access
-from proxy import edge, metadata
+from policies.metering import MeteringBackend
+from proxy import edge, metadata, reload
 from proxy.api import routes as api_routes
 from proxy.api.context import Api, provide
 from proxy.audit import AuditSink, DatabaseAuditSink
@@ -39,6 +40,7 @@ from proxy.connect.manager import Connections
 from proxy.connect.vault import Vault, keys_from_env
 from proxy.db import Database
 from proxy.egress import Destinations, IPNetwork, Resolver, SystemResolver, parse_addresses
+from proxy.live import Live
 from proxy.mcp.asgi import McpEdge
 from proxy.mcp.gateway import Gateway
 from proxy.metering import OutboxWorker, build_backend
@@ -60,6 +62,7 @@ from proxy.upstream.identity import IdentityForwarder
 log = logging.getLogger("tollhouse")
 
 BODY_TIMEOUT_S = 60.0
+DRAIN_POLL_S = 0.05  # how often a drain looks whether the calls in flight are done
 ASGIApp = Any  # an ASGI callable: Quart's, or a layer of the stack in front of it
 
 
@@ -73,6 +76,7 @@ class State:
     connections: Connections | None = None
     api: Api | None = None
     stores: Stores | None = None
+    serving: Serving | None = None  # while serving: drain (SIGTERM) and reload (SIGHUP) here
 
 
 @dataclass(frozen=True)
@@ -125,11 +129,12 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
 
     @app.while_serving  # type: ignore[type-var]
     async def lifespan() -> AsyncIterator[None]:
-        serving = await Serving.open(parts, app)
+        serving = parts.state.serving = await Serving.open(parts, app)
         try:
             yield
         finally:
             await serving.close()
+            parts.state.serving = None
 
     _routes(app, parts)
     # the ASGI stack, outermost first: each layer answers what it owns and hands the rest on
@@ -137,7 +142,8 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         lambda inner: BodyCap(inner, "/api/v1/", cfg.server.max_request_bytes, "api"),
         lambda inner: McpEdge(inner, lambda: _gateway(parts.state),
                               max_body=cfg.server.max_request_bytes,
-                              body_timeout_s=BODY_TIMEOUT_S),
+                              body_timeout_s=BODY_TIMEOUT_S,
+                              heartbeat_s=cfg.server.sse_heartbeat_s),
     ]
     if parts.oauth is not None and parts.web is not None:
         layers.append(OAuthBodyCap)  # /oauth/: 64 KiB whatever max_request_bytes says
@@ -224,7 +230,9 @@ def _gateway(state: State) -> Gateway:
 
 @dataclass
 class Serving:
-    """What exists while the app serves, and the order it is closed in."""
+    """What exists while the app serves, and the order it is closed in. `draining` (true from
+    the moment `drain` begins, on SIGTERM) is what /readyz and the MCP edge's refusals read:
+    one flag, the gateway's."""
 
     parts: Parts
     upstream: UpstreamClient
@@ -233,6 +241,9 @@ class Serving:
     registry_watch: asyncio.Task[None]
     keys: KeyIndex | None
     worker_task: asyncio.Task[None] | None
+    destinations: Destinations
+    backend: MeteringBackend | None
+    drain_deadline: float | None = None  # the loop's time the drain's grace ends at
 
     @classmethod
     async def open(cls, parts: Parts, app: Quart) -> Serving:
@@ -242,13 +253,7 @@ class Serving:
         egress = build_egress(cfg, destinations, parts.trusted)
         upstream = UpstreamClient(given.upstream_transport, destinations=destinations)
         audit = given.audit_sink or DatabaseAuditSink(parts.database)
-        backend = worker_task = None
-        if cfg.metering.enabled:
-            backend = build_backend(cfg.metering, upstream.http)
-            if isinstance(audit, DatabaseAuditSink):
-                state.outbox = OutboxWorker(parts.database, backend, cfg.metering.retry_max_s)
-                audit.on_outbox = state.outbox.wake_threadsafe
-                worker_task = asyncio.get_running_loop().create_task(state.outbox.run())
+        backend = build_backend(cfg.metering, upstream.http) if cfg.metering.enabled else None
         chain = Chain(default_policies(cfg, metering=backend, egress=egress,
                                        rate_limits=parts.stores.rate_limits))
         keys = KeyIndex(parts.database) if cfg.auth.mode == "jwt" else None
@@ -263,20 +268,75 @@ class Serving:
         provide(app, state.api)
         state.gateway = Gateway(
             routes=parts.routes, authenticator=_authenticator(parts, upstream, keys),
-            chain=chain, sessions=parts.stores.sessions, inflight=parts.stores.inflight,
-            upstream=upstream, audit=audit, allowed_origins=parts.origins,
-            identity=parts.identity, connections=parts.connections,
-            trusted_proxies=parts.trusted, bridged=parts.stores.bridge, later=given.later)
+            live=Live(cfg, chain), sessions=parts.stores.sessions,
+            inflight=parts.stores.inflight, upstream=upstream, audit=audit,
+            allowed_origins=parts.origins, identity=parts.identity,
+            connections=parts.connections, trusted_proxies=parts.trusted,
+            bridged=parts.stores.bridge, later=given.later)
         watch = asyncio.get_running_loop().create_task(registry.watch())
         await parts.stores.start()
-        return cls(parts, upstream, audit, registry, watch, keys, worker_task)
+        serving = cls(parts, upstream, audit, registry, watch, keys, None, destinations, backend)
+        serving.deliver_through(backend)
+        return serving
+
+    def deliver_through(self, backend: MeteringBackend | None) -> None:
+        """The usage outbox's worker, delivering through `backend`: started with the first
+        metering backend (at start-up or by a reload), pointed at each later one."""
+        state = self.parts.state
+        if backend is None or not isinstance(self.audit, DatabaseAuditSink):
+            return
+        if state.outbox is not None:
+            state.outbox.backend = backend
+            return
+        state.outbox = OutboxWorker(self.parts.database, backend,
+                                    self.parts.cfg.metering.retry_max_s)
+        self.audit.on_outbox = state.outbox.wake_threadsafe
+        self.worker_task = asyncio.get_running_loop().create_task(state.outbox.run())
+
+    @property
+    def gateway(self) -> Gateway:
+        return _gateway(self.parts.state)
+
+    @property
+    def draining(self) -> bool:
+        return self.gateway.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.gateway.draining = value
+
+    async def drain(self, grace_s: float) -> float:
+        """SIGTERM: refuse what is new and end the GET streams at once, then wait up to
+        `grace_s` for the calls in flight; the seconds of grace left."""
+        loop = asyncio.get_running_loop()
+        deadline = self.drain_deadline = loop.time() + grace_s
+        self.gateway.stop_serving()
+        log.info("draining: new sessions and calls are refused (503); %d call(s) in flight "
+                 "get up to %g s to finish", len(self.gateway.inflight), grace_s)
+        while not self.gateway.idle and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        left = max(0.0, deadline - loop.time())
+        if not self.gateway.idle:
+            log.warning("draining: %d call(s) still in flight after %g s",
+                        len(self.gateway.inflight), grace_s)
+        return left
+
+    async def reload(self, path: Path) -> bool:
+        """SIGHUP: the config file at `path` applied from the next call (proxy.reload)."""
+        return await reload.reload(self, path)
 
     async def close(self) -> None:
         parts = self.parts
+        grace = parts.cfg.server.shutdown_grace_s
+        if self.drain_deadline is not None:  # what the drain left of it, and a moment more
+            grace = max(self.drain_deadline - asyncio.get_running_loop().time(), 1.0)
         if parts.state.gateway is not None:
-            await parts.state.gateway.drain(parts.cfg.server.shutdown_grace_s)
+            await parts.state.gateway.drain(grace)
         await self.audit.close()  # every accepted record and usage event is on disk now
         if self.worker_task is not None:
+            assert parts.state.outbox is not None
+            if self.drain_deadline is not None:  # a drain delivers what is due first
+                await parts.state.outbox.flush(grace)
             self.worker_task.cancel()  # undelivered events wait in the outbox for the next start
             await asyncio.wait({self.worker_task}, timeout=5)
         await self.upstream.aclose()

@@ -124,13 +124,15 @@ def _serve(args: argparse.Namespace) -> int:
     _check_secrets(cfg, base_dir, os.environ)
     _logging(args.log_level)
     if cfg.server.workers > 1:
-        return _serve_workers(cfg, base_dir, args.log_level)
+        return _serve_workers(cfg, Path(args.config).resolve(), args.log_level)
     from proxy.app import create_app
 
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler reloads
     app = create_app(cfg, base_dir=base_dir)
     log.info("tollhouse listening on %s, endpoints: %s", cfg.server.listen, _endpoints(cfg))
     try:
-        asyncio.run(_run_hypercorn(app, [cfg.server.listen], cfg.server.shutdown_grace_s))
+        asyncio.run(_run_hypercorn(app, [cfg.server.listen], cfg.server.shutdown_grace_s,
+                                   config_path=Path(args.config).resolve()))
     except OSError as exc:
         print(f"tollhouse: cannot listen on {cfg.server.listen}: {exc.strerror}",
               file=sys.stderr)
@@ -142,7 +144,7 @@ def _endpoints(cfg: Config) -> str:
     return ", ".join(f"/mcp/{u.name}" for u in cfg.upstreams) or "(none)"
 
 
-def _serve_workers(cfg: Config, base_dir: Path, log_level: str) -> int:
+def _serve_workers(cfg: Config, config_path: Path, log_level: str) -> int:
     """`server.workers` > 1 (proxy.workers): the address bound and the schema migrated here,
     once, before any worker starts; then the workers, supervised until a stop signal."""
     from proxy import workers
@@ -167,7 +169,7 @@ def _serve_workers(cfg: Config, base_dir: Path, log_level: str) -> int:
             log.info("tollhouse listening on %s with %d workers, endpoints: %s", where,
                      cfg.server.workers, _endpoints(cfg))
 
-        return workers.serve(cfg, base_dir, sock, log_level, announce)
+        return workers.serve(cfg, config_path, sock, log_level, announce)
 
 
 def _check_secrets(cfg: Config, base_dir: Path, env: Mapping[str, str]) -> None:
@@ -220,9 +222,13 @@ def _check_pem(value: str, key: str, base_dir: Path, *, private: bool) -> None:
 
 async def _run_hypercorn(app: Any, binds: list[str], grace_s: float,
                          stop: asyncio.Event | None = None,
-                         on_signal: Callable[[int], None] | None = None) -> None:
-    """Serve `app` until SIGINT/SIGTERM (or `stop`), then drain for up to `grace_s`;
-    `on_signal` hears which signal stopped it."""
+                         on_signal: Callable[[int], None] | None = None,
+                         config_path: Path | None = None) -> None:
+    """Serve `app` until SIGINT/SIGTERM (or `stop`); `on_signal` hears which signal stopped
+    it. A stop signal drains a Tollhouse app first (`Serving.drain`: new calls refused, calls
+    in flight given up to `grace_s`), then Hypercorn closes the connections within what is
+    left of it; a second stop signal changes nothing. With `config_path`, SIGHUP reloads the
+    config from it (`Serving.reload`)."""
     from hypercorn.asyncio import serve
     from hypercorn.config import Config as HyperConfig
 
@@ -234,14 +240,52 @@ async def _run_hypercorn(app: Any, binds: list[str], grace_s: float,
     hc.keep_alive_timeout = 75
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[Any]] = set()
+    reloading = asyncio.Lock()
+
+    def spawn(coro: Any) -> None:
+        task = loop.create_task(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def drain_then_stop() -> None:
+        serving = _serving(app)
+        try:
+            if serving is not None:
+                hc.graceful_timeout = max(await serving.drain(grace_s), 1.0)
+        finally:
+            stop.set()
+
+    draining = False
+
     def stopped(signum: int) -> None:
-        if on_signal is not None and not stop.is_set():
+        nonlocal draining
+        if draining or stop.is_set():
+            return
+        draining = True
+        if on_signal is not None:
             on_signal(signum)
-        stop.set()
+        spawn(drain_then_stop())
+
+    async def reload() -> None:
+        serving = _serving(app)
+        if serving is None or config_path is None:
+            return
+        async with reloading:
+            await serving.reload(config_path)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopped, sig)
+    if config_path is not None:
+        loop.add_signal_handler(signal.SIGHUP, lambda: spawn(reload()))
     await serve(app, hc, shutdown_trigger=stop.wait)
+
+
+def _serving(app: Any) -> Any:
+    """The app's `proxy.app.Serving` while it serves, else None (another ASGI app)."""
+    extensions = getattr(app, "extensions", None)
+    state = extensions.get("tollhouse") if isinstance(extensions, dict) else None
+    return getattr(state, "serving", None)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -39,6 +39,8 @@ class ServerConfig:
     session_idle_timeout_s: float = 3600.0
     max_sessions: int = 100_000
     shutdown_grace_s: float = 10.0
+    # a comment line on an SSE response this long idle, so proxies keep it open; 0: none
+    sse_heartbeat_s: float = 15.0
     trusted_proxies: list[str] = field(default_factory=list)
     # worker processes sharing the listen address (one socket, bound once by `tollhouse
     # serve`); more than one needs a shared [state] url (Redis)
@@ -273,9 +275,15 @@ def load(path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = No
 def from_dict(raw: dict[str, Any], env: typing.Mapping[str, str] | None = None,
               base_dir: Path | None = None) -> Config:
     cfg: Config = _build(Config, raw, "", os.environ if env is None else env)
-    _check(cfg, base_dir or Path.cwd())
-    _check_policies(cfg)
+    validate(cfg, base_dir or Path.cwd())
     return cfg
+
+
+def validate(cfg: Config, base_dir: Path) -> None:
+    """Every check across keys and tables; raise ConfigError on the first fault. A reload
+    runs it again on the config it would apply (proxy.reload)."""
+    _check(cfg, base_dir)
+    _check_policies(cfg)
 
 
 def _build(cls: type[Any], raw: Any, where: str, env: typing.Mapping[str, str]) -> Any:
@@ -394,6 +402,12 @@ def _check(cfg: Config, base_dir: Path) -> None:
     _positive(server.max_request_bytes, "server.max_request_bytes")
     _positive(server.session_idle_timeout_s, "server.session_idle_timeout_s")
     _positive(server.max_sessions, "server.max_sessions")
+    if not 0 < server.shutdown_grace_s <= 3600:
+        raise ConfigError("config: 'server.shutdown_grace_s' must be greater than 0 and at most "
+                          "3600 seconds")
+    if server.sse_heartbeat_s != 0 and not 0.05 <= server.sse_heartbeat_s <= 3600:
+        raise ConfigError("config: 'server.sse_heartbeat_s' must be 0 (no heartbeat) or between "
+                          "0.05 and 3600 seconds")
     if cfg.auth.mode not in _AUTH_MODES:
         raise ConfigError(f"config: 'auth.mode' must be one of {', '.join(_AUTH_MODES)}")
     if cfg.auth.mode == "none" and not _is_loopback(server.host):

@@ -106,7 +106,7 @@ class OutboxWorker:
                  clock: Callable[[], float] = time.time) -> None:
         self._database = db.resolve(target)
         self._owns_db = self._database is not target
-        self._backend = backend
+        self.backend = backend  # a reload may point it at a new one
         self._retry_max_s = retry_max_s
         self._clock = clock
         self._wake = asyncio.Event()
@@ -129,12 +129,29 @@ class OutboxWorker:
         self._sql_done = self._database.sql(
             "UPDATE usage_outbox SET delivered_at = ? WHERE call_id = ?")
         self.delivered = 0
+        self._rounds = 0  # claims begun
+        self._caught_up = 0  # the last claim that found nothing due
+        self._progress = asyncio.Event()
 
     async def _in_db(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._loop.run_in_executor(self._db, fn, *args)
 
     def wake_threadsafe(self) -> None:
         self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def flush(self, timeout: float) -> bool:
+        """A drain: deliver every event due now (each attempted once more) before the process
+        goes, within `timeout`; True when the outbox holds nothing due."""
+        target = self._rounds + 1  # a claim that begins after this moment
+        self._wake.set()
+        try:
+            async with asyncio.timeout(timeout):
+                while self._caught_up < target:
+                    self._progress.clear()
+                    await self._progress.wait()
+        except TimeoutError:
+            return False
+        return True
 
     async def run(self) -> None:
         failures = 0
@@ -143,6 +160,8 @@ class OutboxWorker:
         try:
             while True:
                 self._wake.clear()
+                self._rounds += 1
+                round_ = self._rounds
                 try:
                     claim = asyncio.ensure_future(self._in_db(self._claim, self._clock()))
                     try:
@@ -171,6 +190,8 @@ class OutboxWorker:
                 failures = 0
                 if due:
                     continue
+                self._caught_up = round_
+                self._progress.set()
                 wait = 30.0 if next_at is None else max(0.0, next_at - self._clock())
                 await self._sleep(min(wait, 30.0))
         finally:
@@ -213,7 +234,7 @@ class OutboxWorker:
     async def _deliver(self, call_id: str, event: str, attempts: int) -> None:
         try:
             async with asyncio.timeout(10.0):  # (wait_for can swallow a cancellation)
-                await self._backend.record(orjson.loads(event))
+                await self.backend.record(orjson.loads(event))
         except Exception as exc:  # noqa: BLE001 - any failure is retried later
             delay = min(self._retry_max_s, 0.5 * 2 ** attempts)
             log.info("usage event %s not delivered (%s); retry in %.1fs", call_id,

@@ -9,10 +9,11 @@ policy like every other upstream. Several gateways on one database share the reg
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -57,6 +58,31 @@ class Registry:
         self._lock = asyncio.Lock()
         self._version = -1
         self._apply(*self._read_all())
+
+    @contextlib.asynccontextmanager
+    async def changing(self) -> AsyncIterator[None]:
+        """Held while a reload swaps the tables this registry writes into (`rebase`), so no
+        write of the API lands in a table being replaced."""
+        async with self._lock:
+            yield
+
+    def rebase(self, cfg: Config, egress: Egress, access: Access | None) -> None:
+        """A reload: the config's servers are now `cfg`'s (their routes already in place),
+        the egress and access tables new ones; every server of the API is installed in them
+        again, as it is. One the file now names is the file's; one it no longer names is read
+        from the database at the next `sync`. Called inside `changing()`."""
+        self._config = {u.name: u for u in cfg.upstreams}
+        self._egress, self._access = egress, access
+        servers, self._api = self._api, {}
+        for name, server in servers.items():
+            if name in self._config:
+                continue
+            try:
+                self._install(server)
+            except ValueError as exc:  # the new egress rules refuse it
+                log.error("server %r cannot be served here (%s)", name, exc)
+                self._uninstall(name)
+        self._version = -1
 
     # -- reading -------------------------------------------------------------------------------
 

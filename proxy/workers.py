@@ -11,9 +11,13 @@ request of a session may land on any worker, which is why more than one worker n
 
 Why exec and not fork: nothing of the supervisor (threads, a Redis connection, an event loop,
 pooled database connections) can leak into a worker half-initialised, and a restarted worker
-starts exactly like the first ones. The config is not re-read from the file: the supervisor
-sends each worker the config it checked (pickled on the worker's stdin, secrets included, never
-logged), so a worker restarted after the file was edited still matches its siblings.
+starts exactly like the first ones. A worker does not read the config file at start: the
+supervisor sends it the config it checked (pickled on the worker's stdin, with the file's path,
+secrets included, never logged), so a worker restarted after the file was edited still matches
+its siblings. SIGHUP to the supervisor checks the file once (a broken one is one log line, and
+nothing is forwarded), keeps the result for the workers it starts later, and forwards SIGHUP to
+every worker that serves (one still starting gets it once it serves); each worker then re-reads
+the file and applies it to its next call (`Serving.reload`).
 
 Supervision:
 - The first worker starts alone; the others only once it serves. A first worker that exits
@@ -21,8 +25,9 @@ Supervision:
   such as a TOLLHOUSE_SECRET_KEY that does not open the stored signing keys, stays the one
   line and exit 2 it is with one worker).
 - SIGTERM or SIGINT to the supervisor: it closes its copy of the socket, forwards SIGTERM to
-  every worker, and waits. Each worker drains (Hypercorn's graceful_timeout and the app's
-  Serving.close, both `server.shutdown_grace_s`) and exits; the supervisor then exits 0. A
+  every worker, and waits. Each worker drains (`Serving.drain`: new calls refused with 503,
+  calls in flight given up to `server.shutdown_grace_s`, then the audit queue and the usage
+  outbox flushed) and exits; the supervisor then exits 0. A
   worker still alive 2 x shutdown_grace_s + 10 s later is killed (SIGKILL; exit 1).
 - A worker that exits while not asked to is logged (its pid, exit code or signal) and
   restarted: at the earliest 1 s after it was last started, and, while it keeps dying within
@@ -104,6 +109,7 @@ class _Slot:
     started: float = 0.0
     serving: bool = False
     failures: int = 0  # deaths in a row, each within STABLE_S of starting
+    config: Config | None = None  # the config it was started with or last told to reload
     due: float | None = None  # when a dead worker is restarted
 
     @property
@@ -116,7 +122,7 @@ class Supervisor:
     """Starts, watches and stops the workers; `run()` is `tollhouse serve`'s exit status."""
 
     cfg: Config
-    base_dir: Path
+    config_path: Path  # the file SIGHUP re-reads
     sock: socket.socket
     log_level: str
     announce: Callable[[], None]  # the one "listening" line, once the first worker serves
@@ -127,8 +133,13 @@ class Supervisor:
     last_exit: tuple[int, str] = (0, "")  # the last worker's exit code, and in words
     _selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
     _signals: list[int] = field(default_factory=list)
+    _hangups: int = 0
     _wake_r: int = -1
     _wake_w: int = -1
+
+    @property
+    def base_dir(self) -> Path:
+        return self.config_path.parent
 
     def run(self) -> int:
         self.slots = [_Slot(i + 1) for i in range(self.cfg.server.workers)]
@@ -152,19 +163,22 @@ class Supervisor:
     # -- signals ----------------------------------------------------------------------------
 
     def _install_signals(self) -> dict[int, object]:
-        """SIGTERM/SIGINT stop, SIGCHLD reaps; each wakes the select loop (a wakeup fd)."""
+        """SIGTERM/SIGINT stop, SIGHUP reloads, SIGCHLD reaps; each wakes the select loop (a
+        wakeup fd)."""
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         previous: dict[int, object] = {}
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             previous[sig] = signal.signal(sig, self._on_signal)
         previous[-1] = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         return previous
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if signum != signal.SIGCHLD:
+        if signum == signal.SIGHUP:
+            self._hangups += 1
+        elif signum != signal.SIGCHLD:
             self._signals.append(signum)
 
     def _restore_signals(self, previous: dict[int, object]) -> None:
@@ -178,6 +192,10 @@ class Supervisor:
         os.close(self._wake_w)
 
     def _take_signals(self) -> None:
+        if self._hangups:
+            self._hangups = 0
+            if not self.stopping:
+                self._reload()
         first, self._signals = self._signals[:1], []
         if first and not self.stopping:  # a second signal while stopping changes nothing
             name = signal.Signals(first[0]).name
@@ -234,6 +252,7 @@ class Supervisor:
             data = b""
         if data:
             slot.serving = True
+            self._forward_reload(slot)  # a reload while it started: it has the old config
         self._forget_ready(slot)  # said it serves, or closed the pipe (it is exiting)
 
     def _forget_ready(self, slot: _Slot) -> None:
@@ -291,11 +310,37 @@ class Supervisor:
         self._selector.register(ready_r, selectors.EVENT_READ, slot)
         assert proc.stdin is not None
         try:
-            proc.stdin.write(pickle.dumps((self.cfg, self.base_dir)))
+            proc.stdin.write(pickle.dumps((self.cfg, self.config_path)))
+            slot.config = self.cfg
             proc.stdin.close()
         except BrokenPipeError:  # it died at once; _reap tells
             pass
         log.debug("started worker %d (pid %d)", slot.index, proc.pid)
+
+    def _reload(self) -> None:
+        """SIGHUP: the file checked here once (a fault is one line, and nothing is forwarded),
+        kept for the workers started later, and SIGHUP sent to every worker that serves,
+        each of which re-reads it and applies it to its next call (`Serving.reload`)."""
+        from proxy.config import ConfigError, load, validate
+        from proxy.reload import applied
+
+        try:
+            cfg = applied(self.cfg, load(self.config_path))
+            validate(cfg, self.base_dir)
+        except ConfigError as exc:
+            log.error("SIGHUP: config reload from %s refused, nothing changed: %s",
+                      self.config_path, exc)
+            return
+        self.cfg = cfg
+        log.info("SIGHUP: %d worker(s) reload %s", self._alive(), self.config_path)
+        for slot in self.slots:
+            self._forward_reload(slot)
+
+    def _forward_reload(self, slot: _Slot) -> None:
+        if slot.proc is not None and slot.serving and slot.config is not self.cfg:
+            slot.config = self.cfg
+            with contextlib.suppress(ProcessLookupError):
+                slot.proc.send_signal(signal.SIGHUP)
 
     def _restart(self, slot: _Slot) -> None:
         try:
@@ -347,10 +392,10 @@ def _how(code: int) -> str:
     return f"exited with code {code}"
 
 
-def serve(cfg: Config, base_dir: Path, sock: socket.socket, log_level: str,
+def serve(cfg: Config, config_path: Path, sock: socket.socket, log_level: str,
           announce: Callable[[], None]) -> int:
     """Run `cfg.server.workers` workers on `sock` until stopped; the exit status."""
-    return Supervisor(cfg, base_dir, sock, log_level, announce).run()
+    return Supervisor(cfg, config_path, sock, log_level, announce).run()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,9 +430,11 @@ def worker_main(argv: list[str] | None = None) -> int:
     p.add_argument("--parent", type=int, required=True)
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler reloads
     _follow_parent(args.parent)
-    cfg, base_dir = pickle.loads(sys.stdin.buffer.read())
-    assert isinstance(cfg, Config) and isinstance(base_dir, Path)
+    cfg, config_path = pickle.loads(sys.stdin.buffer.read())
+    assert isinstance(cfg, Config) and isinstance(config_path, Path)
+    base_dir = config_path.parent
     with open(os.devnull, "rb") as null:
         os.dup2(null.fileno(), 0)
 
@@ -418,7 +465,7 @@ def worker_main(argv: list[str] | None = None) -> int:
                  signal.Signals(signum).name)
 
     asyncio.run(cli._run_hypercorn(app, [f"fd://{args.fd}"], cfg.server.shutdown_grace_s,
-                                   on_signal=stopping))
+                                   on_signal=stopping, config_path=config_path))
     log.info("worker %d (pid %d) stopped", index, os.getpid())
     return 0
 

@@ -165,6 +165,26 @@ class DatabaseUnavailable(StoreUnavailable):
         return str(self)
 
 
+class Draining(GatewayError):
+    """The gateway is stopping (SIGTERM): a new session, call or GET stream is refused so the
+    client retries on another replica, while the calls it already runs finish. The wire is
+    StoreUnavailable's (503, Retry-After, seed 000's boundary message on the MCP edge); the
+    audit says `draining`. Only the MCP edge refuses: the management API and the OAuth
+    server keep answering while the process drains."""
+
+    http_status = 503
+    code = -32000
+    message = "Resident runtime unavailable"
+    expose_detail = False
+
+    def __init__(self, retry_after_s: float = 1.0) -> None:
+        super().__init__("draining", headers=retry_after(retry_after_s))
+
+    @property
+    def description(self) -> str:
+        return "the gateway is shutting down; retry"
+
+
 class InternalError(GatewayError):
     """A bug or an unexpected failure: fail closed, say nothing about it on the wire."""
 

@@ -26,15 +26,17 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PREFIX = "/mcp/"
 ALLOW = {"Allow": "GET, POST, DELETE"}
+HEARTBEAT = b": keepalive\n\n"  # an SSE comment: every client skips it
 
 
 class McpEdge:
     def __init__(self, app: ASGIApp, gateway: Callable[[], Gateway], *, max_body: int,
-                 body_timeout_s: float) -> None:
+                 body_timeout_s: float, heartbeat_s: float = 0.0) -> None:
         self.app = app
         self.gateway = gateway
         self.max_body = max_body
         self.body_timeout_s = body_timeout_s
+        self.heartbeat_s = heartbeat_s  # server.sse_heartbeat_s; 0: none
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
@@ -77,7 +79,7 @@ class McpEdge:
             else:
                 result = await gateway.delete(route, request)
             if body.refused is None or result.stream is not None:
-                await _send(send, result)
+                await _send(send, result, self.heartbeat_s)
             else:  # a body refused before its end: its rest is read before the connection ends
                 await bodycap.refuse(scope, receive, send, result.status, _headers(result),
                                      result.body, ended=False, declared=body.refused[0],
@@ -161,7 +163,7 @@ def _headers(result: EdgeResponse) -> list[tuple[bytes, bytes]]:
     return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in result.headers.items()]
 
 
-async def _send(send: Send, result: EdgeResponse) -> None:
+async def _send(send: Send, result: EdgeResponse, heartbeat_s: float = 0.0) -> None:
     headers = _headers(result)
     if result.stream is None:
         headers.append((b"content-length", str(len(result.body)).encode()))
@@ -169,13 +171,76 @@ async def _send(send: Send, result: EdgeResponse) -> None:
         await send({"type": "http.response.body", "body": result.body})
         return
     stream = result.stream
+    beat: _Heartbeat | None = None
     try:  # the stream is closed however this ends, the first send included
         await send({"type": "http.response.start", "status": result.status, "headers": headers})
+        if heartbeat_s:
+            beat = _Heartbeat(send, heartbeat_s)
         async for chunk in stream:
-            if chunk:
+            if not chunk:
+                continue
+            if beat is None:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
+                continue
+            async with beat.lock:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                beat.sent()
+        if beat is not None:
+            beat.stop()
+            async with beat.lock:
+                await send({"type": "http.response.body", "body": b""})
+        else:
+            await send({"type": "http.response.body", "body": b""})
     finally:
+        if beat is not None:
+            beat.stop()
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+class _Heartbeat:
+    """A comment line on a streamed answer that has sent nothing for `interval` seconds, so a
+    proxy or load balancer between the client and the gateway does not take an idle stream
+    for a dead one. A stream that is never idle that long costs one timer; the lock keeps a
+    comment between two whole events, never inside one."""
+
+    __slots__ = ("_handle", "_interval", "_last", "_loop", "_send", "_task", "lock")
+
+    def __init__(self, send: Send, interval: float) -> None:
+        self._send = send
+        self._interval = interval
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
+        self._task: asyncio.Task[None] | None = None
+        self.lock = asyncio.Lock()
+        self._handle = self._loop.call_later(interval, self._due)
+
+    def sent(self) -> None:
+        self._last = self._loop.time()
+
+    def stop(self) -> None:
+        self._handle.cancel()
+        if self._task is not None:
+            self._task.cancel()
+
+    def _due(self) -> None:
+        idle = self._loop.time() - self._last
+        if idle < self._interval:  # something was sent meanwhile
+            self._handle = self._loop.call_later(self._interval - idle, self._due)
+            return
+        self._task = self._loop.create_task(self._beat())
+        self._task.add_done_callback(_retrieve)
+
+    async def _beat(self) -> None:
+        async with self.lock:
+            await self._send({"type": "http.response.body", "body": HEARTBEAT,
+                              "more_body": True})
+            self._last = self._loop.time()
+        self._handle = self._loop.call_later(self._interval, self._due)
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """A heartbeat whose send failed (the client went away): the stream's own send says so."""
+    if not task.cancelled():
+        task.exception()

@@ -26,6 +26,7 @@ from proxy.connect.manager import Connections
 from proxy.egress import IPNetwork
 from proxy.errors import (
     Cancelled,
+    Draining,
     EndpointNotFound,
     GatewayError,
     InternalError,
@@ -35,6 +36,7 @@ from proxy.errors import (
     render,
 )
 from proxy.jsonrpc import McpMessage
+from proxy.live import Live
 from proxy.mcp import eras, guards
 from proxy.mcp.exchange import EdgeRequest, EdgeResponse
 from proxy.mcp.forward import Forwarded, Forwarder, Leg
@@ -56,7 +58,7 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 class Gateway:
     def __init__(self, *, routes: Mapping[str, UpstreamRoute], authenticator: Authenticator,
-                 chain: Chain, sessions: SessionStore, inflight: InFlightRegistry,
+                 live: Live, sessions: SessionStore, inflight: InFlightRegistry,
                  upstream: UpstreamClient, audit: AuditSink, allowed_origins: frozenset[str],
                  identity: IdentityForwarder, bridged: BridgeStore,
                  connections: Connections | None = None,
@@ -64,7 +66,8 @@ class Gateway:
                  ) -> None:
         self.routes = routes  # live: the registry changes it, each call reads it
         self.auth = authenticator
-        self.chain = chain
+        self.live = live  # swapped whole by a reload; a call reads it once, as it starts
+        self.draining = False  # SIGTERM: new sessions, calls and GET streams answer 503
         self.sessions = sessions
         self.inflight = inflight
         self.upstream = upstream
@@ -75,6 +78,11 @@ class Gateway:
                                  connections=connections, spawn=self.spawn)
         self._later = later  # the clock deadlines run on (the loop's unless a test gives one)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._listening: set[StreamRelay] = set()  # the GET streams open now
+
+    @property
+    def chain(self) -> Chain:
+        return self.live.chain
 
     def route(self, name: str) -> UpstreamRoute:
         route = self.routes.get(name)
@@ -86,6 +94,7 @@ class Gateway:
 
     async def post(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
         started = time.perf_counter()
+        chain = self.live.chain  # this call's rules, whatever a reload does meanwhile
         version = req.headers.get("mcp-protocol-version")
         modern_claim = eras.claims_modern(version)
         # the header's claim until the body says otherwise, so refusals before parsing name it
@@ -109,6 +118,8 @@ class Gateway:
             record.method, record.tool = msg.method, msg.tool
             if msg.kind == "request":
                 record.request_id = guards.id_text(msg.id)
+            if self.draining and msg.kind == "request":  # notifications, answers still pass
+                raise Draining()
             era = record.era = eras.settle(msg, req.headers, req.duplicated)
             if era == "modern":
                 record.client_name = eras.client_name(msg)
@@ -117,10 +128,10 @@ class Gateway:
                               api_key_id=principal.api_key_id, peer_ip=req.peer,
                               headers=req.forwarded)
             if msg.kind != "response":
-                await self.chain.run(msg, ctx)
+                await chain.run(msg, ctx)
                 record.call_id, record.note = ctx.call_id, ctx.audit_note
             if msg.kind == "request":
-                return await self._call(route, req, msg, session, ctx, record, started)
+                return await self._call(route, req, msg, session, ctx, record, started, chain)
             return await self._one_way(route, req, msg, session, ctx)
         except asyncio.CancelledError:
             if record.status != "cancelled":  # gone before the call (which audits its own)
@@ -135,7 +146,7 @@ class Gateway:
 
     async def _call(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
                     session: Session | None, ctx: CallContext, record: AuditRecord,
-                    started: float) -> EdgeResponse:
+                    started: float, chain: Chain) -> EdgeResponse:
         """A request: registered in flight (cancellable, under its deadline), forwarded, and
         answered; a streamed answer keeps the registration until the stream ends."""
         handle = CallHandle()
@@ -149,7 +160,7 @@ class Gateway:
         handed_over = False
         try:
             await self.forward.call(route, req, msg, session, ctx, forwarded)
-            rewrite = forwarded.leg.rewrite(self.chain.rewriter(msg, ctx), msg.method)
+            rewrite = forwarded.leg.rewrite(chain.rewriter(msg, ctx), msg.method)
             response = forwarded.response
             if response is None:
                 return await self._answer_here(route, msg, forwarded.leg, rewrite, ctx, record,
@@ -252,14 +263,22 @@ class Gateway:
         if session is not None and session.bridged_envelope is not None:
             record.note = "no GET stream on a 2026-07-28 upstream"
             return EdgeResponse(405, {"Allow": "POST, DELETE"})
+        if self.draining:
+            raise Draining()
         stream = await self.forward.listen(route, req, session)
         if isinstance(stream, dict):  # the spec's own answer: no GET stream offered
             record.note = "upstream offers no GET stream"
             return EdgeResponse(405, stream)
         headers = {"Mcp-Session-Id": session.id} if session is not None else {}
-        return EdgeResponse(200, {**SSE_HEADERS, **headers},
-                            stream=StreamRelay(BodyChunks(stream), stream.aclose,
-                                               spawn=self.spawn))
+        relay = StreamRelay(BodyChunks(stream), stream.aclose, spawn=self.spawn,
+                            on_done=self._stopped_listening)
+        self._listening.add(relay)
+        if self.draining:  # began to drain while the upstream answered
+            relay.end()
+        return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
+
+    async def _stopped_listening(self, relay: StreamRelay) -> None:
+        self._listening.discard(relay)
 
     async def _end(self, route: UpstreamRoute, req: EdgeRequest, session: Session | None,
                    record: AuditRecord) -> EdgeResponse:
@@ -339,6 +358,19 @@ class Gateway:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def stop_serving(self) -> None:
+        """SIGTERM: refuse what is new (503 with Retry-After, `Draining`) and end each GET
+        stream cleanly, so its client reconnects to another replica; the calls in flight go
+        on (`idle` says when they are done)."""
+        self.draining = True
+        for relay in list(self._listening):
+            relay.end()
+
+    @property
+    def idle(self) -> bool:
+        """No call of this process in flight, streamed answers included."""
+        return len(self.inflight) == 0
 
     async def drain(self, timeout: float) -> None:
         """At shutdown: let background work (cancel notices, stream clean-up) finish."""

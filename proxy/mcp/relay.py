@@ -69,6 +69,7 @@ class StreamRelay:
         self._splitter = EventSplitter()
         self._finished = False
         self._closed = False
+        self._ending = False
         if handle is not None and handle.task is not None:
             # If the response is dropped before its body is iterated (a disconnect in that
             # window), nothing calls aclose: the task's end does it instead.
@@ -97,6 +98,10 @@ class StreamRelay:
             await self.aclose()
             raise
         except GatewayError as exc:
+            if self._ending:  # our own close of the upstream: a clean end, no error event
+                self._finished = True
+                await self.aclose()
+                raise StopAsyncIteration from None
             return self._fail(exc)
         except ValueError:
             return self._fail(UpstreamProtocolError("upstream SSE event too large"))
@@ -154,6 +159,20 @@ class StreamRelay:
         if self.record is not None:
             self.record.bytes_out += len(out)
         return out
+
+    def end(self) -> None:
+        """End the stream cleanly now (a drain): the upstream response is closed, so the read
+        waiting on it fails, and the client sees the stream end after its last whole event."""
+        if self._ending or self._finished or self._closed or self._spawn is None:
+            return
+        self._ending = True
+        self._spawn(self._close_upstream())
+
+    async def _close_upstream(self) -> None:
+        try:
+            await self._close()
+        except Exception:
+            log.debug("closing the upstream stream failed", exc_info=True)
 
     async def aclose(self) -> None:
         if self._closed:

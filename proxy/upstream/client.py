@@ -48,6 +48,8 @@ class UpstreamRoute:
     stream_timeout_ext: dict[str, float | None]
     url_text: str  # the URL as configured (httpx.URL is costly to print)
     state_key: str  # name and URL: what live state learned about this upstream is under
+    identity: str = "none"  # how the caller's identity is forwarded (proxy.upstream.identity)
+    identity_audience: str = ""  # the `aud` of an identity token (the URL unless configured)
 
     @classmethod
     def from_config(cls, cfg: UpstreamConfig) -> UpstreamRoute:
@@ -66,6 +68,8 @@ class UpstreamRoute:
             stream_timeout_ext=stream.as_dict(),
             url_text=cfg.url,
             state_key=f"{cfg.name} {cfg.url}",  # a name has no space
+            identity=cfg.identity,
+            identity_audience=cfg.identity_audience or cfg.url,
         )
 
 

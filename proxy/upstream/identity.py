@@ -38,31 +38,39 @@ def _header_value(value: str) -> str:
 
 
 class IdentityForwarder:
+    """The identity headers of a call. How (the mode and the token's audience) is the route's,
+    read from the call's own `UpstreamRoute`, so a reload changes it for the next call; the
+    signing key is loaded once, when the first upstream with identity = "jwt" appears."""
+
     def __init__(self, cfg: Config, base_dir: Path | None = None) -> None:
-        self._modes = {u.name: u.identity for u in cfg.upstreams}
-        self._audiences = {u.name: u.identity_audience or u.url for u in cfg.upstreams}
         self._issuer = cfg.server.public_url.rstrip("/")
+        self._base_dir = base_dir or Path.cwd()
         self._key: Any = None
         self._kid = ""
-        if "jwt" in self._modes.values():
-            self._key, self._kid = _signing_key(cfg, base_dir or Path.cwd())
-        self._signed: TTLCache[tuple[str, str], list[tuple[str, str]]] = TTLCache(
+        self.prepare(cfg)
+        self._signed: TTLCache[tuple[str, str, str], list[tuple[str, str]]] = TTLCache(
             maxsize=50_000, ttl=TTL_S - 60)
 
+    def prepare(self, cfg: Config) -> None:
+        """Load the signing key if an upstream of `cfg` needs it and it is not loaded yet
+        (a key that cannot be read raises, and a reload then changes nothing)."""
+        if self._key is None and any(u.identity == "jwt" for u in cfg.upstreams):
+            self._key, self._kid = _signing_key(cfg, self._base_dir)
+
     def headers(self, route: UpstreamRoute, principal: Principal) -> list[tuple[str, str]] | None:
-        mode = self._modes.get(route.name, "none")
+        mode = route.identity
         if mode == "none" or not principal.authenticated:
             return None
         if mode == "headers":
             return [("x-tollhouse-subject", _header_value(principal.subject)),
                     ("x-tollhouse-issuer", _header_value(principal.issuer)),
                     ("x-tollhouse-groups", _header_value(",".join(sorted(principal.groups))))]
-        cache_key = (principal.key, route.name)
+        cache_key = (principal.key, route.name, route.identity_audience)
         cached = self._signed.get(cache_key)
         if cached is None:
             now = int(time.time())
             token = jwt.encode(
-                {"iss": self._issuer, "aud": self._audiences[route.name],
+                {"iss": self._issuer, "aud": route.identity_audience,
                  "sub": principal.subject, "groups": sorted(principal.groups),
                  "src_iss": principal.issuer, "iat": now, "exp": now + TTL_S},
                 self._key, algorithm="ES256", headers={"kid": self._kid})

@@ -474,5 +474,29 @@ def stateless_json_app(**kwargs: Any) -> tuple[ASGIApp, UpstreamProbe]:
     return build_app(stateless=True, json_response=True, **kwargs)
 
 
+def holding_app() -> tuple[ASGIApp, asyncio.Event, asyncio.Event]:
+    """A stateless official-SDK upstream (JSON answers) whose tool `hold` answers only once
+    `release` is set (`started` says it is waiting), and `echo`: a call in flight whose end
+    the test decides, without a sleep."""
+    started, release = asyncio.Event(), asyncio.Event()
+    server = MCPServer("holding", version="1.0.0")
+
+    @server.tool()
+    async def hold() -> str:
+        """Wait for the test, then answer."""
+        started.set()
+        await release.wait()
+        return "released"
+
+    @server.tool()
+    async def echo(text: str) -> str:
+        """Return the text unchanged."""
+        return text
+
+    app = server.streamable_http_app(streamable_http_path="/mcp", json_response=True,
+                                     stateless_http=True)
+    return app, started, release
+
+
 # The same loopback Hypercorn fixture as every other real-server test.
 serve_asgi = serve

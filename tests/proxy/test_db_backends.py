@@ -344,6 +344,28 @@ async def test_usage_events_land_once_and_are_marked_delivered(database: Databas
     assert [(c, a, bool(d)) for c, a, d in marks] == [("c1", 0, True), ("c2", 1, True)]
 
 
+async def test_a_drain_flushes_the_usage_outbox(database: Database) -> None:
+    """`flush` delivers what is due now, though nothing woke the worker: at a drain the
+    events do not wait for the next start."""
+    receiver = CountingReceiver()
+    worker = OutboxWorker(database, receiver, retry_max_s=0.05)
+    task = asyncio.get_running_loop().create_task(worker.run())
+    try:
+        assert await worker.flush(DEADLINE_S)  # nothing due: caught up at once
+        sink = DatabaseAuditSink(database)  # no on_outbox: the worker sleeps on (30 s)
+        sink.emit(record(1, call_id="f1"))
+        sink.emit(record(2, call_id="f2"))
+        await sink.close()
+        assert worker.delivered == 0
+        assert await worker.flush(DEADLINE_S)
+        assert worker.delivered == 2 and receiver.seen == {"f1": 1, "f2": 1}
+    finally:
+        task.cancel()
+        await asyncio.wait({task}, timeout=5)
+    assert rows(database, "SELECT count(*) FROM usage_outbox WHERE delivered_at IS NULL") \
+        == [(0,)]
+
+
 class CountingReceiver:
     """Counts deliveries per call id; each delivery yields to the loop so workers interleave.
     `hold` keeps deliveries waiting until set."""

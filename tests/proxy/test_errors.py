@@ -68,6 +68,7 @@ EXAMPLES: dict[type[GatewayError], Callable[[], GatewayError]] = {
     errors.BodyTooLarge: lambda: errors.BodyTooLarge.over(65536),
     errors.StoreUnavailable: lambda: errors.StoreUnavailable("the code store is unavailable"),
     errors.DatabaseUnavailable: lambda: errors.DatabaseUnavailable(),
+    errors.Draining: lambda: errors.Draining(),
     errors.InternalError: lambda: errors.InternalError(f"KeyError {SECRET}"),
     errors.EndpointNotFound: lambda: errors.EndpointNotFound(),
     errors.SessionNotFound: lambda: errors.SessionNotFound(),
@@ -167,7 +168,8 @@ def _jsonrpc(exc: GatewayError, status: int, obj: dict[str, Any]) -> None:
         assert set(obj) == {"jsonrpc", "error"} and status == 502
     if error["code"] in (-32000, -32800) and status != 200:  # seed 004: 200 after routing
         assert isinstance(exc, (errors.Unauthenticated, errors.Forbidden, errors.RateLimited,
-                                errors.StoreUnavailable, errors.UpstreamBadGateway))
+                                errors.StoreUnavailable, errors.Draining,
+                                errors.UpstreamBadGateway))
 
 
 def _plain(exc: GatewayError, status: int, obj: dict[str, Any]) -> None:

@@ -29,7 +29,8 @@ import orjson
 import pytest
 import redis
 
-from tests.e2e.upstreams import stateful_sse_app
+from proxy.audit import query
+from tests.e2e.upstreams import holding_app, stateful_sse_app
 from tests.helpers import DEADLINE_S, until
 from tests.servers import serve
 
@@ -43,6 +44,7 @@ SERVING = re.compile(r"worker=(\d+) pid=(\d+) tollhouse\.workers worker \d+ \(pi
 # running): the waits for a process to come up or go away get longer deadlines
 PROCESS_S = 3 * DEADLINE_S
 LISTENING = re.compile(r"tollhouse listening on 127\.0\.0\.1:(\d+) with (\d+) workers")
+RUNNING = re.compile(r"hypercorn\.error Running on http://127\.0\.0\.1:(\d+)")  # one process
 
 
 def _config(tmp_path: Path, *, upstream: str = "http://127.0.0.1:9/mcp", workers: int = 2,
@@ -227,23 +229,27 @@ def _serve_once(config: Path, env: dict[str, str] | None = None
 
 
 @contextlib.asynccontextmanager
-async def running(config: Path, prefix: str) -> AsyncIterator[Serve]:
-    """`tollhouse serve` on `config` until it serves with every worker; afterwards whatever of
-    it is left is killed and the prefix's Redis keys are deleted."""
+async def running(config: Path, prefix: str | None) -> AsyncIterator[Serve]:
+    """`tollhouse serve` on `config` until it serves with every worker (or, with
+    `server.workers = 1`, until its one process serves); afterwards whatever of it is left is
+    killed and the prefix's Redis keys, if any, are deleted."""
+    single = re.search(r"^workers = 1$", config.read_text(), re.MULTILINE) is not None
     gw = Serve(_spawn(config))
     proc = gw.proc
     reader = threading.Thread(target=gw.read, daemon=True)
     reader.start()
     try:
-        await until(lambda: LISTENING.search(gw.text) or proc.poll() is not None,
+        ready = RUNNING if single else LISTENING
+        await until(lambda: ready.search(gw.text) or proc.poll() is not None,
                     PROCESS_S, what="the listening line")
-        match = LISTENING.search(gw.text)
+        match = ready.search(gw.text)
         assert match, gw.text
         gw.port = int(match.group(1))
-        count = int(match.group(2))
-        await until(lambda: len(gw.serving_pids()) >= count, PROCESS_S,
-                    what="every worker serving")
-        assert gw.workers() == gw.serving_pids(), gw.text
+        if not single:
+            count = int(match.group(2))
+            await until(lambda: len(gw.serving_pids()) >= count, PROCESS_S,
+                        what="every worker serving")
+            assert gw.workers() == gw.serving_pids(), gw.text
         yield gw
     finally:
         for pid in sorted(gw.seen_workers | gw.workers()):
@@ -255,7 +261,8 @@ async def running(config: Path, prefix: str) -> AsyncIterator[Serve]:
         reader.join(DEADLINE_S)
         assert proc.stderr is not None
         proc.stderr.close()
-        _delete_keys(prefix)
+        if prefix is not None:
+            _delete_keys(prefix)
 
 
 def _delete_keys(prefix: str) -> None:
@@ -386,28 +393,9 @@ async def test_a_session_continues_whichever_worker_answers(tmp_path: Path,
         assert len(upstream_sessions) == 1 and None not in upstream_sessions  # one session
 
 
-def _holding_upstream() -> tuple[Any, asyncio.Event, asyncio.Event]:
-    """An official-SDK upstream whose tool `hold` answers only once `release` is set."""
-    from mcp.server.mcpserver import MCPServer
-
-    started, release = asyncio.Event(), asyncio.Event()
-    server = MCPServer("holding", version="1.0.0")
-
-    @server.tool()
-    async def hold() -> str:
-        """Wait for the test, then answer."""
-        started.set()
-        await release.wait()
-        return "released"
-
-    app = server.streamable_http_app(streamable_http_path="/mcp", json_response=True,
-                                     stateless_http=True)
-    return app, started, release
-
-
 async def test_sigterm_drains_a_call_in_flight_then_every_process_exits(
         tmp_path: Path, prefix: str) -> None:
-    app, started, release = _holding_upstream()
+    app, started, release = holding_app()
     async with serve(app, graceful_timeout=1) as upstream:
         config = _config(tmp_path, upstream=f"{upstream}/mcp", state=_redis_state(prefix))
         async with running(config, prefix) as gw:
@@ -426,8 +414,17 @@ async def test_sigterm_drains_a_call_in_flight_then_every_process_exits(
             await asyncio.wait_for(started.wait(), DEADLINE_S)
 
             gw.proc.send_signal(signal.SIGTERM)
-            await until(lambda: gw.text.count(": SIGTERM: draining") == 2,
-                        what="both workers told to stop")
+            await until(lambda: gw.text.count("draining: new sessions and calls are refused")
+                        == 2, what="both workers draining")
+            # the worker with nothing in flight is done at once; the one running the call
+            # still accepts on the socket they share, and refuses what is new
+            refused = await gw.request("POST", "/mcp/up", {
+                "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "echo", "arguments": {"text": "x"}}}, session)
+            assert refused.status == 503 and refused.headers["retry-after"] == "1", refused.body
+            assert orjson.loads(refused.body)["error"] == {
+                "code": -32000, "message": "Resident runtime unavailable"}
+            assert refused.worker in workers
             assert not call.done()  # still waiting on the upstream
             release.set()
             reply = await asyncio.wait_for(call, DEADLINE_S)
@@ -437,6 +434,45 @@ async def test_sigterm_drains_a_call_in_flight_then_every_process_exits(
             assert not any(_alive(pid) for pid in workers)
             assert "was killed" not in gw.text and "unexpectedly" not in gw.text
             assert "every worker has stopped" in gw.text
+    held = [r for r in query(f"sqlite:///{tmp_path / 't.db'}", limit=100)
+            if r["tool"] == "hold"]
+    assert [r["status"] for r in held] == ["ok"]  # written before its worker exited
+
+
+async def test_sighup_reaches_every_worker(tmp_path: Path, prefix: str) -> None:
+    """The supervisor checks the file once and forwards SIGHUP; each worker applies it to
+    its next call. A broken file is one line from the supervisor, and no worker reloads."""
+    app, _started, _release = holding_app()
+    async with serve(app, graceful_timeout=1) as upstream:
+        config = _config(tmp_path, upstream=f"{upstream}/mcp", state=_redis_state(prefix))
+        original = config.read_text()
+        async with running(config, prefix) as gw:
+            workers = gw.workers()
+            config.write_text(original + '[upstreams.access]\ntools_deny = ["echo"]\n')
+            gw.proc.send_signal(signal.SIGHUP)
+            await until(lambda: gw.text.count("config reloaded from") == 2,
+                        what="both workers reloaded")
+            answered: set[int | None] = set()
+
+            async def denied_by_both() -> bool:
+                reply = await gw.request("POST", "/mcp/up", {
+                    "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                    "params": {"name": "echo", "arguments": {"text": "x"}}},
+                    {"MCP-Protocol-Version": "2025-11-25"})
+                assert reply.status == 400 and reply.rpc()["error"]["code"] == -32602
+                answered.add(reply.worker)
+                return workers <= answered
+
+            await until(denied_by_both, what="the new rule on each worker")
+            config.write_text(original + "[bogus]\n")
+            gw.proc.send_signal(signal.SIGHUP)
+            await until(lambda: "SIGHUP: config reload from" in gw.text,
+                        what="the supervisor's refusal")
+            assert gw.text.count("refused, nothing changed") == 1, gw.text
+            assert "unknown key 'bogus'" in gw.text
+            assert gw.text.count("config reloaded from") == 2  # no worker re-read it
+            gw.proc.send_signal(signal.SIGTERM)
+            assert await gw.exited() == 0, gw.text
 
 
 async def test_a_killed_worker_is_replaced(tmp_path: Path, prefix: str) -> None:

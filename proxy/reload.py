@@ -1,0 +1,139 @@
+"""SIGHUP: what of a re-read config file applies live, and what keeps its start-up value.
+
+The tables each call decides by (upstreams, their access rules and tool profiles, identity,
+headers and timeouts, `[[rate_limits]]`, `[metering]`, `[egress] collections`) apply from
+the next call. The rest is fixed while the process runs: the listen address, the database,
+the state store and the workers, and with them every key that start-up wires into a
+long-lived object (all of `[server]`, `[auth]`, `[oauth_server]`, the metadata addresses, and
+per-user upstreams, whose connections and sign-in routes exist only as started). A reload
+that changes one of those keeps its running value and names the key in its one log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from policies import build_egress, default_policies
+from policies.access import Access
+from proxy.chain import Chain
+from proxy.config import Config, ConfigError, UpstreamConfig, load, validate
+from proxy.live import Live
+from proxy.metering import build_backend
+from proxy.upstream import UpstreamRoute
+
+if TYPE_CHECKING:
+    from proxy.app import Serving
+
+log = logging.getLogger("tollhouse")
+
+# the tables and keys that keep their start-up values, in the order the log line names them
+FIXED = ("server", "auth", "database", "state", "oauth_server", "egress.metadata_addresses")
+
+
+async def reload(serving: Serving, path: Path) -> bool:
+    """SIGHUP: apply the config file at `path` from the next call on, as the module says.
+    One log line either way; a file that fails changes nothing."""
+    try:
+        running = serving.gateway.live.cfg
+        read = await asyncio.to_thread(load, path)  # off the loop: files are read
+        fixed = fixed_changes(running, read)
+        cfg = applied(running, read)
+        await asyncio.to_thread(validate, cfg, path.parent)
+        await _apply(serving, cfg)
+    except ConfigError as exc:
+        log.error("config reload from %s refused, nothing changed: %s", path, exc)
+        return False
+    except Exception as exc:  # noqa: BLE001 - a hook that does not import, a bad key file
+        log.error("config reload from %s refused, nothing changed: %s: %s", path,
+                  type(exc).__name__, exc)
+        return False
+    if fixed:
+        log.warning("config reloaded from %s; these keys cannot change while serving and "
+                    "keep their running values until a restart: %s", path, ", ".join(fixed))
+    else:
+        log.info("config reloaded from %s", path)
+    return True
+
+
+async def _apply(serving: Serving, cfg: Config) -> None:
+    """Build everything the new config decides, then swap it in within one step of the
+    event loop: the route table, the registry's view, the policy chain."""
+    parts, gateway = serving.parts, serving.gateway
+    running = gateway.live.cfg
+    backend = serving.backend
+    if cfg.metering != running.metering:
+        backend = build_backend(cfg.metering, serving.upstream.http) \
+            if cfg.metering.enabled else None
+    parts.identity.prepare(cfg)
+    routes = {u.name: UpstreamRoute.from_config(u) for u in cfg.upstreams}
+    gone = {u.name for u in running.upstreams} - set(routes)
+    async with serving.registry.changing():  # from here on nothing awaits: no call sees
+        egress = build_egress(cfg, serving.destinations, parts.trusted)  # half of it
+        chain = Chain(default_policies(cfg, metering=backend, egress=egress,
+                                       rate_limits=parts.stores.rate_limits))
+        access = next((p for p in chain.policies if isinstance(p, Access)), None)
+        for name in gone:
+            parts.routes.pop(name, None)
+            serving.destinations.discard(name)
+        parts.routes.update(routes)
+        serving.registry.rebase(cfg, egress, access)
+        gateway.live = Live(cfg, chain)
+    serving.backend = backend
+    serving.deliver_through(backend)
+
+
+def fixed_changes(running: Config, read: Config) -> list[str]:
+    """The keys that differ between the running config and the one read, and cannot change
+    live: `server.listen`, `database.url`, `upstreams.github (per_user)`..."""
+    changed: list[str] = []
+    for path in FIXED:
+        changed.extend(_differences(_at(running, path), _at(read, path), path))
+    kept = _per_user(running)
+    for up in read.upstreams:
+        if up.name in kept and kept[up.name] != up or (up.name not in kept
+                                                       and up.auth == "per_user"):
+            changed.append(f"upstreams.{up.name} (per_user)")
+    read_names = {u.name for u in read.upstreams}
+    changed.extend(f"upstreams.{name} (per_user)" for name in kept if name not in read_names)
+    return changed
+
+
+def applied(running: Config, read: Config) -> Config:
+    """The config a reload applies: `read`, with every fixed key as it runs now."""
+    kept = _per_user(running)
+    upstreams = [u for u in read.upstreams if u.auth != "per_user" and u.name not in kept]
+    egress = dataclasses.replace(read.egress,
+                                 metadata_addresses=running.egress.metadata_addresses)
+    return dataclasses.replace(read, server=running.server, auth=running.auth,
+                               database=running.database, state=running.state,
+                               oauth_server=running.oauth_server, egress=egress,
+                               upstreams=[*upstreams, *kept.values()])
+
+
+def _per_user(cfg: Config) -> dict[str, UpstreamConfig]:
+    return {u.name: u for u in cfg.upstreams if u.auth == "per_user"}
+
+
+def _at(cfg: Config, path: str) -> Any:
+    value: Any = cfg
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _differences(old: Any, new: Any, path: str) -> Iterator[str]:
+    """Each leaf key under `path` whose value differs (a list or a table of tables counts as
+    one key)."""
+    if old == new:
+        return
+    if dataclasses.is_dataclass(old) and dataclasses.is_dataclass(new):
+        for f in dataclasses.fields(old):
+            yield from _differences(getattr(old, f.name), getattr(new, f.name),
+                                    f"{path}.{f.name}")
+        return
+    yield path
