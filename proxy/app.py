@@ -46,6 +46,11 @@ from proxy.oauth import keys as oauth_keys
 from proxy.oauth import routes as oauth_routes
 from proxy.oauth.cap import OAuthBodyCap
 from proxy.oauth.server import AuthorizationServer
+from proxy.observability import Observer, Observers
+from proxy.observability import routes as observability_routes
+from proxy.observability.health import Health
+from proxy.observability.logs import RequestLog
+from proxy.observability.metrics import Metrics, TimedBackend, multiprocess_dir
 from proxy.people import signin
 from proxy.people.accounts import Accounts
 from proxy.people.live import LiveUsers
@@ -73,6 +78,9 @@ class State:
     connections: Connections | None = None
     api: Api | None = None
     stores: Stores | None = None
+    metrics: Metrics | None = None
+    health: Health | None = None
+    serving: Serving | None = None  # /readyz reads it (draining, once that exists)
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,8 @@ class Parts:
     database: Database
     state: State
     origins: frozenset[str]
+    health: Health
+    metrics: Metrics | None = None
     web: Web | None = None
     oauth: AuthorizationServer | None = None
     connections: Connections | None = None
@@ -125,10 +135,11 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
 
     @app.while_serving  # type: ignore[type-var]
     async def lifespan() -> AsyncIterator[None]:
-        serving = await Serving.open(parts, app)
+        serving = parts.state.serving = await Serving.open(parts, app)
         try:
             yield
         finally:
+            parts.state.serving = None
             await serving.close()
 
     _routes(app, parts)
@@ -158,10 +169,13 @@ def _parts(cfg: Config, given: Overrides) -> Parts:
     state.stores = stores
     database = Database(cfg.database.url, busy_timeout_s=cfg.database.busy_timeout_s)
     database.ensure_schema()  # start-up migrations (proxy.migrations): versioned, idempotent
+    metrics = state.metrics = Metrics(multiproc_dir=multiprocess_dir()) \
+        if cfg.observability.metrics else None
+    health = state.health = Health(database, stores, metrics)
     parts = Parts(cfg, given, routes,
                   tuple(parse_networks(cfg.server.trusted_proxies, "server.trusted_proxies")),
                   IdentityForwarder(cfg, given.base_dir or Path.cwd()), stores, database, state,
-                  frozenset(origins))
+                  frozenset(origins), health, metrics)
     _people(parts)
     return parts
 
@@ -215,6 +229,8 @@ def _routes(app: Quart, parts: Parts) -> None:
     metadata.register(app, cfg, parts.identity, own_server=parts.oauth is not None,
                       api_scopes=api_scopes)
     api_routes.register(app)
+    observability_routes.register(app, cfg.observability, parts.metrics, parts.health,
+                                  lambda: state.serving)
 
 
 def _gateway(state: State) -> Gateway:
@@ -233,6 +249,7 @@ class Serving:
     registry_watch: asyncio.Task[None]
     keys: KeyIndex | None
     worker_task: asyncio.Task[None] | None
+    sampler: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, parts: Parts, app: Quart) -> Serving:
@@ -243,8 +260,14 @@ class Serving:
         upstream = UpstreamClient(given.upstream_transport, destinations=destinations)
         audit = given.audit_sink or DatabaseAuditSink(parts.database)
         backend = worker_task = None
+        metrics = parts.metrics
+        parts.health.audit = audit
+        if metrics is not None and isinstance(audit, DatabaseAuditSink):
+            audit.on_fallback = metrics.audit_fallback.inc
         if cfg.metering.enabled:
             backend = build_backend(cfg.metering, upstream.http)
+            if metrics is not None:
+                backend = TimedBackend(backend, metrics.hook_duration)
             if isinstance(audit, DatabaseAuditSink):
                 state.outbox = OutboxWorker(parts.database, backend, cfg.metering.retry_max_s)
                 audit.on_outbox = state.outbox.wake_threadsafe
@@ -266,13 +289,21 @@ class Serving:
             chain=chain, sessions=parts.stores.sessions, inflight=parts.stores.inflight,
             upstream=upstream, audit=audit, allowed_origins=parts.origins,
             identity=parts.identity, connections=parts.connections,
-            trusted_proxies=parts.trusted, bridged=parts.stores.bridge, later=given.later)
+            trusted_proxies=parts.trusted, bridged=parts.stores.bridge, later=given.later,
+            observer=_observer(cfg, metrics),
+            session_ended=metrics.session_ended if metrics is not None else None)
         watch = asyncio.get_running_loop().create_task(registry.watch())
         await parts.stores.start()
-        return cls(parts, upstream, audit, registry, watch, keys, worker_task)
+        sampler = None
+        if metrics is not None and metrics.multiproc_dir is not None:
+            # one of several workers: its own gauges reach a scrape on any of them
+            sampler = asyncio.get_running_loop().create_task(_sample(metrics, audit))
+        return cls(parts, upstream, audit, registry, watch, keys, worker_task, sampler)
 
     async def close(self) -> None:
         parts = self.parts
+        if self.sampler is not None:
+            self.sampler.cancel()
         if parts.state.gateway is not None:
             await parts.state.gateway.drain(parts.cfg.server.shutdown_grace_s)
         await self.audit.close()  # every accepted record and usage event is on disk now
@@ -288,7 +319,25 @@ class Serving:
         await asyncio.wait({self.registry_watch}, timeout=5)
         self.registry.close()
         await parts.stores.aclose()
+        parts.health.close()
         parts.database.close()
+
+
+def _observer(cfg: Config, metrics: Metrics | None) -> Observer:
+    """What watches each MCP message: metrics (when on) and the request log line."""
+    observers: list[Observer] = [RequestLog(cfg.observability.log_format)]
+    if metrics is not None:
+        observers.insert(0, metrics)
+    return Observers(observers)
+
+
+SAMPLE_S = 5.0  # how often a worker of several refreshes its own gauges
+
+
+async def _sample(metrics: Metrics, audit: AuditSink) -> None:
+    while True:
+        metrics.audit_depth.set(getattr(audit, "depth", 0))
+        await asyncio.sleep(SAMPLE_S)
 
 
 def _authenticator(parts: Parts, upstream: UpstreamClient, keys: KeyIndex | None

@@ -119,6 +119,15 @@ class Shared:
     async def ping(self) -> None:
         await self.run("state", self.client.ping())
 
+    async def count(self, store: str, prefix: str) -> int:
+        """How many keys start with `prefix` (SCAN, never KEYS: Redis stays responsive).
+        For metrics, which sample it at most every few seconds."""
+        async def scan() -> int:
+            match = "".join("\\" + c if c in "\\*?[]" else c for c in prefix) + "*"
+            return sum([1 async for _ in self.client.scan_iter(match=match, count=1000)])
+
+        return await self.run(store, scan())
+
     async def aclose(self) -> None:
         for task in self._listeners:
             task.cancel()
