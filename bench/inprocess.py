@@ -12,6 +12,9 @@ can be compared by (run each with its own checkout first on sys.path, alternatel
 `--state redis://127.0.0.1:6379/0` keeps the state in Redis (a fresh key prefix, deleted at the
 end); `--stateful` is run.py's per-call-store config (a JWT caller, a 2025-11-25 session, a rate
 limit that never refuses); `--profile N` prints cProfile's top N functions of one round.
+`--observability` measures, side by side in one run (rounds alternate), the same config with
+`[observability] metrics = false`, with metrics on, and with metrics on and the request log line
+written (INFO, formatted, to /dev/null).
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ from typing import Any
 
 sys.path.insert(0, os.getcwd())  # the checkout to measure: the one this is run from
 
-import httpx  # noqa: E402
+import httpx
 
-from proxy.app import create_app  # noqa: E402
-from proxy.config import from_dict  # noqa: E402
+from proxy.app import create_app
+from proxy.config import from_dict
 
 CALL = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                    "params": {"name": "echo", "arguments": {"text": "hi"}}}).encode()
@@ -138,7 +141,11 @@ async def main() -> None:
     parser.add_argument("--stateful", action="store_true", help="JWT caller, session, rate limit")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="cProfile one more round; print the top N by cumulative time")
+    parser.add_argument("--observability", action="store_true",
+                        help="metrics off / on / on with the request log, side by side")
     args = parser.parse_args()
+    if args.observability:
+        return await observability(args)
     if args.state != "memory" and not args.state.startswith(("redis://127.0.0.1", "redis://localhost")):
         parser.error("--state: memory or a loopback redis:// URL")
     prefix, secret = f"bench{secrets.token_hex(6)}:", secrets.token_hex(32)
@@ -171,6 +178,76 @@ async def main() -> None:
           f"(best of {args.rounds} x {args.calls})")
     if args.profile:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)
+
+
+async def settled(apps: list[Any]) -> None:
+    """Until every app's audit queue is written (a bench may poll; a test may not)."""
+    for app in apps:
+        audit = app.extensions["tollhouse"].gateway.audit
+        while getattr(audit, "depth", 0):
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)  # the writer's last batch commits
+
+
+def _null_request_log() -> Any:
+    """The request log's logger, formatting every line as `tollhouse serve` does, to nowhere."""
+    import logging
+
+    request_log = logging.getLogger("tollhouse.request")
+    request_log.propagate = False
+    sink = logging.StreamHandler(open(os.devnull, "w"))  # noqa: SIM115 - for the whole run
+    sink.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    request_log.addHandler(sink)
+    return request_log
+
+
+async def observability(args: argparse.Namespace) -> None:
+    """Metrics off, on, and on with the request log line, alternating rounds in one process."""
+    import contextlib
+    import logging
+
+    request_log = _null_request_log()
+    variants = [("metrics off", False, False), ("metrics on", True, False),
+                ("metrics on + request log", True, True)]
+    prefix, secret = f"bench{secrets.token_hex(6)}:", secrets.token_hex(32)
+    results: dict[str, tuple[float, float]] = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack():
+            apps = []
+            for i, (name, metrics, _) in enumerate(variants):
+                raw = config(f"{tmp}", args.state, f"{prefix}{i}:", args.stateful, secret)
+                raw["database"] = {"url": f"sqlite:///{tmp}/b{i}.db"}
+                raw["observability"] = {"metrics": metrics}
+                app = create_app(from_dict(raw, env={}),
+                                 upstream_transport=httpx.MockTransport(upstream),
+                                 resolver=Resolver())
+                apps.append(app)
+            async with contextlib.AsyncExitStack() as stack:
+                extras = []
+                for app in apps:
+                    await stack.enter_async_context(app.test_app())  # type: ignore[arg-type]
+                    extras.append(await session_headers(app, secret) if args.stateful else [])
+                    assert await one_call(app, extras[-1]) == 200
+                best = {name: (float("inf"), float("inf")) for name, _, _ in variants}
+                runs = list(zip(variants, apps, extras, strict=True))
+                for r in range(args.rounds * len(runs)):
+                    (name, _, logged), app, extra = runs[(r + r // len(runs)) % len(runs)]
+                    await settled(apps)  # no audit writer still busy with an earlier round
+                    request_log.setLevel(logging.INFO if logged else logging.WARNING)
+                    began, began_cpu = time.perf_counter(), time.process_time()
+                    for _ in range(args.calls):
+                        await one_call(app, extra)
+                    wall = (time.perf_counter() - began) / args.calls
+                    cpu = (time.process_time() - began_cpu) / args.calls
+                    best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
+                results = best
+    finally:
+        if args.state != "memory":
+            delete_keys(args.state, prefix)
+    mode = f"state {args.state.split('@')[-1]}{', stateful' if args.stateful else ''}"
+    print(f"{os.getcwd()} ({mode}; best of {args.rounds} x {args.calls}, rounds alternating)")
+    for name, (wall, cpu) in results.items():
+        print(f"  {name:26s} {wall * 1e6:7.1f} us per call, {cpu * 1e6:7.1f} us CPU")
 
 
 if __name__ == "__main__":
