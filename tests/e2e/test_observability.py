@@ -21,6 +21,7 @@ from tests.e2e.conftest import open_stack
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import BOOM_RPC_CODE, stateful_sse_app, stateless_json_app
 from tests.helpers import jwt_auth, token
+from tests.servers import serve
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE}-00f067aa0ba902b7-01"
@@ -47,6 +48,8 @@ async def scrape(base: str, **kw: Any) -> httpx.Response:
 async def test_calls_are_counted_with_bounded_labels(tmp_path: Path, make_upstream: Any) -> None:
     async with open_stack(tmp_path, make_upstream) as stack:
         async with connect(stack.endpoint) as client:
+            during = (await scrape(stack.gateway_url)).text
+            assert ({"era": "legacy"}, 1.0) in samples(during, "tollhouse_sessions_active")
             listed = await client.list_tools()
             assert "echo" in {t.name for t in listed.tools}
             await client.call_tool("echo", {"text": "hi"})
@@ -79,6 +82,10 @@ async def test_calls_are_counted_with_bounded_labels(tmp_path: Path, make_upstre
         in_flight = samples(text, "tollhouse_calls_in_flight")
         assert in_flight and all(v == 0 for _, v in in_flight)
         assert samples(text, "tollhouse_database_up") == [({}, 1.0)]
+        # the client's DELETE on the way out ended the one session
+        assert samples(text, "mcp_server_session_duration_seconds_count") == [
+            ({"endpoint": "up"}, 1.0)]
+        assert count_of(text, mcp_method_name="DELETE", error_type="") == 1
 
 
 async def test_denials_and_refusals_are_counted_by_policy_and_reason(tmp_path: Path) -> None:
@@ -264,3 +271,25 @@ async def test_readyz_names_an_unreachable_redis(tmp_path: Path) -> None:
         scraped = await running.test_client().get(
             "/metrics", scope_base={"client": ("127.0.0.1", 40000)})
         assert "tollhouse_state_store_up 0.0" in (await scraped.get_data(as_text=True))
+
+
+async def test_metering_hook_latency_and_the_outbox(tmp_path: Path) -> None:
+    from tests.e2e.test_metering import Receiver, gateway, legacy_call, upstream
+    from tests.helpers import until
+
+    receiver = Receiver(usage_up=False)  # usage events wait in the outbox
+    async with serve(receiver) as r_url, upstream() as (u_url, _), \
+            gateway(tmp_path, r_url, u_url) as endpoint, httpx.AsyncClient() as client:
+        body, headers = legacy_call("echo")
+        assert (await client.post(endpoint, content=body, headers=headers)).status_code == 200
+        base = endpoint.removesuffix("/mcp/up")
+
+        async def waiting() -> bool:
+            text = (await scrape(base)).text
+            return samples(text, "tollhouse_usage_outbox_depth") == [({}, 1.0)]
+
+        await until(waiting, what="the usage event in the outbox")
+        text = (await scrape(base)).text
+    (age,) = samples(text, "tollhouse_usage_outbox_oldest_age_seconds")
+    assert age[1] >= 0
+    assert samples(text, "tollhouse_metering_hook_duration_seconds_count") == [({}, 1.0)]

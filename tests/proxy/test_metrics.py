@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import random
 import secrets
+from pathlib import Path
 
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.audit.record import AuditRecord
@@ -166,3 +168,22 @@ def test_denials_failures_and_the_client_leg() -> None:
     legs = {dict(labels)["error_type"] for (name, labels), v in found.items()
             if name == "mcp_client_operation_duration_seconds_count"}
     assert legs == {"timeout", "502"}  # what went wrong upstream, not the caller's -32000
+
+
+async def test_fallback_writes_are_counted(tmp_path: Path) -> None:
+    from proxy.audit import DatabaseAuditSink
+    from tests import db_backends
+
+    metrics = Metrics()
+    fallback = tmp_path / "audit-fallback.jsonl"
+    sink = DatabaseAuditSink(db_backends.url(), retry_backoff_s=0.001,
+                             fallback_path=str(fallback))
+    sink.on_fallback = metrics.audit_fallback.inc
+    refused = AuditRecord(endpoint="e", request_id="2", bytes_in=2**70)  # no backend stores it
+    refused.fail(UpstreamTimeout())  # its in-process fields never reach the file
+    sink.emit(AuditRecord(endpoint="e", request_id="1"))
+    sink.emit(refused)
+    await sink.close()
+    assert metrics.audit_fallback._value.get() == 1
+    (line,) = fallback.read_bytes().splitlines()
+    assert "failure" not in orjson.loads(line) and "error_type" not in orjson.loads(line)
