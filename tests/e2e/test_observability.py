@@ -205,50 +205,52 @@ async def test_json_log_lines(tmp_path: Path, caplog: pytest.LogCaptureFixture) 
 
 async def test_healthz_and_readyz(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from proxy import migrations
+    from proxy.observability import health as health_module
 
     audit = MemoryAuditSink()
-    async with open_stack(tmp_path, stateless_json_app, audit=audit) as stack:
-        async with httpx.AsyncClient(base_url=stack.gateway_url) as http:
-            assert (await http.get("/healthz")).json() == {"status": "ok"}
-            ready = await http.get("/readyz")
-            assert ready.status_code == 200 and ready.json() == {"status": "ready"}
-            health = stack.state.health
-            assert health is not None
+    async with open_stack(tmp_path, stateless_json_app, audit=audit) as stack, \
+            httpx.AsyncClient(base_url=stack.gateway_url) as http:
+        assert (await http.get("/healthz")).json() == {"status": "ok"}
+        ready = await http.get("/readyz")
+        assert ready.status_code == 200 and ready.json() == {"status": "ready"}
+        health = stack.state.health
+        assert health is not None
 
-            probes = 0
-            real = migrations.current
+        probes = 0
+        real = migrations.current
 
-            def counted(database: Any) -> int:
-                nonlocal probes
-                probes += 1
-                return real(database) - 1  # one migration behind
+        def counted(database: Any) -> int:
+            nonlocal probes
+            probes += 1
+            return real(database) - 1  # one migration behind
 
-            monkeypatch.setattr(migrations, "current", counted)
-            health._last = None  # the cached verdict forgotten: the next /readyz probes
-            storm = await asyncio.gather(*(http.get("/readyz") for _ in range(40)))
-            assert {r.status_code for r in storm} == {503}
-            assert storm[0].json() == {"status": "unavailable", "down": ["migrations"]}
-            assert probes == 1  # forty probes, one database round trip
+        monkeypatch.setattr(migrations, "current", counted)
+        monkeypatch.setattr(health_module, "CACHE_S", 3600.0)  # however slow the machine
+        health._last = None  # the cached verdict forgotten: the next /readyz probes
+        storm = await asyncio.gather(*(http.get("/readyz") for _ in range(40)))
+        assert {r.status_code for r in storm} == {503}
+        assert storm[0].json() == {"status": "unavailable", "down": ["migrations"]}
+        assert probes == 1  # forty probes, one database round trip
 
-            def broken(database: Any) -> int:
-                import sqlite3
-                raise sqlite3.OperationalError("unable to open database file")
+        def broken(database: Any) -> int:
+            import sqlite3
+            raise sqlite3.OperationalError("unable to open database file")
 
-            monkeypatch.setattr(migrations, "current", broken)
-            health._last = None
-            down = await http.get("/readyz")
-            assert down.status_code == 503 and down.json()["down"] == ["database"]
-            assert "tollhouse_database_up 0.0" in (await http.get("/metrics")).text
+        monkeypatch.setattr(migrations, "current", broken)
+        health._last = None
+        down = await http.get("/readyz")
+        assert down.status_code == 503 and down.json()["down"] == ["database"]
+        assert "tollhouse_database_up 0.0" in (await http.get("/metrics")).text
 
-            monkeypatch.setattr(migrations, "current", real)
-            health._last = None
-            serving = stack.state.serving
-            assert serving is not None
-            serving.draining = True  # type: ignore[attr-defined]  # what SIGTERM will set
-            draining = await http.get("/readyz")
-            assert draining.status_code == 503 and draining.json()["down"] == ["draining"]
-            serving.draining = False  # type: ignore[attr-defined]
-            assert (await http.get("/readyz")).status_code == 200
+        monkeypatch.setattr(migrations, "current", real)
+        health._last = None
+        serving = stack.state.serving
+        assert serving is not None
+        serving.draining = True  # type: ignore[attr-defined]  # what SIGTERM will set
+        draining = await http.get("/readyz")
+        assert draining.status_code == 503 and draining.json()["down"] == ["draining"]
+        serving.draining = False  # type: ignore[attr-defined]
+        assert (await http.get("/readyz")).status_code == 200
     assert audit.records == []  # no probe, no scrape is audited
 
 

@@ -144,11 +144,11 @@ def test_denials_failures_and_the_client_leg() -> None:
         metrics.begin(record)
         record.fail(exc)
         metrics.end(record)
-    for exc in (UpstreamTimeout(), UpstreamHTTPError(502)):
+    for failure in (UpstreamTimeout(), UpstreamHTTPError(502)):
         record = AuditRecord(endpoint="e", method="tools/call", tool="x")
         metrics.begin(record)
         record.upstream_started = 1.0
-        record.fail(exc)
+        record.fail(failure)
         metrics.end(record)
     text = metrics.render().decode()
     found = {(s.name, tuple(sorted(s.labels.items()))): s.value
