@@ -193,6 +193,9 @@ def _null_request_log() -> Any:
     """The request log's logger, formatting every line as `tollhouse serve` does, to nowhere."""
     import logging
 
+    from proxy.observability.logs import lean
+
+    lean()  # as `tollhouse serve` sets logging up
     request_log = logging.getLogger("tollhouse.request")
     request_log.propagate = False
     sink = logging.StreamHandler(open(os.devnull, "w"))  # noqa: SIM115 - for the whole run

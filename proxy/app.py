@@ -112,6 +112,7 @@ class Parts:
     state: State
     origins: frozenset[str]
     health: Health
+    request_log: RequestLog
     metrics: Metrics | None = None
     web: Web | None = None
     oauth: AuthorizationServer | None = None
@@ -148,7 +149,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         lambda inner: BodyCap(inner, "/api/v1/", cfg.server.max_request_bytes, "api"),
         lambda inner: McpEdge(inner, lambda: _gateway(parts.state),
                               max_body=cfg.server.max_request_bytes,
-                              body_timeout_s=BODY_TIMEOUT_S),
+                              body_timeout_s=BODY_TIMEOUT_S, refused=parts.request_log.refused),
     ]
     if parts.oauth is not None and parts.web is not None:
         layers.append(OAuthBodyCap)  # /oauth/: 64 KiB whatever max_request_bytes says
@@ -175,7 +176,7 @@ def _parts(cfg: Config, given: Overrides) -> Parts:
     parts = Parts(cfg, given, routes,
                   tuple(parse_networks(cfg.server.trusted_proxies, "server.trusted_proxies")),
                   IdentityForwarder(cfg, given.base_dir or Path.cwd()), stores, database, state,
-                  frozenset(origins), health, metrics)
+                  frozenset(origins), health, RequestLog(cfg.observability.log_format), metrics)
     _people(parts)
     return parts
 
@@ -290,7 +291,7 @@ class Serving:
             upstream=upstream, audit=audit, allowed_origins=parts.origins,
             identity=parts.identity, connections=parts.connections,
             trusted_proxies=parts.trusted, bridged=parts.stores.bridge, later=given.later,
-            observer=_observer(cfg, metrics),
+            observer=_observer(parts.request_log, metrics),
             session_ended=metrics.session_ended if metrics is not None else None)
         watch = asyncio.get_running_loop().create_task(registry.watch())
         await parts.stores.start()
@@ -323,9 +324,9 @@ class Serving:
         parts.database.close()
 
 
-def _observer(cfg: Config, metrics: Metrics | None) -> Observer:
+def _observer(request_log: RequestLog, metrics: Metrics | None) -> Observer:
     """What watches each MCP message: metrics (when on) and the request log line."""
-    observers: list[Observer] = [RequestLog(cfg.observability.log_format)]
+    observers: list[Observer] = [request_log]
     if metrics is not None:
         observers.insert(0, metrics)
     return Observers(observers)

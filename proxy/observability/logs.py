@@ -71,6 +71,22 @@ class RequestLog:
                  f"duration_ms={record.duration_ms:.3f}")
 
 
+    def refused(self, endpoint: str, http_method: str, status: int) -> None:
+        """A refusal the MCP edge makes before any endpoint is known (an endpoint that does
+        not exist, an HTTP method it does not serve): its line, with the path's name."""
+        if not log.isEnabledFor(logging.INFO):
+            return
+        if self.json:
+            log.info("mcp request", extra={"fields": {
+                "request_id": "", "trace_id": "", "endpoint": _cut(endpoint),
+                "method": _cut(http_method), "tool": "", "status": "error",
+                "http_status": status, "error_type": str(status), "duration_ms": 0.0}})
+            return
+        log.info(f"mcp request_id= trace_id= endpoint={_text(endpoint)} "
+                 f"method={_text(http_method)} tool= status=error http_status={status} "
+                 f"error_type={status} duration_ms=0.000")
+
+
 def _cut(value: str | None) -> str:
     if value is None:
         return ""
@@ -107,9 +123,17 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out).decode()
 
 
+def lean() -> None:
+    """The request line is on every call's path: no caller lookup, no thread or process
+    names, which no format here shows (the logging documentation's own optimisation)."""
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+
+
 def configure(level: str, prefix: str = "", log_format: str = "text") -> None:
     """Log lines to stderr, text or JSON; a worker of several puts `worker=N pid=P ` in front
     of each text line (a JSON line has it as "worker")."""
+    lean()
     if log_format != "json":
         logging.basicConfig(level=level.upper(),
                             format=f"%(asctime)s %(levelname)s {prefix}%(name)s %(message)s")

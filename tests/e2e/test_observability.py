@@ -171,6 +171,8 @@ async def test_one_log_line_per_request_with_no_secret(tmp_path: Path,
                     "Accept": "application/json, text/event-stream",
                     "Authorization": "Bearer not-a-valid-token-SECRETISH"})
                 assert refused.status_code == 401
+                nowhere = await http.post(f"{stack.gateway_url}/mcp/no%0Asuch", content=b"{}")
+                assert nowhere.status_code == 404
     assert session_id
     lines = [r for r in caplog.records if r.name == "tollhouse.request"]
     text = "\n".join(r.getMessage() for r in lines)
@@ -183,6 +185,9 @@ async def test_one_log_line_per_request_with_no_secret(tmp_path: Path,
     assert any("status=denied" in x and "http_status=401" in x for x in text.splitlines())
     assert any("method=initialize" in x for x in text.splitlines())
     assert any("method=DELETE" in x for x in text.splitlines())
+    # an endpoint that does not exist: its line, the caller's newline quoted, not obeyed
+    assert any('endpoint="no\\nsuch" method=POST' in x and "http_status=404" in x
+               for x in text.splitlines()), text
     everything = caplog.text + text
     for secret in (bearer, session_id, "SECRETISH", "carol"):
         assert secret not in everything
