@@ -4,7 +4,8 @@
 
 A line carries the JSON-RPC request id, the W3C trace id the request came with (empty when it
 came with none), the endpoint, method, tool, audit status, HTTP status, error type and the
-duration. Never a header, a token, a session id (not even its hash), an argument or a
+duration. Every value a caller or an upstream chose (id, method, tool, an upstream's error
+code) is cut to MAX_VALUE and quoted unless plain. Never a header, a token, a session id (not even its hash), an argument or a
 principal: what happened to whom is the audit log's, behind the management API.
 """
 
@@ -60,14 +61,14 @@ class RequestLog:
                 "request_id": _cut(record.request_id), "trace_id": record.trace_id,
                 "endpoint": record.endpoint, "method": _cut(record.method),
                 "tool": _cut(record.tool), "status": record.status,
-                "http_status": record.http_status, "error_type": record.error_type or "",
+                "http_status": record.http_status, "error_type": _cut(record.error_type),
                 "duration_ms": round(record.duration_ms, 3)}})
             return
         # one f-string: the line is on every call's path (measured in bench/README.md)
         log.info(f"mcp request_id={_text(record.request_id)} trace_id={record.trace_id} "
                  f"endpoint={record.endpoint} method={_text(record.method)} "
                  f"tool={_text(record.tool)} status={record.status} "
-                 f"http_status={record.http_status} error_type={record.error_type or ''} "
+                 f"http_status={record.http_status} error_type={_text(record.error_type)} "
                  f"duration_ms={record.duration_ms:.3f}")
 
 
