@@ -54,6 +54,7 @@ Bodyless = Callable[[UpstreamRoute, EdgeRequest, "Session | None", AuditRecord],
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
 JSON_HEADERS = {"Content-Type": "application/json"}
+CANCELLED = str(Cancelled.code)  # error_type of a call the client went away from
 
 
 class Gateway:
@@ -358,6 +359,7 @@ class Gateway:
 
     def _disconnected(self, record: AuditRecord, started: float) -> None:
         record.status, record.error_message = "cancelled", EndReason.DISCONNECTED.value
+        record.error_type = CANCELLED  # a disconnect is a cancellation (seed 004)
         self._emit(record, started)
 
     def _emit(self, record: AuditRecord, started: float) -> None:

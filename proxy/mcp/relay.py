@@ -215,6 +215,7 @@ class StreamEnd:
                 record.fail(Cancelled(handle.reason))  # ended mid-send: already notified
             else:
                 record.status, record.error_message = "cancelled", EndReason.DISCONNECTED.value
+                record.error_type = str(Cancelled.code)  # a disconnect is a cancellation
                 self._notify(EndReason.DISCONNECTED)
         if record is not None:
             self._audit.emit(record)
