@@ -238,8 +238,7 @@ async def test_healthz_and_readyz(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert probes == 1  # forty probes, one database round trip
 
         def broken(database: Any) -> int:
-            import sqlite3
-            raise sqlite3.OperationalError("unable to open database file")
+            raise database.errors[0]("the database is away")  # its own driver's error
 
         monkeypatch.setattr(migrations, "current", broken)
         health._last = None
