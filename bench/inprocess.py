@@ -13,6 +13,9 @@ can be compared by (run each with its own checkout first on sys.path, alternatel
 end); `--stateful` is run.py's per-call-store config (a JWT caller, a 2025-11-25 session, a rate
 limit that never refuses); `--all-policies` is paths.py's every-policy-on config (sessionless);
 `--profile N` prints cProfile's top N functions of one round.
+`--observability` measures, side by side in one run (rounds alternate), the same config with
+`[observability] metrics = false`, with metrics on, and with metrics on and the request log line
+written (INFO, formatted, to /dev/null).
 """
 
 from __future__ import annotations
@@ -95,6 +98,13 @@ async def one_call(app: Any, extra: list[tuple[bytes, bytes]] | None = None, bod
     return status
 
 
+async def answered(app: Any, extra: list[tuple[bytes, bytes]]) -> None:
+    """One call, which must be answered a result (a refusal would measure the wrong thing)."""
+    first: list[bytes] = []
+    if await one_call(app, extra, out=first) != 200 or b'"result"' not in b"".join(first):
+        raise SystemExit(f"the first call was not answered a result: {b''.join(first)[:300]!r}")
+
+
 def config(tmp: str, state: str, prefix: str, stateful: bool, secret: str) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "auth": {"mode": "none"}, "database": {"url": f"sqlite:///{tmp}/b.db"},
@@ -160,7 +170,11 @@ async def main() -> None:
                         help="paths.py's all-policies config: every policy of the chain on")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="cProfile one more round; print the top N by cumulative time")
+    parser.add_argument("--observability", action="store_true",
+                        help="metrics off / on / on with the request log, side by side")
     args = parser.parse_args()
+    if args.observability:
+        return await observability(args)
     if args.state != "memory" and not args.state.startswith(("redis://127.0.0.1", "redis://localhost")):
         parser.error("--state: memory or a loopback redis:// URL")
     prefix, secret = f"bench{secrets.token_hex(6)}:", secrets.token_hex(32)
@@ -175,9 +189,7 @@ async def main() -> None:
                 extra = (await session_headers(app, secret) if args.stateful
                          else [(b"authorization", bearer(secret).encode())] if args.all_policies
                          else [])
-                first: list[bytes] = []
-                if await one_call(app, extra, out=first) != 200 or b'"result"' not in b"".join(first):
-                    raise SystemExit(f"the first call was not answered a result: {b''.join(first)[:300]!r}")
+                await answered(app, extra)
                 best = best_cpu = float("inf")
                 for _ in range(args.rounds):
                     began, began_cpu = time.perf_counter(), time.process_time()
@@ -200,6 +212,81 @@ async def main() -> None:
           f"(best of {args.rounds} x {args.calls})")
     if args.profile:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)
+
+
+async def settled(apps: list[Any]) -> None:
+    """Until every app's audit queue is written (a bench may poll; a test may not)."""
+    for app in apps:
+        audit = app.extensions["tollhouse"].gateway.audit
+        while getattr(audit, "depth", 0):
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)  # the writer's last batch commits
+
+
+def _null_request_log() -> Any:
+    """The request log's logger, formatting every line as `tollhouse serve` does, to nowhere."""
+    import logging
+
+    from proxy.observability.logs import lean
+
+    lean()  # as `tollhouse serve` sets logging up
+    request_log = logging.getLogger("tollhouse.request")
+    request_log.propagate = False
+    sink = logging.StreamHandler(open(os.devnull, "w"))  # noqa: SIM115 - for the whole run
+    sink.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    request_log.addHandler(sink)
+    return request_log
+
+
+async def observability(args: argparse.Namespace) -> None:
+    """Metrics off, on, and on with the request log line, alternating rounds in one process.
+
+    One app (metrics on), its gateway's observer swapped between rounds: what
+    `[observability] metrics = false` builds (the request log alone), metrics and the request
+    log, each with the log's level off or on. Separate apps would differ by more than the
+    metrics (their databases, their threads): measured, that difference drowned the one sought.
+    """
+    import logging
+
+    from proxy.observability import Observers
+
+    request_log = _null_request_log()
+    prefix, secret = f"bench{secrets.token_hex(6)}:", secrets.token_hex(32)
+    best: dict[str, tuple[float, float]] = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            raw = config(tmp, args.state, prefix, args.stateful, secret)
+            app = create_app(from_dict(raw, env={}),
+                             upstream_transport=httpx.MockTransport(upstream),
+                             resolver=Resolver())
+            async with app.test_app():
+                extra = await session_headers(app, secret) if args.stateful else []
+                await answered(app, extra)
+                state = app.extensions["tollhouse"]
+                gateway, metrics = state.gateway, state.metrics
+                with_metrics = gateway.observer
+                alone = Observers([o for o in with_metrics._all if o is not metrics])
+                variants = [("metrics off", alone, False), ("metrics on", with_metrics, False),
+                            ("metrics on + request log", with_metrics, True)]
+                best = {name: (float("inf"), float("inf")) for name, _, _ in variants}
+                for r in range(args.rounds * len(variants)):
+                    name, observer, logged = variants[(r + r // len(variants)) % len(variants)]
+                    gateway.observer = observer
+                    request_log.setLevel(logging.INFO if logged else logging.WARNING)
+                    await settled([app])  # no audit writer still busy with an earlier round
+                    began, began_cpu = time.perf_counter(), time.process_time()
+                    for _ in range(args.calls):
+                        await one_call(app, extra)
+                    wall = (time.perf_counter() - began) / args.calls
+                    cpu = (time.process_time() - began_cpu) / args.calls
+                    best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
+    finally:
+        if args.state != "memory":
+            delete_keys(args.state, prefix)
+    mode = f"state {args.state.split('@')[-1]}{', stateful' if args.stateful else ''}"
+    print(f"{os.getcwd()} ({mode}; best of {args.rounds} x {args.calls}, rounds alternating)")
+    for name, (wall, cpu) in best.items():
+        print(f"  {name:26s} {wall * 1e6:7.1f} us per call, {cpu * 1e6:7.1f} us CPU")
 
 
 if __name__ == "__main__":

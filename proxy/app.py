@@ -48,6 +48,11 @@ from proxy.oauth import keys as oauth_keys
 from proxy.oauth import routes as oauth_routes
 from proxy.oauth.cap import OAuthBodyCap
 from proxy.oauth.server import AuthorizationServer
+from proxy.observability import Observer, Observers
+from proxy.observability import routes as observability_routes
+from proxy.observability.health import Health
+from proxy.observability.logs import RequestLog
+from proxy.observability.metrics import Metrics, multiprocess_dir, timed
 from proxy.people import signin
 from proxy.people.accounts import Accounts
 from proxy.people.live import LiveUsers
@@ -76,6 +81,8 @@ class State:
     connections: Connections | None = None
     api: Api | None = None
     stores: Stores | None = None
+    metrics: Metrics | None = None
+    health: Health | None = None
     serving: Serving | None = None  # while serving: drain (SIGTERM) and reload (SIGHUP) here
 
 
@@ -107,6 +114,9 @@ class Parts:
     database: Database
     state: State
     origins: frozenset[str]
+    health: Health
+    request_log: RequestLog
+    metrics: Metrics | None = None
     web: Web | None = None
     oauth: AuthorizationServer | None = None
     connections: Connections | None = None
@@ -143,7 +153,8 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
         lambda inner: McpEdge(inner, lambda: _gateway(parts.state),
                               max_body=cfg.server.max_request_bytes,
                               body_timeout_s=BODY_TIMEOUT_S,
-                              heartbeat_s=cfg.server.sse_heartbeat_s),
+                              heartbeat_s=cfg.server.sse_heartbeat_s,
+                              refused=parts.request_log.refused),
     ]
     if parts.oauth is not None and parts.web is not None:
         layers.append(OAuthBodyCap)  # /oauth/: 64 KiB whatever max_request_bytes says
@@ -164,10 +175,13 @@ def _parts(cfg: Config, given: Overrides) -> Parts:
     state.stores = stores
     database = Database(cfg.database.url, busy_timeout_s=cfg.database.busy_timeout_s)
     database.ensure_schema()  # start-up migrations (proxy.migrations): versioned, idempotent
+    metrics = state.metrics = Metrics(multiproc_dir=multiprocess_dir()) \
+        if cfg.observability.metrics else None
+    health = state.health = Health(database, stores, metrics)
     parts = Parts(cfg, given, routes,
                   tuple(parse_networks(cfg.server.trusted_proxies, "server.trusted_proxies")),
                   IdentityForwarder(cfg, given.base_dir or Path.cwd()), stores, database, state,
-                  frozenset(origins))
+                  frozenset(origins), health, RequestLog(cfg.observability.log_format), metrics)
     _people(parts)
     return parts
 
@@ -221,6 +235,8 @@ def _routes(app: Quart, parts: Parts) -> None:
     metadata.register(app, cfg, parts.identity, own_server=parts.oauth is not None,
                       api_scopes=api_scopes)
     api_routes.register(app)
+    observability_routes.register(app, cfg.observability, parts.metrics, parts.health,
+                                  lambda: state.serving)
 
 
 def _gateway(state: State) -> Gateway:
@@ -244,6 +260,7 @@ class Serving:
     destinations: Destinations
     backend: MeteringBackend | None
     drain_deadline: float | None = None  # the loop's time the drain's grace ends at
+    sampler: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, parts: Parts, app: Quart) -> Serving:
@@ -253,7 +270,12 @@ class Serving:
         egress = build_egress(cfg, destinations, parts.trusted)
         upstream = UpstreamClient(given.upstream_transport, destinations=destinations)
         audit = given.audit_sink or DatabaseAuditSink(parts.database)
-        backend = build_backend(cfg.metering, upstream.http) if cfg.metering.enabled else None
+        metrics = parts.metrics
+        parts.health.audit = audit
+        if metrics is not None and isinstance(audit, DatabaseAuditSink):
+            audit.on_fallback = metrics.audit_fallback.inc
+        backend = timed(build_backend(cfg.metering, upstream.http), metrics) \
+            if cfg.metering.enabled else None
         chain = Chain(default_policies(cfg, metering=backend, egress=egress,
                                        rate_limits=parts.stores.rate_limits))
         keys = KeyIndex(parts.database) if cfg.auth.mode == "jwt" else None
@@ -272,10 +294,17 @@ class Serving:
             inflight=parts.stores.inflight, upstream=upstream, audit=audit,
             allowed_origins=parts.origins, identity=parts.identity,
             connections=parts.connections, trusted_proxies=parts.trusted,
-            bridged=parts.stores.bridge, later=given.later)
+            bridged=parts.stores.bridge, later=given.later,
+            observer=_observer(parts.request_log, metrics),
+            session_ended=metrics.session_ended if metrics is not None else None)
         watch = asyncio.get_running_loop().create_task(registry.watch())
         await parts.stores.start()
-        serving = cls(parts, upstream, audit, registry, watch, keys, None, destinations, backend)
+        sampler = None
+        if metrics is not None and metrics.multiproc_dir is not None:
+            # one of several workers: its own gauges reach a scrape on any of them
+            sampler = asyncio.get_running_loop().create_task(_sample(metrics, audit))
+        serving = cls(parts, upstream, audit, registry, watch, keys, None, destinations, backend,
+                      sampler=sampler)
         serving.deliver_through(backend)
         return serving
 
@@ -327,6 +356,8 @@ class Serving:
 
     async def close(self) -> None:
         parts = self.parts
+        if self.sampler is not None:
+            self.sampler.cancel()
         grace = parts.cfg.server.shutdown_grace_s
         if self.drain_deadline is not None:  # what the drain left of it, and a moment more
             grace = max(self.drain_deadline - asyncio.get_running_loop().time(), 1.0)
@@ -348,7 +379,25 @@ class Serving:
         await asyncio.wait({self.registry_watch}, timeout=5)
         self.registry.close()
         await parts.stores.aclose()
+        parts.health.close()
         parts.database.close()
+
+
+def _observer(request_log: RequestLog, metrics: Metrics | None) -> Observer:
+    """What watches each MCP message: metrics (when on) and the request log line."""
+    observers: list[Observer] = [request_log]
+    if metrics is not None:
+        observers.insert(0, metrics)
+    return Observers(observers)
+
+
+SAMPLE_S = 5.0  # how often a worker of several refreshes its own gauges
+
+
+async def _sample(metrics: Metrics, audit: AuditSink) -> None:
+    while True:
+        metrics.audit_depth.set(getattr(audit, "depth", 0))
+        await asyncio.sleep(SAMPLE_S)
 
 
 def _authenticator(parts: Parts, upstream: UpstreamClient, keys: KeyIndex | None

@@ -82,7 +82,9 @@ class Chain:
         for policy in self.policies:
             try:
                 await policy.check(call, ctx)
-            except GatewayError:
+            except GatewayError as exc:
+                if exc.decided_by is None:
+                    exc.decided_by = policy.name  # the denial metric's `policy` label
                 raise
             except Exception as exc:  # fail closed: a broken policy forwards nothing
                 raise InternalError(f"policy {policy.name} failed: {type(exc).__name__}") from exc

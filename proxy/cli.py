@@ -113,16 +113,18 @@ def _load(args: argparse.Namespace) -> tuple[Config, Path]:
     return load(args.config), Path(args.config).resolve().parent
 
 
-def _logging(level: str, prefix: str = "") -> None:
-    """Log lines to stderr; a worker of several puts `worker=N pid=P ` in front of each."""
-    logging.basicConfig(level=level.upper(),
-                        format=f"%(asctime)s %(levelname)s {prefix}%(name)s %(message)s")
+def _logging(level: str, prefix: str = "", log_format: str = "text") -> None:
+    """Log lines to stderr, text or JSON (`observability.log_format`); a worker of several
+    puts `worker=N pid=P ` in front of each."""
+    from proxy.observability import logs
+
+    logs.configure(level, prefix, log_format)
 
 
 def _serve(args: argparse.Namespace) -> int:
     cfg, base_dir = _load(args)
     _check_secrets(cfg, base_dir, os.environ)
-    _logging(args.log_level)
+    _logging(args.log_level, log_format=cfg.observability.log_format)
     if cfg.server.workers > 1:
         return _serve_workers(cfg, Path(args.config).resolve(), args.log_level)
     from proxy.app import create_app

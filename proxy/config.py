@@ -236,6 +236,19 @@ class EgressConfig:
 
 
 @dataclass(frozen=True)
+class ObservabilityConfig:
+    """`[observability]`: the Prometheus scrape endpoint, tracing and the log line format
+    (README, "Operating Tollhouse"). `metrics_token` is a secret (use `${ENV}`)."""
+
+    metrics: bool = True
+    metrics_token: str = ""  # empty: no token, and /metrics answers only on loopback
+    metrics_public: bool = False  # unless this is true
+    otlp_endpoint: str = ""  # empty: tracing off
+    service_name: str = "tollhouse"
+    log_format: str = "text"  # or "json"
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -246,6 +259,7 @@ class Config:
     metering: MeteringConfig = field(default_factory=MeteringConfig)
     egress: EgressConfig = field(default_factory=EgressConfig)
     oauth_server: OAuthServerConfig = field(default_factory=OAuthServerConfig)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 
     def upstream(self, name: str) -> UpstreamConfig | None:
         return next((u for u in self.upstreams if u.name == name), None)
@@ -283,6 +297,7 @@ def validate(cfg: Config, base_dir: Path) -> None:
     """Every check across keys and tables; raise ConfigError on the first fault. A reload
     runs it again on the config it would apply (proxy.reload)."""
     _check(cfg, base_dir)
+    _check_observability(cfg.observability)
     _check_policies(cfg)
 
 
@@ -480,6 +495,26 @@ def _check(cfg: Config, base_dir: Path) -> None:
         if up.access.restricts_callers and cfg.auth.mode == "none":
             raise ConfigError(f"config: '{where}.access' restricts callers, which needs "
                               "auth.mode = \"jwt\" (every caller is anonymous in mode none)")
+
+
+LOG_FORMATS = ("text", "json")
+_SERVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _check_observability(o: ObservabilityConfig) -> None:
+    if o.log_format not in LOG_FORMATS:
+        raise ConfigError(f"config: 'observability.log_format' must be one of "
+                          f"{', '.join(LOG_FORMATS)}")
+    if not _SERVICE_NAME.match(o.service_name):
+        raise ConfigError("config: 'observability.service_name' must be 1-64 letters, digits, "
+                          "'-', '_' or '.'")
+    if o.otlp_endpoint:
+        _url(o.otlp_endpoint, "observability.otlp_endpoint")
+    if o.metrics_token and (len(o.metrics_token) < 16 or not o.metrics_token.isprintable()
+                            or " " in o.metrics_token):
+        # never the value itself: it is a secret
+        raise ConfigError("config: 'observability.metrics_token' must be at least 16 "
+                          "printable characters without spaces")
 
 
 def _check_metering(m: MeteringConfig) -> None:

@@ -127,6 +127,7 @@ class EgressDestinationDenied(UpstreamFailure):
 
     message = "upstream not reachable under the egress policy"
     expose_detail = False
+    upstream_kind = "egress_denied"
 
     def __init__(self, detail: str | None = None, *, upstream: str = "") -> None:
         super().__init__(detail)

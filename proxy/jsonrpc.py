@@ -87,3 +87,8 @@ def response_outcome(obj: Any, request_id: Any) -> tuple[bool, str | None] | Non
     error = obj.get("error")
     code = error.get("code") if isinstance(error, dict) else None
     return False, f"upstream error {code}"
+
+
+def upstream_error_type(error_message: str) -> str:
+    """The JSON-RPC code of a `response_outcome` error message (metrics' error_type)."""
+    return error_message.rpartition(" ")[2]

@@ -24,6 +24,7 @@ from proxy.chain import Chain
 from proxy.config import Config, ConfigError, UpstreamConfig, load, validate
 from proxy.live import Live
 from proxy.metering import build_backend
+from proxy.observability.metrics import timed
 from proxy.upstream import UpstreamRoute
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ async def _apply(serving: Serving, cfg: Config) -> None:
     running = gateway.live.cfg
     backend = serving.backend
     if cfg.metering != running.metering:
-        backend = build_backend(cfg.metering, serving.upstream.http) \
+        backend = timed(build_backend(cfg.metering, serving.upstream.http), parts.metrics) \
             if cfg.metering.enabled else None
     parts.identity.prepare(cfg)
     routes = {u.name: UpstreamRoute.from_config(u) for u in cfg.upstreams}

@@ -37,7 +37,9 @@ Supervision:
   kernel for SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG), so it drains and exits
   as on a normal stop; elsewhere a thread polls getppid() every second to the same end.
 
-Each worker's log lines start `worker=N pid=P`.
+Each worker's log lines start `worker=N pid=P`. Metrics: the supervisor makes one directory
+per run for prometheus-client's multiprocess mode (`PROMETHEUS_MULTIPROC_DIR` in each worker's
+environment), marks a dead worker's live gauges gone, and removes the directory at the end.
 """
 
 from __future__ import annotations
@@ -50,10 +52,12 @@ import logging
 import os
 import pickle
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -61,7 +65,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from prometheus_client.multiprocess import mark_process_dead
+
 from proxy.config import Config
+from proxy.observability.metrics import MULTIPROC_ENV
 
 log = logging.getLogger("tollhouse.workers")
 
@@ -136,6 +143,7 @@ class Supervisor:
     _hangups: int = 0
     _wake_r: int = -1
     _wake_w: int = -1
+    metrics_dir: str = ""  # this run's prometheus multiprocess directory (proxy.observability)
 
     @property
     def base_dir(self) -> Path:
@@ -143,6 +151,8 @@ class Supervisor:
 
     def run(self) -> int:
         self.slots = [_Slot(i + 1) for i in range(self.cfg.server.workers)]
+        # every worker writes its metric values here, so a scrape on any one reports them all
+        self.metrics_dir = tempfile.mkdtemp(prefix="tollhouse-metrics-")
         previous = self._install_signals()
         try:
             first = self.slots[0]
@@ -159,6 +169,7 @@ class Supervisor:
             return self._stop()
         finally:
             self._restore_signals(previous)
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
 
     # -- signals ----------------------------------------------------------------------------
 
@@ -271,6 +282,8 @@ class Supervisor:
             lived = self.clock() - slot.started
             slot.proc = None
             self._forget_ready(slot)
+            # its in-flight gauge no longer counts
+            mark_process_dead(pid, self.metrics_dir)  # type: ignore[no-untyped-call]
             self.last_exit = code, how
             if self.stopping:
                 if code not in (0, -signal.SIGTERM, -signal.SIGINT):
@@ -294,6 +307,7 @@ class Supervisor:
         root = str(Path(__file__).resolve().parent.parent)  # this very `proxy` package
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        env[MULTIPROC_ENV] = self.metrics_dir
         argv = [sys.executable, "-m", "proxy.workers", "--index", str(slot.index),
                 "--fd", str(listen_fd), "--ready-fd", str(ready_w), "--parent", str(os.getpid()),
                 "--log-level", self.log_level]
@@ -442,7 +456,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     from proxy.app import create_app
     from proxy.config import ConfigError
 
-    cli._logging(args.log_level, prefix=f"worker={args.index} pid={os.getpid()} ")
+    cli._logging(args.log_level, prefix=f"worker={args.index} pid={os.getpid()} ",
+                 log_format=cfg.observability.log_format)
     try:
         app = create_app(cfg, base_dir=base_dir)
     except ConfigError as exc:

@@ -60,6 +60,8 @@ class DatabaseAuditSink:
                              else "tollhouse") + ".audit-fallback.jsonl"
         self._fallback = Path(fallback_path)
         self.on_outbox = on_outbox  # called (from the writer thread) after usage events land
+        # called (from the writer thread) with the count written to the fallback file (metrics)
+        self.on_fallback: Callable[[int], None] | None = None
         self._retry_backoff_s = retry_backoff_s
         self._batch_size = batch_size
         self._linger_s = linger_s
@@ -73,6 +75,11 @@ class DatabaseAuditSink:
 
     def emit(self, record: AuditRecord) -> None:
         self._queue.put(record)
+
+    @property
+    def depth(self) -> int:
+        """Records accepted and not yet written (approximately: another thread writes)."""
+        return self._queue.qsize()
 
     async def close(self) -> None:
         import asyncio
@@ -127,6 +134,8 @@ class DatabaseAuditSink:
             return
         log.error("audit: %d records written to %s instead of the database",
                   len(refused), self._fallback)
+        if self.on_fallback is not None:
+            self.on_fallback(len(refused))
 
     def _attempt(self, batch: list[AuditRecord], tries: int) -> Exception | None:
         """Write the batch (its audit rows and usage events in one transaction), retrying a

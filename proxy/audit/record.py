@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
@@ -35,11 +35,19 @@ class AuditRecord:
     note: str | None = None  # e.g. a metering hook that failed and on_error allowed the call
     egress: dict[str, Any] | None = None  # an egress denial's audit object (seed 000)
     ts: float = field(default_factory=time.time)
+    # -- for metrics and the request log line only: never written to the audit log ---------
+    error_type: str | None = None  # the OpenTelemetry MCP conventions' error.type
+    failure: GatewayError | None = None  # what the gateway answered with, when it refused
+    upstream_started: float = 0.0  # perf_counter when the upstream leg began (0: none)
+    http_status: int = 200
+    trace_id: str = ""  # the W3C trace id the request came with, if any
 
     def fail(self, exc: GatewayError) -> None:
         """Record how the request failed or was refused: the one place a failure becomes audit
         fields, for the JSON answer and the last event of a stream alike."""
         self.status = exc.audit_status
+        self.failure = exc
+        self.error_type = exc.error_type
         if exc.data and isinstance(exc.data.get("audit"), dict):  # an egress denial's object
             self.egress = exc.data["audit"]
         if exc.audit_status == "denied":
@@ -48,7 +56,8 @@ class AuditRecord:
             self.error_message = exc.audit_reason
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The audit log's fields (the fallback file's line)."""
+        return {name: getattr(self, name) for name in PERSISTED}
 
     def usage_event(self) -> dict[str, Any]:
         """The webhook's fixed `usage` shape."""
@@ -57,6 +66,11 @@ class AuditRecord:
                 "duration_ms": round(self.duration_ms, 3), "bytes_in": self.bytes_in,
                 "bytes_out": self.bytes_out,
                 "error": self.error_message or self.denied_reason, "at": self.ts}
+
+
+_IN_PROCESS = frozenset({"error_type", "failure", "upstream_started", "http_status",
+                         "trace_id"})
+PERSISTED = tuple(f.name for f in fields(AuditRecord) if f.name not in _IN_PROCESS)
 
 
 class AuditSink(Protocol):

@@ -27,6 +27,7 @@ from proxy.upstream.fetch import GuardedFetch
 
 class EgressRefused(UpstreamFailure):
     message = "the upstream's authorization server is not reachable under the egress policy"
+    upstream_kind = "egress_denied"
 
 
 class GuardedClient:

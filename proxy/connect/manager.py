@@ -52,6 +52,7 @@ class UpstreamNotConnected(UpstreamFailure):
     """Seed 004: -32000 naming the connect URL; audited error upstream_not_connected."""
 
     audit_name = "upstream_not_connected"
+    upstream_kind = "not_connected"
 
     def __init__(self, upstream: str, connect_url: str) -> None:
         super().__init__(f"Connect your {upstream} account first: {connect_url}")

@@ -51,6 +51,10 @@ class GatewayError(Exception):
     expose_detail: ClassVar[bool] = True
     oauth_error: ClassVar[str] = "invalid_request"
     with_id: ClassVar[bool] = True  # a JSON-RPC body carries "id" (null when unknown)
+    # for metrics: what kind of upstream failure this is (None: not one), and the policy
+    # that refused the call (set by the chain runner on the denial it raised)
+    upstream_kind: ClassVar[str | None] = None
+    decided_by: str | None = None
 
     def __init__(self, detail: str | None = None, *, data: dict[str, Any] | None = None,
                  headers: dict[str, str] | None = None) -> None:
@@ -82,6 +86,18 @@ class GatewayError(Exception):
     def audit_reason(self) -> str:
         """What the audit log records as denied_reason or error_message."""
         return str(self)
+
+    @property
+    def error_type(self) -> str:
+        """The OpenTelemetry MCP conventions' `error.type` of this answer on the MCP edge: the
+        JSON-RPC code; `tool_error` for a tool result with isError; the HTTP status for an
+        answer that is not JSON-RPC shaped."""
+        shape = self.shape_on("mcp")
+        if shape == "jsonrpc":
+            return str(self.code)
+        if shape == "tool_result":
+            return "tool_error"
+        return str(self.wire_status)
 
 
 # -- on every surface --------------------------------------------------------------------------

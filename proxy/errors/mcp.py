@@ -193,17 +193,22 @@ class UpstreamFailure(GatewayError):
     http_status = 200
     code = -32000
     message = "upstream failure"
+    upstream_kind = "failure"
 
 
 class UpstreamUnavailable(UpstreamFailure):
     message = "upstream unavailable"
+    upstream_kind = "unavailable"
 
 
 class UpstreamTimeout(UpstreamFailure):
     message = "upstream timed out"
+    upstream_kind = "timeout"
 
 
 class UpstreamHTTPError(UpstreamFailure):
+    upstream_kind = "http_status"
+
     def __init__(self, status: int) -> None:
         super().__init__(f"upstream answered HTTP {status}")
         self.status = status
@@ -211,10 +216,12 @@ class UpstreamHTTPError(UpstreamFailure):
 
 class UpstreamProtocolError(UpstreamFailure):
     message = "upstream sent an invalid MCP response"
+    upstream_kind = "protocol"
 
 
 class UpstreamStreamCut(UpstreamFailure):
     message = "upstream stream ended before the response"
+    upstream_kind = "stream_cut"
 
 
 class UpstreamBadGateway(GatewayError):
@@ -228,6 +235,7 @@ class UpstreamBadGateway(GatewayError):
     code = -32000
     message = "upstream failure"
     with_id = False
+    upstream_kind = "bad_gateway"
 
 
 NO_ID = object()  # an upstream error that carried no id at all
@@ -273,6 +281,10 @@ class UpstreamRejected(GatewayError):
     @property
     def wire_status(self) -> int:
         return self.status
+
+    @property
+    def error_type(self) -> str:
+        return str(self.error["code"])
 
 
 class Cancelled(GatewayError):

@@ -31,9 +31,11 @@ HEARTBEAT = b": keepalive\n\n"  # an SSE comment: every client skips it
 
 class McpEdge:
     def __init__(self, app: ASGIApp, gateway: Callable[[], Gateway], *, max_body: int,
-                 body_timeout_s: float, heartbeat_s: float = 0.0) -> None:
+                 body_timeout_s: float, heartbeat_s: float = 0.0,
+                 refused: Callable[[str, str, int], None] | None = None) -> None:
         self.app = app
         self.gateway = gateway
+        self.refused = refused  # the request log's line for a refusal before any endpoint
         self.max_body = max_body
         self.body_timeout_s = body_timeout_s
         self.heartbeat_s = heartbeat_s  # server.sse_heartbeat_s; 0: none
@@ -44,13 +46,13 @@ class McpEdge:
             return await self.app(scope, receive, send)
         gateway = self.gateway()
         endpoint = path[len(PREFIX):]
+        method = scope["method"]
         try:
             route = gateway.route(endpoint)
         except GatewayError as exc:
-            return await _send(send, _rendered(exc))
-        method = scope["method"]
+            return await self._refuse(send, exc, endpoint, method)
         if method not in ("POST", "GET", "DELETE"):
-            return await _send(send, _rendered(MethodNotAllowed(headers=ALLOW)))
+            return await self._refuse(send, MethodNotAllowed(headers=ALLOW), endpoint, method)
         # ASGI header names are lower case already: one pass builds the map every step reads
         raw = scope["headers"]
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in raw}
@@ -87,6 +89,13 @@ class McpEdge:
         finally:
             if body.watcher is not None:
                 body.watcher.cancel()
+
+
+    async def _refuse(self, send: Send, exc: GatewayError, endpoint: str, method: str) -> None:
+        answer = _rendered(exc)
+        if self.refused is not None:
+            self.refused(endpoint, method, answer.status)
+        await _send(send, answer)
 
 
 class _Body:

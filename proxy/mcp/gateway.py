@@ -35,12 +35,14 @@ from proxy.errors import (
     SessionNotFound,
     render,
 )
-from proxy.jsonrpc import McpMessage
+from proxy.jsonrpc import McpMessage, upstream_error_type
 from proxy.live import Live
 from proxy.mcp import eras, guards
 from proxy.mcp.exchange import EdgeRequest, EdgeResponse
 from proxy.mcp.forward import Forwarded, Forwarder, Leg
 from proxy.mcp.relay import StreamEnd, StreamRelay
+from proxy.observability import Observer, Observers
+from proxy.observability.logs import trace_id
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
 from proxy.state.bridge import BridgeStore
 from proxy.state.inflight import EndReason, Later, call_key
@@ -54,6 +56,7 @@ Bodyless = Callable[[UpstreamRoute, EdgeRequest, "Session | None", AuditRecord],
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
 JSON_HEADERS = {"Content-Type": "application/json"}
+CANCELLED = str(Cancelled.code)  # error_type of a call the client went away from
 
 
 class Gateway:
@@ -62,8 +65,9 @@ class Gateway:
                  upstream: UpstreamClient, audit: AuditSink, allowed_origins: frozenset[str],
                  identity: IdentityForwarder, bridged: BridgeStore,
                  connections: Connections | None = None,
-                 trusted_proxies: tuple[IPNetwork, ...] = (), later: Later | None = None
-                 ) -> None:
+                 trusted_proxies: tuple[IPNetwork, ...] = (), later: Later | None = None,
+                 observer: Observer | None = None,
+                 session_ended: Callable[[str, float], None] | None = None) -> None:
         self.routes = routes  # live: the registry changes it, each call reads it
         self.auth = authenticator
         self.live = live  # swapped whole by a reload; a call reads it once, as it starts
@@ -77,6 +81,9 @@ class Gateway:
         self.forward = Forwarder(upstream, sessions, bridged, identity=identity,
                                  connections=connections, spawn=self.spawn)
         self._later = later  # the clock deadlines run on (the loop's unless a test gives one)
+        # metrics, the request log (and a tracer): told when each message begins and ends
+        self.observer: Observer = observer or Observers()
+        self._session_ended = session_ended  # (endpoint, created_at) of a session DELETEd
         self._tasks: set[asyncio.Task[None]] = set()
         self._listening: set[StreamRelay] = set()  # the GET streams open now
 
@@ -99,6 +106,10 @@ class Gateway:
         modern_claim = eras.claims_modern(version)
         # the header's claim until the body says otherwise, so refusals before parsing name it
         record = AuditRecord(endpoint=route.name, era="modern" if modern_claim else "legacy")
+        self.observer.begin(record)
+        traceparent = req.headers.get("traceparent")
+        if traceparent is not None:
+            record.trace_id = trace_id(traceparent)
         body = b""
         msg: McpMessage | None = None
         try:
@@ -116,6 +127,9 @@ class Gateway:
                 record.session_hash = session.id_hash
             msg = guards.parse(body, version)
             record.method, record.tool = msg.method, msg.tool
+            meta = msg.params.get("_meta") if msg.params is not None else None
+            if isinstance(meta, dict) and "traceparent" in meta:  # the MCP message's own wins
+                record.trace_id = trace_id(meta["traceparent"]) or record.trace_id
             if msg.kind == "request":
                 record.request_id = guards.id_text(msg.id)
             if self.draining and msg.kind == "request":  # notifications, answers still pass
@@ -132,7 +146,10 @@ class Gateway:
                 record.call_id, record.note = ctx.call_id, ctx.audit_note
             if msg.kind == "request":
                 return await self._call(route, req, msg, session, ctx, record, started, chain)
-            return await self._one_way(route, req, msg, session, ctx)
+            answer = await self._one_way(route, req, msg, session, ctx)
+            record.http_status = answer.status
+            self._done(record, started)  # a notification or a response is not audited
+            return answer
         except asyncio.CancelledError:
             if record.status != "cancelled":  # gone before the call (which audits its own)
                 self._disconnected(record, started)
@@ -159,8 +176,10 @@ class Gateway:
                                   session.protocol_version if session else None))
         handed_over = False
         try:
+            record.upstream_started = time.perf_counter()  # the upstream leg (its metric)
             await self.forward.call(route, req, msg, session, ctx, forwarded)
-            rewrite = forwarded.leg.rewrite(chain.rewriter(msg, ctx), msg.method)
+            rewrite = self.observer.results(msg, record, forwarded.leg.rewrite(
+                chain.rewriter(msg, ctx), msg.method))
             response = forwarded.response
             if response is None:
                 return await self._answer_here(route, msg, forwarded.leg, rewrite, ctx, record,
@@ -178,12 +197,14 @@ class Gateway:
                                     refuse_requests=forwarded.leg.bridged,
                                     on_done=StreamEnd(self.inflight, self.audit, key, partial(
                                         self.forward.notify_cancelled, route, forwarded.leg,
-                                        msg.id), forwarded.leg.bridged))
+                                        msg.id), forwarded.leg.bridged,
+                                        observer=self.observer))
                 handed_over = True  # the relay owns the response and the registration now
                 return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
             data, error = await self.forward.json_answer(route, msg, forwarded, rewrite)
             if error is not None:
                 record.status, record.error_message = "error", error
+                record.error_type = upstream_error_type(error)
             record.bytes_out = len(data)
             self._emit(record, started)
             return EdgeResponse(200, {**JSON_HEADERS, **headers}, data)
@@ -206,6 +227,7 @@ class Gateway:
                            started: float) -> EdgeResponse:
         """A result the gateway gives itself: discover or initialize built for a bridge."""
         assert leg.local is not None
+        record.upstream_started = 0.0  # no upstream leg to measure
         if rewrite is not None:
             rewrite(leg.local)
         headers = dict(JSON_HEADERS)
@@ -289,6 +311,8 @@ class Gateway:
             record.note = "upstream does not let clients end sessions"
             return EdgeResponse(405, refused)
         await self.sessions.delete(session.id)
+        if self._session_ended is not None:
+            self._session_ended(route.name, session.created_at)
         return EdgeResponse(200)
 
     async def _bodyless(self, route: UpstreamRoute, req: EdgeRequest, method: str,
@@ -297,6 +321,9 @@ class Gateway:
         record either way. Neither exists in the 2026-07-28 era: one that claims it is 405."""
         started = time.perf_counter()
         record = AuditRecord(endpoint=route.name, method=method)
+        self.observer.begin(record)
+        if "traceparent" in req.headers:
+            record.trace_id = trace_id(req.headers["traceparent"])
         try:
             guards.check_origin(req.headers, self.allowed_origins)
             version = req.headers.get("mcp-protocol-version")
@@ -312,6 +339,7 @@ class Gateway:
             if session is not None:
                 record.session_hash = session.id_hash
             answer = await step(route, req, session, record)
+            record.http_status = answer.status
             self._emit(record, started)
             return answer
         except asyncio.CancelledError:  # the client went away before the answer
@@ -341,18 +369,28 @@ class Gateway:
         record.fail(exc)
         status, headers, body = render(exc, request_id)
         record.bytes_out = len(body)
+        record.http_status = status
         if not isinstance(exc, EndpointNotFound):
             self._emit(record, started)
+        else:
+            self._done(record, started)
         return EdgeResponse(status, headers, body)
 
     def _disconnected(self, record: AuditRecord, started: float) -> None:
         record.status, record.error_message = "cancelled", EndReason.DISCONNECTED.value
+        record.error_type = CANCELLED  # a disconnect is a cancellation (seed 004)
         self._emit(record, started)
 
     def _emit(self, record: AuditRecord, started: float) -> None:
         if started:
             record.duration_ms = (time.perf_counter() - started) * 1000
         self.audit.emit(record)
+        self.observer.end(record)
+
+    def _done(self, record: AuditRecord, started: float) -> None:
+        """The end of a message that is not audited (a notification, an unknown endpoint)."""
+        record.duration_ms = (time.perf_counter() - started) * 1000
+        self.observer.end(record)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

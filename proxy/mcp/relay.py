@@ -26,8 +26,9 @@ from proxy.errors import (
     render,
     sse_event,
 )
-from proxy.jsonrpc import response_outcome
+from proxy.jsonrpc import response_outcome, upstream_error_type
 from proxy.mcp.sse import EventSplitter, event_data, with_data
+from proxy.observability import Observer
 from proxy.state import CallHandle, InFlightRegistry
 from proxy.state.inflight import EndReason
 
@@ -130,6 +131,7 @@ class StreamRelay:
                     if self.record is not None and not ok:
                         self.record.status = "error"
                         self.record.error_message = error
+                        self.record.error_type = upstream_error_type(error or "")
                     elif self._rewrite is not None and isinstance(obj.get("result"), dict) \
                             and self._rewrite(obj["result"]):
                         events[i] = with_data(event, orjson.dumps(obj))
@@ -204,12 +206,14 @@ class StreamEnd:
     for an upstream that learns it from the closed request), and the call's one audit record
     is written."""
 
-    __slots__ = ("_audit", "_bridged", "_inflight", "_key", "_notify")
+    __slots__ = ("_audit", "_bridged", "_inflight", "_key", "_notify", "_observer")
 
     def __init__(self, inflight: InFlightRegistry, audit: AuditSink, key: str,
-                 notify: Callable[[str], None], bridged: bool) -> None:
+                 notify: Callable[[str], None], bridged: bool, *,
+                 observer: Observer | None = None) -> None:
         self._inflight = inflight
         self._audit = audit
+        self._observer = observer  # told when the call ends (metrics, the request log)
         self._key = key
         self._notify = notify
         self._bridged = bridged  # a client's own cancel never reaches a bridged upstream
@@ -230,6 +234,9 @@ class StreamEnd:
                 record.fail(Cancelled(handle.reason))  # ended mid-send: already notified
             else:
                 record.status, record.error_message = "cancelled", EndReason.DISCONNECTED.value
+                record.error_type = str(Cancelled.code)  # a disconnect is a cancellation
                 self._notify(EndReason.DISCONNECTED)
         if record is not None:
             self._audit.emit(record)
+            if self._observer is not None:
+                self._observer.end(record)

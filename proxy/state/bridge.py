@@ -83,6 +83,11 @@ class MemoryBridgeStore:
     async def forget(self, route: str, principal_key: str) -> None:
         self._sessions.pop((route, principal_key), None)
 
+    async def count(self) -> int:
+        """Upstream sessions held for 2026-07-28 callers (for metrics)."""
+        self._sessions.expire()
+        return len(self._sessions)
+
 
 class RedisBridgeStore:
     """The bridge's knowledge shared by every process. A verdict is read on every call, so each
@@ -132,6 +137,10 @@ class RedisBridgeStore:
 
     async def forget(self, route: str, principal_key: str) -> None:
         await self._shared.command("bridge", "DEL", self._held_key(route, principal_key))
+
+    async def count(self) -> int:
+        """Upstream sessions held for 2026-07-28 callers, by every process (for metrics)."""
+        return await self._shared.count("bridge", self._held)
 
     def _held_key(self, route: str, principal_key: str) -> str:
         return f"{self._held}{orjson.dumps((route, principal_key)).decode()}"

@@ -91,6 +91,11 @@ class MemorySessionStore:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    async def count(self) -> int:
+        """Live sessions (for metrics)."""
+        self._sessions.expire()
+        return len(self._sessions)
+
 
 class RedisSessionStore:
     """Sessions shared by every gateway process on one Redis: any replica continues a session
@@ -123,3 +128,7 @@ class RedisSessionStore:
 
     async def delete(self, session_id: str) -> None:
         await self._shared.command("session", "DEL", self._prefix + session_id)
+
+    async def count(self) -> int:
+        """Live sessions of every process (for metrics)."""
+        return await self._shared.count("session", self._prefix)

@@ -126,6 +126,18 @@ class Shared:
     async def ping(self) -> None:
         await self.command("state", "PING")
 
+    async def count(self, store: str, prefix: str) -> int:
+        """How many keys start with `prefix` (SCAN, never KEYS: Redis stays responsive).
+        For metrics, which sample it at most every few seconds."""
+        match = "".join("\\" + c if c in "\\*?[]" else c for c in prefix) + "*"
+        cursor, found = b"0", 0
+        while True:
+            cursor, keys = await self.command(store, "SCAN", cursor, "MATCH", match,
+                                              "COUNT", 1000)
+            found += len(keys)
+            if cursor == b"0":
+                return found
+
     async def aclose(self) -> None:
         for task in self._listeners:
             task.cancel()
