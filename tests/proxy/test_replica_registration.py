@@ -28,7 +28,9 @@ from proxy.connect.guarded import GuardedClient
 from proxy.connect.manager import ConnectFailed, Connections
 from proxy.connect.vault import ClientKey, Vault
 from proxy.db import Database
-from proxy.state.leases import LeaseStore, MemoryLeases
+from proxy.errors import StoreUnavailable
+from proxy.state.leases import LeaseStore, MemoryLeases, RedisLeases
+from proxy.state.shared import Shared
 from proxy.state.stores import Stores, open_stores
 from tests import db_backends, state_backends
 from tests.helpers import DEADLINE_S, until
@@ -373,3 +375,18 @@ async def test_a_database_that_is_away_is_unavailable_and_caches_nothing() -> No
             assert client_of(location) == expected[-1]
     finally:
         database.close()
+
+
+async def test_a_lease_store_that_is_away_registers_nothing() -> None:
+    """Redis away with no registration stored: StoreUnavailable (503, retry later), and no
+    registration is made without the lease (another replica could make one too)."""
+    authority = Authority()
+    shared = Shared("redis://127.0.0.1:1/0", "tollhouse-test:away:", timeout_s=0.5)
+    try:
+        async with cluster(authority) as c:
+            r = c.replica(leases=RedisLeases(shared))
+            with pytest.raises(StoreUnavailable):
+                await r.begin("gh", ALICE, "browser")
+            assert authority.registered == [] and stored_rows() == []
+    finally:
+        await shared.aclose()
