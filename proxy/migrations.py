@@ -230,6 +230,22 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(11, "servers: a change counter the gateways poll", (
         *_change_counter("servers", each="STATEMENT"),
     )),
+    # the gateway's own client at an upstream's authorization server, registered once for
+    # every gateway on the database (proxy.connect.vault): a row is written once, never updated
+    # but to reseal it, and the secret is sealed like a token
+    Migration(12, "clients registered at upstreams' authorization servers", (
+        Sql("""CREATE TABLE IF NOT EXISTS upstream_clients (
+            upstream TEXT NOT NULL,
+            issuer TEXT NOT NULL,
+            registration_endpoint TEXT NOT NULL,
+            redirect_uri TEXT NOT NULL,
+            client_id TEXT NOT NULL,
+            kid TEXT NOT NULL,
+            sealed TEXT NOT NULL,
+            created_at {real} NOT NULL,
+            PRIMARY KEY (upstream, issuer, registration_endpoint, redirect_uri)
+        )"""),
+    )),
 )
 
 LATEST = MIGRATIONS[-1].version

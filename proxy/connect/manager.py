@@ -2,7 +2,8 @@
 
 The authorization server is configured or discovered (the upstream's protected-resource
 metadata, RFC 9728; its authorization server's metadata, RFC 8414; dynamic client
-registration, RFC 7591, when no client id is configured); every request goes through the egress
+registration, RFC 7591, when no client id is configured: one client for every gateway process,
+kept in the database, proxy.connect.registration); every request goes through the egress
 guard. A connect flow's `state` is bound to the person and to the browser session. Tokens are
 refreshed before they expire; concurrent calls of one person trigger at most one refresh, even
 when they land on different gateway processes: within a process they share one (SingleFlight),
@@ -30,22 +31,28 @@ import httpx
 from cachetools import TTLCache
 
 from proxy.config import Config, UpstreamConfig
+from proxy.connect import ConnectFailed
 from proxy.connect.guarded import GuardedClient
+from proxy.connect.registration import Registrar
+from proxy.connect.vault import ClientKey, Vault
 from proxy.connect.vault import Connection as StoredConnection
-from proxy.connect.vault import Vault
-from proxy.errors import StoreUnavailable, UpstreamFailure
+from proxy.errors import UpstreamFailure
 from proxy.singleflight import SingleFlight
 from proxy.state.flows import FlowStore, ForeignFlow
-from proxy.state.leases import LeaseStore, MemoryLeases
+from proxy.state.leases import LeaseStore, MemoryLeases, by_one_holder
 
 log = logging.getLogger("tollhouse.connect")
 T = TypeVar("T")
 
-# how long one process may hold a person's refresh: three times the token request's timeout
-# (proxy.connect.guarded), so a live holder keeps it; a holder that died blocks the others no
-# longer than this, then one of them takes the lease
+# how long one process may hold a person's refresh (or the registration of the gateway's
+# client): three times the token request's timeout (proxy.connect.guarded), so a live holder
+# keeps it; a holder that died blocks the others no longer than this, then one of them takes
+# the lease
 REFRESH_LEASE_S = 30.0
 REFRESH_POLL_S = 0.05  # how often a process waiting on another's refresh reads the vault row
+
+__all__ = ["ConnectFailed", "Connections", "Endpoints", "UpstreamNeedsReconnect",
+           "UpstreamNotConnected"]
 
 
 class UpstreamNotConnected(UpstreamFailure):
@@ -67,10 +74,6 @@ class UpstreamNeedsReconnect(UpstreamNotConnected):
 
     def __init__(self, upstream: str, connect_url: str) -> None:
         UpstreamFailure.__init__(self, f"Reconnect your {upstream} account: {connect_url}")
-
-
-class ConnectFailed(Exception):
-    """The connect flow failed; the message is for the person's page (no tokens in it)."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,13 @@ class Connections:
         self._vault = vault
         self._guarded = guarded
         self._clock = clock
+        # each upstream's authorization server and the gateway's client there, for the life
+        # of the process: discovered once (one discovery at a time per upstream), and a
+        # registered client read from the database once. Its row is written once and never
+        # changed, so this copy cannot disagree with it; an upstream that names another
+        # authorization server, or a row deleted by hand, is seen at the next start
         self._endpoints: dict[str, Endpoints] = {}
+        self._discovering: SingleFlight[str, Endpoints] = SingleFlight(detached=True)
         # connect flows under way, by upstream and state, bound to the person and browser
         self._flows = flows
         self._refreshing: SingleFlight[tuple[str, str], str] = SingleFlight()
@@ -133,6 +142,9 @@ class Connections:
         self._lease_s = lease_s
         self._poll_s = poll_s
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-vault")
+        self._registrar = Registrar(vault, self._in_db, guarded, self._json, self._leases,
+                                    client_name=f"Tollhouse ({self.public_url})",
+                                    lease_s=lease_s, poll_s=poll_s)
         self.last_lists: dict[tuple[str, str], dict[str, Any]] = {}  # (upstream, method)
         # the hot path: a person's unsealed token for a minute, so a call costs no database
         # read; every change to the row (refresh, reconnect, disconnect) in this process
@@ -161,6 +173,9 @@ class Connections:
         known = self._endpoints.get(name)
         if known is not None:
             return known
+        return await self._discovering.run(name, lambda: self._find_endpoints(name))
+
+    async def _find_endpoints(self, name: str) -> Endpoints:
         up = self.upstreams[name]
         o = up.oauth
         if not o.discover:
@@ -168,7 +183,7 @@ class Connections:
                               o.client_id, o.client_secret, tuple(o.scopes))
         else:
             found = await self._discover(up)
-        self._endpoints[name] = found
+        self._endpoints[name] = found  # only once all of it succeeded
         return found
 
     def _zones(self, name: str, ep: Endpoints) -> tuple[Collection[str], bool]:
@@ -230,26 +245,16 @@ class Connections:
             raise ConnectFailed("the authorization server's metadata lacks a usable "
                                 "authorization or token endpoint")
         o = up.oauth
-        client_id, secret = o.client_id, o.client_secret
+        client_id, secret = o.client_id, o.client_secret  # a configured client wins
         if not client_id:
             registration = meta.get("registration_endpoint")
             if not _http_url(registration):
                 raise ConnectFailed("no client_id is configured and the authorization server "
                                     "offers no dynamic client registration")
-            registered = await self._json(up, "POST", registration, zones, False,
-                                          "dynamic client registration", json={
-                "client_name": f"Tollhouse ({self.public_url})",
-                "redirect_uris": [f"{self.public_url}/connect/{up.name}/callback"],
-                "token_endpoint_auth_method": "client_secret_post",
-                "grant_types": ["authorization_code", "refresh_token"],
-                "response_types": ["code"]})
-            got_id, got_secret = registered.get("client_id"), registered.get("client_secret")
-            if not isinstance(got_id, str) or not got_id:
-                raise ConnectFailed("dynamic client registration returned no client_id")
-            if got_secret is not None and not isinstance(got_secret, str):
-                raise ConnectFailed("dynamic client registration returned a malformed "
-                                    "client_secret")
-            client_id, secret = got_id, got_secret or ""
+            key = ClientKey(up.name, issuer, registration,
+                            f"{self.public_url}/connect/{up.name}/callback")
+            client = await self._registrar.client(up, key, zones)
+            client_id, secret = client.client_id, client.client_secret
         offered = prm.get("scopes_supported")
         scopes = tuple(o.scopes) or (tuple(s for s in offered if isinstance(s, str))
                                      if isinstance(offered, list) else ())
@@ -363,31 +368,15 @@ class Connections:
         holder gives it up (or dies, and the lease runs out) without a new token."""
         with self._hot_lock:
             epoch = self._forgotten.get(principal, 0)
-        lease = f"rf:{name}:{principal}"
-        deadline = time.monotonic() + 2 * self._lease_s
-        while True:
-            held = await self._leases.acquire(lease, self._lease_s)
-            if held is not None:
-                try:
-                    return await self._refresh_holding(name, principal, stale, epoch)
-                finally:
-                    await self._release(lease, held)
-            connection = await self._stored(name, principal)
-            found = self._refreshed_elsewhere(name, principal, stale, epoch, connection)
-            if found is not None:
-                return found
-            if time.monotonic() >= deadline:  # holders came and went with no token
-                raise UpstreamFailure("the upstream's token refresh did not finish")
-            await asyncio.sleep(self._poll_s)
 
-    async def _release(self, lease: str, held: str) -> None:
-        """The refresh is over either way; a lease that cannot be released runs out by
-        itself, so the call's outcome stands."""
-        try:
-            await self._leases.release(lease, held)
-        except StoreUnavailable as exc:
-            log.warning("connect: a refresh lease was not released (%s); it runs out within "
-                        "%.0f s", exc, self._lease_s)
+        async def look() -> str | None:
+            connection = await self._stored(name, principal)
+            return self._refreshed_elsewhere(name, principal, stale, epoch, connection)
+
+        return await by_one_holder(
+            self._leases, f"rf:{name}:{principal}", self._lease_s, self._poll_s,
+            work=lambda: self._refresh_holding(name, principal, stale, epoch), look=look,
+            gave_up=lambda: UpstreamFailure("the upstream's token refresh did not finish"))
 
     async def _stored(self, name: str, principal: str) -> StoredConnection:
         connection = await self._in_db(self._vault.get, name, principal)

@@ -1,10 +1,16 @@
-"""The token vault: each person's upstream tokens, sealed with AES-GCM.
+"""The token vault: each person's upstream tokens, and the gateway's own client at each
+authorization server it registered with (RFC 7591), sealed with AES-GCM.
 
 The key comes from the environment (`TOLLHOUSE_VAULT_KEYS="k2=<base64>,k1=<base64>"`: the first
 seals, all unseal, so a key can be rotated without losing connections; or, failing that, a key
 derived from `TOLLHOUSE_SECRET_KEY`). The upstream and the person are bound in as associated
 data: a row copied to another person does not decrypt. A row sealed under an older key is
 resealed under the current one when it is next written.
+
+A registered client is one row per (upstream, issuer, registration endpoint, redirect URI),
+written once: the first process to store its registration wins, and every other one adopts
+that row (`keep_client`). Only the client secret is sealed, with the whole key and the
+client id bound in as associated data.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import os
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
 import orjson
@@ -27,6 +33,8 @@ from proxy import db
 from proxy.config import ConfigError
 
 _PUT_COLUMNS = ("upstream", "principal", "kid", "sealed", "status", "expires_at", "updated_at")
+_CLIENT_COLUMNS = ("upstream", "issuer", "registration_endpoint", "redirect_uri", "client_id",
+                   "kid", "sealed", "created_at")
 
 
 _HOW = ("set TOLLHOUSE_VAULT_KEYS to kid=<32 random bytes in base64>, newest first, comma "
@@ -66,6 +74,30 @@ def keys_from_env(env: Mapping[str, str] | None = None) -> dict[str, bytes]:
 
 
 @dataclass(frozen=True)
+class ClientKey:
+    """Which registration: a changed authorization server, registration endpoint or redirect
+    URI (the gateway's public URL) is another row, so the gateway registers afresh."""
+
+    upstream: str
+    issuer: str
+    registration_endpoint: str
+    redirect_uri: str
+
+    def ad(self, client_id: str) -> bytes:
+        return "\n".join(("client", *astuple(self), client_id)).encode()
+
+
+@dataclass(frozen=True)
+class RegisteredClient:
+    client_id: str
+    client_secret: str = field(repr=False)  # "" for a public client; never logged
+
+
+_CLIENT_WHERE = ("upstream = ? AND issuer = ? AND registration_endpoint = ? AND "
+                 "redirect_uri = ?")
+
+
+@dataclass(frozen=True)
 class Connection:
     status: str  # connected | needs_reconnect
     tokens: dict[str, Any]  # access_token, refresh_token, ... (never logged)
@@ -82,6 +114,7 @@ class Vault:
         self._db.ensure_schema()
         self._sql = self._db.sql
         self._put = self._db.upsert("upstream_tokens", _PUT_COLUMNS, ("upstream", "principal"))
+        self._keep = self._db.insert_ignore("upstream_clients", _CLIENT_COLUMNS)
         self._current = next(iter(keys))
         self._aead = {kid: AESGCM(key) for kid, key in keys.items()}
 
@@ -95,10 +128,23 @@ class Vault:
         return f"{upstream}\n{principal}".encode()
 
     def _seal(self, upstream: str, principal: str, tokens: dict[str, Any]) -> str:
+        return self._seal_bytes(orjson.dumps(tokens), self._ad(upstream, principal))
+
+    def _seal_bytes(self, plain: bytes, ad: bytes) -> str:
         nonce = secrets.token_bytes(12)
-        sealed = nonce + self._aead[self._current].encrypt(
-            nonce, orjson.dumps(tokens), self._ad(upstream, principal))
+        sealed = nonce + self._aead[self._current].encrypt(nonce, plain, ad)
         return base64.b64encode(sealed).decode()
+
+    def _unseal(self, kid: str, sealed: str, ad: bytes) -> bytes | None:
+        """None: sealed under a retired key, or not for this `ad` (a row copied elsewhere)."""
+        aead = self._aead.get(kid)
+        if aead is None:
+            return None
+        raw = base64.b64decode(sealed)
+        try:
+            return aead.decrypt(raw[:12], raw[12:], ad)
+        except InvalidTag:
+            return None
 
     def put(self, upstream: str, principal: str, tokens: dict[str, Any],
             status: str = "connected") -> None:
@@ -132,14 +178,10 @@ class Vault:
         if row is None:
             return None
         kid, sealed, status, expires = row
-        aead = self._aead.get(kid)
-        if aead is None:
-            return Connection("needs_reconnect", {}, None)  # sealed under a retired key
-        raw = base64.b64decode(sealed)
-        try:
-            tokens = orjson.loads(aead.decrypt(raw[:12], raw[12:], self._ad(upstream, principal)))
-        except InvalidTag:
-            return Connection("needs_reconnect", {}, None)  # not this person's row
+        plain = self._unseal(kid, sealed, self._ad(upstream, principal))
+        if plain is None:  # sealed under a retired key, or not this person's row
+            return Connection("needs_reconnect", {}, None)
+        tokens = orjson.loads(plain)
         if kid != self._current and status == "connected":
             self.replace(upstream, principal, tokens, status)  # reseal under the current key
         return Connection(status, tokens, expires)
@@ -160,3 +202,41 @@ class Vault:
             rows = conn.execute(self._sql("SELECT upstream, status FROM upstream_tokens WHERE "
                                           "principal = ?"), (principal,)).fetchall()
         return {str(r[0]): str(r[1]) for r in rows}
+
+    # -- the gateway's registered clients -----------------------------------------------------
+
+    def client(self, key: ClientKey) -> RegisteredClient | None:
+        """The stored registration, or None. A row this process cannot unseal (its key was
+        retired) is deleted, so the next registration takes its place; one sealed under an
+        older key is resealed under the current one."""
+        with self._db.transaction() as conn:
+            row = conn.execute(self._sql(f"SELECT client_id, kid, sealed FROM upstream_clients "
+                                         f"WHERE {_CLIENT_WHERE}"), astuple(key)).fetchone()
+            if row is None:
+                return None
+            client_id, kid, sealed = row
+            plain = self._unseal(kid, sealed, key.ad(client_id))
+            if plain is None:
+                conn.execute(self._sql(f"DELETE FROM upstream_clients WHERE {_CLIENT_WHERE} "
+                                       "AND client_id = ? AND kid = ?"),
+                             (*astuple(key), client_id, kid))
+                return None
+            if kid != self._current:
+                conn.execute(self._sql(f"UPDATE upstream_clients SET kid = ?, sealed = ? WHERE "
+                                       f"{_CLIENT_WHERE} AND client_id = ? AND kid = ?"),
+                             (self._current, self._seal_bytes(plain, key.ad(client_id)),
+                              *astuple(key), client_id, kid))
+        return RegisteredClient(str(client_id), plain.decode())
+
+    def keep_client(self, key: ClientKey, client: RegisteredClient) -> RegisteredClient:
+        """Store `client` unless a registration for `key` is there already; the stored one
+        either way (another process's, when it stored first: adopt it)."""
+        sealed = self._seal_bytes(client.client_secret.encode(), key.ad(client.client_id))
+        for _ in range(2):  # a second time if the row there was unreadable, and so deleted
+            with self._db.transaction() as conn:
+                conn.execute(self._keep, (*astuple(key), client.client_id, self._current,
+                                          sealed, time.time()))
+            stored = self.client(key)
+            if stored is not None:
+                return stored
+        raise RuntimeError("a client registration stored here could not be read back")

@@ -10,17 +10,27 @@ ran out and went to someone else cannot end the new holder's.
 A Redis store keeps `ls:<name>` = the token (SET NX PX ttl): `acquire` is that one command,
 `release` one Lua compare-and-delete. The memory store is a dictionary of (token, expiry): one
 process only, where the callers already share one refresh (proxy.singleflight).
+
+`by_one_holder` is the pattern both users follow: the holder does the work and stores its
+outcome in the database; everyone else watches the database for it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import secrets
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from proxy.errors import StoreUnavailable
 
 if TYPE_CHECKING:
     from proxy.state.shared import Shared
+
+log = logging.getLogger("tollhouse.state")
+T = TypeVar("T")
 
 
 class LeaseStore(Protocol):
@@ -86,3 +96,39 @@ class RedisLeases:
 
     async def release(self, name: str, token: str) -> None:
         await self._release([self._prefix + name], [token])
+
+
+async def by_one_holder(leases: LeaseStore, name: str, ttl_s: float, poll_s: float, *,
+                        work: Callable[[], Awaitable[T]],
+                        look: Callable[[], Awaitable[T | None]],
+                        gave_up: Callable[[], Exception]) -> T:
+    """`work()` done by one process at a time across all of them: whoever holds the lease
+    `name` does it (and, first, looks whether someone else has already: `work` checks);
+    every other process polls `look()` every `poll_s` until it finds the holder's outcome
+    (None: not there yet), and takes the lease itself if the holder lets it go without one
+    (or dies, and the lease runs out). `gave_up()` is raised after twice `ttl_s` of holders
+    coming and going with no outcome. A lease store that is away raises StoreUnavailable."""
+    deadline = time.monotonic() + 2 * ttl_s
+    while True:
+        held = await leases.acquire(name, ttl_s)
+        if held is not None:
+            try:
+                return await work()
+            finally:
+                await _release(leases, name, held, ttl_s)
+        found = await look()
+        if found is not None:
+            return found
+        if time.monotonic() >= deadline:
+            raise gave_up()
+        await asyncio.sleep(poll_s)
+
+
+async def _release(leases: LeaseStore, name: str, held: str, ttl_s: float) -> None:
+    """The work is over either way; a lease that cannot be released runs out by itself, so
+    its outcome stands."""
+    try:
+        await leases.release(name, held)
+    except StoreUnavailable as exc:
+        log.warning("a lease (%s) was not released (%s); it runs out within %.0f s",
+                    name.split(":", 1)[0], exc, ttl_s)

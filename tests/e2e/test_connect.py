@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -25,7 +25,7 @@ from proxy.config import from_dict
 from proxy.connect.vault import Vault
 from proxy.db import Database
 from proxy.people.accounts import Accounts
-from tests import db_backends
+from tests import db_backends, state_backends
 from tests.e2e.test_oauth_sdk import Browser
 from tests.e2e.upstreams import UpstreamProbe, stateless_json_app
 from tests.servers import bound_socket, serve
@@ -44,10 +44,14 @@ class World:
     inner_db: Database
     probe: UpstreamProbe
     state: Any = None  # the gateway's app state
+    # every replica of the gateway (the first is `outer`, also their public URL), and its state
+    replicas: list[str] = field(default_factory=list)
+    states: list[Any] = field(default_factory=list)
 
     def edited(self, person: str) -> None:
         """The test changed a vault row behind the gateway's back: drop its in-memory copy."""
-        self.state.connections.forget(f"tollhouse:local|local:{person}", "gh")
+        for state in self.states or [self.state]:
+            state.connections.forget(f"tollhouse:local|local:{person}", "gh")
 
     def mcp_token(self, person: str) -> str:
         """The person's bearer at the gateway: same principal as their browser sign-in."""
@@ -56,11 +60,12 @@ class World:
                           SECRET, algorithm="HS256")
 
     async def call(self, person: str, tool: str = "echo", method: str = "tools/call",
-                   request_id: int = 1) -> httpx.Response:
+                   request_id: int = 1, via: str | None = None) -> httpx.Response:
+        """A call through the gateway (through replica `via`, a URL of `replicas`)."""
         params = {"name": tool, "arguments": {"text": person}} if method == "tools/call" else {}
         async with httpx.AsyncClient(timeout=10) as client:
             return await client.post(
-                f"{self.outer}/mcp/gh", content=orjson.dumps(
+                f"{via or self.outer}/mcp/gh", content=orjson.dumps(
                     {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}),
                 headers={"content-type": "application/json",
                          "accept": "application/json, text/event-stream",
@@ -74,7 +79,11 @@ class World:
 
 
 @asynccontextmanager
-async def world(tmp_path: Path, explicit: bool = False) -> AsyncIterator[World]:
+async def world(tmp_path: Path, explicit: bool = False, replicas: int = 1
+                ) -> AsyncIterator[World]:
+    """The upstream Tollhouse and the gateway under test; `replicas` > 1: that many gateway
+    apps on one database and one Redis (a fresh key prefix), all with the first one's URL as
+    their public URL, as behind a load balancer."""
     app, probe = stateless_json_app()
     inner_db, outer_db = db_backends.open_database("inner"), db_backends.open_database("outer")
     for person, (_, upstream_user, upstream_password) in PEOPLE.items():
@@ -104,16 +113,23 @@ async def world(tmp_path: Path, explicit: bool = False) -> AsyncIterator[World]:
                          "revocation_endpoint": f"{inner}/oauth/revoke"}
             outer_cfg = from_dict({
                 "server": {"public_url": outer},
+                "state": state_backends.state() if replicas > 1 else {"url": "memory"},
                 "auth": {"mode": "jwt", "issuers": [{"issuer": "tollhouse:local",
                                                       "hs256_secret": SECRET,
                                                       "algorithms": ["HS256"]}]},
                 "database": {"url": outer_db.url},
                 "upstreams": [{"name": "gh", "url": f"{inner}/mcp/up", "auth": "per_user",
                                "oauth": oauth}]}, env={})
-            outer_app = create_app(outer_cfg, vault_keys=VAULT_KEYS)
-            async with serve(outer_app, sock=outer_sock, graceful_timeout=1):
-                yield World(outer, inner, outer_db, inner_db, probe,
-                            outer_app.extensions["tollhouse"])
+            async with AsyncExitStack() as stack:
+                urls, states = [], []
+                for n in range(replicas):
+                    sock, url = (outer_sock, outer) if n == 0 else bound_socket()
+                    outer_app = create_app(outer_cfg, vault_keys=VAULT_KEYS)
+                    await stack.enter_async_context(serve(outer_app, sock=sock,
+                                                          graceful_timeout=1))
+                    urls.append(url)
+                    states.append(outer_app.extensions["tollhouse"])
+                yield World(outer, inner, outer_db, inner_db, probe, states[0], urls, states)
 
 
 async def sign_in(http: httpx.AsyncClient, base: str, name: str, password: str) -> None:
@@ -123,9 +139,11 @@ async def sign_in(http: httpx.AsyncClient, base: str, name: str, password: str) 
     assert signed.status_code == 303, signed.text
 
 
-async def connect(w: World, person: str) -> httpx.AsyncClient:
+async def connect(w: World, person: str, callback_via: str | None = None
+                  ) -> httpx.AsyncClient:
     """The person signs in at the gateway, opens the connect URL, signs in at the upstream's
-    authorization server as their upstream account and allows; the gateway stores the tokens."""
+    authorization server as their upstream account and allows; the gateway stores the tokens.
+    `callback_via`: the replica the load balancer sends the way back to."""
     password, upstream_user, upstream_password = PEOPLE[person]
     http = httpx.AsyncClient(follow_redirects=False, timeout=10)
     await sign_in(http, w.outer, person, password)
@@ -144,6 +162,8 @@ async def connect(w: World, person: str) -> httpx.AsyncClient:
     back = await upstream_browser.consent(authorize)
     await upstream_browser.http.aclose()
     assert back.startswith(f"{w.outer}/connect/gh/callback?")
+    if callback_via is not None:
+        back = callback_via + back.removeprefix(w.outer)
     done = await http.get(back)
     assert done.status_code == 200 and "connected" in done.text, done.text
     return http
@@ -381,3 +401,34 @@ async def test_a_bad_discovery_is_a_plain_failure_page(documents: dict[str, Any]
         assert page.status_code == 502, page.text
         assert says in page.text
         assert "HTTP" not in page.text and "egress" not in page.text
+
+
+@pytest.mark.skipif(not state_backends.on_redis(),
+                    reason="replicas share their live state on Redis (TOLLHOUSE_TEST_STATE)")
+async def test_two_replicas_share_one_dynamically_registered_client(tmp_path: Path) -> None:
+    """Issue 14 items 1 and 4: no client_id configured, two replicas on one database. The
+    connect flow begun on one finishes on the other, the token it got is refreshed by the
+    other, and the upstream's authorization server saw one registration."""
+    async with world(tmp_path, replicas=2) as w:
+        a, b = w.replicas
+        alice = await connect(w, "alice", callback_via=b)
+        assert (await w.call("alice", via=b)).json()["result"]["content"][0]["text"] == "alice"
+        vault = Vault(w.outer_db, VAULT_KEYS)
+        principal = "tollhouse:local|local:alice"
+        got = vault.get("gh", principal)
+        assert got is not None
+        vault.put("gh", principal, {**got.tokens, "expires_at": time.time() + 1})
+        w.edited("alice")
+        refreshed = await w.call("alice", via=b)  # B refreshes with the client A registered
+        assert refreshed.json()["result"]["content"][0]["text"] == "alice", refreshed.text
+        after = vault.get("gh", principal)
+        assert after is not None and after.status == "connected"
+        assert after.tokens["refresh_token"] != got.tokens["refresh_token"]
+        assert (await w.call("alice", via=a)).status_code == 200
+        bob = await connect(w, "bob", callback_via=a)  # and the other way round
+        assert (await w.call("bob", via=b)).json()["result"]["content"][0]["text"] == "bob"
+        (registered,) = db_backends.rows(w.inner_db, "SELECT client_id FROM oauth_clients")
+        assert db_backends.rows(w.outer_db, "SELECT client_id FROM upstream_clients") == [
+            registered]
+        await alice.aclose()
+        await bob.aclose()

@@ -39,7 +39,7 @@ class Resolver:
         return [HOSTS[host]]
 
 
-def as_metadata(issuer: str = "https://as.example", **override: Any) -> dict[str, Any]:
+def as_metadata(issuer: Any = "https://as.example", **override: Any) -> dict[str, Any]:
     return {"issuer": issuer, "authorization_endpoint": f"{issuer}/authorize",
             "token_endpoint": f"{issuer}/token", "registration_endpoint": f"{issuer}/register",
             "revocation_endpoint": f"{issuer}/revoke",

@@ -46,7 +46,7 @@ def terminated(conn: Any, sessions: str, params: tuple[Any, ...] = ()) -> bool:
 
 TABLES = {"audit", "usage_outbox", "api_keys", "api_keys_version", "users", "oauth_keys",
           "oauth_clients", "oauth_refresh", "upstream_tokens", "servers", "servers_version",
-          "roles", "user_roles", "schema_migrations"}
+          "roles", "user_roles", "upstream_clients", "schema_migrations"}
 
 
 def rows(database: Database, text: str, *args: Any) -> list[tuple[Any, ...]]:
