@@ -47,7 +47,7 @@ bench: $(VENV)/.installed
 # merged into the committed corpus, tests/fuzz/corpus/<target>/. `make test` runs a short fixed
 # campaign of each target.
 .PHONY: fuzz
-FUZZ_TARGETS ?= jsonrpc envelope header sse config
+FUZZ_TARGETS ?= jsonrpc envelope header sse relay config
 FUZZ_SECONDS ?= 300
 fuzz: $(VENV)/.installed
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -84,6 +84,8 @@ def check(data: bytes) -> None:
     assert dispatched(pending) == [], pending
     assert client == dispatched(consumed)
     if not over and chunk:
-        whole, rest, _ = split(stream, 0, limit)
-        assert [d for e in whole for d in dispatched(e)] == client
-        assert dispatched(rest) == []
+        whole, rest, whole_over = split(stream, 0, limit)
+        # (the tails may differ by the LF of a CRLF split after its CR, one byte over a limit)
+        if not whole_over:
+            assert [d for e in whole for d in dispatched(e)] == client
+            assert dispatched(rest) == []
