@@ -64,3 +64,20 @@ constraints:
 	{ grep '^#' $(CONSTRAINTS); build/constraints-venv/bin/pip freeze --all \
 		| grep -v -e '^tollhouse' -e '^wheel=='; } > build/constraints.txt
 	mv build/constraints.txt $(CONSTRAINTS)
+
+# Coverage-guided fuzzing (atheris) of the code that reads untrusted bytes: FUZZ_SECONDS per
+# target (README, "Fuzzing"). A crash is written to .fuzz/; the inputs that add coverage are
+# merged into the committed corpus, tests/fuzz/corpus/<target>/. `make test` runs a short fixed
+# campaign of each target.
+.PHONY: fuzz
+FUZZ_TARGETS ?= jsonrpc envelope header sse relay config
+FUZZ_SECONDS ?= 300
+fuzz: $(VENV)/.installed
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "== fuzz $$t, $(FUZZ_SECONDS) s"; mkdir -p .fuzz/corpus/$$t; \
+		PYTHONPATH=. nice $(VENV)/bin/python -m tests.fuzz.run $$t -max_len=4096 \
+			-max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -artifact_prefix=.fuzz/ \
+			.fuzz/corpus/$$t tests/fuzz/corpus/$$t; \
+		PYTHONPATH=. $(VENV)/bin/python -m tests.fuzz.run $$t -max_len=4096 -merge=1 \
+			tests/fuzz/corpus/$$t .fuzz/corpus/$$t 2>&1 | grep -E "MERGE-OUTER: [0-9]+ new files" || true; \
+	done

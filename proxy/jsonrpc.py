@@ -79,8 +79,12 @@ def _valid_id(value: Any) -> bool:
 
 def response_outcome(obj: Any, request_id: Any) -> tuple[bool, str | None] | None:
     """For an upstream message: None if it is not the response to `request_id`, else
-    (ok, error_message)."""
-    if not isinstance(obj, dict) or "method" in obj or obj.get("id") != request_id:
+    (ok, error_message). A response is what a client takes as one: its id equal and of the same
+    type (`true` is not 1, nor 1.0), and exactly one of result and error."""
+    if not isinstance(obj, dict) or "method" in obj or ("result" in obj) == ("error" in obj):
+        return None
+    upstream_id = obj.get("id")
+    if type(upstream_id) is not type(request_id) or upstream_id != request_id:
         return None
     if "result" in obj:
         return True, None

@@ -152,6 +152,8 @@ def decode_header(value: str | None) -> str | None:
     non-canonical encoding decodes to None, so it can never match."""
     if value is None or not (value.startswith("=?base64?") and value.endswith("?=")):
         return value
+    if len(value) < 11:  # "=?base64?=": prefix and suffix overlap, no payload, not an encoding
+        return None
     payload = value[9:-2]
     try:
         raw = base64.b64decode(payload, validate=True)

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import re
 
-_BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r|\r\n\n|\n\r\n")
+# An event ends at a blank line: two line ends in a row, each CRLF, LF or CR (HTML, "Interpreting
+# an event stream"), so any mix of them. A CR that may be the first half of a CRLF does not end
+# the first line until the next byte says which; a CR ending the blank line ends the event at
+# once, as it does for a client, and an LF arriving after it (the rest of that CRLF, which a
+# client skips) begins the next event's bytes.
+_BOUNDARY = re.compile(rb"(?:\r\n|\n|\r(?!\n))(?:\r\n|\n|\r)")
 
 
 class EventSplitter:
@@ -39,7 +44,7 @@ class EventSplitter:
 
 def with_data(event: bytes, data: bytes) -> bytes:
     """The same event (its id and other fields kept) carrying `data` instead."""
-    kept = [line for line in event.splitlines() if line and not line.startswith(b"data:")]
+    kept = [line for line in event.splitlines() if line and not _is_data(line)]
     return b"\n".join([*kept, b"data: " + data]) + b"\n\n"
 
 
@@ -47,7 +52,12 @@ def event_data(event: bytes) -> bytes:
     """The `data` of one event, its lines joined with LF; b"" when it has none."""
     parts: list[bytes] = []
     for line in event.splitlines():
-        if line.startswith(b"data:"):
+        if _is_data(line):
             value = line[5:]
             parts.append(value[1:] if value.startswith(b" ") else value)
     return b"\n".join(parts)
+
+
+def _is_data(line: bytes) -> bool:
+    """A `data` field: `data: value`, or `data` alone, whose value is empty."""
+    return line.startswith(b"data:") or line == b"data"

@@ -152,6 +152,10 @@ VALIDATION = {
     "Mcp-Name non-canonical base64": (
         lambda: case(*modern_request("tools/call", ECHO, mcp_name="=?base64?ZWNobw?=")),
         400, -32020, {"mismatch": "Mcp-Name"}),
+    # found by the header fuzz target: prefix and suffix overlap, no payload, no encoding
+    "Mcp-Name =?base64?= for an empty name": (
+        lambda: case(*modern_request("tools/call", {"name": ""}, mcp_name="=?base64?=")),
+        400, -32020, {"mismatch": "Mcp-Name"}),
     "modern header without an envelope": (
         lambda: case(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
                      modern_request("tools/list")[1]),

@@ -95,6 +95,22 @@ def test_bad_config_names_the_key(raw: dict, message: str) -> None:
     assert "\n" not in text
 
 
+# Found by the config fuzz target (tests/fuzz/fuzz_config.py): a value or a key the message
+# echoes could carry a line break, and the one line became two.
+@pytest.mark.parametrize("raw", [
+    {"auth": {"mode": "jwt", "issuers": [{"issuer": "i", "hs256_secret": "k",
+                                          "algorithms": ["HS256", "E\n56"]}]}},
+    {"server": {"listen\r\nforged: yes": 1}},
+    {"upstreams": [{"name": "a", "url": "http://h/", "access": {"x\u2028y": 1}}]},
+])
+def test_an_echoed_key_or_value_stays_on_the_line(raw: dict) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_dict(raw, env={})
+    text = str(info.value)
+    assert text.isprintable() and text.startswith("config: ")
+    assert "\\n" in text or "\\u2028" in text
+
+
 def test_env_substitution_does_not_leak_value_in_errors() -> None:
     cfg = from_dict({"upstreams": [{"name": "a", "url": "http://h/",
                                     "headers": {"Authorization": "Bearer ${TOK}"}}]},

@@ -54,3 +54,14 @@ def test_response_outcome() -> None:
     assert response_outcome({"id": 2, "result": {}}, 1) is None
     assert response_outcome({"method": "notifications/progress"}, 1) is None
     assert response_outcome([1], 1) is None
+
+
+def test_a_response_is_what_a_client_takes_for_one() -> None:
+    # found by the relay fuzz target (tests/fuzz/fuzz_relay.py): the gateway took these for the
+    # answer to request 1 and relayed them, and the client, which does not, got no answer
+    assert response_outcome({"jsonrpc": "2.0", "id": True, "result": {}}, 1) is None
+    assert response_outcome({"jsonrpc": "2.0", "id": 1.0, "result": {}}, 1) is None
+    assert response_outcome({"jsonrpc": "2.0", "id": 1, "erroror": {}}, 1) is None
+    assert response_outcome({"jsonrpc": "2.0", "id": 1, "result": {}, "error": {}}, 1) is None
+    assert response_outcome({"jsonrpc": "2.0", "id": "1", "result": {}}, 1) is None
+    assert response_outcome({"jsonrpc": "2.0", "id": "1", "result": {}}, "1") == (True, None)

@@ -74,6 +74,13 @@ def sse_response(body: Chunks) -> httpx.Response:
         (httpx.Response(200, json={"jsonrpc": "2.0", "id": 99, "result": {}}),
          "upstream sent an invalid MCP response"),
         (httpx.Response(200, json=[1, 2]), "upstream sent an invalid MCP response"),
+        # found by the relay fuzz target: no answer a client takes for its call's (id 2)
+        (httpx.Response(200, json={"jsonrpc": "2.0", "id": 2}),
+         "upstream sent an invalid MCP response"),
+        (httpx.Response(200, json={"jsonrpc": "2.0", "id": 2, "result": {}, "error": {}}),
+         "upstream sent an invalid MCP response"),
+        (httpx.Response(200, json={"jsonrpc": "2.0", "id": 2.0, "result": {}}),
+         "upstream sent an invalid MCP response"),
     ],
 )
 async def test_upstream_failure_is_32000_with_http_200(effect: object, message: str) -> None:
@@ -103,6 +110,12 @@ async def test_upstream_jsonrpc_error_is_relayed_and_audited_as_error() -> None:
         (Chunks(sse(PROGRESS)), "upstream stream ended before the response"),
         (Chunks([*sse(PROGRESS), b"data: {not json\n\n"]), "upstream sent an invalid MCP response"),
         (Chunks([*sse(PROGRESS), b"event: message\ndata: {\"jsonrpc\""]),
+         "upstream stream ended before the response"),
+        # found by the relay fuzz target: the call's id, but neither result nor error (or an id
+        # of another type), was taken as the answer and the client was left with none
+        (Chunks(sse(PROGRESS, {"jsonrpc": "2.0", "id": 2, "erroror": {}})),
+         "upstream stream ended before the response"),
+        (Chunks(sse(PROGRESS, {"jsonrpc": "2.0", "id": 2.0, "result": {}})),
          "upstream stream ended before the response"),
     ],
 )
