@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -194,6 +195,39 @@ async def test_a_bridged_call_carries_the_context_to_the_legacy_upstream(
     meta = sent.rpc["params"]["_meta"]
     assert meta["traceparent"] == carried(client_span)
     assert not [k for k in meta if k.startswith("io.modelcontextprotocol/")]  # still bridged
+
+
+async def test_a_legacy_call_bridged_to_a_modern_upstream_carries_the_context(
+        tmp_path: Path) -> None:
+    async with traced(tmp_path, stateless_json_app, era="modern") as (stack, exporter), \
+            connect(stack.endpoint, headers={"traceparent": HEADER_TP}) as client:
+        assert (await client.call_tool("echo", {"text": "up"})).content[0].text == "up"
+        found = await spans(stack, exporter, "tools/call echo")
+    server = one(found, "tools/call echo", SpanKind.SERVER)
+    client_span = one(found, "tools/call echo", SpanKind.CLIENT)
+    assert server.parent is not None and server.parent.trace_id == int(HEADER_TRACE, 16)
+    assert "mcp.session.id" in dict(server.attributes or {})  # the gateway's own session
+    assert dict(client_span.attributes or {})["mcp.protocol.version"] == MODERN
+    sent = upstream_call(stack.probe.exchanges, "echo")
+    assert sent.request_header("mcp-protocol-version") == MODERN
+    assert sent.request_header("traceparent") == carried(client_span)
+    meta = sent.rpc["params"]["_meta"]
+    assert meta["traceparent"] == carried(client_span)
+    assert meta["io.modelcontextprotocol/protocolVersion"] == MODERN  # still enveloped
+
+
+async def test_the_request_log_line_has_the_span_trace_id(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async with traced(tmp_path, stateless_json_app) as (stack, exporter):
+        with caplog.at_level(logging.INFO, logger="tollhouse.request"):
+            async with connect(stack.endpoint) as client:  # no traceparent: a new trace
+                await client.call_tool("echo", {"text": "logged"})
+            found = await spans(stack, exporter, "tools/call echo")
+    server = one(found, "tools/call echo", SpanKind.SERVER)
+    assert server.parent is None
+    lines = [r.getMessage() for r in caplog.records if r.name == "tollhouse.request"
+             and "tool=echo" in r.getMessage()]
+    assert len(lines) == 1 and f"trace_id={server.context.trace_id:032x} " in lines[0]
 
 
 async def test_off_there_are_no_spans_and_nothing_is_injected(tmp_path: Path) -> None:
