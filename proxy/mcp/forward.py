@@ -211,8 +211,11 @@ class Forwarder:
         no id (the 2025-11-25 transport); the upstream's own 4xx error is relayed."""
         headers = self.upstream.headers(
             route, req.headers, session.upstream_session_id if session else None)
+        body, trace = msg.body, CURRENT.get()
+        if trace is not None:
+            headers, body = trace.upstream(route, msg, headers, body)
         try:
-            response = await self.upstream.open(route, "POST", headers, msg.body)
+            response = await self.upstream.open(route, "POST", headers, body)
             await self._check_status(response, session)
             await response.aclose()
         except UpstreamFailure as exc:

@@ -236,7 +236,9 @@ def _with_meta(msg: McpMessage, body: bytes, carrier: dict[str, str]) -> bytes:
     the conventions say), built from the message already parsed when the body is the one the
     caller sent, else (a bridge's rewrite) from that body."""
     if body is msg.body:
-        obj: dict[str, Any] = {"jsonrpc": "2.0", "id": msg.id, "method": msg.method}
+        obj: dict[str, Any] = {"jsonrpc": "2.0", "method": msg.method}
+        if msg.kind == "request":  # a notification has no id, not a null one
+            obj["id"] = msg.id
         params = msg.params
     else:
         obj = orjson.loads(body)

@@ -123,7 +123,14 @@ async def test_a_tool_call_is_a_server_span_and_its_upstream_leg_a_client_span(
         # the spans of the other messages: initialize (its session's hash at its end too)
         init = one(found, "initialize", SpanKind.SERVER)
         assert dict(init.attributes or {})["mcp.session.id"] == record["session_hash"]
+        # a notification sent on: its own CLIENT span, its context carried, still no id
         one(found, "notifications/initialized", SpanKind.SERVER)
+        note = one(found, "notifications/initialized", SpanKind.CLIENT)
+        (sent_note,) = stack.probe.posts("notifications/initialized")
+        assert sent_note.request_header("traceparent") == carried(note)
+        assert sent_note.rpc["params"]["_meta"]["traceparent"] == carried(note)
+        assert "id" not in sent_note.rpc
+        assert "jsonrpc.request.id" not in dict(note.attributes or {})
 
 
 async def test_the_meta_context_is_the_parent_and_the_headers_a_link(tmp_path: Path) -> None:
