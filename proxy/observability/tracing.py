@@ -52,6 +52,7 @@ PROPAGATOR = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePro
 CARRIED = ("traceparent", "tracestate", "baggage")
 MAX_VALUE = 128  # a caller-chosen value in a span name or attribute is cut to this
 DECISION = "tollhouse.policy.decision"  # the span event of one policy's decision
+EXPORT_TIMEOUT_S = 5.0  # one export, its retries included: bounds a shutdown's last export
 _RESOURCE_METHODS = frozenset({"resources/read", "resources/subscribe", "resources/unsubscribe"})
 
 
@@ -69,7 +70,8 @@ class Tracing:
         self.provider = TracerProvider(resource=Resource.create({
             "service.name": cfg.service_name, "service.version": __version__}))
         self.provider.add_span_processor(BatchSpanProcessor(
-            exporter or OTLPSpanExporter(endpoint=traces_url(cfg.otlp_endpoint))))
+            exporter or OTLPSpanExporter(endpoint=traces_url(cfg.otlp_endpoint),
+                                         timeout=EXPORT_TIMEOUT_S)))
         self.tracer = self.provider.get_tracer("tollhouse", __version__)
         self._calls: dict[int, CallSpans] = {}  # id(record) -> its spans, until `end`
 

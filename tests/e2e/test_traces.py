@@ -247,6 +247,34 @@ async def test_off_there_are_no_spans_and_nothing_is_injected(tmp_path: Path) ->
         assert "traceparent" not in json.dumps(sent.rpc)
 
 
+OFF_IMPORTS = """
+import asyncio, sys
+from proxy.app import create_app
+from proxy.config import from_dict
+
+async def main():
+    cfg = from_dict({"database": {"url": sys.argv[1]},
+                     "upstreams": [{"name": "up", "url": "http://up.test/mcp"}]}, env={})
+    app = create_app(cfg)
+    async with app.test_app():
+        assert app.extensions["tollhouse"].gateway is not None
+    # (redis-py imports the SDK's metrics when the SDK is installed: not the gateway's doing)
+    print(sorted(m for m in sys.modules if m.startswith((
+        "opentelemetry.sdk.trace", "opentelemetry.exporter", "proxy.observability.tracing"))))
+
+asyncio.run(main())
+"""
+
+
+async def test_off_no_tracer_or_exporter_is_imported(tmp_path: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", OFF_IMPORTS, f"sqlite:///{tmp_path}/off.db",
+        cwd=Path(__file__).resolve().parents[2], stdout=asyncio.subprocess.PIPE)
+    out, _ = await process.communicate()
+    assert process.returncode == 0
+    assert out.decode().strip() == "[]"
+
+
 async def test_off_a_callers_meta_is_passed_through_untouched(tmp_path: Path) -> None:
     async with open_stack(tmp_path, stateless_json_app) as stack:
         async with connect(stack.endpoint) as client:
