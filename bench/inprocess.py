@@ -15,7 +15,9 @@ limit that never refuses); `--all-policies` is paths.py's every-policy-on config
 `--profile N` prints cProfile's top N functions of one round.
 `--observability` measures, side by side in one run (rounds alternate), the same config with
 `[observability] metrics = false`, with metrics on, and with metrics on and the request log line
-written (INFO, formatted, to /dev/null).
+written (INFO, formatted, to /dev/null). `--tracing` measures the same way tracing off (no
+`otlp_endpoint`) against on (the `tollhouse[otel]` extra; every span exported over OTLP/HTTP to
+a receiver in a child process, so the export thread's CPU is counted and the receiver's not).
 """
 
 from __future__ import annotations
@@ -172,9 +174,13 @@ async def main() -> None:
                         help="cProfile one more round; print the top N by cumulative time")
     parser.add_argument("--observability", action="store_true",
                         help="metrics off / on / on with the request log, side by side")
+    parser.add_argument("--tracing", action="store_true",
+                        help="tracing off / on (spans exported over OTLP/HTTP), side by side")
     args = parser.parse_args()
     if args.observability:
         return await observability(args)
+    if args.tracing:
+        return await tracing(args)
     if args.state != "memory" and not args.state.startswith(("redis://127.0.0.1", "redis://localhost")):
         parser.error("--state: memory or a loopback redis:// URL")
     prefix, secret = f"bench{secrets.token_hex(6)}:", secrets.token_hex(32)
@@ -281,6 +287,78 @@ async def observability(args: argparse.Namespace) -> None:
                     cpu = (time.process_time() - began_cpu) / args.calls
                     best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
     finally:
+        if args.state != "memory":
+            delete_keys(args.state, prefix)
+    mode = f"state {args.state.split('@')[-1]}{', stateful' if args.stateful else ''}"
+    print(f"{os.getcwd()} ({mode}; best of {args.rounds} x {args.calls}, rounds alternating)")
+    for name, (wall, cpu) in best.items():
+        print(f"  {name:26s} {wall * 1e6:7.1f} us per call, {cpu * 1e6:7.1f} us CPU")
+
+
+RECEIVER = """
+import http.server, sys
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+async def tracing(args: argparse.Namespace) -> None:
+    """Tracing off and on, alternating rounds in one process: one app with tracing on, its
+    gateway's observer swapped between rounds for the one an app without `otlp_endpoint`
+    builds (no tracer; the path's trace context then stays unset, as it does when off)."""
+    import subprocess
+
+    from proxy.observability import Observers
+    from proxy.traced import CURRENT
+
+    receiver = subprocess.Popen([sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE,
+                                text=True)
+    prefix, secret = f"bench{secrets.token_hex(6)}:", secrets.token_hex(32)
+    try:
+        assert receiver.stdout is not None
+        port = int(receiver.stdout.readline())
+        with tempfile.TemporaryDirectory() as tmp:
+            raw = config(tmp, args.state, prefix, args.stateful, secret)
+            raw["observability"] = {"otlp_endpoint": f"http://127.0.0.1:{port}"}
+            app = create_app(from_dict(raw, env={}),
+                             upstream_transport=httpx.MockTransport(upstream),
+                             resolver=Resolver())
+            async with app.test_app():
+                extra = await session_headers(app, secret) if args.stateful else []
+                await answered(app, extra)
+                state = app.extensions["tollhouse"]
+                gateway, tracer = state.gateway, state.tracing
+                traced = gateway.observer
+                untraced = Observers([o for o in traced._all if o is not tracer])
+                variants = [("tracing off", untraced), ("tracing on", traced)]
+                best = {name: (float("inf"), float("inf")) for name, _ in variants}
+                for r in range(args.rounds * len(variants)):
+                    name, observer = variants[(r + r // len(variants)) % len(variants)]
+                    gateway.observer = observer
+                    CURRENT.set(None)  # this task's trace context, as no traced call left it
+                    await asyncio.to_thread(tracer.force_flush)  # no export of a past round
+                    await settled([app])
+                    began, began_cpu = time.perf_counter(), time.process_time()
+                    for _ in range(args.calls):
+                        await one_call(app, extra)
+                    if observer is traced:  # this round's spans exported, within its CPU
+                        await asyncio.to_thread(tracer.force_flush)
+                    wall = (time.perf_counter() - began) / args.calls
+                    cpu = (time.process_time() - began_cpu) / args.calls
+                    best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
+    finally:
+        receiver.terminate()
+        receiver.wait(5)
         if args.state != "memory":
             delete_keys(args.state, prefix)
     mode = f"state {args.state.split('@')[-1]}{', stateful' if args.stateful else ''}"

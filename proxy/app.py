@@ -83,6 +83,7 @@ class State:
     stores: Stores | None = None
     metrics: Metrics | None = None
     health: Health | None = None
+    tracing: Any = None  # proxy.observability.tracing.Tracing while serving with tracing on
     serving: Serving | None = None  # while serving: drain (SIGTERM) and reload (SIGHUP) here
 
 
@@ -99,6 +100,7 @@ class Overrides:
     vault_keys: dict[str, bytes] | None = None
     later: Later | None = None  # the call deadlines' clock (the running loop's unless given)
     registry_poll_s: float = REGISTRY_POLL_S  # how often the registry reads others' changes
+    span_exporter: Any = None  # with tracing on: where spans go instead of OTLP/HTTP
 
 
 @dataclass
@@ -126,10 +128,11 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
                audit_sink: AuditSink | None = None, base_dir: Path | None = None,
                clock: Callable[[], float] = time.monotonic, resolver: Resolver | None = None,
                secret_key: str | None = None, vault_keys: dict[str, bytes] | None = None,
-               later: Later | None = None, registry_poll_s: float = REGISTRY_POLL_S) -> Quart:
+               later: Later | None = None, registry_poll_s: float = REGISTRY_POLL_S,
+               span_exporter: Any = None) -> Quart:
     """The app for `cfg`; the keywords are `Overrides` (tests move the clocks)."""
     given = Overrides(upstream_transport, audit_sink, base_dir, clock, resolver, secret_key,
-                      vault_keys, later, registry_poll_s)
+                      vault_keys, later, registry_poll_s, span_exporter)
     app = Quart("tollhouse")
     app.config.update(MAX_CONTENT_LENGTH=cfg.server.max_request_bytes,
                       BODY_TIMEOUT=BODY_TIMEOUT_S, RESPONSE_TIMEOUT=None,
@@ -288,6 +291,10 @@ class Serving:
                         forget_person=getattr(parts.connections, "forget", None),
                         trusted_proxies=parts.trusted)
         provide(app, state.api)
+        if cfg.observability.otlp_endpoint:  # the extra is there: the config check saw to it
+            from proxy.observability.tracing import Tracing
+
+            state.tracing = Tracing(cfg.observability, given.span_exporter)
         state.gateway = Gateway(
             routes=parts.routes, authenticator=_authenticator(parts, upstream, keys),
             live=Live(cfg, chain), sessions=parts.stores.sessions,
@@ -295,7 +302,7 @@ class Serving:
             allowed_origins=parts.origins, identity=parts.identity,
             connections=parts.connections, trusted_proxies=parts.trusted,
             bridged=parts.stores.bridge, later=given.later,
-            observer=_observer(parts.request_log, metrics),
+            observer=_observer(parts.request_log, metrics, state.tracing),
             session_ended=metrics.session_ended if metrics is not None else None)
         watch = asyncio.get_running_loop().create_task(registry.watch())
         await parts.stores.start()
@@ -371,6 +378,9 @@ class Serving:
             self.worker_task.cancel()  # undelivered events wait in the outbox for the next start
             await asyncio.wait({self.worker_task}, timeout=5)
         await self.upstream.aclose()
+        if parts.state.tracing is not None:  # the spans not yet exported, off the loop
+            await asyncio.to_thread(parts.state.tracing.shutdown)
+            parts.state.tracing = None
         if parts.connections is not None:
             await parts.connections.aclose()
         if self.keys is not None:
@@ -383,11 +393,15 @@ class Serving:
         parts.database.close()
 
 
-def _observer(request_log: RequestLog, metrics: Metrics | None) -> Observer:
-    """What watches each MCP message: metrics (when on) and the request log line."""
+def _observer(request_log: RequestLog, metrics: Metrics | None, tracing: Observer | None
+              ) -> Observer:
+    """What watches each MCP message: metrics (when on), the request log line and the
+    tracer (when on; last, so the log line's trace id is the span's)."""
     observers: list[Observer] = [request_log]
     if metrics is not None:
         observers.insert(0, metrics)
+    if tracing is not None:
+        observers.append(tracing)
     return Observers(observers)
 
 

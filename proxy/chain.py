@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Protocol
 from proxy.auth.principal import Principal
 from proxy.errors import GatewayError, InternalError
 from proxy.jsonrpc import McpMessage
+from proxy.traced import CURRENT
 
 Rewrite = Callable[[dict[str, Any]], bool]
 
@@ -79,12 +80,20 @@ class Chain:
         return all_of
 
     async def run(self, call: McpMessage, ctx: CallContext) -> None:
+        trace = CURRENT.get()  # tracing on: each decision is an event of the message's span
         for policy in self.policies:
             try:
                 await policy.check(call, ctx)
             except GatewayError as exc:
                 if exc.decided_by is None:
                     exc.decided_by = policy.name  # the denial metric's `policy` label
+                if trace is not None:
+                    trace.decided(policy.name, exc)
                 raise
             except Exception as exc:  # fail closed: a broken policy forwards nothing
-                raise InternalError(f"policy {policy.name} failed: {type(exc).__name__}") from exc
+                failed = InternalError(f"policy {policy.name} failed: {type(exc).__name__}")
+                if trace is not None:
+                    trace.decided(policy.name, failed)
+                raise failed from exc
+            if trace is not None:
+                trace.decided(policy.name, None)

@@ -522,11 +522,24 @@ def _check_observability(o: ObservabilityConfig) -> None:
                           "'-', '_' or '.'")
     if o.otlp_endpoint:
         _url(o.otlp_endpoint, "observability.otlp_endpoint")
+        if not _otel_installed():
+            raise ConfigError("config: 'observability.otlp_endpoint' is set, and tracing needs "
+                              "the otel extra: pip install 'tollhouse[otel]'")
     if o.metrics_token and (len(o.metrics_token) < 16 or not o.metrics_token.isprintable()
                             or " " in o.metrics_token):
         # never the value itself: it is a secret
         raise ConfigError("config: 'observability.metrics_token' must be at least 16 "
                           "printable characters without spaces")
+
+
+def _otel_installed() -> bool:
+    """The OpenTelemetry SDK and its OTLP/HTTP exporter (the `tollhouse[otel]` extra)."""
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _check_metering(m: MeteringConfig) -> None:

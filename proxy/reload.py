@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("tollhouse")
 
 # the tables and keys that keep their start-up values, in the order the log line names them
-FIXED = ("server", "auth", "database", "state", "oauth_server", "egress.metadata_addresses")
+FIXED = ("server", "auth", "database", "state", "oauth_server", "egress.metadata_addresses",
+         "observability")  # the metrics, tracer and log format are built once, at start
 
 
 async def reload(serving: Serving, path: Path) -> bool:
@@ -113,6 +114,7 @@ def applied(running: Config, read: Config) -> Config:
     return dataclasses.replace(read, server=running.server, auth=running.auth,
                                database=running.database, state=running.state,
                                oauth_server=running.oauth_server, egress=egress,
+                               observability=running.observability,
                                upstreams=[*upstreams, *kept.values()])
 
 

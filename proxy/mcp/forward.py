@@ -41,6 +41,7 @@ from proxy.mcp.bridge import Bridge
 from proxy.mcp.exchange import EdgeRequest
 from proxy.state import Session, SessionStore
 from proxy.state.bridge import BridgeStore
+from proxy.traced import CURRENT
 from proxy.upstream import NO_CALL, UpstreamClient, UpstreamRoute, read_body, rejection
 from proxy.upstream.identity import IdentityForwarder
 
@@ -119,7 +120,11 @@ class Forwarder:
         into.response = response
 
     async def _send(self, route: UpstreamRoute, leg: Leg, msg: McpMessage) -> httpx.Response:
-        return await self.upstream.open(route, "POST", leg.headers, leg.body or msg.body)
+        headers, body = leg.headers, leg.body or msg.body
+        trace = CURRENT.get()
+        if trace is not None:  # tracing on: the context goes in the headers and in _meta
+            headers, body = trace.upstream(route, msg, headers, body)
+        return await self.upstream.open(route, "POST", headers, body)
 
     async def _retry(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
                      session: Session | None, ctx: CallContext, leg: Leg,
@@ -206,8 +211,11 @@ class Forwarder:
         no id (the 2025-11-25 transport); the upstream's own 4xx error is relayed."""
         headers = self.upstream.headers(
             route, req.headers, session.upstream_session_id if session else None)
+        body, trace = msg.body, CURRENT.get()
+        if trace is not None:
+            headers, body = trace.upstream(route, msg, headers, body)
         try:
-            response = await self.upstream.open(route, "POST", headers, msg.body)
+            response = await self.upstream.open(route, "POST", headers, body)
             await self._check_status(response, session)
             await response.aclose()
         except UpstreamFailure as exc:

@@ -127,11 +127,9 @@ class Gateway:
                 record.session_hash = session.id_hash
             msg = guards.parse(body, version)
             record.method, record.tool = msg.method, msg.tool
-            meta = msg.params.get("_meta") if msg.params is not None else None
-            if isinstance(meta, dict) and "traceparent" in meta:  # the MCP message's own wins
-                record.trace_id = trace_id(meta["traceparent"]) or record.trace_id
             if msg.kind == "request":
                 record.request_id = guards.id_text(msg.id)
+            self.observer.parsed(record, msg, req.headers, req.peer)  # trace id, span
             if self.draining and msg.kind == "request":  # notifications, answers still pass
                 raise Draining()
             era = record.era = eras.settle(msg, req.headers, req.duplicated)

@@ -1,14 +1,15 @@
 """Observability wraps the spine at its two ends (ARCHITECTURE.md): the gateway calls one
-`Observer` when an inbound MCP message begins and when it ends, and lets it see the results
-it relays. Metrics (`metrics`) and the request log line (`logs`) are observers; a tracer is
-one more beside them. No policy or store knows about any of it.
+`Observer` when an inbound MCP message begins, once it is parsed, and when it ends, and lets
+it see the results it relays. Metrics (`metrics`), the request log line (`logs`) and, with
+`observability.otlp_endpoint` set, the tracer (`tracing`, the `tollhouse[otel]` extra) are
+observers. No policy or store knows about any of it.
 
 `health` answers /healthz and /readyz; `routes` registers those and /metrics.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from proxy.audit.record import AuditRecord
@@ -23,6 +24,11 @@ class Observer(Protocol):
     def end(self, record: AuditRecord) -> None:
         """The message is answered, refused or cancelled; its record is final. Called once
         per `begin`, whether or not the record is audited."""
+
+    def parsed(self, record: AuditRecord, msg: McpMessage, headers: Mapping[str, str],
+               peer: str | None) -> None:
+        """The message is parsed (its method and id are on the record); the HTTP request's
+        headers and peer address. Not called for a message refused before it was parsed."""
 
     def results(self, msg: McpMessage, record: AuditRecord, rewrite: Rewrite | None
                 ) -> Rewrite | None:
@@ -48,6 +54,11 @@ class Observers:
     def end(self, record: AuditRecord) -> None:
         for o in self._all:
             o.end(record)
+
+    def parsed(self, record: AuditRecord, msg: McpMessage, headers: Mapping[str, str],
+               peer: str | None) -> None:
+        for o in self._all:
+            o.parsed(record, msg, headers, peer)
 
     def results(self, msg: McpMessage, record: AuditRecord, rewrite: Rewrite | None
                 ) -> Rewrite | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -48,6 +49,12 @@ class RequestLog:
 
     def begin(self, record: AuditRecord) -> None:
         return None
+
+    def parsed(self, record: AuditRecord, msg: McpMessage, headers: Mapping[str, str],
+               peer: str | None) -> None:
+        meta = msg.params.get("_meta") if msg.params is not None else None
+        if isinstance(meta, dict) and "traceparent" in meta:  # the MCP message's own wins
+            record.trace_id = trace_id(meta["traceparent"]) or record.trace_id
 
     def results(self, msg: McpMessage, record: AuditRecord, rewrite: Rewrite | None
                 ) -> Rewrite | None:

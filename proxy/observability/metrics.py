@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -149,6 +150,10 @@ class Metrics:
 
     def begin(self, record: AuditRecord) -> None:
         self._gauge(record.endpoint).inc()
+
+    def parsed(self, record: AuditRecord, msg: McpMessage, headers: Mapping[str, str],
+               peer: str | None) -> None:
+        return None
 
     def end(self, record: AuditRecord) -> None:
         endpoint = record.endpoint

@@ -51,15 +51,17 @@ def stack_config(upstream_url: str, db_path: str, config: dict[str, Any] | None 
 @asynccontextmanager
 async def open_stack(tmp_path: Path, make_upstream: Callable[..., Any], *,
                      audit: AuditSink | None = None, later: Later | None = None,
-                     config: dict[str, Any] | None = None, **upstream: Any
-                     ) -> AsyncIterator[Stack]:
+                     config: dict[str, Any] | None = None, span_exporter: Any = None,
+                     **upstream: Any) -> AsyncIterator[Stack]:
     """`make_upstream()`'s app served, and the gateway in front of it as endpoint `up`
-    (`upstream` its settings, `config` the other top-level tables)."""
+    (`upstream` its settings, `config` the other top-level tables; `span_exporter` where
+    the spans go when `config` turns tracing on)."""
     app, probe = make_upstream()
     db_path = db_backends.url()
     async with serve(app, graceful_timeout=1) as upstream_url:
         cfg = stack_config(upstream_url, db_path, config, **upstream)
-        gateway_app = create_app(cfg, audit_sink=audit, later=later)
+        gateway_app = create_app(cfg, audit_sink=audit, later=later,
+                                 span_exporter=span_exporter)
         async with serve(gateway_app, graceful_timeout=1) as gateway_url:
             yield Stack(upstream_url, gateway_url, probe, gateway_app.extensions["tollhouse"],
                         db_path)

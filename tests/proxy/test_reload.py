@@ -55,6 +55,16 @@ def test_each_fixed_key_is_named_and_keeps_its_running_value() -> None:
     assert kept.state == running.state and kept.egress == running.egress
 
 
+def test_observability_is_kept_as_it_runs() -> None:
+    running = _cfg()
+    read = _cfg(observability={"otlp_endpoint": "http://collector.test:4318",
+                               "service_name": "edge", "log_format": "json"})
+    assert fixed_changes(running, read) == [
+        "observability.otlp_endpoint", "observability.service_name",
+        "observability.log_format"]
+    assert applied(running, read).observability == running.observability
+
+
 def test_a_per_user_upstream_is_kept_as_it_runs() -> None:
     running = _cfg()
     changed = {**PER_USER, "oauth": {"discover": True, "scopes": ["repo"]}}
