@@ -50,6 +50,10 @@ url = "sqlite:///{tmpdir}/bench.db"
 name = "bench"
 url = "http://127.0.0.1:{stub_port}/mcp"
 """
+METERED_TOML = """\
+[metering]
+hook = "meter_hook:HOOK"
+"""
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,9 @@ def parse_args() -> argparse.Namespace:
                    help="Tollhouse config with every per-call store on the hot path: JWT caller "
                         "(lockout check), 2025-11-25 session, a rate limit that never refuses")
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis for --state redis")
+    p.add_argument("--metered", action="store_true",
+                   help="Tollhouse (and --compare) with the in-process metering hook of "
+                        "meter_hook.py: every call authorized, audited and given a usage event")
     p.add_argument("--output", type=Path, help="also write the Markdown report here")
     args = p.parse_args()
     args.variants = bool(args.state or args.replicas or args.workers != [1] or args.stateful)
@@ -143,7 +150,7 @@ def start_passthrough(procs: Processes, stub: Server, app: str, transport: str, 
 
 
 def start_tollhouse(procs: Processes, stub: Server, exe: str, tmpdir: Path, pin: Pinning,
-                    name: str = "tollhouse") -> Server | str:
+                    name: str = "tollhouse", metered: bool = False) -> Server | str:
     """The started Tollhouse, or a note saying why it was skipped."""
     path = shutil.which(exe)
     if path is None:
@@ -152,7 +159,8 @@ def start_tollhouse(procs: Processes, stub: Server, exe: str, tmpdir: Path, pin:
     own = tmpdir / name  # each Tollhouse its own config and database
     own.mkdir(exist_ok=True)
     config = own / "tollhouse.toml"
-    config.write_text(TOLLHOUSE_TOML.format(port=port, tmpdir=own, stub_port=stub.port))
+    config.write_text(TOLLHOUSE_TOML.format(port=port, tmpdir=own, stub_port=stub.port)
+                      + (METERED_TOML if metered else ""))
     server = procs.start(name, [path, "serve", "--config", str(config)], port, "/mcp/bench", pin.server)
     try:
         wait_ready(server, deadline_s=30.0)
@@ -255,6 +263,9 @@ def comparisons(planned: list[variants.Variant]) -> list[tuple[str, str, str]]:
 
 def main() -> None:
     args = parse_args()
+    if args.metered:  # the gateways import the hook from here
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     pin = Pinning({1}, {0}) if args.pin else Pinning()
     notes: list[str] = []
@@ -277,13 +288,15 @@ def main() -> None:
                 targets += started_variants
                 notes += more
             elif "tollhouse" in args.targets:
-                started = start_tollhouse(procs, stub, args.tollhouse, tmpdir, pin)
+                started = start_tollhouse(procs, stub, args.tollhouse, tmpdir, pin,
+                                          metered=args.metered)
                 if isinstance(started, str):
                     notes.append(started)
                 else:
                     targets.append(started)
             if args.compare:  # another build, measured in the same interleaved rounds
-                started = start_tollhouse(procs, stub, args.compare, tmpdir, pin, "tollhouse-compare")
+                started = start_tollhouse(procs, stub, args.compare, tmpdir, pin, "tollhouse-compare",
+                                          metered=args.metered)
                 if isinstance(started, str):
                     notes.append(started)
                 else:

@@ -3,4 +3,4 @@
 from proxy.audit.database import DatabaseAuditSink, query
 from proxy.audit.record import AuditRecord, AuditSink, MemoryAuditSink
 
-__all__ = ["AuditRecord", "AuditSink", "MemoryAuditSink", "DatabaseAuditSink", "query"]
+__all__ = ["AuditRecord", "AuditSink", "DatabaseAuditSink", "MemoryAuditSink", "query"]

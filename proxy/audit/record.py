@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -35,6 +37,8 @@ class AuditRecord:
     note: str | None = None  # e.g. a metering hook that failed and on_error allowed the call
     egress: dict[str, Any] | None = None  # an egress denial's audit object (seed 000)
     ts: float = field(default_factory=time.time)
+    # set once the record is handed to a sink: it is not changed, nor handed over again, after
+    accepted: bool = field(default=False, repr=False, compare=False)
 
     def fail(self, exc: GatewayError) -> None:
         """Record how the request failed or was refused: the one place a failure becomes audit
@@ -48,7 +52,9 @@ class AuditRecord:
             self.error_message = exc.audit_reason
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        fields = asdict(self)
+        del fields["accepted"]
+        return fields
 
     def usage_event(self) -> dict[str, Any]:
         """The webhook's fixed `usage` shape."""
@@ -62,6 +68,10 @@ class AuditRecord:
 class AuditSink(Protocol):
     def emit(self, record: AuditRecord) -> None:
         """Accept a record without blocking; once accepted it is not lost on a clean shutdown."""
+
+    def write(self, record: AuditRecord) -> Awaitable[bool]:
+        """Accept a record without blocking; the awaitable is True once the record is durable
+        (a crash of the process no longer loses it), False if it could be kept nowhere."""
 
     async def close(self) -> None:
         """Write everything accepted, then stop."""
@@ -80,9 +90,13 @@ class MemoryAuditSink:
             if len(self.records) >= count and not fut.done():
                 fut.set_result(None)
 
-    async def wait_for(self, count: int, timeout: float = 5.0) -> list[AuditRecord]:
-        import asyncio
+    def write(self, record: AuditRecord) -> Awaitable[bool]:
+        self.emit(record)
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        done.set_result(True)
+        return done
 
+    async def wait_for(self, count: int, timeout: float = 5.0) -> list[AuditRecord]:
         if len(self.records) < count:
             fut = asyncio.get_running_loop().create_future()
             self._waiters.append((count, fut))
