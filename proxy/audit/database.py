@@ -286,6 +286,8 @@ class DatabaseAuditSink:
         with suppress(OSError):
             candidates += sorted(p for p in directory.iterdir() if p.name.startswith(prefix))
         for path in candidates:
+            if not path.is_file():  # (not there; or not a file at all, never ours to move)
+                continue
             mine = directory / f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
             try:
                 os.rename(path, mine)
