@@ -15,9 +15,9 @@ import hmac
 import importlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 import httpx
@@ -106,6 +106,7 @@ class OutboxWorker:
     # live one still sends them.
     LEASE_S = 15.0
     RENEW_S = 11.0  # > a delivery's 10 s timeout
+    GATHER_S = 0.05  # how long a wake-up waits for more events before it claims
 
     def __init__(self, target: db.Target, backend: MeteringBackend, retry_max_s: float,
                  clock: Callable[[], float] = time.time) -> None:
@@ -133,7 +134,47 @@ class OutboxWorker:
             "WHERE call_id = ?")
         self._sql_done = self._database.sql(
             "UPDATE usage_outbox SET delivered_at = ? WHERE call_id = ?")
+        self._conn: db.Connection | None = None  # the worker's own, used on its thread only
         self.delivered = 0
+
+    @contextmanager
+    def _transaction(self) -> Iterator[db.Connection]:
+        """One transaction on the worker's own connection (made on first use, on its thread,
+        and again after one is lost); an in-memory SQLite database's shared one instead. On
+        SQLite the connection commits with synchronous=NORMAL, as the audit writer's does: a
+        commit that synced the WAL (FULL) would hold the write lock through an fsync, and the
+        audit commits that answers wait for would queue behind it."""
+        if self._database.memory:
+            with self._database.transaction() as shared:
+                yield shared
+            return
+        if self._conn is None:
+            self._conn = self._database.connect()
+            if not self._database.postgresql:
+                self._conn.execute("PRAGMA synchronous=NORMAL")
+        conn = self._conn
+        try:
+            yield conn
+        except BaseException:
+            with suppress(Exception):
+                conn.rollback()
+            if db.broken(conn):
+                self._drop()
+            raise
+        try:
+            conn.commit()
+        except BaseException:
+            with suppress(Exception):
+                conn.rollback()
+            if db.broken(conn):
+                self._drop()
+            raise
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with suppress(Exception):
+                conn.close()
 
     async def _in_db(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._loop.run_in_executor(self._db, fn, *args)
@@ -187,7 +228,11 @@ class OutboxWorker:
                 if due:
                     continue
                 wait = 30.0 if next_at is None else max(0.0, next_at - self._clock())
-                await self._sleep(min(wait, 30.0))
+                if await self._sleep(min(wait, 30.0)):
+                    # woken by new events: let more land before claiming, so that a claim
+                    # takes a batch rather than one event per call (each claim and mark is
+                    # a write the audit writer's commits would queue behind)
+                    await asyncio.sleep(self.GATHER_S)
         finally:
             if delivery is not None:
                 with suppress(Exception):
@@ -201,12 +246,13 @@ class OutboxWorker:
                 with suppress(Exception):
                     await self._in_db(self._release, [c[0] for c in claimed], None)
             # queued behind any step still running on the thread, whatever cancelled us
+            self._db.submit(self._drop)
             if self._owns_db:
                 self._db.submit(self._database.close)
             self._db.shutdown(wait=False)
 
-    async def _sleep(self, timeout: float) -> None:
-        """Until woken or `timeout`. Not asyncio.wait_for: before Python 3.12 it can swallow
+    async def _sleep(self, timeout: float) -> bool:
+        """Until woken (True) or `timeout` (False). Not asyncio.wait_for: before Python 3.12 it can swallow
         a cancellation that arrives as the wake-up does, and the worker would outlive the
         gateway."""
         waiter = self._loop.create_task(self._wake.wait())
@@ -214,10 +260,11 @@ class OutboxWorker:
             await asyncio.wait({waiter}, timeout=timeout)
         finally:
             waiter.cancel()
+        return self._wake.is_set()
 
     def _claim(self, now: float) -> tuple[list[tuple[str, str, int]], float | None]:
         """Take up to CLAIM due events, oldest first, out of every other worker's reach."""
-        with self._database.transaction() as conn:
+        with self._transaction() as conn:
             rows = conn.execute(self._sql_claim, (now + self.LEASE_S, now)).fetchall()
             nxt = conn.execute(self._sql_next, ()).fetchone()[0]
         rows.sort(key=lambda r: float(r[3]))
@@ -225,7 +272,7 @@ class OutboxWorker:
 
     def _release(self, call_ids: list[str], until: float | None) -> None:
         """Hand claimed events back (due now), or hold them `until` then (a renewed claim)."""
-        with suppress(*self._database.errors), self._database.transaction() as conn:
+        with suppress(*self._database.errors), self._transaction() as conn:
             at = self._clock() if until is None else until
             for call_id in call_ids:
                 conn.execute(self._sql_release, (at, call_id))
@@ -246,7 +293,7 @@ class OutboxWorker:
     def _mark(self, marks: tuple[list[tuple[float, str]], list[tuple[float, str]]]) -> None:
         """A claim's outcomes in one transaction: delivered, or due again later."""
         done, retry = marks
-        with self._database.transaction() as conn:
+        with self._transaction() as conn:
             for args in done:
                 conn.execute(self._sql_done, args)
             for args in retry:
