@@ -93,6 +93,10 @@ class DatabaseAuditSink:
         self._sql_exists = self._db.sql(_EXISTS)
         self._sql_outbox = self._db.insert_ignore("usage_outbox", _OUTBOX_COLUMNS)
         self._conn: db.Connection | None = connect(self._db)
+        self._checkpoints: _Checkpointer | None = None
+        if self._db.dialect == "sqlite" and not self._db.memory:
+            self._checkpoints = _Checkpointer(self._db)
+            self._conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's job
         self.written = 0  # records committed (or in the fallback file)
         self.commits = 0  # transactions committed
         self.replayed = 0  # records taken from a fallback file into the database
@@ -135,6 +139,8 @@ class DatabaseAuditSink:
                 _settle(batch, lost)
         if self._conn is not None:
             self._conn.close()
+        if self._checkpoints is not None:
+            self._checkpoints.stop()
         if self._owns_db:
             self._db.close()
 
@@ -196,6 +202,8 @@ class DatabaseAuditSink:
                 continue
             self.written += len(batch)
             self.commits += 1
+            if self._checkpoints is not None:
+                self._checkpoints.committed()
             if usage and self.on_outbox is not None:
                 self.on_outbox()
             return None
@@ -294,6 +302,55 @@ class DatabaseAuditSink:
             except OSError:  # not there, or another process took it first
                 continue
             yield mine
+
+
+class _Checkpointer:
+    """Copies the WAL into a SQLite database file from a thread and connection of its own
+    (a PASSIVE checkpoint, which never blocks a writer), every `EVERY` commits of the audit
+    writer, whose connection does no checkpoint: the fsyncs a checkpoint makes (NORMAL) are
+    kept out of the commits that answers wait for."""
+
+    EVERY = 200  # commits (each a few pages): about SQLite's own 1000-page default
+
+    def __init__(self, database: db.Database) -> None:
+        self._database = database
+        self._due = threading.Event()
+        self._stopping = False
+        self._since = 0
+        self._thread = threading.Thread(target=self._run, name="tollhouse-audit-checkpoint",
+                                        daemon=True)
+        self._thread.start()
+
+    def committed(self) -> None:
+        self._since += 1
+        if self._since >= self.EVERY:
+            self._since = 0
+            self._due.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._due.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                self._due.wait()
+                self._due.clear()
+                if conn is None:
+                    conn = sqlite3.connect(self._database.path,
+                                           timeout=self._database.busy_timeout_s)
+                    conn.execute("PRAGMA synchronous=NORMAL")
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:  # the next one copies what this one did not
+                    log.warning("audit: WAL checkpoint failed: %s", exc)
+                if self._stopping:
+                    return
+        finally:
+            if conn is not None:
+                conn.close()
 
 
 _NOTHING: set[int] = set()
