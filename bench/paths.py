@@ -109,7 +109,7 @@ burst = 1000000000
 [egress.collections]
 bench-data = "local_only"
 [metering]
-hook = "bench_meter:METER"
+hook = "meter_hook:HOOK"
 methods = ["tools/call"]
 """
 

@@ -51,6 +51,10 @@ url = "sqlite:///{tmpdir}/bench.db"
 name = "bench"
 url = "http://127.0.0.1:{stub_port}/mcp"
 """
+METERED_TOML = """\
+[metering]
+hook = "meter_hook:HOOK"
+"""
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--paths", type=csv, default=[],
                    help="Tollhouse targets by request path (bench/paths.py), each its own target "
                         f"set against auth-off: {', '.join(paths.PATHS)}")
+    p.add_argument("--metered", action="store_true",
+                   help="Tollhouse (and --compare) with the in-process metering hook of "
+                        "meter_hook.py: every call authorized, audited and given a usage event")
     p.add_argument("--output", type=Path, help="also write the Markdown report here")
     args = p.parse_args()
     args.variants = bool(args.state or args.replicas or args.workers != [1] or args.stateful)
@@ -151,7 +158,7 @@ def start_passthrough(procs: Processes, stub: Server, app: str, transport: str, 
 
 
 def start_tollhouse(procs: Processes, stub: Server, exe: str, tmpdir: Path, pin: Pinning,
-                    name: str = "tollhouse") -> Server | str:
+                    name: str = "tollhouse", metered: bool = False) -> Server | str:
     """The started Tollhouse, or a note saying why it was skipped."""
     path = shutil.which(exe)
     if path is None:
@@ -160,7 +167,8 @@ def start_tollhouse(procs: Processes, stub: Server, exe: str, tmpdir: Path, pin:
     own = tmpdir / name  # each Tollhouse its own config and database
     own.mkdir(exist_ok=True)
     config = own / "tollhouse.toml"
-    config.write_text(TOLLHOUSE_TOML.format(port=port, tmpdir=own, stub_port=stub.port))
+    config.write_text(TOLLHOUSE_TOML.format(port=port, tmpdir=own, stub_port=stub.port)
+                      + (METERED_TOML if metered else ""))
     server = procs.start(name, [path, "serve", "--config", str(config)], port, "/mcp/bench", pin.server)
     try:
         wait_ready(server, deadline_s=30.0)
@@ -264,6 +272,9 @@ def comparisons(planned: list[variants.Variant]) -> list[tuple[str, str, str]]:
 
 def main() -> None:
     args = parse_args()
+    if args.metered:  # the gateways import the hook from here
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     pin = Pinning({1}, {0}) if args.pin else Pinning()
     notes: list[str] = []
@@ -294,13 +305,15 @@ def main() -> None:
                 targets += started_variants
                 notes += more
             elif "tollhouse" in args.targets:
-                started = start_tollhouse(procs, stub, args.tollhouse, tmpdir, pin)
+                started = start_tollhouse(procs, stub, args.tollhouse, tmpdir, pin,
+                                          metered=args.metered)
                 if isinstance(started, str):
                     notes.append(started)
                 else:
                     targets.append(started)
             if args.compare:  # another build, measured in the same interleaved rounds
-                started = start_tollhouse(procs, stub, args.compare, tmpdir, pin, "tollhouse-compare")
+                started = start_tollhouse(procs, stub, args.compare, tmpdir, pin, "tollhouse-compare",
+                                          metered=args.metered)
                 if isinstance(started, str):
                     notes.append(started)
                 else:

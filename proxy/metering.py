@@ -15,9 +15,9 @@ import hmac
 import importlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 import httpx
@@ -100,7 +100,13 @@ class OutboxWorker:
     receiver's idempotency on `call_id` absorbs that."""
 
     CLAIM = 25  # events claimed at a time
-    LEASE_S = 300.0  # > CLAIM deliveries at their 10 s timeout
+    # A claim holds its events this long, and is renewed while it is being sent whenever less
+    # than one delivery's time (RENEW_S) is left: events a dead worker held are due again
+    # soon after (a gateway killed and restarted delivers them within LEASE_S), never while a
+    # live one still sends them.
+    LEASE_S = 15.0
+    RENEW_S = 11.0  # > a delivery's 10 s timeout
+    GATHER_S = 0.05  # how long a wake-up waits for more events before it claims
 
     def __init__(self, target: db.Target, backend: MeteringBackend, retry_max_s: float,
                  clock: Callable[[], float] = time.time) -> None:
@@ -128,10 +134,50 @@ class OutboxWorker:
             "WHERE call_id = ?")
         self._sql_done = self._database.sql(
             "UPDATE usage_outbox SET delivered_at = ? WHERE call_id = ?")
+        self._conn: db.Connection | None = None  # the worker's own, used on its thread only
         self.delivered = 0
         self._rounds = 0  # claims begun
         self._caught_up = 0  # the last claim that found nothing due
         self._progress = asyncio.Event()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[db.Connection]:
+        """One transaction on the worker's own connection (made on first use, on its thread,
+        and again after one is lost); an in-memory SQLite database's shared one instead. On
+        SQLite the connection commits with synchronous=NORMAL, as the audit writer's does: a
+        commit that synced the WAL (FULL) would hold the write lock through an fsync, and the
+        audit commits that answers wait for would queue behind it."""
+        if self._database.memory:
+            with self._database.transaction() as shared:
+                yield shared
+            return
+        if self._conn is None:
+            self._conn = self._database.connect()
+            if not self._database.postgresql:
+                self._conn.execute("PRAGMA synchronous=NORMAL")
+        conn = self._conn
+        try:
+            yield conn
+        except BaseException:
+            with suppress(Exception):
+                conn.rollback()
+            if db.broken(conn):
+                self._drop()
+            raise
+        try:
+            conn.commit()
+        except BaseException:
+            with suppress(Exception):
+                conn.rollback()
+            if db.broken(conn):
+                self._drop()
+            raise
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with suppress(Exception):
+                conn.close()
 
     async def _in_db(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._loop.run_in_executor(self._db, fn, *args)
@@ -155,8 +201,9 @@ class OutboxWorker:
 
     async def run(self) -> None:
         failures = 0
-        delivery: asyncio.Task[None] | None = None
+        delivery: asyncio.Task[tuple[str, float | None]] | None = None
         claimed: list[tuple[str, str, int]] = []
+        marks = _Marks()
         try:
             while True:
                 self._wake.clear()
@@ -170,18 +217,27 @@ class OutboxWorker:
                         with suppress(Exception):   # what it took, to hand it back below
                             claimed, _ = await claim
                         raise
+                    lease_until = self._clock() + self.LEASE_S
                     due = len(claimed)
                     while claimed:
+                        if self._clock() > lease_until - self.RENEW_S:
+                            lease_until = self._clock() + self.LEASE_S
+                            await self._in_db(self._release, [c[0] for c in claimed],
+                                              lease_until)
                         call_id, event, attempts = claimed[0]
                         # cancelled mid-delivery, the delivery still finishes and is marked
                         # (below): an event the receiver took is not sent again next start
                         delivery = self._loop.create_task(
                             self._deliver(call_id, event, attempts))
-                        await asyncio.shield(delivery)
+                        marks.add(await asyncio.shield(delivery), self._clock())
                         delivery = None
                         claimed.pop(0)
+                    await self._in_db(self._mark, marks.take())  # one commit per claim
+                    self.delivered += marks.sent
                 except self._database.errors as exc:
-                    # the database is out of reach (a restart, say): the events wait in it
+                    # the database is out of reach (a restart, say): the events wait in it;
+                    # those sent and not marked go again (the receiver settles a call once)
+                    marks = _Marks()
                     failures += 1
                     pause = min(30.0, 0.5 * 2 ** min(failures, 6))
                     log.warning("usage outbox: database error (%s); retry in %.1fs", exc, pause)
@@ -193,22 +249,31 @@ class OutboxWorker:
                 self._caught_up = round_
                 self._progress.set()
                 wait = 30.0 if next_at is None else max(0.0, next_at - self._clock())
-                await self._sleep(min(wait, 30.0))
+                if await self._sleep(min(wait, 30.0)):
+                    # woken by new events: let more land before claiming, so that a claim
+                    # takes a batch rather than one event per call (each claim and mark is
+                    # a write the audit writer's commits would queue behind)
+                    await asyncio.sleep(self.GATHER_S)
         finally:
-            if delivery is not None and not delivery.done():
+            if delivery is not None:
                 with suppress(Exception):
-                    await delivery
+                    marks.add(await delivery, self._clock())
                 claimed = claimed[1:]
-            if claimed:  # hand back what this worker claimed and did not send
+            if marks.pending:  # what was sent is marked, what was not is handed back
                 with suppress(Exception):
-                    await self._in_db(self._release, [c[0] for c in claimed])
+                    await self._in_db(self._mark, marks.take())
+                    self.delivered += marks.sent
+            if claimed:
+                with suppress(Exception):
+                    await self._in_db(self._release, [c[0] for c in claimed], None)
             # queued behind any step still running on the thread, whatever cancelled us
+            self._db.submit(self._drop)
             if self._owns_db:
                 self._db.submit(self._database.close)
             self._db.shutdown(wait=False)
 
-    async def _sleep(self, timeout: float) -> None:
-        """Until woken or `timeout`. Not asyncio.wait_for: before Python 3.12 it can swallow
+    async def _sleep(self, timeout: float) -> bool:
+        """Until woken (True) or `timeout` (False). Not asyncio.wait_for: before Python 3.12 it can swallow
         a cancellation that arrives as the wake-up does, and the worker would outlive the
         gateway."""
         waiter = self._loop.create_task(self._wake.wait())
@@ -216,22 +281,26 @@ class OutboxWorker:
             await asyncio.wait({waiter}, timeout=timeout)
         finally:
             waiter.cancel()
+        return self._wake.is_set()
 
     def _claim(self, now: float) -> tuple[list[tuple[str, str, int]], float | None]:
         """Take up to CLAIM due events, oldest first, out of every other worker's reach."""
-        with self._database.transaction() as conn:
+        with self._transaction() as conn:
             rows = conn.execute(self._sql_claim, (now + self.LEASE_S, now)).fetchall()
             nxt = conn.execute(self._sql_next, ()).fetchone()[0]
         rows.sort(key=lambda r: float(r[3]))
         return [(str(r[0]), str(r[1]), int(r[2])) for r in rows], nxt
 
-    def _release(self, call_ids: list[str]) -> None:
-        with suppress(*self._database.errors), self._database.transaction() as conn:
-            now = self._clock()
+    def _release(self, call_ids: list[str], until: float | None) -> None:
+        """Hand claimed events back (due now), or hold them `until` then (a renewed claim)."""
+        with suppress(*self._database.errors), self._transaction() as conn:
+            at = self._clock() if until is None else until
             for call_id in call_ids:
-                conn.execute(self._sql_release, (now, call_id))
+                conn.execute(self._sql_release, (at, call_id))
 
-    async def _deliver(self, call_id: str, event: str, attempts: int) -> None:
+    async def _deliver(self, call_id: str, event: str, attempts: int
+                       ) -> tuple[str, float | None]:
+        """(call id, None) once the receiver took the event, else (call id, next attempt)."""
         try:
             async with asyncio.timeout(10.0):  # (wait_for can swallow a cancellation)
                 await self.backend.record(orjson.loads(event))
@@ -239,11 +308,42 @@ class OutboxWorker:
             delay = min(self._retry_max_s, 0.5 * 2 ** attempts)
             log.info("usage event %s not delivered (%s); retry in %.1fs", call_id,
                      type(exc).__name__, delay)
-            await self._in_db(self._update, self._sql_retry, (self._clock() + delay, call_id))
-            return
-        await self._in_db(self._update, self._sql_done, (self._clock(), call_id))
-        self.delivered += 1
+            return call_id, self._clock() + delay
+        return call_id, None
 
-    def _update(self, sql: str, args: tuple[Any, ...]) -> None:
-        with self._database.transaction() as conn:
-            conn.execute(sql, args)
+    def _mark(self, marks: tuple[list[tuple[float, str]], list[tuple[float, str]]]) -> None:
+        """A claim's outcomes in one transaction: delivered, or due again later."""
+        done, retry = marks
+        with self._transaction() as conn:
+            for args in done:
+                conn.execute(self._sql_done, args)
+            for args in retry:
+                conn.execute(self._sql_retry, args)
+
+
+class _Marks:
+    """The outcomes of a claim's deliveries, until they are written."""
+
+    __slots__ = ("done", "retry", "sent")
+
+    def __init__(self) -> None:
+        self.done: list[tuple[float, str]] = []
+        self.retry: list[tuple[float, str]] = []
+        self.sent = 0  # delivered, in the last batch taken
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.done or self.retry)
+
+    def add(self, outcome: tuple[str, float | None], now: float) -> None:
+        call_id, next_at = outcome
+        if next_at is None:
+            self.done.append((now, call_id))
+        else:
+            self.retry.append((next_at, call_id))
+
+    def take(self) -> tuple[list[tuple[float, str]], list[tuple[float, str]]]:
+        taken = (self.done, self.retry)
+        self.sent = len(self.done)
+        self.done, self.retry = [], []
+        return taken

@@ -1,6 +1,7 @@
-"""Step 7 of the path: one audit record per JSON-RPC request, written off the request path."""
+"""Step 7 of the path: one audit record per JSON-RPC request, committed off the event loop
+(group commit) before the request's answer leaves."""
 
 from proxy.audit.database import DatabaseAuditSink, query
 from proxy.audit.record import AuditRecord, AuditSink, MemoryAuditSink
 
-__all__ = ["AuditRecord", "AuditSink", "MemoryAuditSink", "DatabaseAuditSink", "query"]
+__all__ = ["AuditRecord", "AuditSink", "DatabaseAuditSink", "MemoryAuditSink", "query"]

@@ -1,17 +1,28 @@
-"""The audit sink on the gateway's database (SQLite or PostgreSQL): batched writes from a
-writer thread, off the event loop; usage events go to the outbox in the same transaction;
-nothing accepted is lost (a refused batch is retried row by row, the rest to a fallback file).
-`query` reads records back for `tollhouse audit` and /api/v1/audit."""
+"""The audit sink on the gateway's database (SQLite or PostgreSQL): group commits from a writer
+thread, off the event loop, that the gateway's answers wait for; usage events go to the outbox
+in the same transaction. Nothing answered is lost to a crash: a record is committed (or, with
+the database out of reach, appended to a local fallback file that the next start replays)
+before its call's answer leaves. `query` reads records back for `tollhouse audit` and
+/api/v1/audit.
+
+Group commit: the writer takes every record queued when it is free and commits them in one
+transaction, then the next lot; a lone record commits at once (there is no waiting window),
+and records only share a commit when they arrive while the one before is being written.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
 import json
 import logging
+import os
 import queue
+import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -28,31 +39,45 @@ _COLUMNS = ("ts", "request_id", "principal", "endpoint", "method", "tool", "stat
             "session_hash", "client_name", "call_id", "note", "egress")
 
 _OUTBOX_COLUMNS = ("call_id", "event", "created_at", "next_attempt_at")
+# a call id is the record's idempotency key (a unique index): a retried batch, or a replayed
+# fallback line, whose first try did land adds nothing
 _INSERT = (f"INSERT INTO audit ({', '.join(_COLUMNS)}) "
-           f"VALUES ({', '.join('?' for _ in _COLUMNS)})")
+           f"VALUES ({', '.join('?' for _ in _COLUMNS)}) ON CONFLICT DO NOTHING")
+# a record without a call id has no key of its own: before a retry or a replay writes it, is
+# it there already? (ts has microseconds: with endpoint, principal and request id, one record)
+_EXISTS = ("SELECT request_id FROM audit WHERE ts = ? AND endpoint = ? AND principal = ?")
 _STOP = object()
+Waiter = asyncio.Future[bool]
 
 
 def connect(target: db.Target) -> db.Connection:
-    """The audit writer's own connection, the schema up to date."""
+    """The audit writer's own connection, the schema up to date. On SQLite (WAL) with
+    synchronous=NORMAL a commit has written its pages to the WAL file, in the OS's keeping,
+    when it returns: a crash of the process (kill -9) loses nothing committed. Only
+    checkpoints sync to the disk, so a power loss (out of scope) may lose the last commits but
+    never corrupts the file; FULL would sync every commit for nothing a crash needs, OFF would
+    risk the whole database on a power loss."""
     database = db.resolve(target)
     conn = database.connect()
     if database.dialect == "sqlite":
-        conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, not per batch
+        conn.execute("PRAGMA synchronous=NORMAL")
     return conn
 
 
 class DatabaseAuditSink:
-    """Records go onto a queue from the event loop (never blocking it) and a writer thread
-    inserts them in batches. `close` drains the queue; if the database cannot be written,
-    the records go to a JSON-lines file (beside a SQLite database, else `fallback_path` or
-    the working directory) rather than being dropped. SQLite or PostgreSQL,
-    whichever `target` names (a Database, a URL, or a SQLite path)."""
+    """`write` queues a record from the event loop (never blocking it) and returns a future
+    that the writer thread settles once the record is durable: True when it is committed (or
+    in the fallback file), False when it could be kept nowhere. `emit` queues one without
+    a future. If the database cannot take a record after `tries` attempts, it goes to a
+    JSON-lines file (beside a SQLite database, else `fallback_path` or the working directory)
+    rather than being dropped; the next sink on that file (the next start) puts what the file
+    holds into the database, then removes it. SQLite or PostgreSQL, whichever `target` names
+    (a Database, a URL, or a SQLite path). At most `batch_size` records share a commit."""
 
-    def __init__(self, target: db.Target, batch_size: int = 500, linger_s: float = 0.05,
+    def __init__(self, target: db.Target, batch_size: int = 500,
                  retry_backoff_s: float = 0.05,
                  on_outbox: Callable[[], None] | None = None,
-                 fallback_path: str | None = None) -> None:
+                 fallback_path: str | None = None, tries: int = 5) -> None:
         self._db = db.resolve(target)
         self._owns_db = self._db is not target
         if fallback_path is None:
@@ -64,17 +89,29 @@ class DatabaseAuditSink:
         self.on_fallback: Callable[[int], None] | None = None
         self._retry_backoff_s = retry_backoff_s
         self._batch_size = batch_size
-        self._linger_s = linger_s
+        self._tries = tries
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._insert = self._db.sql(_INSERT)
-        self._outbox = self._db.insert_ignore("usage_outbox", _OUTBOX_COLUMNS)
+        self._sql_insert = self._db.sql(_INSERT)
+        self._sql_exists = self._db.sql(_EXISTS)
+        self._sql_outbox = self._db.insert_ignore("usage_outbox", _OUTBOX_COLUMNS)
         self._conn: db.Connection | None = connect(self._db)
+        self._checkpoints: _Checkpointer | None = None
+        if self._db.dialect == "sqlite" and not self._db.memory:
+            self._checkpoints = _Checkpointer(self._db)
+            self._conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's job
+        self.written = 0  # records committed (or in the fallback file)
+        self.commits = 0  # transactions committed
+        self.replayed = 0  # records taken from a fallback file into the database
         self._thread = threading.Thread(target=self._run, name="tollhouse-audit", daemon=True)
         self._thread.start()
-        self.written = 0
 
     def emit(self, record: AuditRecord) -> None:
-        self._queue.put(record)
+        self._queue.put((record, None))
+
+    def write(self, record: AuditRecord) -> Waiter:
+        waiter: Waiter = asyncio.get_running_loop().create_future()
+        self._queue.put((record, waiter))
+        return waiter
 
     @property
     def depth(self) -> int:
@@ -82,24 +119,22 @@ class DatabaseAuditSink:
         return self._queue.qsize()
 
     async def close(self) -> None:
-        import asyncio
-
         self._queue.put(_STOP)
         await asyncio.to_thread(self._thread.join)
 
+    # -- the writer thread ---------------------------------------------------------------------
+
     def _run(self) -> None:
+        self._replay()  # what an earlier run could only put in the fallback file, first
         stop = False
         while not stop:
-            item = self._queue.get()
-            if item is not _STOP and self._linger_s and self._queue.qsize() < self._batch_size:
-                # let a batch gather: one wake-up (and one GIL hand-off) per batch, not per record
-                time.sleep(self._linger_s)
-            batch: list[AuditRecord] = []
-            while True:
+            item = self._queue.get()  # a lone record is written at once: no waiting window
+            batch: list[tuple[AuditRecord, Waiter | None]] = []
+            while True:  # and everything that queued up meanwhile shares its commit
                 if item is _STOP:
                     stop = True
-                else:
-                    batch.append(item)
+                    break
+                batch.append(item)
                 if len(batch) >= self._batch_size:
                     break
                 try:
@@ -107,55 +142,63 @@ class DatabaseAuditSink:
                 except queue.Empty:
                     break
             if batch:
-                self._write(batch, final=stop)
+                lost = self._write([record for record, _ in batch])
+                _settle(batch, lost)
         if self._conn is not None:
             self._conn.close()
+        if self._checkpoints is not None:
+            self._checkpoints.stop()
         if self._owns_db:
             self._db.close()
 
-    def _write(self, batch: list[AuditRecord], final: bool) -> None:
-        failure = self._attempt(batch, tries=5)
+    def _write(self, batch: list[AuditRecord], replay: bool = False) -> set[int]:
+        """Write the batch; the ids of the records that could be kept nowhere (none, nearly
+        always)."""
+        failure = self._attempt(batch, self._tries, replay)
         if failure is None:
-            return
+            return _NOTHING
         refused = batch
         if len(batch) > 1 and not isinstance(failure, self._db.unavailable):
             # the database answers but refused the batch (a value it cannot store): one row
             # at a time, so that only the rows it refuses leave it
-            refused = [r for r in batch if self._attempt([r], tries=1) is not None]
+            refused = [r for r in batch if self._attempt([r], 1, True) is not None]
         if not refused:
-            return
+            return _NOTHING
+        if replay:
+            return {id(r) for r in refused}
         try:
-            with self._fallback.open("ab") as fh:
-                for record in refused:
-                    fh.write(_line(record) + b"\n")
+            _append(self._fallback, b"".join(_line(r) + b"\n" for r in refused))
         except OSError as exc:  # the last resort failed too: say so, loudly, with the count
             log.critical("audit: %d records lost: neither the database nor %s could take "
                          "them (%s)", len(refused), self._fallback, exc)
-            return
+            return {id(r) for r in refused}
+        self.written += len(refused)
         log.error("audit: %d records written to %s instead of the database",
                   len(refused), self._fallback)
         if self.on_fallback is not None:
             self.on_fallback(len(refused))
+        return _NOTHING
 
-    def _attempt(self, batch: list[AuditRecord], tries: int) -> Exception | None:
+    def _attempt(self, batch: list[AuditRecord], tries: int, replay: bool = False
+                 ) -> Exception | None:
         """Write the batch (its audit rows and usage events in one transaction), retrying a
-        database error with backoff; None when written, else the last failure."""
+        database error with backoff; None when written, else the last failure. A retry (and
+        a replay) leaves out what is there already: a commit whose answer was lost may have
+        landed."""
         failure: Exception | None = None
+        try:
+            pairs = [(r, _row(r)) for r in batch]
+        except Exception as exc:  # noqa: BLE001 - a value no driver could send either
+            return exc
         for attempt in range(tries):
             try:
-                rows = [_row(r) for r in batch]
-                usage = [(r.call_id, orjson.dumps(r.usage_event()).decode(), r.ts, r.ts)
-                         for r in batch if r.call_id]
                 if self._conn is None:  # the last one was lost (a database restart, say)
                     self._conn = connect(self._db)
-                cur = self._conn.cursor()
-                try:
-                    cur.executemany(self._insert, rows)
-                    if usage:
-                        cur.executemany(self._outbox, usage)
-                finally:
-                    cur.close()
-                self._conn.commit()
+                todo = self._missing(self._conn, pairs) if attempt or replay else pairs
+                rows = [row for _, row in todo]
+                usage = [(row[15], _event(record), record.ts, record.ts)
+                         for record, row in todo if row[15]]
+                self._commit(self._conn, rows, usage)
             except Exception as exc:  # noqa: BLE001 - a database error, or a value no driver sends
                 failure = exc
                 log.warning("audit write failed (attempt %d): %s", attempt + 1,
@@ -167,10 +210,52 @@ class DatabaseAuditSink:
                     time.sleep(self._retry_backoff_s * 2**attempt)
                 continue
             self.written += len(batch)
+            self.commits += 1
+            if self._checkpoints is not None:
+                self._checkpoints.committed()
             if usage and self.on_outbox is not None:
                 self.on_outbox()
             return None
         return failure
+
+    def _commit(self, conn: db.Connection, rows: list[tuple[Any, ...]],
+                usage: list[tuple[Any, ...]]) -> None:
+        """One transaction: each statement prepared once and run for every row (SQLite steps
+        it in C; psycopg pipelines the rows and the COMMIT into one round trip)."""
+        if self._db.postgresql:
+            raw: Any = conn
+            with raw.pipeline():
+                cur = raw.cursor()
+                if rows:
+                    cur.executemany(self._sql_insert, rows)
+                if usage:
+                    cur.executemany(self._sql_outbox, usage)
+                raw.commit()
+            return
+        cur = conn.cursor()
+        try:
+            if rows:
+                cur.executemany(self._sql_insert, rows)
+            if usage:
+                cur.executemany(self._sql_outbox, usage)
+        finally:
+            cur.close()
+        conn.commit()
+
+    def _missing(self, conn: db.Connection, pairs: list[tuple[AuditRecord, tuple[Any, ...]]]
+                 ) -> list[tuple[AuditRecord, tuple[Any, ...]]]:
+        """The rows not in the audit log yet. One with a call id is left to the unique index
+        (its insert does nothing); one without is looked for by time, endpoint, principal and
+        request id. Only on a retry or a replay."""
+        out = []
+        for record, row in pairs:
+            if row[15] is None:
+                found = conn.execute(self._sql_exists, (row[0], row[3], row[2])).fetchall()
+                if any(f[0] == row[1] for f in found):
+                    continue
+            out.append((record, row))
+        conn.rollback()  # (reads open a transaction on PostgreSQL)
+        return out
 
     def _reset(self) -> None:
         """Roll back the failed batch; drop the connection if it is gone or cannot."""
@@ -183,6 +268,160 @@ class DatabaseAuditSink:
                 self._conn.close()
             self._conn = None
 
+    # -- the fallback file, replayed ----------------------------------------------------------
+
+    def _replay(self) -> None:
+        """Put the records of the fallback file (and of any replay a crash interrupted) into
+        the database, each once: a record there already is skipped. A file is first renamed
+        to a name of this replay's own, so records appended meanwhile go to a new file, and
+        a second process starting on the same file takes none of it. Removed when done; kept
+        (for the next start) if the database cannot take it now."""
+        for path in self._claim_fallbacks():
+            try:
+                records, bad = _read_fallback(path)
+            except OSError as exc:
+                log.error("audit: cannot read %s (%s): left for the next start", path, exc)
+                continue
+            failed = 0
+            for start in range(0, len(records), self._batch_size):
+                chunk = records[start:start + self._batch_size]
+                failed += len(self._write(chunk, replay=True))
+            if failed:
+                log.error("audit: %d of %d records in %s could not go into the database: "
+                          "the file is kept for the next start", failed, len(records), path)
+                continue
+            self.replayed += len(records)
+            log.warning("audit: %d records from %s written to the database%s", len(records),
+                        path, f" ({bad} unreadable lines dropped)" if bad else "")
+            with suppress(OSError):
+                path.unlink()
+
+    def _claim_fallbacks(self) -> Iterator[Path]:
+        directory = self._fallback.parent
+        prefix = f"{self._fallback.name}.replay-"
+        candidates = [self._fallback]
+        with suppress(OSError):
+            candidates += sorted(p for p in directory.iterdir() if p.name.startswith(prefix))
+        for path in candidates:
+            if not path.is_file():  # (not there; or not a file at all, never ours to move)
+                continue
+            mine = directory / f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
+            try:
+                os.rename(path, mine)
+            except OSError:  # not there, or another process took it first
+                continue
+            yield mine
+
+
+class _Checkpointer:
+    """Copies the WAL into a SQLite database file from a thread and connection of its own
+    (a PASSIVE checkpoint, which never blocks a writer), every `EVERY` commits of the audit
+    writer, whose connection does no checkpoint: the fsyncs a checkpoint makes (NORMAL) are
+    kept out of the commits that answers wait for."""
+
+    EVERY = 200  # commits (each a few pages): about SQLite's own 1000-page default
+
+    def __init__(self, database: db.Database) -> None:
+        self._database = database
+        self._due = threading.Event()
+        self._stopping = False
+        self._since = 0
+        self._thread = threading.Thread(target=self._run, name="tollhouse-audit-checkpoint",
+                                        daemon=True)
+        self._thread.start()
+
+    def committed(self) -> None:
+        self._since += 1
+        if self._since >= self.EVERY:
+            self._since = 0
+            self._due.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._due.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                self._due.wait()
+                self._due.clear()
+                if conn is None:
+                    conn = sqlite3.connect(self._database.path,
+                                           timeout=self._database.busy_timeout_s)
+                    conn.execute("PRAGMA synchronous=NORMAL")
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:  # the next one copies what this one did not
+                    log.warning("audit: WAL checkpoint failed: %s", exc)
+                if self._stopping:
+                    return
+        finally:
+            if conn is not None:
+                conn.close()
+
+
+_NOTHING: set[int] = set()
+_FIELDS = frozenset(AuditRecord.__dataclass_fields__) - {"accepted"}
+
+
+def _settle(batch: list[tuple[AuditRecord, Waiter | None]], lost: set[int]) -> None:
+    """Wake the waiters of a batch on their loop: one wake-up per batch, not per record."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Waiter, bool]]] = {}
+    for record, waiter in batch:
+        if waiter is not None:
+            by_loop.setdefault(waiter.get_loop(), []).append((waiter, id(record) not in lost))
+    for loop, settled in by_loop.items():
+        with suppress(RuntimeError):  # that loop has closed: nobody waits any more
+            loop.call_soon_threadsafe(_wake, settled)
+
+
+def _wake(settled: list[tuple[Waiter, bool]]) -> None:
+    for waiter, kept in settled:
+        if not waiter.done():
+            waiter.set_result(kept)
+
+
+def _append(path: Path, data: bytes) -> None:
+    """Append to the fallback file under its lock, so that a replay that takes the file (by
+    renaming it) never loses an append under way: one that finds the file taken from under
+    it appends to the new one."""
+    while True:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                if os.fstat(fd).st_ino != os.stat(path).st_ino:
+                    continue
+            except FileNotFoundError:
+                continue
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            return
+        finally:
+            os.close(fd)  # (and the lock with it)
+
+
+def _read_fallback(path: Path) -> tuple[list[AuditRecord], int]:
+    """The records of a fallback file (after any append under way), and how many lines
+    could not be read (a line a crash cut short)."""
+    with path.open("rb") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        lines = fh.read().splitlines()
+    records: list[AuditRecord] = []
+    bad = 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            fields = orjson.loads(line)
+            records.append(AuditRecord(**{k: v for k, v in fields.items() if k in _FIELDS}))
+        except (orjson.JSONDecodeError, TypeError, AttributeError):
+            bad += 1
+    return records, bad
+
 
 def _line(record: AuditRecord) -> bytes:
     """One JSON line of the fallback file; any value, even one orjson cannot encode."""
@@ -190,6 +429,10 @@ def _line(record: AuditRecord) -> bytes:
         return orjson.dumps(record.as_dict())
     except TypeError:
         return json.dumps(record.as_dict(), default=str).encode()
+
+
+def _event(record: AuditRecord) -> str:
+    return orjson.dumps(record.usage_event()).decode()
 
 
 def _text(value: str | None) -> str | None:

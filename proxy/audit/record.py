@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -41,6 +43,8 @@ class AuditRecord:
     upstream_started: float = 0.0  # perf_counter when the upstream leg began (0: none)
     http_status: int = 200
     trace_id: str = ""  # the W3C trace id the request came with, if any
+    # set once the record is handed to a sink: it is not changed, nor handed over again, after
+    accepted: bool = field(default=False, repr=False, compare=False)
 
     def fail(self, exc: GatewayError) -> None:
         """Record how the request failed or was refused: the one place a failure becomes audit
@@ -69,13 +73,17 @@ class AuditRecord:
 
 
 _IN_PROCESS = frozenset({"error_type", "failure", "upstream_started", "http_status",
-                         "trace_id"})
+                         "trace_id", "accepted"})
 PERSISTED = tuple(f.name for f in fields(AuditRecord) if f.name not in _IN_PROCESS)
 
 
 class AuditSink(Protocol):
     def emit(self, record: AuditRecord) -> None:
         """Accept a record without blocking; once accepted it is not lost on a clean shutdown."""
+
+    def write(self, record: AuditRecord) -> Awaitable[bool]:
+        """Accept a record without blocking; the awaitable is True once the record is durable
+        (a crash of the process no longer loses it), False if it could be kept nowhere."""
 
     async def close(self) -> None:
         """Write everything accepted, then stop."""
@@ -94,9 +102,13 @@ class MemoryAuditSink:
             if len(self.records) >= count and not fut.done():
                 fut.set_result(None)
 
-    async def wait_for(self, count: int, timeout: float = 5.0) -> list[AuditRecord]:
-        import asyncio
+    def write(self, record: AuditRecord) -> Awaitable[bool]:
+        self.emit(record)
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        done.set_result(True)
+        return done
 
+    async def wait_for(self, count: int, timeout: float = 5.0) -> list[AuditRecord]:
         if len(self.records) < count:
             fut = asyncio.get_running_loop().create_future()
             self._waiters.append((count, fut))

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -33,6 +33,7 @@ from proxy.errors import (
     InvalidRequest,
     MethodNotAllowed,
     SessionNotFound,
+    StoreUnavailable,
     render,
 )
 from proxy.jsonrpc import McpMessage, upstream_error_type
@@ -154,10 +155,10 @@ class Gateway:
             raise
         except GatewayError as exc:
             request_id = msg.id if msg is not None else guards.late_id(exc, body)
-            return self._refuse(exc, record, started, request_id)
+            return await self._refuse(exc, record, started, request_id)
         except Exception:
             log.exception("unexpected failure on /mcp/%s", route.name)
-            return self._refuse(InternalError(), record, started, msg.id if msg else None)
+            return await self._refuse(InternalError(), record, started, msg.id if msg else None)
 
     async def _call(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
                     session: Session | None, ctx: CallContext, record: AuditRecord,
@@ -179,9 +180,10 @@ class Gateway:
             rewrite = self.observer.results(msg, record, forwarded.leg.rewrite(
                 chain.rewriter(msg, ctx), msg.method))
             response = forwarded.response
-            if response is None:
-                return await self._answer_here(route, msg, forwarded.leg, rewrite, ctx, record,
-                                               started)
+            if response is None:  # answered here: past its deadline, it waits for its record
+                handle.close()
+                return await self._answer(record, started, await self._answer_here(
+                    route, msg, forwarded.leg, rewrite, ctx, record), msg.id)
             if msg.method == "initialize":
                 session = await self.sessions.create(
                     route.name, ctx.principal.key, response.headers.get("mcp-session-id"),
@@ -189,14 +191,14 @@ class Gateway:
                 record.session_hash = session.id_hash
             headers = {"Mcp-Session-Id": session.id} if session is not None else {}
             if response.headers.get("content-type", "").startswith("text/event-stream"):
+                end = StreamEnd(self.inflight, self.audit, key, partial(
+                    self.forward.notify_cancelled, route, forwarded.leg, msg.id),
+                    forwarded.leg.bridged, observer=self.observer)
                 relay = StreamRelay(BodyChunks(response), response.aclose, request_id=msg.id,
                                     handle=handle, record=record, started=started,
                                     spawn=self.spawn, rewrite=rewrite,
                                     refuse_requests=forwarded.leg.bridged,
-                                    on_done=StreamEnd(self.inflight, self.audit, key, partial(
-                                        self.forward.notify_cancelled, route, forwarded.leg,
-                                        msg.id), forwarded.leg.bridged,
-                                        observer=self.observer))
+                                    on_done=end, on_answer=end.answered)
                 handed_over = True  # the relay owns the response and the registration now
                 return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
             data, error = await self.forward.json_answer(route, msg, forwarded, rewrite)
@@ -204,25 +206,26 @@ class Gateway:
                 record.status, record.error_message = "error", error
                 record.error_type = upstream_error_type(error)
             record.bytes_out = len(data)
-            self._emit(record, started)
-            return EdgeResponse(200, {**JSON_HEADERS, **headers}, data)
+            answer = EdgeResponse(200, {**JSON_HEADERS, **headers}, data)
         except asyncio.CancelledError:
             leg = forwarded.leg
             if not handle.absorb():  # the client went away: clean up, let the cancel go on
                 self._disconnected(record, started)
                 self.forward.notify_cancelled(route, leg, msg.id, EndReason.DISCONNECTED)
                 raise
-            return self._cancelled(route, msg, ctx, handle, leg, record, started)
+            return await self._cancelled(route, msg, ctx, handle, leg, record, started)
         finally:
             if not handed_over:
                 handle.close()
                 self.inflight.discard(key, handle)
                 if forwarded.response is not None:
                     await forwarded.response.aclose()
+        # answered: out of the registry and past its deadline, it waits for its record
+        return await self._answer(record, started, answer, msg.id)
 
     async def _answer_here(self, route: UpstreamRoute, msg: McpMessage, leg: Leg,
-                           rewrite: Rewrite | None, ctx: CallContext, record: AuditRecord,
-                           started: float) -> EdgeResponse:
+                           rewrite: Rewrite | None, ctx: CallContext, record: AuditRecord
+                           ) -> EdgeResponse:
         """A result the gateway gives itself: discover or initialize built for a bridge."""
         assert leg.local is not None
         record.upstream_started = 0.0  # no upstream leg to measure
@@ -237,7 +240,6 @@ class Gateway:
             headers["Mcp-Session-Id"] = session.id
         data = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "result": leg.local})
         record.bytes_out = len(data)
-        self._emit(record, started)
         return EdgeResponse(200, headers, data)
 
     async def _one_way(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
@@ -256,15 +258,15 @@ class Gateway:
         await self.forward.one_way(route, req, msg, session)
         return EdgeResponse(202, headers)
 
-    def _cancelled(self, route: UpstreamRoute, msg: McpMessage, ctx: CallContext,
-                   handle: CallHandle, leg: Leg, record: AuditRecord,
-                   started: float) -> EdgeResponse:
+    async def _cancelled(self, route: UpstreamRoute, msg: McpMessage, ctx: CallContext,
+                         handle: CallHandle, leg: Leg, record: AuditRecord,
+                         started: float) -> EdgeResponse:
         """A deliberate end (the client's cancel, the deadline): -32800, and the upstream told
         unless the client's own notifications/cancelled is on its way there."""
         assert handle.reason is not None
         if handle.reason is not EndReason.CANCELLED or ctx.era == "modern":
             self.forward.notify_cancelled(route, leg, msg.id, handle.reason)
-        return self._refuse(Cancelled(handle.reason), record, started, msg.id)
+        return await self._refuse(Cancelled(handle.reason), record, started, msg.id)
 
     # -- GET: the server-to-client stream; DELETE: end the session ---------------------------
 
@@ -336,18 +338,16 @@ class Gateway:
             session = await self._session(req.headers, route, principal)
             if session is not None:
                 record.session_hash = session.id_hash
-            answer = await step(route, req, session, record)
-            record.http_status = answer.status
-            self._emit(record, started)
-            return answer
+            return await self._answer(record, started, await step(route, req, session, record),
+                                      None)
         except asyncio.CancelledError:  # the client went away before the answer
             self._disconnected(record, started)
             raise
         except GatewayError as exc:
-            return self._refuse(exc, record, started, None)
+            return await self._refuse(exc, record, started, None)
         except Exception:
             log.exception("unexpected failure on %s /mcp/%s", method, route.name)
-            return self._refuse(InternalError(), record, started, None)
+            return await self._refuse(InternalError(), record, started, None)
 
     # -- shared steps ------------------------------------------------------------------------
 
@@ -362,28 +362,56 @@ class Gateway:
             raise SessionNotFound()
         return session
 
-    def _refuse(self, exc: GatewayError, record: AuditRecord, started: float,
-                request_id: Any) -> EdgeResponse:
-        record.fail(exc)
+    async def _refuse(self, exc: GatewayError, record: AuditRecord, started: float,
+                      request_id: Any) -> EdgeResponse:
         status, headers, body = render(exc, request_id)
+        answer = EdgeResponse(status, headers, body)
+        if record.accepted:
+            return answer
+        record.fail(exc)
         record.bytes_out = len(body)
         record.http_status = status
-        if not isinstance(exc, EndpointNotFound):
-            self._emit(record, started)
-        else:
+        if isinstance(exc, EndpointNotFound):
             self._done(record, started)
-        return EdgeResponse(status, headers, body)
+            return answer
+        return await self._answer(record, started, answer, request_id)
 
     def _disconnected(self, record: AuditRecord, started: float) -> None:
-        record.status, record.error_message = "cancelled", EndReason.DISCONNECTED.value
-        record.error_type = CANCELLED  # a disconnect is a cancellation (seed 004)
-        self._emit(record, started)
+        """Nobody to answer: the record is written without waiting for it. One already
+        accepted (a client gone while its answer's record was being written) stands."""
+        if not record.accepted:
+            record.status, record.error_message = "cancelled", EndReason.DISCONNECTED.value
+            record.error_type = CANCELLED  # a disconnect is a cancellation (seed 004)
+            self._accept(record, started)
+            self.audit.emit(record)
+            self.observer.end(record)
 
-    def _emit(self, record: AuditRecord, started: float) -> None:
+    async def _answer(self, record: AuditRecord, started: float, answer: EdgeResponse,
+                      request_id: Any) -> EdgeResponse:
+        """`answer` once its record is durable (committed, or in the audit fallback file): a
+        client never holds an answer whose audit record and usage event a crash could still
+        lose. A record that could be kept nowhere turns the answer into 503 (-32000, Retry-After,
+        the gateway's log says why): the client must not take an unrecorded call as done."""
+        if record.accepted:
+            return answer
+        record.http_status = answer.status
+        self._accept(record, started)
+        durable = await self.audit.write(record)
+        if not durable:
+            if answer.stream is not None:
+                await cast(Any, answer.stream).aclose()
+            log.error("/mcp/%s: an answer withheld: its audit record could not be written",
+                      record.endpoint)
+            status, headers, body = render(StoreUnavailable("the audit log"), request_id)
+            answer = EdgeResponse(status, headers, body)
+        self.observer.end(record)
+        return answer
+
+    @staticmethod
+    def _accept(record: AuditRecord, started: float) -> None:
+        record.accepted = True  # not changed after this, nor handed to the sink again
         if started:
             record.duration_ms = (time.perf_counter() - started) * 1000
-        self.audit.emit(record)
-        self.observer.end(record)
 
     def _done(self, record: AuditRecord, started: float) -> None:
         """The end of a message that is not audited (a notification, an unknown endpoint)."""

@@ -20,6 +20,7 @@ from proxy.audit import AuditRecord, AuditSink
 from proxy.errors import (
     Cancelled,
     GatewayError,
+    StoreUnavailable,
     UpstreamFailure,
     UpstreamProtocolError,
     UpstreamStreamCut,
@@ -53,6 +54,7 @@ class StreamRelay:
         spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
         rewrite: Callable[[dict[str, Any]], bool] | None = None,
         refuse_requests: bool = False,
+        on_answer: Callable[[StreamRelay], Awaitable[bool]] | None = None,
     ) -> None:
         self._close = close
         self.request_id = request_id
@@ -62,6 +64,9 @@ class StreamRelay:
         self.answered = False
         self.disconnected = False
         self._on_done = on_done
+        # the answer (or the last event) goes out once this says its record is durable
+        self._on_answer = on_answer
+        self._answer_due = False
         self._spawn = spawn
         self._rewrite = rewrite
         self._refuse_requests = refuse_requests
@@ -80,6 +85,15 @@ class StreamRelay:
         return self
 
     async def __anext__(self) -> bytes:
+        out = await self._next()
+        if self._answer_due and self._on_answer is not None:
+            self._answer_due = False
+            if not await self._on_answer(self):  # kept nowhere: the answer is withheld
+                self._finished = True
+                out = sse_event(render(StoreUnavailable("the audit log"), self.request_id)[2])
+        return out
+
+    async def _next(self) -> bytes:
         if self._finished:
             await self.aclose()
             raise StopAsyncIteration
@@ -126,7 +140,9 @@ class StreamRelay:
                     return self._fail(UpstreamFailure(self.refused))
                 outcome = response_outcome(obj, self.request_id)
                 if outcome is not None:
-                    self.answered = True
+                    self.answered = self._answer_due = True
+                    if self.handle is not None:
+                        self.handle.close()  # answered: no deadline ends it now
                     ok, error = outcome
                     if self.record is not None and not ok:
                         self.record.status = "error"
@@ -136,7 +152,7 @@ class StreamRelay:
                             and self._rewrite(obj["result"]):
                         events[i] = with_data(event, orjson.dumps(obj))
         out = b"".join(events)
-        if self.record is not None:
+        if self.record is not None and not self.record.accepted:
             self.record.bytes_out += len(out)
         return out
 
@@ -153,13 +169,15 @@ class StreamRelay:
         self._finished = True
         if self.handle is not None:
             self.handle.close()
-        if self.record is not None:
-            self.record.fail(exc)
         if self.request_id is NO_REQUEST:
+            if self.record is not None and not self.record.accepted:
+                self.record.fail(exc)
             return b""
         out = sse_event(render(exc, self.request_id)[2])
-        if self.record is not None:
+        if self.record is not None and not self.record.accepted:
+            self.record.fail(exc)
             self.record.bytes_out += len(out)
+            self._answer_due = True
         return out
 
     def end(self) -> None:
@@ -189,7 +207,7 @@ class StreamRelay:
         except Exception:  # a broken connection is closed either way
             log.debug("closing the upstream stream failed", exc_info=True)
         finally:
-            if self.record is not None:
+            if self.record is not None and not self.record.accepted:
                 self.record.duration_ms = (time.perf_counter() - self.started) * 1000
             if self._on_done is not None:
                 await self._on_done(self)
@@ -229,14 +247,28 @@ class StreamEnd:
         if relay.refused is not None:
             self._notify(relay.refused)
         record = relay.record
-        if relay.disconnected and record is not None:
-            if handle is not None and handle.reason is not None:
-                record.fail(Cancelled(handle.reason))  # ended mid-send: already notified
-            else:
-                record.status, record.error_message = "cancelled", EndReason.DISCONNECTED.value
-                record.error_type = str(Cancelled.code)  # a disconnect is a cancellation
-                self._notify(EndReason.DISCONNECTED)
-        if record is not None:
+        if record is None:
+            return
+        if not record.accepted:  # else it was written when the answer went out
+            if relay.disconnected:
+                if handle is not None and handle.reason is not None:
+                    record.fail(Cancelled(handle.reason))  # ended mid-send: already notified
+                else:
+                    record.status = "cancelled"
+                    record.error_message = EndReason.DISCONNECTED.value
+                    record.error_type = str(Cancelled.code)  # a disconnect is a cancellation
+                    self._notify(EndReason.DISCONNECTED)
+            record.accepted = True
             self._audit.emit(record)
-            if self._observer is not None:
-                self._observer.end(record)
+        if self._observer is not None:
+            self._observer.end(record)
+
+    async def answered(self, relay: StreamRelay) -> bool:
+        """The stream's answer is about to go out: its record first, durably (see
+        `Gateway._answer`); False if it could be kept nowhere."""
+        record = relay.record
+        if record is None or record.accepted:
+            return True
+        record.accepted = True
+        record.duration_ms = (time.perf_counter() - relay.started) * 1000
+        return await self._audit.write(record)

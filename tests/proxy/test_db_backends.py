@@ -286,7 +286,7 @@ async def test_audit_writes_queries_and_sums_usage(database: Database) -> None:
 async def test_the_audit_writer_reconnects_after_a_lost_session(database: Database) -> None:
     if not database.postgresql:
         pytest.skip("PostgreSQL sessions only")
-    sink = DatabaseAuditSink(database, retry_backoff_s=0.01, linger_s=0)
+    sink = DatabaseAuditSink(database, retry_backoff_s=0.01)
     sink.emit(record(1))
     await until(lambda: sink.written >= 1, what="the first record written")
     with Database(database.url) as admin, admin.transaction() as conn:
