@@ -43,9 +43,8 @@ from typing import Any
 
 import httpx
 from aiohttp import web
-
-from procs import free_port
 from paths import MODERN
+from procs import free_port
 
 BENCH = Path(__file__).resolve().parent
 PYTHON = sys.executable
@@ -298,7 +297,7 @@ async def main() -> None:
     await receiver.up()
     upstream.start()
     log = (tmp / "gateway.log").open("wb")
-    gateway = subprocess.Popen([args.tollhouse, "serve", "--config", str(tmp / "soak.toml")],
+    gateway = subprocess.Popen([args.tollhouse, "serve", "--config", str(tmp / "soak.toml")],  # noqa: ASYNC220 - starts and returns
                                stdout=log, stderr=subprocess.STDOUT)
     url, metrics_url = f"http://127.0.0.1:{port}/mcp/soak", f"http://127.0.0.1:{port}/metrics"
     http = httpx.AsyncClient(timeout=5)
@@ -384,8 +383,8 @@ def report(args: argparse.Namespace, samples: list[tuple[float, dict[str, float]
     twice = sorted(rid for rid in answered if per_id[rid] > 1)
     metered = {r[2] for r in rows if r[1] == "ok" and r[2]}
     undelivered = metered - receiver.call_ids
-    lines = [f"# Soak: {args.duration} s, {args.concurrency} clients, a fault every "
-             f"{args.fault_every} s (logs in {tmp})", "",
+    lines = [(f"# Soak: {args.duration} s, {args.concurrency} clients, a fault every "
+             f"{args.fault_every} s (logs in {tmp})"), "",
              "| t s | RSS MB | fds | threads | in flight | sessions | audit queue | outbox |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     step = max(1, len(samples) // 12)
@@ -397,17 +396,17 @@ def report(args: argparse.Namespace, samples: list[tuple[float, dict[str, float]
                      f"{s.get('tollhouse_usage_outbox_depth', float('nan')):.0f} |")
     if len(samples) >= 4:
         half = [s["rss_mb"] for _, s in samples[len(samples) // 2:]]
-        lines += ["", f"RSS over the second half: median {statistics.median(half):.1f} MB, "
+        lines += ["", (f"RSS over the second half: median {statistics.median(half):.1f} MB, "
                       f"first {half[0]:.1f}, last {half[-1]:.1f} (growth that does not settle "
-                      "is a leak)"]
+                      "is a leak)")]
     lines += ["", f"Faults: {', '.join(faults) or 'none'}", "", "| outcome | calls |", "|---|---:|"]
     lines += [f"| {k} | {v} |" for k, v in sorted(outcomes.items())]
-    lines += ["", f"Answered calls: {len(answered)}; without an audit record: {len(missing_audit)}"
+    lines += ["", (f"Answered calls: {len(answered)}; without an audit record: {len(missing_audit)}"
                   f"{' ' + str(missing_audit[:5]) if missing_audit else ''}; with two or more: "
-                  f"{len(twice)}.",
-              f"Metered calls served (audit ok with a call id): {len(metered)}; usage events "
+                  f"{len(twice)}."),
+              (f"Metered calls served (audit ok with a call id): {len(metered)}; usage events "
               f"delivered: {receiver.deliveries} ({len(receiver.call_ids)} distinct); served "
-              f"but never delivered: {len(undelivered)}.",
+              f"but never delivered: {len(undelivered)}."),
               f"Gateway exit code on SIGTERM: {exit_code}."]
     return "\n".join(lines)
 

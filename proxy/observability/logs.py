@@ -140,8 +140,11 @@ def lean() -> None:
 
 def configure(level: str, prefix: str = "", log_format: str = "text") -> None:
     """Log lines to stderr, text or JSON; a worker of several puts `worker=N pid=P ` in front
-    of each text line (a JSON line has it as "worker")."""
+    of each text line (a JSON line has it as "worker"). httpx's own INFO line per request (the
+    metering webhook's, every usage event) is left out: the request log says what was called."""
     lean()
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLevelName(level.upper())))
     if log_format != "json":
         logging.basicConfig(level=level.upper(),
                             format=f"%(asctime)s %(levelname)s {prefix}%(name)s %(message)s")

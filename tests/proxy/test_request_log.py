@@ -53,3 +53,18 @@ def test_nothing_is_built_when_info_is_off(caplog: pytest.LogCaptureFixture) -> 
 ])
 def test_trace_id(value: object, expected: str) -> None:
     assert trace_id(value) == expected
+
+
+def test_httpx_does_not_log_every_request_at_info() -> None:
+    """The metering webhook gets a POST per usage event: httpx's INFO line for each would be
+    a second, unasked log line per call (and its cost)."""
+    from proxy.observability import logs
+
+    chatty = logging.getLogger("httpx")
+    before = chatty.level
+    try:
+        logs.configure("info")
+        assert not chatty.isEnabledFor(logging.INFO)
+        assert chatty.isEnabledFor(logging.WARNING)
+    finally:
+        chatty.setLevel(before)
