@@ -297,8 +297,9 @@ async def main() -> None:
     await receiver.up()
     upstream.start()
     log = (tmp / "gateway.log").open("wb")
-    gateway = subprocess.Popen([args.tollhouse, "serve", "--config", str(tmp / "soak.toml")],  # noqa: ASYNC220 - starts and returns
-                               stdout=log, stderr=subprocess.STDOUT)
+    gateway = subprocess.Popen(  # noqa: ASYNC220 - it starts the process and returns
+        [args.tollhouse, "serve", "--config", str(tmp / "soak.toml")],
+        stdout=log, stderr=subprocess.STDOUT)
     url, metrics_url = f"http://127.0.0.1:{port}/mcp/soak", f"http://127.0.0.1:{port}/metrics"
     http = httpx.AsyncClient(timeout=5)
     deadline = time.monotonic() + 30

@@ -14,10 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests.e2e
 
-from hypercorn.asyncio import serve  # noqa: E402
-from hypercorn.config import Config  # noqa: E402
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
 
-from tests.e2e.upstreams import stateful_sse_app  # noqa: E402
+from tests.e2e.upstreams import stateful_sse_app
 
 
 def main() -> None:
