@@ -234,6 +234,9 @@ async def _run_hypercorn(app: Any, binds: list[str], grace_s: float,
     from hypercorn.asyncio import serve
     from hypercorn.config import Config as HyperConfig
 
+    from proxy import idle_close
+
+    idle_close.install()  # a client's EOF on a kept-alive connection closes it at once
     hc = HyperConfig()
     hc.bind = binds
     hc.accesslog = None
