@@ -230,7 +230,11 @@ class Client:
         rid, body = self.call("ask_sampling", {"prompt": "soak"})
         async with self.http.stream("POST", self.url, headers=self.headers(), json=body) as r:
             got: list[dict[str, Any]] = []
-            async for line in r.aiter_lines():
+            if "text/event-stream" not in r.headers.get("content-type", ""):
+                await r.aread()  # answered at once (a refusal, a denial as a tool result)
+                got = [m for m in answers(r) if m.get("id") == rid]
+            async for line in (r.aiter_lines() if not got and not r.is_stream_consumed
+                               else _nothing()):
                 if not line.startswith("data:"):
                     continue
                 with contextlib.suppress(ValueError):
@@ -260,6 +264,11 @@ class Client:
             "jsonrpc": "2.0", "method": "notifications/cancelled",
             "params": {"requestId": rid, "reason": "soak"}})
         self.settle("cancel", rid, await task)
+
+
+async def _nothing() -> Any:
+    return
+    yield
 
 
 async def sample(pid: int, metrics_url: str, http: httpx.AsyncClient) -> dict[str, float]:
