@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import json
 import os
@@ -32,6 +33,7 @@ import secrets
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 sys.path.insert(0, os.getcwd())  # the checkout to measure: the one this is run from
@@ -98,6 +100,19 @@ async def one_call(app: Any, extra: list[tuple[bytes, bytes]] | None = None, bod
 
     await app(scope, receive, send)
     return status
+
+
+@contextlib.asynccontextmanager
+async def served(raw: dict[str, Any], stateful: bool, secret: str
+                 ) -> AsyncIterator[tuple[Any, list[tuple[bytes, bytes]]]]:
+    """The app of `raw` in front of the in-memory upstream, started, its first call answered;
+    with the headers each call sends (a bearer and a session when `stateful`)."""
+    app = create_app(from_dict(raw, env={}), upstream_transport=httpx.MockTransport(upstream),
+                     resolver=Resolver())
+    async with app.test_app():
+        extra = await session_headers(app, secret) if stateful else []
+        await answered(app, extra)
+        yield app, extra
 
 
 async def answered(app: Any, extra: list[tuple[bytes, bytes]]) -> None:
@@ -262,12 +277,7 @@ async def observability(args: argparse.Namespace) -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             raw = config(tmp, args.state, prefix, args.stateful, secret)
-            app = create_app(from_dict(raw, env={}),
-                             upstream_transport=httpx.MockTransport(upstream),
-                             resolver=Resolver())
-            async with app.test_app():
-                extra = await session_headers(app, secret) if args.stateful else []
-                await answered(app, extra)
+            async with served(raw, args.stateful, secret) as (app, extra):
                 state = app.extensions["tollhouse"]
                 gateway, metrics = state.gateway, state.metrics
                 with_metrics = gateway.observer
@@ -330,12 +340,7 @@ async def tracing(args: argparse.Namespace) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             raw = config(tmp, args.state, prefix, args.stateful, secret)
             raw["observability"] = {"otlp_endpoint": f"http://127.0.0.1:{port}"}
-            app = create_app(from_dict(raw, env={}),
-                             upstream_transport=httpx.MockTransport(upstream),
-                             resolver=Resolver())
-            async with app.test_app():
-                extra = await session_headers(app, secret) if args.stateful else []
-                await answered(app, extra)
+            async with served(raw, args.stateful, secret) as (app, extra):
                 state = app.extensions["tollhouse"]
                 gateway, tracer = state.gateway, state.tracing
                 traced = gateway.observer
