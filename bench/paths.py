@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from procs import Processes, Server, free_port, wait_ready
+from variants import JWT_AUTH
 
 MODERN = "2026-07-28"
 ISSUER = "https://issuer.bench.invalid/"
@@ -93,13 +94,7 @@ tools_allow = ["echo", "sse", "big"]
 tools_deny = ["admin_*"]
 [upstreams.access.group_tools.eng]
 tools_allow = ["deploy_*"]
-[auth]
-mode = "jwt"
-[[auth.issuers]]
-issuer = "{issuer}"
-hs256_secret = "{secret}"
-algorithms = ["HS256"]
-audience = "{audience}"
+""" + JWT_AUTH + """\
 [[rate_limits]]
 name = "bench-unreachable"
 key = "principal_tool"

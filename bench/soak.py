@@ -45,6 +45,7 @@ import httpx
 from aiohttp import web
 from paths import MODERN
 from procs import free_port
+from variants import JWT_AUTH
 
 BENCH = Path(__file__).resolve().parent
 PYTHON = sys.executable
@@ -55,13 +56,7 @@ CONFIG = """\
 listen = "127.0.0.1:{port}"
 public_url = "http://127.0.0.1:{port}"
 shutdown_grace_s = 5
-[auth]
-mode = "jwt"
-[[auth.issuers]]
-issuer = "{issuer}"
-hs256_secret = "{secret}"
-algorithms = ["HS256"]
-audience = "{audience}"
+""" + JWT_AUTH + """\
 [database]
 url = "sqlite:///{db}"
 [[upstreams]]

@@ -51,7 +51,8 @@ PLAIN_AUTH = """\
 [auth]
 mode = "none"
 """
-STATEFUL_AUTH = """\
+# the bench issuer's HS256 tokens (bearer()); paths.py and soak.py use it too
+JWT_AUTH = """\
 [auth]
 mode = "jwt"
 [[auth.issuers]]
@@ -59,6 +60,8 @@ issuer = "{issuer}"
 hs256_secret = "{secret}"
 algorithms = ["HS256"]
 audience = "{audience}"
+"""
+STATEFUL_AUTH = JWT_AUTH + """\
 [[rate_limits]]
 name = "bench-unreachable"
 key = "principal"
