@@ -47,6 +47,7 @@ from proxy.observability.logs import trace_id
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
 from proxy.state.bridge import BridgeStore
 from proxy.state.inflight import EndReason, Later, call_key
+from proxy.state.sessions import Fetched
 from proxy.upstream import BodyChunks, UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
 
@@ -113,6 +114,10 @@ class Gateway:
             record.trace_id = trace_id(traceparent)
         body = b""
         msg: McpMessage | None = None
+        # a legacy caller's session is asked for now, read once the caller is known: a shared
+        # store's round trip runs meanwhile (the read checks endpoint and principal)
+        session_id = None if modern_claim else req.headers.get("mcp-session-id")
+        fetched = None if session_id is None else self.sessions.fetch(session_id)
         try:
             body = await req.read_body()
             record.bytes_in = len(body)
@@ -122,8 +127,8 @@ class Gateway:
             principal = await self.auth.authenticate(req.headers.get("authorization"),
                                                      route.name, caller)
             record.principal = principal.subject
-            session = None if modern_claim else await self._session(req.headers, route,
-                                                                    principal)
+            session = None if fetched is None else await self._session(fetched, route,
+                                                                       principal)
             if session is not None:
                 record.session_hash = session.id_hash
             msg = guards.parse(body, version)
@@ -159,6 +164,9 @@ class Gateway:
         except Exception:
             log.exception("unexpected failure on /mcp/%s", route.name)
             return await self._refuse(InternalError(), record, started, msg.id if msg else None)
+        finally:
+            if fetched is not None:
+                fetched.drop()  # unread when the request failed first
 
     async def _call(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
                     session: Session | None, ctx: CallContext, record: AuditRecord,
@@ -335,7 +343,9 @@ class Gateway:
                                                      guards.caller(req, self.trusted_proxies))
             record.principal = principal.subject
             eras.check_header(version)
-            session = await self._session(req.headers, route, principal)
+            session_id = req.headers.get("mcp-session-id")
+            session = None if session_id is None else await self._session(
+                self.sessions.fetch(session_id), route, principal)
             if session is not None:
                 record.session_hash = session.id_hash
             return await self._answer(record, started, await step(route, req, session, record),
@@ -351,12 +361,9 @@ class Gateway:
 
     # -- shared steps ------------------------------------------------------------------------
 
-    async def _session(self, headers: Mapping[str, str], route: UpstreamRoute,
-                       principal: Principal) -> Session | None:
-        session_id = headers.get("mcp-session-id")
-        if session_id is None:
-            return None
-        session = await self.sessions.get(session_id)
+    async def _session(self, fetched: Fetched, route: UpstreamRoute, principal: Principal
+                       ) -> Session:
+        session = await fetched.session()
         if (session is None or session.endpoint != route.name
                 or session.principal_key != principal.key):
             raise SessionNotFound()

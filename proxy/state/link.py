@@ -111,6 +111,19 @@ class Link:
         protocol = self._protocol
         if protocol is None or protocol.transport is None or protocol.transport.is_closing():
             protocol = await self._connect()
+        return await self._write(protocol, args)
+
+    def send(self, *args: bytes | str | float) -> asyncio.Future[Any]:
+        """The command written now (when the link is up), its reply to be awaited later: the
+        round trip runs while the caller does other work. Awaiting the future is `call`;
+        cancelling it gives the reply up (its slot stays queued, so the order holds)."""
+        protocol = self._protocol
+        if protocol is None or protocol.transport is None or protocol.transport.is_closing():
+            return asyncio.ensure_future(self.call(*args))  # connects first
+        return self._write(protocol, args)
+
+    def _write(self, protocol: _Protocol, args: tuple[bytes | str | float, ...]
+               ) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
         waiter: asyncio.Future[Any] = loop.create_future()
@@ -119,7 +132,7 @@ class Link:
         protocol.transport.write(hiredis.pack_command(args))  # type: ignore[union-attr,arg-type]
         if self._timer is None:
             self._timer = loop.call_at(deadline, self._check)
-        return await waiter
+        return waiter
 
     async def _connect(self) -> _Protocol:
         if self._closed:

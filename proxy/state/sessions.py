@@ -1,7 +1,11 @@
 """MCP sessions (2025-11-25): the id the client holds, bound to one endpoint and one principal,
 mapped to the upstream's session id, which never reaches the client. A Redis store keeps
 `ms:<id>` as the session's JSON (SET PX idle timeout; `get` is GETEX PX, so each use restarts
-the idle timer; `delete` is DEL)."""
+the idle timer; `delete` is DEL). The spine `fetch`es a request's session as the request
+arrives and reads it once the caller is authenticated: the GETEX is on the wire while the body
+is parsed and the credential checked, so its reply is usually there when it is needed and the
+call does not sleep on it. (A caller with a session id but a wrong credential thus restarts
+that session's idle timer: it is refused all the same, and knowing the id is what it takes.)"""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import orjson
 from cachetools import TTLCache
 
 if TYPE_CHECKING:
-    from proxy.state.shared import Shared
+    from proxy.state.shared import Asked, Shared
 
 
 @dataclass(slots=True)
@@ -60,7 +64,31 @@ class SessionStore(Protocol):
     async def get(self, session_id: str) -> Session | None:
         """The live session with that id, its idle timer restarted; None if dead or unknown."""
 
+    def fetch(self, session_id: str) -> Fetched:
+        """`get`, asked now and read later: the spine asks as a request arrives and reads once
+        the caller is authenticated, so a shared store's round trip overlaps that work."""
+
     async def delete(self, session_id: str) -> None: ...
+
+
+class Fetched(Protocol):
+    async def session(self) -> Session | None: ...
+
+    def drop(self) -> None:
+        """Not needed after all (the request failed first); harmless once read."""
+
+
+class _Found:
+    __slots__ = ("_session",)
+
+    def __init__(self, session: Session | None) -> None:
+        self._session = session
+
+    async def session(self) -> Session | None:
+        return self._session
+
+    def drop(self) -> None:
+        pass
 
 
 class MemorySessionStore:
@@ -80,6 +108,12 @@ class MemorySessionStore:
         return session
 
     async def get(self, session_id: str) -> Session | None:
+        return self._get(session_id)
+
+    def fetch(self, session_id: str) -> Fetched:
+        return _Found(self._get(session_id))
+
+    def _get(self, session_id: str) -> Session | None:
         session = self._sessions.get(session_id)
         if session is not None:
             self._sessions[session_id] = session  # restart the idle timer
@@ -118,13 +152,11 @@ class RedisSessionStore:
         return session
 
     async def get(self, session_id: str) -> Session | None:
-        raw = await self._shared.command("session", "GETEX", self._prefix + session_id,
-                                         "PX", self._ttl_ms)
-        if raw is None:
-            return None
-        endpoint, principal_key, upstream_id, version, created, envelope = orjson.loads(raw)
-        return Session(session_id, endpoint, principal_key, upstream_id, version, created,
-                       bridged_envelope=envelope)
+        return await self.fetch(session_id).session()
+
+    def fetch(self, session_id: str) -> Fetched:
+        return _Asked(session_id, self._shared.ask("session", "GETEX", self._prefix + session_id,
+                                                   "PX", self._ttl_ms))
 
     async def delete(self, session_id: str) -> None:
         await self._shared.command("session", "DEL", self._prefix + session_id)
@@ -132,3 +164,21 @@ class RedisSessionStore:
     async def count(self) -> int:
         """Live sessions of every process (for metrics)."""
         return await self._shared.count("session", self._prefix)
+
+
+class _Asked:
+    __slots__ = ("_asked", "_id")
+
+    def __init__(self, session_id: str, asked: Asked) -> None:
+        self._id, self._asked = session_id, asked
+
+    async def session(self) -> Session | None:
+        raw = await self._asked.reply()
+        if raw is None:
+            return None
+        endpoint, principal_key, upstream_id, version, created, envelope = orjson.loads(raw)
+        return Session(self._id, endpoint, principal_key, upstream_id, version, created,
+                       bridged_envelope=envelope)
+
+    def drop(self) -> None:
+        self._asked.drop()

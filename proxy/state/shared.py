@@ -61,10 +61,16 @@ class Shared:
         try:
             reply = await self._link.call(*args)
         except LinkDown as exc:
-            raise StoreUnavailable(f"the {store} store is unavailable ({exc.reason})") from None
+            raise _unavailable(store, exc) from None
         if isinstance(reply, ReplyError):
             self._refused(store, reply)
         return reply
+
+    def ask(self, store: str, *args: Arg) -> Asked:
+        """The command written now, its reply read later (`await asked.reply()`, as `command`
+        would answer it) or given up (`asked.drop()`): a store that knows early what it will
+        need overlaps the round trip with the caller's other work."""
+        return Asked(self, store, self._link.send(*args))
 
     def _refused(self, store: str, reply: ReplyError) -> None:
         code = str(reply).split(" ", 1)[0][:20]
@@ -147,6 +153,32 @@ class Shared:
         await self._link.aclose()
 
 
+class Asked:
+    """One command in flight (`Shared.ask`). Read it once with `reply`, or `drop` it; dropping
+    one already read, or read and failed, is harmless."""
+
+    __slots__ = ("_future", "_shared", "_store")
+
+    def __init__(self, shared: Shared, store: str, future: asyncio.Future[Any]) -> None:
+        self._shared, self._store, self._future = shared, store, future
+
+    async def reply(self) -> Any:
+        try:
+            reply = await self._future
+        except LinkDown as exc:
+            raise _unavailable(self._store, exc) from None
+        if isinstance(reply, ReplyError):
+            self._shared._refused(self._store, reply)
+        return reply
+
+    def drop(self) -> None:
+        future = self._future
+        if not future.done():
+            future.cancel()
+        elif not future.cancelled():
+            future.exception()  # retrieved: an unread failure is nobody's to log
+
+
 class Script:
     """A Lua script: `await script(keys, args)` is its reply, or StoreUnavailable."""
 
@@ -166,10 +198,14 @@ class Script:
                 # a restarted or flushed Redis: send it in full (which also caches it)
                 reply = await shared._link.call("EVAL", self._source, len(keys), *keys, *args)
         except LinkDown as exc:
-            raise StoreUnavailable(f"the {store} store is unavailable ({exc.reason})") from None
+            raise _unavailable(store, exc) from None
         if isinstance(reply, ReplyError):
             shared._refused(store, reply)
         return reply
+
+
+def _unavailable(store: str, exc: LinkDown) -> StoreUnavailable:
+    return StoreUnavailable(f"the {store} store is unavailable ({exc.reason})")
 
 
 def _reason(exc: BaseException) -> str:

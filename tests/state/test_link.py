@@ -14,9 +14,11 @@ import pytest
 import redis
 
 from proxy.errors import StoreUnavailable
+from proxy.state import open_stores
 from proxy.state.link import Address, Link, LinkDown
 from proxy.state.shared import Shared
 from tests import state_backends
+from tests.conftest import make_config
 from tests.redis_server import PrivateRedis, private_redis
 
 
@@ -144,3 +146,48 @@ async def test_nothing_reachable_is_store_unavailable_naming_only_the_store() ->
         assert str(refused.value) == "the session store is unavailable (connection failed)"
     finally:
         await shared.aclose()
+
+
+async def test_a_command_sent_is_written_before_it_is_awaited(link: Link) -> None:
+    prefix = state_backends.fresh_prefix()
+    await link.call("SET", prefix + "a", "A")  # connected: `send` writes at once
+    asked = link.send("GET", prefix + "a")
+    dropped = link.send("GET", prefix + "a")
+    # a command written after them is answered after them: they are on the wire already
+    assert await link.call("SET", prefix + "a", "changed") == b"OK"
+    assert asked.done()
+    dropped.cancel()  # given up: its reply is discarded, the order holds
+    assert await asked == b"A"
+    assert await link.call("GET", prefix + "a") == b"changed"
+
+
+async def test_an_asked_command_fails_at_its_reading_and_a_dropped_one_is_silent() -> None:
+    shared = Shared("redis://:pw-never-shown@127.0.0.1:1/0", "t:", timeout_s=0.5)
+    try:
+        asked = shared.ask("session", "GET", "t:x")  # not connected: it connects first
+        with pytest.raises(StoreUnavailable) as refused:
+            await asked.reply()
+        assert str(refused.value) == "the session store is unavailable (connection failed)"
+        asked.drop()  # after reading: harmless
+        shared.ask("session", "GET", "t:y").drop()  # given up before its reply: no error
+    finally:
+        await shared.aclose()
+
+
+async def test_a_session_fetched_early_is_the_session_get_reads() -> None:
+    stores = open_stores(make_config())
+    try:
+        made = await stores.sessions.create("e", "p", "up-1", "2025-11-25")
+        fetched = stores.sessions.fetch(made.id)
+        missing = stores.sessions.fetch("no-such-session")
+        unread = stores.sessions.fetch(made.id)
+        got = await fetched.session()
+        assert got is not None
+        assert (got.id, got.endpoint, got.principal_key, got.upstream_session_id) == (
+            made.id, "e", "p", "up-1")
+        assert await missing.session() is None
+        unread.drop()
+        fetched.drop()
+        assert await stores.sessions.get(made.id) is not None
+    finally:
+        await stores.aclose()
