@@ -272,7 +272,11 @@ class Serving:
                                     parse_addresses(cfg.egress.metadata_addresses))
         egress = build_egress(cfg, destinations, parts.trusted)
         upstream = UpstreamClient(given.upstream_transport, destinations=destinations)
-        audit = given.audit_sink or DatabaseAuditSink(parts.database)
+        database = parts.database
+        sqlite_file = (database.path if database.dialect == "sqlite" and not database.memory
+                       else None)
+        audit = given.audit_sink or DatabaseAuditSink(
+            database, journal=cfg.database.journal(sqlite_file))
         metrics = parts.metrics
         parts.health.audit = audit
         if metrics is not None and isinstance(audit, DatabaseAuditSink):

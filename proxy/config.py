@@ -160,6 +160,23 @@ class DatabaseConfig:
     # how long a statement waits for a lock another writer holds before the operation gives
     # up (the management API answers 503 with Retry-After)
     busy_timeout_s: float = 10.0
+    # where an answer's audit record is made durable before the answer leaves: "auto" (the
+    # journal with SQLite, a commit with PostgreSQL), "on" (the journal: one append to a local
+    # file, committed later), "off" (a database commit, waited for)
+    audit_journal: str = "auto"
+    # the journal's files are <this>.<pid>-<n>.<seq>.jsonl; default: beside a SQLite file,
+    # else ./tollhouse.audit-journal. It must be on a volume that outlives the process.
+    audit_journal_path: str = ""
+
+    def journal(self, sqlite_path: str | None) -> str | None:
+        """The journal's base path, or None when answers wait for a commit instead."""
+        on = self.audit_journal == "on" or (self.audit_journal == "auto"
+                                            and sqlite_path is not None)
+        if not on:
+            return None
+        if self.audit_journal_path:
+            return self.audit_journal_path
+        return f"{sqlite_path}.audit-journal" if sqlite_path else "tollhouse.audit-journal"
 
 
 @dataclass(frozen=True)
@@ -463,6 +480,9 @@ def _check(cfg: Config, base_dir: Path) -> None:
     _positive(lock.lockout_s, "auth.lockout.lockout_s")
     _positive(lock.max_tracked, "auth.lockout.max_tracked")
     _positive(cfg.database.busy_timeout_s, "database.busy_timeout_s")
+    if cfg.database.audit_journal not in ("auto", "on", "off"):
+        raise ConfigError("config: 'database.audit_journal' must be \"auto\", \"on\" or "
+                          "\"off\"")
     if not cfg.database.url.startswith(("sqlite:///", "postgresql://", "postgres://")):
         raise ConfigError("config: 'database.url' must be sqlite:///PATH or "
                           "postgresql://USER:PASSWORD@HOST:PORT/DBNAME")

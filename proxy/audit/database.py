@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from proxy import db
+from proxy.audit import journal as journals
 from proxy.audit.record import AuditRecord
 
 log = logging.getLogger("tollhouse.audit")
@@ -47,6 +48,7 @@ _INSERT = (f"INSERT INTO audit ({', '.join(_COLUMNS)}) "
 # it there already? (ts has microseconds: with endpoint, principal and request id, one record)
 _EXISTS = ("SELECT request_id FROM audit WHERE ts = ? AND endpoint = ? AND principal = ?")
 _STOP = object()
+_RETIRE = object()  # (_RETIRE, segment): every record before it is in; the segment may go
 Waiter = asyncio.Future[bool]
 
 
@@ -77,7 +79,9 @@ class DatabaseAuditSink:
     def __init__(self, target: db.Target, batch_size: int = 500,
                  retry_backoff_s: float = 0.05,
                  on_outbox: Callable[[], None] | None = None,
-                 fallback_path: str | None = None, tries: int = 5) -> None:
+                 fallback_path: str | None = None, tries: int = 5,
+                 journal: str | Path | None = None,
+                 journal_rotate_bytes: int = journals.ROTATE_BYTES) -> None:
         self._db = db.resolve(target)
         self._owns_db = self._db is not target
         if fallback_path is None:
@@ -102,16 +106,38 @@ class DatabaseAuditSink:
         self.written = 0  # records committed (or in the fallback file)
         self.commits = 0  # transactions committed
         self.replayed = 0  # records taken from a fallback file into the database
+        # the write-ahead journal (proxy/audit/journal.py), when on: answers wait for its
+        # append, not for a commit
+        self._journal_base = Path(journal) if journal is not None else None
+        self._journal = (journals.Journal(journal, journal_rotate_bytes)
+                         if journal is not None else None)
+        self._kept_only_in_journal = False  # a record of the live segment the database lacks
         self._thread = threading.Thread(target=self._run, name="tollhouse-audit", daemon=True)
         self._thread.start()
 
     def emit(self, record: AuditRecord) -> None:
-        self._queue.put((record, None))
+        if not self._journaled(record):
+            self._queue.put((record, None))
 
     def write(self, record: AuditRecord) -> Waiter:
         waiter: Waiter = asyncio.get_running_loop().create_future()
-        self._queue.put((record, waiter))
+        if self._journaled(record):
+            waiter.set_result(True)  # durable already: the journal holds it
+        else:
+            self._queue.put((record, waiter))
         return waiter
+
+    def _journaled(self, record: AuditRecord) -> bool:
+        """Appended to the journal and queued for the database; False without a journal or
+        when the append failed (the record then takes the commit-and-wait path)."""
+        journal = self._journal
+        if journal is None or not journal.append(_line(record, newline=True)):
+            return False
+        self._queue.put((record, None))
+        full = journal.full()
+        if full is not None:
+            self._queue.put((_RETIRE, full))
+        return True
 
     @property
     def depth(self) -> int:
@@ -130,9 +156,13 @@ class DatabaseAuditSink:
         while not stop:
             item = self._queue.get()  # a lone record is written at once: no waiting window
             batch: list[tuple[AuditRecord, Waiter | None]] = []
+            retired: journals.Segment | None = None
             while True:  # and everything that queued up meanwhile shares its commit
                 if item is _STOP:
                     stop = True
+                    break
+                if item[0] is _RETIRE:  # behind its segment's last record
+                    retired = item[1]
                     break
                 batch.append(item)
                 if len(batch) >= self._batch_size:
@@ -143,13 +173,28 @@ class DatabaseAuditSink:
                     break
             if batch:
                 lost = self._write([record for record, _ in batch])
+                if lost and self._journal is not None:
+                    self._kept_only_in_journal = True
                 _settle(batch, lost)
+            if retired is not None:
+                self._retire(retired)
+        if self._journal is not None:  # everything before the stop is in: the last one goes
+            self._retire(self._journal.segment)
         if self._conn is not None:
             self._conn.close()
         if self._checkpoints is not None:
             self._checkpoints.stop()
         if self._owns_db:
             self._db.close()
+
+    def _retire(self, segment: journals.Segment) -> None:
+        """A segment whose records are all written: removed, unless one of them could be kept
+        nowhere else (then the next start replays it)."""
+        segment.close(remove=not self._kept_only_in_journal)
+        if self._kept_only_in_journal:
+            log.error("audit: %s kept for the next start: records in it are not in the "
+                      "database", segment.path)
+        self._kept_only_in_journal = False
 
     def _write(self, batch: list[AuditRecord], replay: bool = False) -> set[int]:
         """Write the batch; the ids of the records that could be kept nowhere (none, nearly
@@ -275,26 +320,45 @@ class DatabaseAuditSink:
         the database, each once: a record there already is skipped. A file is first renamed
         to a name of this replay's own, so records appended meanwhile go to a new file, and
         a second process starting on the same file takes none of it. Removed when done; kept
-        (for the next start) if the database cannot take it now."""
+        (for the next start) if the database cannot take it now. Then the same for every
+        journal segment no live process holds (a crashed run's)."""
         for path in self._claim_fallbacks():
             try:
                 records, bad = _read_fallback(path)
             except OSError as exc:
                 log.error("audit: cannot read %s (%s): left for the next start", path, exc)
                 continue
-            failed = 0
-            for start in range(0, len(records), self._batch_size):
-                chunk = records[start:start + self._batch_size]
-                failed += len(self._write(chunk, replay=True))
-            if failed:
-                log.error("audit: %d of %d records in %s could not go into the database: "
-                          "the file is kept for the next start", failed, len(records), path)
+            if self._replayed(path, records, bad):
+                with suppress(OSError):
+                    path.unlink()
+        if self._journal_base is None:
+            return
+        for path, fd in journals.orphans(self._journal_base):
+            try:
+                records, bad = _parse(journals.read_all(fd).splitlines())
+            except OSError as exc:
+                log.error("audit: cannot read %s (%s): left for the next start", path, exc)
+                journals.release(path, fd, remove=False)
                 continue
-            self.replayed += len(records)
-            log.warning("audit: %d records from %s written to the database%s", len(records),
+            journals.release(path, fd, remove=self._replayed(path, records, bad))
+
+    def _replayed(self, path: Path, records: list[AuditRecord], bad: int) -> bool:
+        """The records of one file into the database, each once; False if some could not go
+        (the file is then kept for the next start)."""
+        failed = 0
+        for start in range(0, len(records), self._batch_size):
+            chunk = records[start:start + self._batch_size]
+            failed += len(self._write(chunk, replay=True))
+        if failed:
+            log.error("audit: %d of %d records in %s could not go into the database: "
+                      "the file is kept for the next start", failed, len(records), path)
+            return False
+        self.replayed += len(records)
+        if records or bad:
+            log.warning("audit: %d records from %s replayed into the database (any there already "
+                        "skipped)%s", len(records),
                         path, f" ({bad} unreadable lines dropped)" if bad else "")
-            with suppress(OSError):
-                path.unlink()
+        return True
 
     def _claim_fallbacks(self) -> Iterator[Path]:
         directory = self._fallback.parent
@@ -410,6 +474,10 @@ def _read_fallback(path: Path) -> tuple[list[AuditRecord], int]:
     with path.open("rb") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         lines = fh.read().splitlines()
+    return _parse(lines)
+
+
+def _parse(lines: list[bytes]) -> tuple[list[AuditRecord], int]:
     records: list[AuditRecord] = []
     bad = 0
     for line in lines:
@@ -423,12 +491,13 @@ def _read_fallback(path: Path) -> tuple[list[AuditRecord], int]:
     return records, bad
 
 
-def _line(record: AuditRecord) -> bytes:
-    """One JSON line of the fallback file; any value, even one orjson cannot encode."""
+def _line(record: AuditRecord, newline: bool = False) -> bytes:
+    """One JSON line of the fallback file or the journal; any value, even one orjson cannot
+    encode."""
     try:
-        return orjson.dumps(record.as_dict())
+        return orjson.dumps(record.as_dict(), option=orjson.OPT_APPEND_NEWLINE if newline else 0)
     except TypeError:
-        return json.dumps(record.as_dict(), default=str).encode()
+        return json.dumps(record.as_dict(), default=str).encode() + (b"\n" if newline else b"")
 
 
 def _event(record: AuditRecord) -> str:
