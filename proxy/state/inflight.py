@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import hashlib
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
+
+from proxy.errors import StoreUnavailable
 
 if TYPE_CHECKING:
     from proxy.state.shared import Shared
@@ -51,10 +55,11 @@ class CallHandle:
     the call, when it catches the CancelledError, that this was a deliberate end to answer
     with -32800 rather than a client disconnect to clean up after."""
 
-    __slots__ = ("_timer", "reason", "task")
+    __slots__ = ("_timer", "reason", "started_at", "task")
 
     def __init__(self, task: asyncio.Task[object] | None = None) -> None:
         self.task = task or asyncio.current_task()
+        self.started_at = time.time()  # wall clock: compared with another replica's cancel
         self.reason: EndReason | None = None
         self._timer: Timer | None = None
 
@@ -153,22 +158,41 @@ class SharedInFlight(MemoryInFlight):
     holds under that key and ignores the rest. Registering a call costs no Redis command, and
     nothing is kept in Redis per call, so a replica that dies leaves nothing behind.
 
-    A cancel published while a replica's subscription is down (Redis restarting) does not
-    reach that replica: the call then runs to its answer or its total timeout."""
+    Pub/sub keeps nothing, so a cancel published while a replica's subscription is down (its
+    link to Redis broken) would never reach it: each cancel also leaves a mark,
+    `cx:<digest of the key>` holding its wall-clock time, for `MARK_S`. Each time a replica's
+    subscription is live again it reads the marks of the calls it holds (one pipelined GET
+    each) and ends those that started before their mark; a call that started after it is a
+    later call that reuses the key (a sessionless caller's ids), and is left alone. (Replicas'
+    clocks are compared here: keep them in sync, as any deployment does.)"""
+
+    MARK_S = 900.0
 
     def __init__(self, shared: Shared) -> None:
         super().__init__()
         self._shared = shared
         self._channel = shared.key("cancel")
+        self._marks = shared.key("cx:")
         self._reasons = {reason.value: reason for reason in EndReason}
+        self._catching_up: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        self._shared.subscribe(self._channel, self._heard)
+        self._shared.subscribe(self._channel, self._heard, self._resubscribed)
 
     async def cancel(self, key: str, reason: EndReason) -> None:
         await super().cancel(key, reason)
         message = orjson.dumps((self._shared.replica, key, reason.value))
-        await self._shared.command("in-flight", "PUBLISH", self._channel, message)
+        mark = orjson.dumps((time.time(), reason.value))
+        marked = self._shared.ask("in-flight", "SET", self._mark(key), mark,
+                                  "PX", round(self.MARK_S * 1000))
+        try:  # both on the wire at once: one round trip
+            await self._shared.command("in-flight", "PUBLISH", self._channel, message)
+            await marked.reply()
+        finally:
+            marked.drop()
+
+    def _mark(self, key: str) -> str:
+        return self._marks + hashlib.sha256(key.encode()).hexdigest()[:32]
 
     def _heard(self, data: bytes) -> None:
         replica, key, reason = orjson.loads(data)
@@ -178,8 +202,38 @@ class SharedInFlight(MemoryInFlight):
         if end is None:
             log.warning("a cancel with an unknown reason was ignored")
             return
+        self._end(key, end, None)
+
+    def _end(self, key: str, end: EndReason, before: float | None) -> None:
         held = self._calls.get(key)
         if held is None:
             return
         for handle in (held if isinstance(held, list) else (held,)):
-            handle.cancel(end)
+            if before is None or handle.started_at <= before:
+                handle.cancel(end)
+
+    def _resubscribed(self) -> None:
+        if not self._calls:
+            return
+        task = asyncio.get_running_loop().create_task(self._catch_up(list(self._calls)))
+        self._catching_up.add(task)
+        task.add_done_callback(self._catching_up.discard)
+
+    async def _catch_up(self, keys: list[str]) -> None:
+        """The cancels published while this replica was not listening, for the calls it
+        holds."""
+        asked = [(key, self._shared.ask("in-flight", "GET", self._mark(key))) for key in keys]
+        try:
+            for key, mark in asked:
+                raw = await mark.reply()
+                if raw is None:
+                    continue
+                at, reason = orjson.loads(raw)
+                end = self._reasons.get(reason)
+                if end is not None and isinstance(at, int | float):
+                    self._end(key, end, at)
+        except StoreUnavailable:
+            log.warning("state store: could not look for cancels missed while unsubscribed")
+        finally:
+            for _, mark in asked:
+                mark.drop()

@@ -79,31 +79,38 @@ class Shared:
             raise StoreUnavailable(f"the {store} store is read-only (failing over)")
         raise StoreUnavailable(f"the {store} store is unavailable (replied {code})")
 
-    def subscribe(self, channel: str, on_message: Callable[[bytes], None]) -> None:
+    def subscribe(self, channel: str, on_message: Callable[[bytes], None],
+                  on_subscribed: Callable[[], None] | None = None) -> None:
         """Deliver every message published on `channel` to `on_message` (in this loop), from
         now until `aclose`; reconnects by itself after Redis goes away. Messages published while
-        it is disconnected are not delivered (pub/sub keeps nothing)."""
+        it is disconnected are not delivered (pub/sub keeps nothing): `on_subscribed`, called
+        each time the subscription is (again) live, is where a listener catches up on what it
+        may have missed."""
         self._listeners.append(asyncio.get_running_loop().create_task(
-            self._listen(channel, on_message), name=f"tollhouse-listen-{channel}"))
+            self._listen(channel, on_message, on_subscribed), name=f"tollhouse-listen-{channel}"))
 
-    async def _listen(self, channel: str, on_message: Callable[[bytes], None]) -> None:
+    async def _listen(self, channel: str, on_message: Callable[[bytes], None],
+                      on_subscribed: Callable[[], None] | None) -> None:
         a = self._address
         client = aioredis.Redis(
             host=a.host, port=a.port, db=a.db, username=a.username, password=a.password,
             ssl=a.tls, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s,
             health_check_interval=0)
         try:
-            await self._subscribed(client, channel, on_message)
+            await self._subscribed(client, channel, on_message, on_subscribed)
         finally:
             await client.aclose(close_connection_pool=True)
 
     async def _subscribed(self, client: aioredis.Redis, channel: str,
-                          on_message: Callable[[bytes], None]) -> None:
+                          on_message: Callable[[bytes], None],
+                          on_subscribed: Callable[[], None] | None) -> None:
         wait = RECONNECT_MIN_S
         while True:
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(channel)
+                if on_subscribed is not None:
+                    on_subscribed()
                 self.listening.set()
                 wait = RECONNECT_MIN_S
                 while True:

@@ -166,3 +166,36 @@ async def test_cancels_reach_other_processes_again_after_redis_comes_back(
         blocker.set()
         await a.aclose()
         await b.aclose()
+
+
+async def test_a_cancel_published_while_a_replica_was_not_listening_still_ends_its_call(
+        redis_server: PrivateRedis) -> None:
+    """Pub/sub keeps nothing, so each cancel also leaves a mark: a replica whose subscription
+    comes (back) up reads the marks of the calls it holds, and ends those that started before
+    their cancel, not a later call that reuses the key."""
+    prefix = f"t{secrets.token_hex(4)}:"
+    a, b = Shared(redis_server.url, prefix, 5.0), Shared(redis_server.url, prefix, 5.0)
+    here, there = SharedInFlight(a), SharedInFlight(b)
+    blocker = asyncio.Event()
+    try:
+        async def call() -> None:
+            await blocker.wait()
+
+        cancelled = asyncio.create_task(call())
+        early = CallHandle(cancelled)
+        here.add("k", early)  # running on a, whose subscription is not live
+        await there.cancel("k", EndReason.CANCELLED)  # published to nobody on a
+        assert not cancelled.done()
+        later = CallHandle(asyncio.create_task(call()))  # the key reused after the cancel
+        here.add("k", later)
+        other = CallHandle(asyncio.create_task(call()))
+        here.add("other", other)
+        here.start()  # a listens (again): it catches up on the marks
+        await until(cancelled.done, what="the call cancelled while a was not listening")
+        assert early.reason is EndReason.CANCELLED
+        assert later.reason is None and other.reason is None
+        assert not later.task.done()  # type: ignore[union-attr]
+    finally:
+        blocker.set()
+        await a.aclose()
+        await b.aclose()
