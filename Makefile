@@ -24,16 +24,15 @@ demo: $(VENV)/.installed
 # at 127.0.0.1:5432 (trust auth; TOLLHOUSE_TEST_POSTGRES_URL to point elsewhere), each with
 # the memory store and with the Redis at 127.0.0.1:6379 (TOLLHOUSE_TEST_REDIS_URL), each test
 # on a fresh database and a fresh key prefix. `make test TEST_DATABASES=sqlite
-# TEST_STATES=memory` runs one pass alone.
+# TEST_STATES=memory` runs one pass alone. TEST_JOBS passes run side by side (tests/passes.py:
+# each pass's log in build/test-logs/, printed whole when it ends, then a summary).
 TEST_DATABASES ?= sqlite postgresql
 TEST_STATES ?= memory redis
+TEST_JOBS ?= 2
 
 test: $(VENV)/.installed
-	@set -e; for backend in $(TEST_DATABASES); do for state in $(TEST_STATES); do \
-		echo "== the test suite on $$backend, $$state state"; \
-		TOLLHOUSE_TEST_DATABASE=$$backend TOLLHOUSE_TEST_STATE=$$state \
-			$(VENV)/bin/python -m pytest $(PYTEST_ARGS); \
-	done; done
+	$(VENV)/bin/python tests/passes.py --databases $(TEST_DATABASES) --states $(TEST_STATES) \
+		--jobs $(TEST_JOBS) -- $(PYTEST_ARGS)
 
 # The official MCP conformance suite, directly against an official-SDK server and through the
 # gateway, both eras; the same test is part of `make test` (README, "The conformance suite").
