@@ -61,7 +61,10 @@ def test_duplicate_orders_fail_at_start_up() -> None:
 
 def test_default_policies_for_a_plain_config() -> None:
     cfg = from_dict({"upstreams": [{"name": "a", "url": "http://h/"}]})
-    assert Chain(default_policies(cfg)).names == []
+    assert Chain(default_policies(cfg)).names == ["guardrails"]  # screening warns by default
+    off = from_dict({"upstreams": [{"name": "a", "url": "http://h/",
+                                    "screening": {"mode": "off"}}]})
+    assert Chain(default_policies(off)).names == []
 
 
 def test_default_policies_in_chain_order() -> None:
@@ -71,6 +74,6 @@ def test_default_policies_in_chain_order() -> None:
         "rate_limits": [{"name": "per-user", "rate": "5/s"}],
         "upstreams": [{"name": "a", "url": "http://h/", "access": {"tools_deny": ["x*"]}}]})
     policies = default_policies(cfg, rate_limits=MemoryRateLimitStore())
-    assert Chain(policies).names == ["access", "rate_limit"]
+    assert Chain(policies).names == ["access", "rate_limit", "guardrails"]
     with pytest.raises(ValueError, match="no rate-limit store"):  # built at start-up, not here
         default_policies(cfg)
