@@ -299,7 +299,8 @@ class Serving:
                         parts.web.accounts if parts.web is not None
                         else Accounts(parts.database),
                         forget_person=getattr(parts.connections, "forget", None),
-                        trusted_proxies=parts.trusted)
+                        trusted_proxies=parts.trusted, pins=pins, pin_store=pin_store,
+                        audit=audit)
         provide(app, state.api)
         if cfg.observability.otlp_endpoint:  # the extra is there: the config check saw to it
             from proxy.observability.tracing import Tracing
