@@ -109,7 +109,8 @@ class Detector:
         if "email" in kinds and "@" in text:
             for m in _EMAIL.finditer(text):
                 local = _LOCAL.search(text, max(0, m.start() - 64), m.start())
-                if local is not None and _bounded(text, local.start()):
+                if local is not None and _bounded(text, local.start()) and \
+                        text[local.start() - 1:local.start()] not in (":", "/"):
                     found.append(Finding("email", local.start(), m.end()))
         if "iban" in kinds:
             for m in _IBAN.finditer(text):
@@ -135,15 +136,17 @@ class Detector:
             return text, set()
         found.sort(key=lambda f: f.start)
         parts: list[str] = []
+        kinds: set[str] = set()
         at = 0
         for f in found:
             if f.start < at:
-                continue  # overlapping (an entropy run inside a secret)
+                continue  # overlapping (an entropy run inside a secret): the first one wins
+            kinds.add(f.kind)
             parts.append(text[at:f.start])
             parts.append(f"[REDACTED:{f.kind}]")
             at = f.end
         parts.append(text[at:])
-        return "".join(parts), {f.kind for f in found}
+        return "".join(parts), kinds
 
     def _digits(self, text: str) -> str | None:
         digits = _NOT_DIGIT.sub("", text)
