@@ -15,6 +15,7 @@ tried once, not at every position.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -68,6 +69,8 @@ _IBAN = re.compile(r"[0-9](?<=[A-Z]{2}[0-9])[0-9](?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z
                    r"(?!\w)")
 # digits with spaces, dashes, dots or brackets among them: a card or a phone (`_digits`)
 _DIGITS = re.compile(r"[0-9+(][0-9 ().-]{6,30}(?<=[0-9])(?!\w)")
+_DATE = re.compile(r"[0-9]{4}[-./][0-9]{1,2}[-./][0-9]{1,2}|[0-9]{1,2}[-./][0-9]{1,2}[-./]"
+                   r"[0-9]{2,4}|[0-9]{4}-[0-9]{4}")
 _LOOSE = re.compile(r"[ .-]{2}|[()][ .-]?[()]|\($|\)\(")
 _ENTROPY = re.compile(r"(?<![\w+/=-])(?:[A-Za-z0-9+/]{20,}={0,2}|[A-Za-z0-9_-]{20,})(?![\w+/=-])")
 _NOT_BEFORE_DIGITS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -131,22 +134,7 @@ class Detector:
 
     def redact(self, text: str) -> tuple[str, set[str]]:
         """`text` with each finding replaced by `[REDACTED:<kind>]`, and the kinds found."""
-        found = self.find(text)
-        if not found:
-            return text, set()
-        found.sort(key=lambda f: f.start)
-        parts: list[str] = []
-        kinds: set[str] = set()
-        at = 0
-        for f in found:
-            if f.start < at:
-                continue  # overlapping (an entropy run inside a secret): the first one wins
-            kinds.add(f.kind)
-            parts.append(text[at:f.start])
-            parts.append(f"[REDACTED:{f.kind}]")
-            at = f.end
-        parts.append(text[at:])
-        return "".join(parts), kinds
+        return apply(text, self.find(text))
 
     def _digits(self, text: str) -> str | None:
         digits = _NOT_DIGIT.sub("", text)
@@ -160,11 +148,10 @@ class Detector:
         return None
 
     def _phone(self, text: str) -> bool:
-        """A real number for the region (or international, with +); a bare run of digits
-        with no separator is an id, not a phone number (`_digits`)."""
-        matcher = phonenumbers.PhoneNumberMatcher(
-            text, self._region, leniency=phonenumbers.Leniency.STRICT_GROUPING)
-        return any(m.start == 0 and m.end == len(text) for m in matcher)
+        """A real number for the region (or international, with +), grouped as such numbers
+        are written; a bare run of digits with no separator is an id, not a phone number
+        (`_digits`), and a date is a date."""
+        return _DATE.fullmatch(text) is None and _phone(text, self._region)
 
     @staticmethod
     def _high_entropy(text: str) -> list[Finding]:
@@ -175,6 +162,25 @@ class Detector:
             if _shannon(s) > limit:
                 out.append(Finding("entropy", m.start(), m.end()))
         return out
+
+
+def apply(text: str, found: list[Finding]) -> tuple[str, set[str]]:
+    """`text` with the spans of `found` replaced by `[REDACTED:<kind>]`; the kinds replaced."""
+    if not found:
+        return text, set()
+    found.sort(key=lambda f: f.start)
+    parts: list[str] = []
+    kinds: set[str] = set()
+    at = 0
+    for f in found:
+        if f.start < at:
+            continue  # overlapping (an entropy run inside a secret): the first one wins
+        kinds.add(f.kind)
+        parts.append(text[at:f.start])
+        parts.append(f"[REDACTED:{f.kind}]")
+        at = f.end
+    parts.append(text[at:])
+    return "".join(parts), kinds
 
 
 def _bounded(text: str, at: int) -> bool:
@@ -193,6 +199,19 @@ def _widen(text: str, m: re.Match[str]) -> tuple[int, int] | None:
         if start < 0 or _HEX32.fullmatch(text, start, start + 32) is None:
             return None
     return (start, m.end()) if _bounded(text, start) else None
+
+
+@functools.lru_cache(maxsize=4096)  # phonenumbers is pure Python: a number is read once
+def _phone(text: str, region: str) -> bool:
+    try:
+        number = phonenumbers.parse(text, None if text.startswith("+") else region)
+    except phonenumbers.NumberParseException:
+        return False
+    if not phonenumbers.is_possible_number(number):
+        return False
+    matcher = phonenumbers.PhoneNumberMatcher(text, region,
+                                              leniency=phonenumbers.Leniency.STRICT_GROUPING)
+    return any(m.start == 0 and m.end == len(text) for m in matcher)
 
 
 def _luhn(digits: str) -> bool:
