@@ -50,6 +50,22 @@ class _Rule:
         return where in c.on and (not c.endpoints or endpoint in c.endpoints) and \
             any(fnmatch.fnmatchcase(name, p) for p in c.tools)
 
+    def inspect(self, node: Any, ctx: CallContext, where: str) -> tuple[Any, str | None]:
+        """`node` scanned (redacted in place when the action is redact) and the kinds found,
+        comma-separated, noted for the audit record; None when nothing was found."""
+        action = self.cfg.action
+        node, kinds = scan(node, self.detector, redact=action == "redact")
+        if not kinds:
+            return node, None
+        found = ",".join(sorted(kinds))
+        _note(ctx, f"guardrail {self.cfg.name}: {action} {found} in {where}")
+        return node, found
+
+    def blocked(self, found: str, where: str) -> str:
+        """What a person reads: the rule and the kinds, never a value."""
+        carrier = "arguments carry" if where == "arguments" else "result carries"
+        return f"Blocked by guardrail '{self.cfg.name}': the {carrier} {found.replace(',', ', ')}."
+
 
 class Hidden:
     """What the last lists of each endpoint hid (by screening or pinning): kept across
@@ -110,16 +126,13 @@ class Guardrails:
         for rule in self._rules:
             if not rule.applies(ctx.endpoint, name, "arguments"):
                 continue
-            action = rule.cfg.action
-            arguments, kinds = scan(arguments, rule.detector, redact=action == "redact")
-            if not kinds:
+            arguments, found = rule.inspect(arguments, ctx, "arguments")
+            if found is None:
                 continue
-            found = ",".join(sorted(kinds))
-            _note(ctx, f"guardrail {rule.cfg.name}: {action} {found} in arguments")
+            action = rule.cfg.action
             if action == "deny":
                 reason = f"guardrail {rule.cfg.name}: {found} in arguments"
-                message = (f"Blocked by guardrail '{rule.cfg.name}': the arguments carry "
-                           f"{found.replace(',', ', ')}.")
+                message = rule.blocked(found, "arguments")
                 if kind == "tool":
                     raise ToolResultDenial(reason, message, BLOCKED)
                 raise GuardrailBlocked(reason, message)
@@ -140,16 +153,13 @@ class Guardrails:
         def rewrite(result: dict[str, Any]) -> bool:
             changed = False
             for rule in rules:
-                action = rule.cfg.action
-                _, kinds = scan(result, rule.detector, redact=action == "redact")
-                if not kinds:
+                _, found = rule.inspect(result, ctx, "result")
+                if found is None:
                     continue
-                found = ",".join(sorted(kinds))
-                _note(ctx, f"guardrail {rule.cfg.name}: {action} {found} in result")
-                if action == "redact":
+                if rule.cfg.action == "redact":
                     changed = True
-                elif action == "deny":
-                    _deny(result, method, rule.cfg.name, found)
+                elif rule.cfg.action == "deny":
+                    _deny(result, method, rule, found)
                     return True
             return changed
 
@@ -211,11 +221,12 @@ class Guardrails:
         return rewrite
 
 
-def _deny(result: dict[str, Any], method: str | None, rule: str, found: str) -> None:
-    message = f"Blocked by guardrail '{rule}': the result carries {found.replace(',', ', ')}."
+def _deny(result: dict[str, Any], method: str | None, rule: _Rule, found: str) -> None:
+    message = rule.blocked(found, "result")
     result.clear()
     if method == "tools/call":
-        result.update(tool_error_result(ToolResultDenial(f"guardrail {rule}", message, BLOCKED)))
+        result.update(tool_error_result(ToolResultDenial(
+            f"guardrail {rule.cfg.name}: {found} in result", message, BLOCKED)))
     elif method == "resources/read":
         result["contents"] = []
     else:  # prompts/get
