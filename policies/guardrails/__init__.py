@@ -25,12 +25,13 @@ from policies.guardrails.inspect import scan
 from policies.guardrails.pinning import Pins
 from policies.guardrails.screen import Limits, screen
 from proxy.chain import CallContext
-from proxy.config import Config, GuardrailRule
+from proxy.config import Config, GuardrailRule, ScreeningConfig
 from proxy.errors import GuardrailBlocked, HiddenTool, ToolResultDenial
 from proxy.errors.render import tool_error_result
 from proxy.jsonrpc import McpMessage
 
 BLOCKED = "gateway.guardrail.blocked"
+DEFAULT_SCREENING = ScreeningConfig()
 # list method -> (key holding the list, field naming each item, kind)
 _LISTS = {"tools/list": ("tools", "name", "tool"), "prompts/list": ("prompts", "name", "prompt"),
           "resources/list": ("resources", "uri", "resource"),
@@ -100,7 +101,7 @@ class Guardrails:
 
     @classmethod
     def wanted(cls, cfg: Config) -> bool:
-        return bool(cfg.guardrails) or any(
+        return bool(cfg.guardrails) or DEFAULT_SCREENING.mode != "off" or any(
             u.screening.mode != "off" or u.pinning.mode != "off" for u in cfg.upstreams)
 
     # -- before forwarding ---------------------------------------------------------------------
@@ -175,14 +176,15 @@ class Guardrails:
         return tuple(r for r in self._rules if r.applies(ctx.endpoint, name, "results"))
 
     def _lists(self, call: McpMessage, ctx: CallContext) -> bool:
-        screening = self._screening.get(ctx.endpoint)
-        return call.method in _LISTS and screening is not None and (
+        # a server added through /api/v1 has no table of its own: the defaults apply to it
+        screening = self._screening.get(ctx.endpoint, DEFAULT_SCREENING)
+        return call.method in _LISTS and (
             screening.mode != "off" or self._pinning.get(ctx.endpoint, "off") != "off")
 
     def _list_rewriter(self, call: McpMessage, ctx: CallContext
                        ) -> Callable[[dict[str, Any]], bool]:
         key, field, kind = _LISTS[call.method or ""]
-        screening = self._screening[ctx.endpoint]
+        screening = self._screening.get(ctx.endpoint, DEFAULT_SCREENING)
         limits = Limits(screening.max_description_chars, screening.max_schema_bytes)
         pinning = self._pinning.get(ctx.endpoint, "off") if kind == "tool" else "off"
         endpoint = ctx.endpoint

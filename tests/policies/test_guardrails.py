@@ -113,6 +113,14 @@ def test_off_has_no_rewriter() -> None:
     assert policy(screening="off").rewriter(msg("tools/list"), ctx()) is None
 
 
+def test_a_server_the_api_added_gets_the_default_screening() -> None:
+    p = policy(screening="off")
+    c = ctx("added-at-run-time")
+    assert listed(p, [CLEAN, {**POISONED["invisible"], "name": "evil"}], c) == [
+        "get_weather", "evil"]  # warn: passed, and noted
+    assert c.audit_note is not None and "evil invisible" in c.audit_note
+
+
 async def test_prompts_and_resources_are_screened_too() -> None:
     p = policy(screening="hide")
     rewrite = p.rewriter(msg("prompts/list"), ctx())
