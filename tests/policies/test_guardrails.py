@@ -259,3 +259,10 @@ def test_a_clean_result_is_not_changed() -> None:
 def test_no_rule_no_rewriter() -> None:
     p = policy(screening="off")
     assert p.rewriter(msg("tools/call", name="t", arguments={}), ctx()) is None
+
+
+def test_argument_guardrails_run_after_egress_and_before_metering() -> None:
+    from policies.egress import Egress
+    from policies.metering import Metering
+
+    assert Egress.order < Guardrails.order < Metering.order  # a denied call is never billed
