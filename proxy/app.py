@@ -24,6 +24,8 @@ from quart import Quart
 
 from policies import build_egress, default_policies
 from policies.access import Access
+from policies.guardrails import Hidden
+from policies.guardrails.pinning import Pins
 from policies.metering import MeteringBackend
 from proxy import edge, metadata, reload
 from proxy.api import routes as api_routes
@@ -44,6 +46,7 @@ from proxy.live import Live
 from proxy.mcp.asgi import McpEdge
 from proxy.mcp.gateway import Gateway
 from proxy.metering import OutboxWorker, build_backend
+from proxy.pins import DatabasePins
 from proxy.oauth import keys as oauth_keys
 from proxy.oauth import routes as oauth_routes
 from proxy.oauth.cap import OAuthBodyCap
@@ -264,6 +267,10 @@ class Serving:
     backend: MeteringBackend | None
     drain_deadline: float | None = None  # the loop's time the drain's grace ends at
     sampler: asyncio.Task[None] | None = None
+    # the guardrails' pinned definitions and what the last lists hid: kept across reloads
+    pin_store: DatabasePins | None = None
+    pins: Pins | None = None
+    hidden: Hidden | None = None
 
     @classmethod
     async def open(cls, parts: Parts, app: Quart) -> Serving:
@@ -283,8 +290,11 @@ class Serving:
             audit.on_fallback = metrics.audit_fallback.inc
         backend = timed(build_backend(cfg.metering, upstream.http), metrics) \
             if cfg.metering.enabled else None
+        pin_store = DatabasePins(parts.database)
+        pins, hidden = Pins(pin_store), Hidden()  # read once, at start-up
         chain = Chain(default_policies(cfg, metering=backend, egress=egress,
-                                       rate_limits=parts.stores.rate_limits))
+                                       rate_limits=parts.stores.rate_limits,
+                                       pins=pins, hidden=hidden))
         keys = KeyIndex(parts.database) if cfg.auth.mode == "jwt" else None
         access = next((p for p in chain.policies if isinstance(p, Access)), None)
         registry = Registry(cfg, parts.routes, egress, access, parts.database,
@@ -293,7 +303,8 @@ class Serving:
                         parts.web.accounts if parts.web is not None
                         else Accounts(parts.database),
                         forget_person=getattr(parts.connections, "forget", None),
-                        trusted_proxies=parts.trusted)
+                        trusted_proxies=parts.trusted, pins=pins, pin_store=pin_store,
+                        audit=audit)
         provide(app, state.api)
         if cfg.observability.otlp_endpoint:  # the extra is there: the config check saw to it
             from proxy.observability.tracing import Tracing
@@ -315,7 +326,7 @@ class Serving:
             # one of several workers: its own gauges reach a scrape on any of them
             sampler = asyncio.get_running_loop().create_task(_sample(metrics, audit))
         serving = cls(parts, upstream, audit, registry, watch, keys, None, destinations, backend,
-                      sampler=sampler)
+                      sampler=sampler, pin_store=pin_store, pins=pins, hidden=hidden)
         serving.deliver_through(backend)
         return serving
 
@@ -374,6 +385,8 @@ class Serving:
             grace = max(self.drain_deadline - asyncio.get_running_loop().time(), 1.0)
         if parts.state.gateway is not None:
             await parts.state.gateway.drain(grace)
+        if self.pin_store is not None:
+            await self.pin_store.aclose()
         await self.audit.close()  # every accepted record and usage event is on disk now
         if self.worker_task is not None:
             assert parts.state.outbox is not None

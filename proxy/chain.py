@@ -38,6 +38,7 @@ class CallContext:
     # -- outputs ---------------------------------------------------------------------------
     call_id: str | None = None  # metering: the usage event's idempotency key
     audit_note: str | None = None  # metering: e.g. a hook that failed and on_error allowed
+    message: McpMessage | None = None  # guardrails: the call as forwarded (arguments redacted)
 
 
 class Policy(Protocol):

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import phonenumbers
+
 from proxy.egress import DEFAULT_METADATA_ADDRESSES, ZONES, IPNetwork, UpstreamEgress
 from proxy.state.ratelimit import US
 
@@ -210,6 +212,39 @@ class UpstreamOAuthConfig:
 
 
 @dataclass(frozen=True)
+class ScreeningConfig:
+    """`[upstreams.screening]`: the definitions an upstream lists, checked (README,
+    "Guardrails"). "warn" audits a flagged one and passes it; "hide" also hides it."""
+
+    mode: str = "warn"  # "off" | "warn" | "hide"
+    max_description_chars: int = 4096
+    max_schema_bytes: int = 65536
+
+
+@dataclass(frozen=True)
+class PinningConfig:
+    """`[upstreams.pinning]`: tool definitions pinned on first sight; a change is hidden until
+    approved ("approve") or only audited ("warn")."""
+
+    mode: str = "off"  # "off" | "warn" | "approve"
+
+
+@dataclass(frozen=True)
+class GuardrailRule:
+    """One `[[guardrails]]` table: where to look for secrets and personal data, and what to do
+    with what is found."""
+
+    name: str
+    endpoints: list[str] = field(default_factory=list)  # empty: all
+    tools: list[str] = field(default_factory=lambda: ["*"])  # tool, prompt names; resource URIs
+    on: list[str] = field(default_factory=lambda: ["arguments", "results"])
+    detect: list[str] = field(default_factory=lambda: [
+        "secrets", "card_numbers", "iban", "email", "phone"])
+    action: str = "redact"  # "redact" | "deny" | "audit"
+    phone_region: str = "US"  # how a phone number without a +country prefix is read
+
+
+@dataclass(frozen=True)
 class UpstreamConfig:
     name: str
     url: str
@@ -224,6 +259,8 @@ class UpstreamConfig:
     collections: list[str] = field(default_factory=list)
     auth: str = "static"
     oauth: UpstreamOAuthConfig = field(default_factory=UpstreamOAuthConfig)
+    screening: ScreeningConfig = field(default_factory=ScreeningConfig)
+    pinning: PinningConfig = field(default_factory=PinningConfig)
 
 
 @dataclass(frozen=True)
@@ -289,6 +326,7 @@ class Config:
     egress: EgressConfig = field(default_factory=EgressConfig)
     oauth_server: OAuthServerConfig = field(default_factory=OAuthServerConfig)
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+    guardrails: list[GuardrailRule] = field(default_factory=list)
 
     def upstream(self, name: str) -> UpstreamConfig | None:
         return next((u for u in self.upstreams if u.name == name), None)
@@ -581,6 +619,7 @@ def _check_metering(m: MeteringConfig) -> None:
 
 def _check_policies(cfg: Config) -> None:
     _check_metering(cfg.metering)
+    _check_guardrails(cfg)
     try:
         validate_rules(cfg.rate_limits, known_endpoints={u.name for u in cfg.upstreams})
         validate_egress(cfg.egress,
@@ -588,6 +627,48 @@ def _check_policies(cfg: Config) -> None:
                         cfg.server.trusted_proxies)
     except ValueError as exc:
         raise ConfigError(f"config: {exc}") from None
+
+
+# -- [[guardrails]], [upstreams.screening], [upstreams.pinning] --------------------------------
+
+GUARDRAIL_DETECT = ("secrets", "card_numbers", "iban", "email", "phone", "entropy")
+
+
+def _check_guardrails(cfg: Config) -> None:
+    names: set[str] = set()
+    known = {u.name for u in cfg.upstreams}
+    for i, rule in enumerate(cfg.guardrails):
+        where = f"guardrails[{i}]"
+        if not _NAME.match(rule.name) or rule.name in names:
+            raise ConfigError(f"config: '{where}.name' must be 1-64 letters, digits, '-', '_' "
+                              "or '.', and unique")
+        names.add(rule.name)
+        _one_of(rule.action, ("redact", "deny", "audit"), f"{where}.action")
+        if not rule.on or any(o not in ("arguments", "results") for o in rule.on):
+            raise ConfigError(f"config: '{where}.on' must list arguments, results or both")
+        if not rule.detect or any(d not in GUARDRAIL_DETECT for d in rule.detect):
+            raise ConfigError(f"config: '{where}.detect' must list some of "
+                              f"{', '.join(GUARDRAIL_DETECT)}")
+        if not rule.tools:
+            raise ConfigError(f"config: '{where}.tools' must not be empty (\"*\": every tool)")
+        unknown = [e for e in rule.endpoints if e not in known]
+        if unknown:
+            raise ConfigError(f"config: '{where}.endpoints' names an unknown endpoint "
+                              f"'{unknown[0]}'")
+        if rule.phone_region not in phonenumbers.SUPPORTED_REGIONS:
+            raise ConfigError(f"config: '{where}.phone_region' must be a two-letter region "
+                              "code phonenumbers knows, such as US or DE")
+    for up in cfg.upstreams:
+        where = f"upstreams.{up.name}"
+        _one_of(up.screening.mode, ("off", "warn", "hide"), f"{where}.screening.mode")
+        _one_of(up.pinning.mode, ("off", "warn", "approve"), f"{where}.pinning.mode")
+        _positive(up.screening.max_description_chars, f"{where}.screening.max_description_chars")
+        _positive(up.screening.max_schema_bytes, f"{where}.screening.max_schema_bytes")
+
+
+def _one_of(value: str, allowed: tuple[str, ...], key: str) -> None:
+    if value not in allowed:
+        raise ConfigError(f"config: '{key}' must be one of {', '.join(allowed)}")
 
 
 # -- [[rate_limits]] -------------------------------------------------------------------------------

@@ -258,6 +258,21 @@ MIGRATIONS: tuple[Migration, ...] = (
         Sql("DROP INDEX IF EXISTS audit_status_ts"),
         Sql("DROP INDEX IF EXISTS audit_endpoint_ts"),
     )),
+    # guardrails: each tool's pinned definition (its SHA-256 and the definition itself, JSON),
+    # the changed one waiting for an administrator, and the last one rejected
+    Migration(14, "pinned tool definitions", (
+        Sql("""CREATE TABLE IF NOT EXISTS tool_pins (
+            endpoint TEXT NOT NULL,
+            name TEXT NOT NULL,
+            approved TEXT NOT NULL,
+            definition TEXT NOT NULL,
+            pending TEXT,
+            pending_definition TEXT,
+            rejected TEXT,
+            updated_at {real} NOT NULL,
+            PRIMARY KEY (endpoint, name)
+        )"""),
+    )),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -77,7 +77,8 @@ async def _apply(serving: Serving, cfg: Config) -> None:
     async with serving.registry.changing():  # from here on nothing awaits: no call sees
         egress = build_egress(cfg, serving.destinations, parts.trusted)  # half of it
         chain = Chain(default_policies(cfg, metering=backend, egress=egress,
-                                       rate_limits=parts.stores.rate_limits))
+                                       rate_limits=parts.stores.rate_limits,
+                                       pins=serving.pins, hidden=serving.hidden))
         access = next((p for p in chain.policies if isinstance(p, Access)), None)
         for name in gone:
             parts.routes.pop(name, None)

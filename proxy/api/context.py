@@ -9,11 +9,14 @@ from dataclasses import dataclass
 
 from quart import Quart, current_app
 
+from policies.guardrails.pinning import Pins
 from proxy import db
+from proxy.audit import AuditSink
 from proxy.auth.keys import KeyIndex
 from proxy.egress import IPNetwork
 from proxy.people.accounts import Accounts
 from proxy.people.signin import Web
+from proxy.pins import DatabasePins
 from proxy.registry import Registry
 from proxy.state.lockouts import LockoutStore
 
@@ -32,6 +35,10 @@ class Api:
     # principal key, when their user is deleted
     forget_person: Callable[[str], None] | None = None
     trusted_proxies: tuple[IPNetwork, ...] = ()
+    # the guardrails' pinned tool definitions (/api/v1/pins), where approvals are audited
+    pins: Pins | None = None
+    pin_store: DatabasePins | None = None
+    audit: AuditSink | None = None
 
 
 def provide(app: Quart, api: Api) -> None:

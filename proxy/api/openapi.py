@@ -238,12 +238,36 @@ def _audit_and_usage() -> dict[str, Any]:
     }
 
 
+def _pins() -> dict[str, Any]:
+    pending = {"type": "object", "required": ["items"], "properties": {"items": {
+        "type": "array", "items": {"type": "object", "required": [
+            "server", "tool", "approved", "pending", "diff", "updated_at"], "properties": {
+            "server": {"type": "string"}, "tool": {"type": "string"},
+            "approved": {"type": "string"}, "pending": {"type": "string"},
+            "diff": {"type": "string"}, "updated_at": {"type": "number"}}}}}}
+    decided = {"type": "object", "required": ["server", "tool", "approved", "rejected"],
+               "properties": {"server": {"type": "string"}, "tool": {"type": "string"},
+                              "approved": {"type": "string"},
+                              "rejected": {"type": ["string", "null"]}}}
+    return {
+        "/api/v1/pins": {"get": _op("Tool definitions changed since pinned, with a diff",
+                                    "200", pending)},
+        "/api/v1/pins/{server}/{tool}/approve": {"post": _op(
+            "Approve a changed tool definition: it becomes the pin", "200", decided,
+            params=["server", "tool"])},
+        "/api/v1/pins/{server}/{tool}/reject": {"post": _op(
+            "Reject a changed tool definition: it stays hidden", "200", decided,
+            params=["server", "tool"])},
+    }
+
+
 @cache
 def document(*, connections: bool = False) -> dict[str, Any]:
     """The document of the routes served: `connections` when the app serves
     /api/v1/me/connections (proxy.connect, with a per_user upstream)."""
     schemas = _schemas()
-    paths = {**_roles_and_me(), **_servers_and_keys(), **_users(), **_audit_and_usage()}
+    paths = {**_roles_and_me(), **_servers_and_keys(), **_users(), **_audit_and_usage(),
+             **_pins()}
     if connections:
         paths.update(_connections())
     return {"openapi": "3.1.0",

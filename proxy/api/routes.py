@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from quart import Quart
 
-from proxy.api import audit, caller, keys, openapi, roles, servers, users
+from proxy.api import audit, caller, keys, openapi, pins, roles, servers, users
 from proxy.api.endpoint import Route, view
 
 PREFIX = "/api/v1"
@@ -39,6 +39,9 @@ ROUTES: tuple[Route, ...] = (
     Route("/roles/<name>", "DELETE", roles.delete_role),
     Route("/audit", "GET", audit.audit, query=True),
     Route("/usage", "GET", audit.usage_totals, query=True),
+    Route("/pins", "GET", pins.pending),
+    Route("/pins/<server>/<tool>/approve", "POST", pins.approve),
+    Route("/pins/<server>/<tool>/reject", "POST", pins.reject),
 )
 
 

@@ -168,7 +168,7 @@ class MeteringDenied(PolicyDenied):
 
 # seed 001's closed registry for denials a person should read: code -> retryable
 TOOL_ERROR_CODES = {"gateway.metering.denied": False, "gateway.metering.unavailable": True,
-                    "gateway.internal": True}
+                    "gateway.internal": True, "gateway.guardrail.blocked": False}
 
 
 class ToolResultDenial(PolicyDenied):
@@ -183,6 +183,15 @@ class ToolResultDenial(PolicyDenied):
         super().__init__(reason, user_message[:500])
         self.tool_code = code
         self.retry_after_ms = retry_after_ms
+
+
+class GuardrailBlocked(PolicyDenied):
+    """A prompts/get's or resources/read's arguments a guardrail refuses (a tools/call's
+    answers as a `ToolResultDenial`): invalid params, naming the rule and kinds, not values."""
+
+    http_status = 400
+    code = -32602
+    message = "Invalid params"
 
 
 # -- after routing: HTTP 200, the call's own answer (seed 004) -----------------------------------

@@ -148,6 +148,7 @@ class Gateway:
             if msg.kind != "response":
                 await chain.run(msg, ctx)
                 record.call_id, record.note = ctx.call_id, ctx.audit_note
+                msg = ctx.message or msg  # a guardrail redacted its arguments
             if msg.kind == "request":
                 return await self._call(route, req, msg, session, ctx, record, started, chain)
             answer = await self._one_way(route, req, msg, session, ctx)
@@ -186,7 +187,7 @@ class Gateway:
             record.upstream_started = time.perf_counter()  # the upstream leg (its metric)
             await self.forward.call(route, req, msg, session, ctx, forwarded)
             rewrite = self.observer.results(msg, record, forwarded.leg.rewrite(
-                chain.rewriter(msg, ctx), msg.method))
+                _noting(chain.rewriter(msg, ctx), ctx, record), msg.method))
             response = forwarded.response
             if response is None:  # answered here: past its deadline, it waits for its record
                 handle.close()
@@ -447,6 +448,19 @@ class Gateway:
         """At shutdown: let background work (cancel notices, stream clean-up) finish."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout)
+
+
+def _noting(rewrite: Rewrite | None, ctx: CallContext, record: AuditRecord) -> Rewrite | None:
+    """The policies' rewrite, and what it notes (a guardrail's finding) into the record."""
+    if rewrite is None:
+        return None
+
+    def noted(result: dict[str, Any]) -> bool:
+        changed = rewrite(result)
+        record.note = ctx.audit_note
+        return changed
+
+    return noted
 
 
 def _protocol_version(msg: McpMessage) -> str | None:

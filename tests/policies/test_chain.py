@@ -61,7 +61,8 @@ def test_duplicate_orders_fail_at_start_up() -> None:
 
 def test_default_policies_for_a_plain_config() -> None:
     cfg = from_dict({"upstreams": [{"name": "a", "url": "http://h/"}]})
-    assert Chain(default_policies(cfg)).names == []
+    # screening warns by default, for the servers /api/v1 adds at run time too
+    assert Chain(default_policies(cfg)).names == ["guardrails"]
 
 
 def test_default_policies_in_chain_order() -> None:
@@ -71,6 +72,6 @@ def test_default_policies_in_chain_order() -> None:
         "rate_limits": [{"name": "per-user", "rate": "5/s"}],
         "upstreams": [{"name": "a", "url": "http://h/", "access": {"tools_deny": ["x*"]}}]})
     policies = default_policies(cfg, rate_limits=MemoryRateLimitStore())
-    assert Chain(policies).names == ["access", "rate_limit"]
+    assert Chain(policies).names == ["access", "rate_limit", "guardrails"]
     with pytest.raises(ValueError, match="no rate-limit store"):  # built at start-up, not here
         default_policies(cfg)

@@ -1,0 +1,107 @@
+"""Pinned tool definitions: the first definition of each tool an upstream lists is trusted and
+recorded (a SHA-256 of its name, description and schemas); a later, different definition is
+`changed` until an administrator approves it (it becomes the pin) or rejects it (that exact
+definition stays hidden, and is not asked about again).
+
+The `Pins` book is the decision and the in-memory view every call reads; it is loaded from,
+and writes each change through, a `PinStore` (the database, `proxy.pins`), without waiting
+for the write: a list answer is never held up by the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import orjson
+
+Verdict = Literal["new", "same", "changed"]
+PINNED_FIELDS = ("name", "description", "inputSchema", "outputSchema")
+
+
+def definition(item: dict[str, Any]) -> dict[str, Any]:
+    return {k: item[k] for k in PINNED_FIELDS if k in item}
+
+
+def fingerprint(item: dict[str, Any]) -> str:
+    return hashlib.sha256(orjson.dumps(definition(item), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+@dataclass(slots=True)
+class Pin:
+    endpoint: str
+    name: str
+    approved: str
+    definition: dict[str, Any]
+    pending: str | None = None
+    pending_definition: dict[str, Any] | None = None
+    rejected: str | None = None
+    updated_at: float = field(default_factory=time.time)
+
+
+class PinStore(Protocol):
+    def load(self) -> list[Pin]: ...
+
+    def save(self, pin: Pin) -> None:
+        """Write `pin` (scheduled: the caller does not wait)."""
+
+
+class Pins:
+    def __init__(self, store: PinStore | None = None) -> None:
+        self._store = store
+        self._pins: dict[tuple[str, str], Pin] = {}
+        if store is not None:
+            self._pins = {(p.endpoint, p.name): p for p in store.load()}
+
+    def verdict(self, endpoint: str, item: dict[str, Any]) -> Verdict:
+        name = item.get("name")
+        if not isinstance(name, str):
+            return "changed"  # nothing to pin it by: never shown as trusted
+        digest = fingerprint(item)
+        pin = self._pins.get((endpoint, name))
+        if pin is None:
+            self._save(Pin(endpoint, name, digest, definition(item)))
+            return "new"
+        if pin.approved == digest:
+            if pin.pending is not None:  # changed back to what was approved
+                pin.pending = pin.pending_definition = None
+                self._save(pin)
+            return "same"
+        if digest not in (pin.pending, pin.rejected):
+            pin.pending, pin.pending_definition = digest, definition(item)
+            self._save(pin)
+        return "changed"
+
+    def pending(self) -> list[Pin]:
+        return sorted((p for p in self._pins.values() if p.pending is not None),
+                      key=lambda p: (p.endpoint, p.name))
+
+    def get(self, endpoint: str, name: str) -> Pin | None:
+        return self._pins.get((endpoint, name))
+
+    def approve(self, endpoint: str, name: str) -> Pin | None:
+        """The pending definition becomes the pin; None when nothing is pending."""
+        pin = self._pins.get((endpoint, name))
+        if pin is None or pin.pending is None or pin.pending_definition is None:
+            return None
+        pin.approved, pin.definition = pin.pending, pin.pending_definition
+        pin.pending = pin.pending_definition = None
+        pin.rejected = None
+        self._save(pin)
+        return pin
+
+    def reject(self, endpoint: str, name: str) -> Pin | None:
+        pin = self._pins.get((endpoint, name))
+        if pin is None or pin.pending is None:
+            return None
+        pin.rejected, pin.pending, pin.pending_definition = pin.pending, None, None
+        self._save(pin)
+        return pin
+
+    def _save(self, pin: Pin) -> None:
+        pin.updated_at = time.time()
+        self._pins[(pin.endpoint, pin.name)] = pin
+        if self._store is not None:
+            self._store.save(pin)
