@@ -29,12 +29,12 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from policies.guardrails import Guardrails  # noqa: E402
-from policies.guardrails.detect import Detector  # noqa: E402
-from proxy.auth.principal import Principal  # noqa: E402
-from proxy.chain import CallContext  # noqa: E402
-from proxy.config import from_dict  # noqa: E402
-from proxy.jsonrpc import parse  # noqa: E402
+from policies.guardrails import Guardrails
+from policies.guardrails.detect import Detector
+from proxy.auth.principal import Principal
+from proxy.chain import CallContext
+from proxy.config import from_dict
+from proxy.jsonrpc import parse
 
 PROSE = ("The shipment left the warehouse on 2026-11-30 at 14:05 and is due on Friday. "
          "Invoice INV-2026-0042 covers 3 items for a total of 149.90 EUR, page 2 of 5. ")

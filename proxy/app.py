@@ -46,7 +46,6 @@ from proxy.live import Live
 from proxy.mcp.asgi import McpEdge
 from proxy.mcp.gateway import Gateway
 from proxy.metering import OutboxWorker, build_backend
-from proxy.pins import DatabasePins
 from proxy.oauth import keys as oauth_keys
 from proxy.oauth import routes as oauth_routes
 from proxy.oauth.cap import OAuthBodyCap
@@ -60,6 +59,7 @@ from proxy.people import signin
 from proxy.people.accounts import Accounts
 from proxy.people.live import LiveUsers
 from proxy.people.signin import Web
+from proxy.pins import DatabasePins
 from proxy.registry import POLL_S as REGISTRY_POLL_S
 from proxy.registry import Registry
 from proxy.state import Stores, open_stores

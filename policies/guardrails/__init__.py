@@ -193,7 +193,10 @@ class Guardrails:
             items = result.get(key)
             if not isinstance(items, list):
                 return False
-            kept, hidden, shown, notes = [], set(), set(), []
+            kept: list[Any] = []
+            hidden: set[str] = set()
+            shown: set[str] = set()
+            notes: list[str] = []
             for item in items:
                 if not isinstance(item, dict) or not isinstance(item.get(field), str):
                     kept.append(item)

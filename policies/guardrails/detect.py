@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import phonenumbers
@@ -35,8 +35,8 @@ _SECRETS = (
     r"A(?:KIA|SIA|BIA|CCA|3T[A-Z0-9])[A-Z0-9]{16}",  # AWS access key id
     r"aws_?(?:secret_?access_?key|secret)[\"']?\s*[:=]\s*[\"']?[A-Za-z0-9/+=]{40}",
     r"AWS_?(?:SECRET_?ACCESS_?KEY|SECRET)[\"']?\s*[:=]\s*[\"']?[A-Za-z0-9/+=]{40}",
-    r"-----BEGIN[A-Z ]{0,30}PRIVATE KEY(?: BLOCK)?-----(?:[\s\S]{0,8192}?"
-    r"-----END[A-Z ]{0,30}PRIVATE KEY(?: BLOCK)?-----)?",
+    (r"-----BEGIN[A-Z ]{0,30}PRIVATE KEY(?: BLOCK)?-----(?:[\s\S]{0,8192}?"
+     r"-----END[A-Z ]{0,30}PRIVATE KEY(?: BLOCK)?-----)?"),
     r"gh[pousr]_[A-Za-z0-9]{36}",  # GitHub
     r"github_pat_[A-Za-z0-9_]{22,255}",
     r"glpat-[A-Za-z0-9_-]{20}",  # GitLab

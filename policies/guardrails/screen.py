@@ -69,9 +69,7 @@ def screen(item: dict[str, Any], limits: Limits) -> list[str]:
     joined = "\n".join(texts)
     broken.extend(rule for rule, pattern in RULES if pattern.search(joined))
     description = item.get("description")
-    if isinstance(description, str) and len(description) > limits.max_description_chars:
-        broken.append("oversized")
-    elif sum(len(orjson.dumps(item.get(k))) for k in ("inputSchema", "outputSchema",
+    if isinstance(description, str) and len(description) > limits.max_description_chars or sum(len(orjson.dumps(item.get(k))) for k in ("inputSchema", "outputSchema",
                                                        "arguments")) > limits.max_schema_bytes:
         broken.append("oversized")
     return broken
