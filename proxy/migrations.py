@@ -258,6 +258,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         Sql("DROP INDEX IF EXISTS audit_status_ts"),
         Sql("DROP INDEX IF EXISTS audit_endpoint_ts"),
     )),
+    # per-caller upstreams (proxy.upstream.template): a person's attributes fill a URL's
+    # placeholders no token claim does, and the audit names the origin a call was sent to
+    Migration(17, "per-caller upstreams: users' attributes, the audit's resolved upstream", (
+        AddColumn("users", "attributes", "TEXT NOT NULL DEFAULT '{}'"),
+        AddColumn("audit", "upstream", "TEXT"),
+    )),
 )
 
 LATEST = MIGRATIONS[-1].version
