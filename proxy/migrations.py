@@ -271,7 +271,9 @@ LATEST = MIGRATIONS[-1].version
 
 def _check(migrations: tuple[Migration, ...]) -> None:
     versions = [m.version for m in migrations]
-    if versions != list(range(1, len(versions) + 1)):
+    # increasing; numbers are handed out ahead of branches landing, so one may be missing
+    # for a while (tenant: 17 before 14-16)
+    if versions != sorted(set(versions)) or versions[0] != 1:
         raise AssertionError("migration versions must be 1, 2, 3, ... in order")
 
 
