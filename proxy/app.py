@@ -306,7 +306,7 @@ class Serving:
             observer=_observer(parts.request_log, metrics, state.tracing),
             session_ended=metrics.session_ended if metrics is not None else None)
         state.gateway.tenants = Tenants(destinations, upstream.pool, state.gateway.spawn,
-                                        _people_attributes(parts))
+                                        _people_attributes(parts, state.api.accounts))
         watch = asyncio.get_running_loop().create_task(registry.watch())
         await parts.stores.start()
         sampler = None
@@ -419,12 +419,12 @@ async def _sample(metrics: Metrics, audit: AuditSink) -> None:
         await asyncio.sleep(SAMPLE_S)
 
 
-def _people_attributes(parts: Parts) -> PeopleAttributes | None:
-    """What fills a per-caller upstream's placeholder no claim does: the person's attributes."""
+def _people_attributes(parts: Parts, accounts: Accounts) -> PeopleAttributes | None:
+    """What fills a per-caller upstream's placeholder no claim does: the person's attributes
+    (through the API's own Accounts, so a change made there applies to the next call)."""
     if not any(u.templated for u in parts.cfg.upstreams):
         return None
-    return PeopleAttributes(parts.web.accounts if parts.web is not None
-                            else Accounts(parts.database))
+    return PeopleAttributes(accounts)
 
 
 def _authenticator(parts: Parts, upstream: UpstreamClient, keys: KeyIndex | None
