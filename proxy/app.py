@@ -307,6 +307,8 @@ class Serving:
             session_ended=metrics.session_ended if metrics is not None else None)
         state.gateway.tenants = Tenants(destinations, upstream.pool, state.gateway.spawn,
                                         _people_attributes(parts, state.api.accounts))
+        if parts.connections is not None:  # per_user with a per-caller URL: whose server
+            parts.connections.people = state.gateway.tenants.people
         watch = asyncio.get_running_loop().create_task(registry.watch())
         await parts.stores.start()
         sampler = None
