@@ -285,3 +285,35 @@ async def test_a_person_attribute_fills_what_no_claim_does() -> None:
         answer = await call_modern(http, endpoint, bearer("carol", tenant="nobody"), "x")
         assert answer["error"]["code"] == -32000
     assert [c.arguments["text"] for c in acme.tool_calls("echo")] == ["after"]
+
+
+async def test_per_user_on_a_per_caller_url_gets_each_person_a_token_for_their_own_server(
+        tmp_path: Any) -> None:
+    """auth = "per_user" with a templated URL: the connect flow asks the authorization server
+    for a token for the person's own resolved URL (RFC 8707 resource), from their attributes;
+    a person with no server here cannot start it, and their calls reach nothing."""
+    from tests.e2e import test_connect as flow
+
+    def gh(inner: str) -> dict[str, Any]:
+        return {"url": f"{inner}/mcp/{{tenant}}", "placeholders": {"tenant": {}}}
+
+    async with flow.world(tmp_path, explicit=True, gh=gh) as w:
+        _, admin = api_keys.create(w.outer_db, "ops", [], role="admin")
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as ops:
+            set_ = await ops.patch(f"{w.outer}/api/v1/users/alice",
+                                   headers={"Authorization": f"Bearer {admin}"},
+                                   json={"attributes": {"tenant": "up"}})
+            assert set_.status_code == 200, set_.text
+        alice = await flow.connect(w, "alice")  # asserts resource == f"{inner}/mcp/up"
+        ok = await w.call("alice")
+        assert ok.json()["result"]["content"][0]["text"] == "alice", ok.text
+        assert (await w.call("bob")).json()["error"] == NO_UPSTREAM
+        bob = httpx.AsyncClient(follow_redirects=False, timeout=DEADLINE_S)
+        await flow.sign_in(bob, w.outer, "bob", flow.PEOPLE["bob"][0])
+        start = await bob.get(f"{w.outer}/connect/gh?start=1")
+        assert start.status_code != 303 and "no upstream server for you" in start.text
+        await alice.aclose()
+        await bob.aclose()
+    (record,) = [r for r in query(w.outer_db, limit=50)
+                 if r["method"] == "tools/call" and r["status"] == "ok"]
+    assert record["upstream"] == w.inner
