@@ -127,6 +127,7 @@ class Connections:
         self._vault = vault
         self._guarded = guarded
         self.people: Any = None  # a per-caller upstream's attributes (proxy.upstream.tenants)
+        self._templates: dict[str, Any] = {}  # per-caller upstream URLs, parsed
         self._clock = clock
         # each upstream's authorization server and the gateway's client there, for the life
         # of the process: discovered once (one discovery at a time per upstream), and a
@@ -178,8 +179,11 @@ class Connections:
         from proxy.auth.principal import Principal
         from proxy.upstream.template import SUBJECT, Missing, UrlTemplate
 
-        template = UrlTemplate.parse(up.url, {n: (p.claim, p.attribute, p.pattern)
-                                              for n, p in up.placeholders.items()})
+        template = self._templates.get(upstream)
+        if template is None:  # parsed once (the config check parsed it already)
+            template = self._templates[upstream] = UrlTemplate.parse(
+                up.url, {n: (p.claim, p.attribute, p.pattern)
+                         for n, p in up.placeholders.items()})
         issuer, _, subject = principal.partition("|")
         attributes = {} if self.people is None else await self.people.attributes(
             Principal(subject=subject, issuer=issuer))

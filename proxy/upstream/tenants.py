@@ -69,7 +69,8 @@ class Tenants:
         self._pool = pool  # a new pool per resolved origin (None: every route shares one)
         self._spawn = spawn
         self.people = people
-        self._resolved: dict[str, OrderedDict[str, UpstreamRoute]] = {}
+        # by endpoint: the templated route the table was made from, and its resolved routes
+        self._resolved: dict[str, tuple[UpstreamRoute, OrderedDict[str, UpstreamRoute]]] = {}
         self._closing: list[httpx.AsyncBaseTransport] = []
 
     async def resolve(self, route: UpstreamRoute, principal: Principal) -> UpstreamRoute:
@@ -89,7 +90,13 @@ class Tenants:
         url = template.fill(values)
         if isinstance(url, Missing):
             raise NoUpstreamForCaller(url)
-        table = self._resolved.setdefault(f"{route.state_key} {route.zones}", OrderedDict())
+        owner, table = self._resolved.get(route.name, (None, None))
+        if owner is not route or table is None:  # first use, or a reload replaced the route
+            if table is not None:
+                for old in table.values():
+                    self._drop(old)
+            table = OrderedDict()
+            self._resolved[route.name] = (route, table)
         hit = table.get(url)
         if hit is not None:
             table.move_to_end(url)
@@ -127,10 +134,10 @@ class Tenants:
         self._closing = still
 
     def resolved_count(self) -> int:
-        return sum(len(t) for t in self._resolved.values())
+        return sum(len(t) for _, t in self._resolved.values())
 
     async def aclose(self) -> None:
-        for table in self._resolved.values():
+        for _, table in self._resolved.values():
             for route in table.values():
                 if route.transport is not None:
                     await route.transport.aclose()

@@ -145,3 +145,23 @@ async def test_resolved_upstreams_are_bounded_and_the_least_recent_pool_closed()
     with pytest.raises(NoUpstreamForCaller):
         await tenants.resolve(route, Principal(subject="s"))
     await tenants.aclose()
+
+
+async def test_a_reloaded_route_starts_afresh_and_closes_the_old_pools() -> None:
+    pools: list[_Pool] = []
+    spawned: list[Any] = []
+
+    def pool() -> Any:
+        pools.append(_Pool())
+        return pools[-1]
+
+    tenants = Tenants(Destinations((), _Dns()), pool, spawned.append)
+    caller = Principal(subject="s", claims=(("tenant", "a"),))
+    before = await tenants.resolve(_route(), caller)
+    after = await tenants.resolve(_route(), caller)  # a reload built the route again
+    assert after is not before and tenants.resolved_count() == 1
+    for coro in spawned:
+        await coro
+    assert [p.closed for p in pools] == [True, False]
+    await tenants.aclose()
+    assert pools[1].closed
