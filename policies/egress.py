@@ -175,7 +175,7 @@ class Egress:
         labels = self._labels.get(ctx.endpoint)
         if labels is not None:
             self._check_data(labels, ctx)
-        await self._destinations.check(ctx.endpoint)
+        await self._destinations.check(ctx.dial_key or ctx.endpoint)
 
     def _check_data(self, labels: _Labels, ctx: CallContext) -> None:
         zone = caller_zone(ctx.peer_ip, ctx.headers, self._trusted)

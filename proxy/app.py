@@ -65,6 +65,7 @@ from proxy.registry import Registry
 from proxy.state import Stores, open_stores
 from proxy.state.inflight import Later
 from proxy.upstream import UpstreamClient, UpstreamRoute
+from proxy.upstream.tenants import PeopleAttributes, Tenants
 from proxy.upstream.identity import IdentityForwarder
 
 log = logging.getLogger("tollhouse")
@@ -319,6 +320,10 @@ class Serving:
             bridged=parts.stores.bridge, later=given.later,
             observer=_observer(parts.request_log, metrics, state.tracing),
             session_ended=metrics.session_ended if metrics is not None else None)
+        state.gateway.tenants = Tenants(destinations, upstream.pool, state.gateway.spawn,
+                                        _people_attributes(parts, state.api.accounts))
+        if parts.connections is not None:  # per_user with a per-caller URL: whose server
+            parts.connections.people = state.gateway.tenants.people
         watch = asyncio.get_running_loop().create_task(registry.watch())
         await parts.stores.start()
         sampler = None
@@ -395,6 +400,8 @@ class Serving:
             self.worker_task.cancel()  # undelivered events wait in the outbox for the next start
             await asyncio.wait({self.worker_task}, timeout=5)
         await self.upstream.aclose()
+        if parts.state.gateway is not None:
+            await parts.state.gateway.tenants.aclose()  # per-caller upstreams' pools
         if parts.state.tracing is not None:  # the spans not yet exported, off the loop
             await asyncio.to_thread(parts.state.tracing.shutdown)
             parts.state.tracing = None
@@ -429,6 +436,14 @@ async def _sample(metrics: Metrics, audit: AuditSink) -> None:
     while True:
         metrics.audit_depth.set(getattr(audit, "depth", 0))
         await asyncio.sleep(SAMPLE_S)
+
+
+def _people_attributes(parts: Parts, accounts: Accounts) -> PeopleAttributes | None:
+    """What fills a per-caller upstream's placeholder no claim does: the person's attributes
+    (through the API's own Accounts, so a change made there applies to the next call)."""
+    if not any(u.templated for u in parts.cfg.upstreams):
+        return None
+    return PeopleAttributes(accounts)
 
 
 def _authenticator(parts: Parts, upstream: UpstreamClient, keys: KeyIndex | None

@@ -35,6 +35,7 @@ class CallContext:
     peer_ip: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
     clock: Callable[[], float] = field(default=time.monotonic)
+    dial_key: str = ""  # the egress entry of a per-caller upstream's resolved URL
     # -- outputs ---------------------------------------------------------------------------
     call_id: str | None = None  # metering: the usage event's idempotency key
     audit_note: str | None = None  # metering: e.g. a hook that failed and on_error allowed

@@ -245,6 +245,15 @@ class GuardrailRule:
 
 
 @dataclass(frozen=True)
+class PlaceholderConfig:
+    """Where a `{name}` of a per-caller upstream URL comes from (proxy.upstream.template)."""
+
+    claim: str = ""  # the token claim (default: the placeholder's name)
+    attribute: str = ""  # the person's attribute, failing the claim (default: the claim)
+    pattern: str = "[a-z0-9-]{1,63}"  # anchored
+
+
+@dataclass(frozen=True)
 class UpstreamConfig:
     name: str
     url: str
@@ -261,6 +270,13 @@ class UpstreamConfig:
     oauth: UpstreamOAuthConfig = field(default_factory=UpstreamOAuthConfig)
     screening: ScreeningConfig = field(default_factory=ScreeningConfig)
     pinning: PinningConfig = field(default_factory=PinningConfig)
+    placeholders: dict[str, PlaceholderConfig] = field(default_factory=dict)
+    max_resolved: int = 256  # per-caller URL: resolved upstreams (and pools) kept, LRU
+
+    @property
+    def templated(self) -> bool:
+        """A per-caller upstream: its URL has placeholders."""
+        return "{" in self.url or bool(self.placeholders)
 
 
 @dataclass(frozen=True)
@@ -534,7 +550,10 @@ def _check(cfg: Config, base_dir: Path) -> None:
         if up.name in seen:
             raise ConfigError(f"config: '{where}.name' repeats the upstream name '{up.name}'")
         seen.add(up.name)
-        _url(up.url, f"{where}.url")
+        if up.templated:
+            _template(up, where)
+        else:
+            _url(up.url, f"{where}.url")
         _positive(up.timeout_s, f"{where}.timeout_s")
         _positive(up.total_timeout_s, f"{where}.total_timeout_s")
         for header in up.headers:
@@ -821,6 +840,21 @@ def _url(value: str, key: str) -> None:
         raise ConfigError(f"config: '{key}' is not a valid URL") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"config: '{key}' must be an http:// or https:// URL with a host")
+
+
+def _template(up: UpstreamConfig, where: str) -> None:
+    from proxy.upstream.template import UrlTemplate
+
+    try:
+        UrlTemplate.parse(up.url, {n: (p.claim, p.attribute, p.pattern)
+                                   for n, p in up.placeholders.items()})
+    except ValueError as exc:
+        raise ConfigError(f"config: '{where}.url' {exc}") from None
+    if up.auth == "per_user" and up.oauth.discover:
+        raise ConfigError(f"config: '{where}.oauth.discover' cannot be used with a per-caller "
+                          "url: name the authorization server's endpoints")
+    if not 1 <= up.max_resolved <= 100_000:
+        raise ConfigError(f"config: '{where}.max_resolved' must be between 1 and 100000")
 
 
 def _positive(value: float, key: str) -> None:

@@ -152,6 +152,9 @@ class UpstreamEgress:
     @classmethod
     def from_url(cls, name: str, url: str, zones: Iterable[str] = ZONES,
                  collections: Iterable[str] = ()) -> UpstreamEgress:
+        if "{" in url:  # per-caller (proxy.upstream.template): each resolved URL is added as
+            # it is made (`Destinations.add_resolved`); this entry resolves nowhere
+            return cls(name, "per-caller.invalid", 443, tuple(zones), tuple(collections))
         parts = urlsplit(url)
         if not parts.hostname:
             raise ValueError(f"{url!r} has no host")
@@ -240,6 +243,13 @@ class Destinations:
         self._destinations[upstream.name] = Destination.of(
             upstream.host, upstream.port, upstream.zones, named_by_operator=True)
         self._pins.pop(upstream.name, None)
+
+    def add_resolved(self, key: str, host: str, port: int, zones: Collection[str]) -> None:
+        """A per-caller upstream's URL, filled from caller data (proxy.upstream.tenants):
+        checked like an operator's upstream, except that its host is not the operator's own
+        writing, so a metadata address is refused even written literally."""
+        self._destinations[key] = Destination.of(host, port, zones)
+        self._pins.pop(key, None)
 
     def discard(self, name: str) -> None:
         self._destinations.pop(name, None)

@@ -85,11 +85,19 @@ class KeyCreated(KeyOut):
     key: str  # the secret, shown once
 
 
+# what fills a per-caller upstream URL's placeholders no token claim fills
+# (proxy.upstream.template): names as a claim's, values short text
+AttributeName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")]
+AttributeValue = Annotated[str, Field(max_length=253)]
+Attributes = Annotated[dict[AttributeName, AttributeValue], Field(max_length=64)]
+
+
 class UserIn(Strict):
     name: str = Field(pattern=USER_NAME)
     password: str = Field(min_length=8, max_length=1024)
     admin: StrictBool = False
     roles: list[RoleName] = Field(default_factory=list, max_length=100)
+    attributes: Attributes = Field(default_factory=dict)
 
 
 class UserPut(Strict):
@@ -100,6 +108,7 @@ class UserPut(Strict):
     password: str | None = Field(None, min_length=8, max_length=1024)
     admin: StrictBool = False
     roles: list[RoleName] = Field(default_factory=list, max_length=100)
+    attributes: Attributes = Field(default_factory=dict)  # replaced whole
 
 
 class UserPatch(Strict):
@@ -108,6 +117,7 @@ class UserPatch(Strict):
     admin: StrictBool = unsent()
     password: str = unsent(min_length=8, max_length=1024)
     roles: list[RoleName] = unsent(max_length=100)
+    attributes: Attributes = unsent()  # replaced whole when sent
 
 
 class UserOut(BaseModel):
@@ -117,6 +127,7 @@ class UserOut(BaseModel):
     subject: str
     admin: bool
     roles: list[str]
+    attributes: dict[str, str] = Field(default_factory=dict)
 
 
 class Me(BaseModel):

@@ -210,9 +210,11 @@ def _users() -> dict[str, Any]:
     return {
         "/api/v1/users/{name}": {
             "get": _op("One user", "200", _ref(UserOut), params=["name"]),
-            "put": _op("Replace a user's admin flag and roles (and password, if sent)", "200",
+            "put": _op("Replace a user's admin flag, roles and attributes (and password, if "
+                       "sent)", "200",
                        _ref(UserOut), UserPut, ["name"], precondition=True, conflict=True),
-            "patch": _op("Change a user's admin flag, roles or password", "200", _ref(UserOut),
+            "patch": _op("Change a user's admin flag, roles, attributes or password", "200",
+                         _ref(UserOut),
                          UserPatch, ["name"], precondition=True, conflict=True),
             "delete": _op("Remove a user (not oneself, not the last administrator)", "204",
                           None, params=["name"], precondition=True, conflict=True)},

@@ -27,7 +27,7 @@ def _user_name(name: str) -> str:
 
 def _user_out(u: User) -> UserOut:
     return UserOut(id=u.id, name=u.name, issuer=u.issuer, subject=u.subject, admin=u.is_admin,
-                   roles=sorted(u.roles))
+                   roles=sorted(u.roles), attributes=dict(u.attributes))
 
 
 def _unknown_roles(exc: UnknownRoles, roles: list[str]) -> Invalid:
@@ -95,7 +95,7 @@ async def create_user(who: Caller, api: Api) -> Response:
     body = await read(UserIn, _known_roles(api))
     try:
         user = await asyncio.to_thread(api.accounts.create_local, body.name, body.password,
-                                       body.admin, body.roles)
+                                       body.admin, body.roles, body.attributes)
     except UserExists:
         raise Conflict(f"user '{body.name}' already exists") from None
     except UnknownRoles as exc:
@@ -112,12 +112,14 @@ async def user(who: Caller, api: Api, name: str) -> Response:
 
 async def put_user(who: Caller, api: Api, name: str) -> Response:
     body = await read(UserPut, same_as_path("name", name), _known_roles(api))
-    return await _change_user(api, name, body.roles, admin=body.admin, password=body.password)
+    return await _change_user(api, name, body.roles, admin=body.admin, password=body.password,
+                              attributes=body.attributes)
 
 
 async def patch_user(who: Caller, api: Api, name: str) -> Response:
     body = await read(UserPatch, _known_roles(api))
-    return await _change_user(api, name, body.roles, admin=body.admin, password=body.password)
+    return await _change_user(api, name, body.roles, admin=body.admin, password=body.password,
+                              attributes=body.attributes)
 
 
 async def delete_user(who: Caller, api: Api, name: str) -> Response:

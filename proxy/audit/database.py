@@ -37,7 +37,7 @@ log = logging.getLogger("tollhouse.audit")
 
 _COLUMNS = ("ts", "request_id", "principal", "endpoint", "method", "tool", "status",
             "denied_reason", "error_message", "duration_ms", "bytes_in", "bytes_out", "era",
-            "session_hash", "client_name", "call_id", "note", "egress")
+            "session_hash", "client_name", "call_id", "note", "egress", "upstream")
 
 _OUTBOX_COLUMNS = ("call_id", "event", "created_at", "next_attempt_at")
 # a call id is the record's idempotency key (a unique index): a retried batch, or a replayed
@@ -515,7 +515,7 @@ def _row(r: AuditRecord) -> tuple[Any, ...]:
             _text(r.tool), r.status, _text(r.denied_reason), _text(r.error_message),
             round(r.duration_ms, 3), r.bytes_in, r.bytes_out, r.era, r.session_hash,
             _text(r.client_name), r.call_id, _text(r.note),
-            orjson.dumps(r.egress).decode() if r.egress else None)
+            orjson.dumps(r.egress).decode() if r.egress else None, r.upstream)
 
 
 def _read(target: db.Target, text: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]] | None:

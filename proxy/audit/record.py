@@ -36,6 +36,7 @@ class AuditRecord:
     call_id: str | None = None  # set on metered calls: the usage event's idempotency key
     note: str | None = None  # e.g. a metering hook that failed and on_error allowed the call
     egress: dict[str, Any] | None = None  # an egress denial's audit object (seed 000)
+    upstream: str | None = None  # a per-caller upstream: the origin this caller resolved to
     ts: float = field(default_factory=time.time)
     # -- for metrics and the request log line only: never written to the audit log ---------
     error_type: str | None = None  # the OpenTelemetry MCP conventions' error.type

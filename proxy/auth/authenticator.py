@@ -94,6 +94,9 @@ class BearerAuth:
             maxsize=50_000, ttl=300)
         self._token_issuers: LRUCache[str, object] = LRUCache(maxsize=50_000)
         self._challenges = {u.name: self._challenge(u.name) for u in cfg.upstreams}
+        # the claims per-caller upstream URLs are filled from (proxy.upstream.template)
+        self._kept_claims = tuple(sorted({p.claim or name for u in cfg.upstreams
+                                          for name, p in u.placeholders.items()}))
 
     def _challenge(self, endpoint: str) -> str:
         meta = f"{self._public_url}/.well-known/oauth-protected-resource/mcp/{endpoint}"
@@ -189,7 +192,7 @@ class BearerAuth:
         # `scope` claim, from a token issued before that rule, opens nothing (allow_scopes is
         # for tokens of external issuers; Tollhouse's own users get in by subject or group)
         return Principal(subject=subject, issuer=issuer, display_name=name, groups=groups,
-                         kind="jwt")
+                         kind="jwt", claims=_kept(claims, self._kept_claims))
 
     async def _verify(self, token: str, endpoint: str) -> tuple[Principal, float]:
         try:
@@ -231,7 +234,8 @@ class BearerAuth:
         principal = Principal(
             subject=subject, issuer=cfg.issuer, display_name=str(claims.get(cfg.name_claim, "")),
             groups=_names(claims.get(cfg.groups_claim)),
-            scopes=_names(claims.get(cfg.scopes_claim)), kind="jwt")
+            scopes=_names(claims.get(cfg.scopes_claim)), kind="jwt",
+            claims=_kept(claims, self._kept_claims))
         return principal, float(claims["exp"]) + cfg.leeway_s
 
 
@@ -259,6 +263,16 @@ def _static_key(iss: IssuerConfig, base_dir: Path) -> Any:
             pem = (base_dir / pem).read_text(encoding="utf-8")
         return load_pem_public_key(pem.encode())  # parsed once, not on every verification
     return None
+
+
+def _kept(claims: Mapping[str, Any], names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The named claims that are a string or an integer, as text; any other is absent."""
+    out = []
+    for name in names:
+        value = claims.get(name)
+        if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+            out.append((name, str(value)))
+    return tuple(out)
 
 
 def _names(value: object) -> frozenset[str]:

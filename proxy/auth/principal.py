@@ -22,6 +22,15 @@ class Principal:
     api_key_id: str | None = None
     key_endpoints: frozenset[str] = field(default_factory=frozenset)  # empty: every endpoint
     role: str = ""
+    # the token's claims a per-caller upstream URL is filled from (proxy.upstream.template),
+    # as text; only those the config names are kept
+    claims: tuple[tuple[str, str], ...] = ()
+
+    def claim(self, name: str) -> str | None:
+        for key, value in self.claims:
+            if key == name:
+                return value
+        return None
 
     @property
     def authenticated(self) -> bool:

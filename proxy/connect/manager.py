@@ -126,6 +126,8 @@ class Connections:
             u.name: u for u in cfg.upstreams if u.auth == "per_user"}
         self._vault = vault
         self._guarded = guarded
+        self.people: Any = None  # a per-caller upstream's attributes (proxy.upstream.tenants)
+        self._templates: dict[str, Any] = {}  # per-caller upstream URLs, parsed
         self._clock = clock
         # each upstream's authorization server and the gateway's client there, for the life
         # of the process: discovered once (one discovery at a time per upstream), and a
@@ -166,6 +168,31 @@ class Connections:
 
     def resource(self, upstream: str) -> str:
         return self.upstreams[upstream].url
+
+    async def _resource(self, upstream: str, principal: str) -> str:
+        """The RFC 8707 resource a person's token is asked for: the upstream's URL, and for a
+        per-caller upstream this person's own (their subject and stored attributes: a browser
+        sign-in carries no token claims), so their token is for their own server."""
+        up = self.upstreams[upstream]
+        if not up.templated:
+            return up.url
+        from proxy.auth.principal import Principal
+        from proxy.upstream.template import SUBJECT, Missing, UrlTemplate
+
+        template = self._templates.get(upstream)
+        if template is None:  # parsed once (the config check parsed it already)
+            template = self._templates[upstream] = UrlTemplate.parse(
+                up.url, {n: (p.claim, p.attribute, p.pattern)
+                         for n, p in up.placeholders.items()})
+        issuer, _, subject = principal.partition("|")
+        attributes = {} if self.people is None else await self.people.attributes(
+            Principal(subject=subject, issuer=issuer))
+        url = template.fill({n: subject if n == SUBJECT else attributes.get(p.attribute)
+                             for n, p in template.placeholders.items()})
+        if isinstance(url, Missing):
+            raise ConnectFailed("there is no upstream server for you here; ask an "
+                                "administrator to set your attributes")
+        return url
 
     # -- the authorization server ----------------------------------------------------------
 
@@ -272,7 +299,8 @@ class Connections:
                               {"verifier": verifier, "redirect_uri": redirect_uri})
         query = {"response_type": "code", "client_id": ep.client_id,
                  "redirect_uri": redirect_uri, "state": state, "code_challenge": _s256(verifier),
-                 "code_challenge_method": "S256", "resource": self.resource(name)}
+                 "code_challenge_method": "S256",
+                 "resource": await self._resource(name, principal)}
         if ep.scopes:
             query["scope"] = " ".join(ep.scopes)
         separator = "&" if "?" in ep.authorization_endpoint else "?"
@@ -291,7 +319,7 @@ class Connections:
         tokens = await self._token(name, ep, {
             "grant_type": "authorization_code", "code": code,
             "redirect_uri": pending["redirect_uri"], "code_verifier": pending["verifier"],
-            "resource": self.resource(name)})
+            "resource": await self._resource(name, principal)})
         await self._in_db(self._vault.put, name, principal, tokens)
         self._drop(name, principal)
 
@@ -412,7 +440,8 @@ class Connections:
         try:
             tokens = await self._token(name, ep, {"grant_type": "refresh_token",
                                                   "refresh_token": str(refresh_token),
-                                                  "resource": self.resource(name)})
+                                                  "resource": await self._resource(
+                                                      name, principal)})
         except ConnectFailed as exc:
             if str(exc) in ("invalid_grant", "invalid_client", "unauthorized_client"):
                 await self._in_db(self._vault.mark, name, principal, "needs_reconnect")

@@ -200,7 +200,7 @@ class Forwarder:
         filtering: what a person not yet connected is shown (filtered for them)."""
         if leg.bearer is not None and msg.method == "tools/list" and \
                 self.connections is not None and isinstance(obj.get("result"), dict):
-            self.connections.last_lists[(route.name, "tools/list")] = copy.deepcopy(
+            self.connections.last_lists[(route.state_key, "tools/list")] = copy.deepcopy(
                 obj["result"])
 
     # -- no call to answer -----------------------------------------------------------------
@@ -303,7 +303,7 @@ class Forwarder:
             bearer = bearer or await self.connections.access_token(route.name,
                                                                    ctx.principal.key)
         except UpstreamNotConnected:
-            last = self.connections.last_lists.get((route.name, msg.method or ""))
+            last = self.connections.last_lists.get((route.state_key, msg.method or ""))
             if last is not None:  # clients can still discover the tools
                 return Leg([], local=copy.deepcopy(last))
             raise

@@ -50,6 +50,7 @@ from proxy.state.inflight import EndReason, Later, call_key
 from proxy.state.sessions import Fetched
 from proxy.upstream import BodyChunks, UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
+from proxy.upstream.tenants import Tenants
 
 log = logging.getLogger("tollhouse.gateway")
 
@@ -69,7 +70,8 @@ class Gateway:
                  connections: Connections | None = None,
                  trusted_proxies: tuple[IPNetwork, ...] = (), later: Later | None = None,
                  observer: Observer | None = None,
-                 session_ended: Callable[[str, float], None] | None = None) -> None:
+                 session_ended: Callable[[str, float], None] | None = None,
+                 tenants: Tenants | None = None) -> None:
         self.routes = routes  # live: the registry changes it, each call reads it
         self.auth = authenticator
         self.live = live  # swapped whole by a reload; a call reads it once, as it starts
@@ -87,6 +89,8 @@ class Gateway:
         self.observer: Observer = observer or Observers()
         self._session_ended = session_ended  # (endpoint, created_at) of a session DELETEd
         self._tasks: set[asyncio.Task[None]] = set()
+        # per-caller upstreams; create_app gives one with the egress check and pools
+        self.tenants = tenants or Tenants(None, lambda: None, self.spawn)
         self._listening: set[StreamRelay] = set()  # the GET streams open now
 
     @property
@@ -127,6 +131,7 @@ class Gateway:
             principal = await self.auth.authenticate(req.headers.get("authorization"),
                                                      route.name, caller)
             record.principal = principal.subject
+            route = await self._resolve(route, principal, record)
             session = None if fetched is None else await self._session(fetched, route,
                                                                        principal)
             if session is not None:
@@ -144,7 +149,7 @@ class Gateway:
             ctx = CallContext(principal, route.name, route.url_text, era=era,
                               session_hash=record.session_hash, arguments_size=len(body),
                               api_key_id=principal.api_key_id, peer_ip=req.peer,
-                              headers=req.forwarded)
+                              headers=req.forwarded, dial_key=route.dial_key)
             if msg.kind != "response":
                 await chain.run(msg, ctx)
                 record.call_id, record.note = ctx.call_id, ctx.audit_note
@@ -195,8 +200,8 @@ class Gateway:
                     route, msg, forwarded.leg, rewrite, ctx, record), msg.id)
             if msg.method == "initialize":
                 session = await self.sessions.create(
-                    route.name, ctx.principal.key, response.headers.get("mcp-session-id"),
-                    _protocol_version(msg))
+                    route.session_endpoint, ctx.principal.key,
+                    response.headers.get("mcp-session-id"), _protocol_version(msg))
                 record.session_hash = session.id_hash
             headers = {"Mcp-Session-Id": session.id} if session is not None else {}
             if response.headers.get("content-type", "").startswith("text/event-stream"):
@@ -242,8 +247,8 @@ class Gateway:
             rewrite(leg.local)
         headers = dict(JSON_HEADERS)
         if msg.method == "initialize":  # a legacy client's session onto a 2026-07-28 upstream
-            session = await self.sessions.create(route.name, ctx.principal.key, None,
-                                                 leg.local.get("protocolVersion"),
+            session = await self.sessions.create(route.session_endpoint, ctx.principal.key,
+                                                 None, leg.local.get("protocolVersion"),
                                                  eras.envelope_of_initialize(msg))
             record.session_hash = session.id_hash
             headers["Mcp-Session-Id"] = session.id
@@ -343,6 +348,7 @@ class Gateway:
                                                      route.name,
                                                      guards.caller(req, self.trusted_proxies))
             record.principal = principal.subject
+            route = await self._resolve(route, principal, record)
             eras.check_header(version)
             session_id = req.headers.get("mcp-session-id")
             session = None if session_id is None else await self._session(
@@ -365,10 +371,19 @@ class Gateway:
     async def _session(self, fetched: Fetched, route: UpstreamRoute, principal: Principal
                        ) -> Session:
         session = await fetched.session()
-        if (session is None or session.endpoint != route.name
+        if (session is None or session.endpoint != route.session_endpoint
                 or session.principal_key != principal.key):
             raise SessionNotFound()
         return session
+
+    async def _resolve(self, route: UpstreamRoute, principal: Principal,
+                       record: AuditRecord) -> UpstreamRoute:
+        """A per-caller upstream: this caller's own server (or NoUpstreamForCaller)."""
+        if route.template is None:
+            return route
+        resolved = await self.tenants.resolve(route, principal)
+        record.upstream = resolved.origin
+        return resolved
 
     async def _refuse(self, exc: GatewayError, record: AuditRecord, started: float,
                       request_id: Any) -> EdgeResponse:

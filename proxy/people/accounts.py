@@ -22,8 +22,10 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+import orjson
 
 from proxy import db
 from proxy.auth.principal import Principal
@@ -44,6 +46,8 @@ class User:
     is_admin: bool
     groups: frozenset[str]  # the identity provider's groups and the custom roles
     roles: frozenset[str] = frozenset()  # the custom roles alone
+    # what a per-caller upstream URL may be filled from (proxy.upstream.template), sorted
+    attributes: tuple[tuple[str, str], ...] = ()
 
     @property
     def local(self) -> bool:
@@ -77,13 +81,19 @@ def check_password(password: str, stored: str) -> bool:
 _DUMMY = hash_password(secrets.token_hex(8))
 
 
-_COLUMNS = "id, name, issuer, subject, is_admin, groups"
+_COLUMNS = "id, name, issuer, subject, is_admin, groups, attributes"
 
 
 def _user(row: tuple[object, ...], roles: frozenset[str] = frozenset()) -> User:
     groups = str(row[5] or "")
+    try:
+        stored = orjson.loads(str(row[6] or "{}"))
+    except orjson.JSONDecodeError:
+        stored = {}
+    attributes = tuple(sorted((str(k), str(v)) for k, v in stored.items())) \
+        if isinstance(stored, dict) else ()
     return User(str(row[0]), str(row[1]), str(row[2]), str(row[3]), bool(row[4]),
-                frozenset(g for g in groups.split("\n") if g) | roles, roles)
+                frozenset(g for g in groups.split("\n") if g) | roles, roles, attributes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,20 +165,22 @@ class Accounts:
     # -- users ---------------------------------------------------------------------------------
 
     def create_local(self, name: str, password: str, admin: bool = False,
-                     roles: Iterable[str] = ()) -> User:
+                     roles: Iterable[str] = (),
+                     attributes: Mapping[str, str] | None = None) -> User:
         """A local account; UserExists if the name is taken, UnknownRoles if a role is not a
         custom role."""
         held = _unique(roles)
+        attrs = dict(sorted((attributes or {}).items()))
         user = User(secrets.token_hex(8), name, LOCAL_ISSUER, f"local:{name}", admin,
-                    frozenset(held), frozenset(held))
+                    frozenset(held), frozenset(held), tuple(attrs.items()))
         hashed = hash_password(password)
         try:
             with self._db.transaction() as conn:
                 conn.execute(self._db.sql("INSERT INTO users (id, name, issuer, subject, "
-                                          "password_hash, is_admin, created_at) "
-                                          "VALUES (?, ?, ?, ?, ?, ?, ?)"),
+                                          "password_hash, is_admin, created_at, attributes) "
+                                          "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
                              (user.id, name, user.issuer, user.subject, hashed, int(admin),
-                              time.time()))
+                              time.time(), orjson.dumps(attrs).decode()))
                 self._set_roles(conn, user.id, held)
         except self._db.integrity_errors:
             raise UserExists(name) from None
@@ -181,10 +193,10 @@ class Accounts:
                                             "WHERE name = ? AND issuer = ?"),
                                (name, LOCAL_ISSUER)).fetchone()
             roles = self._roles_of(conn, str(row[0])) if row is not None else frozenset()
-        if row is None or not row[6]:
+        if row is None or not row[7]:
             check_password(password, _DUMMY)
             return None
-        return _user(row, roles) if check_password(password, str(row[6])) else None
+        return _user(row, roles) if check_password(password, str(row[7])) else None
 
     def upsert_federated(self, issuer: str, subject: str, name: str, groups: frozenset[str],
                          admin: bool) -> User:
@@ -231,7 +243,8 @@ class Accounts:
             return _user(row, self._roles_of(conn, str(row[0])))
 
     def update(self, name: str, *, admin: bool | None = None, password: str | None = None,
-               roles: Iterable[str] | None = None) -> User | None:
+               roles: Iterable[str] | None = None,
+               attributes: Mapping[str, str] | None = None) -> User | None:
         """Change what is given of a user's admin flag, password and custom roles (all of
         them replaced), in one transaction; None if there is no such user. NotLocal for a
         password of a federated user, UnknownRoles for a role that is not a custom role."""
@@ -255,6 +268,9 @@ class Accounts:
                              (hash_password(password), user_id))
             if roles is not None:
                 self._set_roles(conn, user_id, _unique(roles))
+            if attributes is not None:
+                conn.execute(sql("UPDATE users SET attributes = ? WHERE id = ?"),
+                             (orjson.dumps(dict(sorted(attributes.items()))).decode(), user_id))
         self._changed()
         return self.by_name(name)
 

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from http.cookiejar import CookieJar, DefaultCookiePolicy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
@@ -25,6 +25,9 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+
+if TYPE_CHECKING:
+    from proxy.upstream.template import UrlTemplate
 
 # What a client's request may carry upstream. Everything else (the client's Authorization,
 # cookies, hop-by-hop headers, the client's session id) stays at the gateway.
@@ -50,15 +53,38 @@ class UpstreamRoute:
     state_key: str  # name and URL: what live state learned about this upstream is under
     identity: str = "none"  # how the caller's identity is forwarded (proxy.upstream.identity)
     identity_audience: str = ""  # the `aud` of an identity token (the URL unless configured)
+    # -- per-caller upstreams (proxy.upstream.tenants) ------------------------------------
+    template: UrlTemplate | None = None  # set: never dialled, resolved per caller first
+    zones: tuple[str, ...] = ()  # where a resolved URL may be dialled
+    max_resolved: int = 0
+    origin: str = ""  # a resolved route: its upstream's origin (the audit names it)
+    transport: httpx.AsyncBaseTransport | None = None  # a resolved route's own pool
+
+    @property
+    def dial_key(self) -> str:
+        """What the egress check and its pin are under: the name, or the resolved URL."""
+        return self.state_key if self.origin else self.name
+
+    @property
+    def session_endpoint(self) -> str:
+        """What a session is bound to: the endpoint, and for a per-caller upstream the URL
+        it was opened on too, so a session never moves to another caller's server."""
+        return self.state_key if self.origin else self.name
 
     @classmethod
     def from_config(cls, cfg: UpstreamConfig) -> UpstreamRoute:
         t = cfg.timeout_s
+        template = None
+        if cfg.templated:
+            from proxy.upstream.template import UrlTemplate
+
+            template = UrlTemplate.parse(cfg.url, {n: (p.claim, p.attribute, p.pattern)
+                                                   for n, p in cfg.placeholders.items()})
         call = httpx.Timeout(t, connect=t, read=t, write=t, pool=t)
         stream = httpx.Timeout(t, connect=t, read=None, write=t, pool=t)  # a GET stream idles
         return cls(
             name=cfg.name,
-            url=httpx.URL(cfg.url),
+            url=httpx.URL("http://per-caller.invalid/" if template else cfg.url),
             static_headers=tuple((k.lower(), v) for k, v in cfg.headers.items()),
             call_timeout=call,
             stream_timeout=stream,
@@ -70,6 +96,7 @@ class UpstreamRoute:
             state_key=f"{cfg.name} {cfg.url}",  # a name has no space
             identity=cfg.identity,
             identity_audience=cfg.identity_audience or cfg.url,
+            template=template, zones=tuple(cfg.zones), max_resolved=cfg.max_resolved,
         )
 
 
@@ -192,6 +219,7 @@ class UpstreamClient:
     def __init__(self, transport: httpx.AsyncBaseTransport | None = None, *,
                  destinations: Destinations | None = None) -> None:
         self._destinations = destinations
+        self._given = transport is not None
         self._transport = transport or build_transport(pinned=destinations is not None)
         # One client serves every caller, so it must keep no cookies: an upstream's Set-Cookie
         # for one person's call would otherwise ride along on the next person's call.
@@ -205,6 +233,13 @@ class UpstreamClient:
         await self.http.aclose()
         if self._transport is not self._service_transport:
             await self._transport.aclose()
+
+    def pool(self) -> httpx.AsyncBaseTransport | None:
+        """A pool of its own for one per-caller upstream (proxy.upstream.tenants); None when
+        a transport was given (tests), which every route then shares."""
+        if self._given:
+            return None
+        return build_transport(pinned=self._destinations is not None)
 
     def connections_in_use(self) -> int:
         """Upstream responses not yet closed (each holds a pooled connection); 0 when idle."""
@@ -239,8 +274,10 @@ class UpstreamClient:
         if self._destinations is None:
             extensions: dict[str, Any] = {"timeout": timeout}
         else:  # dial exactly the addresses the egress check admitted: no second resolution
-            extensions = {"timeout": timeout, DIAL: await self._destinations.admit(route.name)}
+            extensions = {"timeout": timeout,
+                          DIAL: await self._destinations.admit(route.dial_key)}
         request = httpx.Request(method, route.url, headers=headers, content=body,
                                 extensions=extensions)
+        transport = route.transport or self._transport
         with map_errors():
-            return await self._transport.handle_async_request(request)
+            return await transport.handle_async_request(request)

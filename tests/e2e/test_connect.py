@@ -6,7 +6,7 @@ signs people in locally and connects each one's own upstream account."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,11 +79,11 @@ class World:
 
 
 @asynccontextmanager
-async def world(tmp_path: Path, explicit: bool = False, replicas: int = 1
-                ) -> AsyncIterator[World]:
+async def world(tmp_path: Path, explicit: bool = False, replicas: int = 1,
+                gh: Callable[[str], dict[str, Any]] | None = None) -> AsyncIterator[World]:
     """The upstream Tollhouse and the gateway under test; `replicas` > 1: that many gateway
     apps on one database and one Redis (a fresh key prefix), all with the first one's URL as
-    their public URL, as behind a load balancer."""
+    their public URL, as behind a load balancer. `gh(inner_url)`: more of gh's settings."""
     app, probe = stateless_json_app()
     inner_db, outer_db = db_backends.open_database("inner"), db_backends.open_database("outer")
     for person, (_, upstream_user, upstream_password) in PEOPLE.items():
@@ -119,7 +119,7 @@ async def world(tmp_path: Path, explicit: bool = False, replicas: int = 1
                                                       "algorithms": ["HS256"]}]},
                 "database": {"url": outer_db.url},
                 "upstreams": [{"name": "gh", "url": f"{inner}/mcp/up", "auth": "per_user",
-                               "oauth": oauth}]}, env={})
+                               "oauth": oauth, **(gh(inner) if gh else {})}]}, env={})
             async with AsyncExitStack() as stack:
                 urls, states = [], []
                 for n in range(replicas):

@@ -23,6 +23,8 @@ from proxy.connect.guarded import EgressRefused
 from proxy.connect.manager import UpstreamNeedsReconnect, UpstreamNotConnected
 from proxy.egress import EgressDestinationDenied
 from proxy.errors import SURFACES, GatewayError, Surface, render
+from proxy.upstream.template import Missing
+from proxy.upstream.tenants import NoUpstreamForCaller
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "s3cr3t-7f1e"  # stands for a token, a password or an address the wire must not show
@@ -119,6 +121,7 @@ EXAMPLES: dict[type[GatewayError], Callable[[], GatewayError]] = {
     EgressRefused: lambda: EgressRefused(),
     EgressDestinationDenied: lambda: EgressDestinationDenied(f"resolves to {SECRET}"),
     EgressDenied: lambda: EgressDenied(f"egress: POLICY_LAN_ONLY {SECRET}"),
+    NoUpstreamForCaller: lambda: NoUpstreamForCaller(Missing("tenant", "invalid")),
 }
 
 SEED_004_CODES = {-32700, -32600, -32602, -32601, -32020, -32022, -32000, -32800, -32003, -32603}

@@ -1,0 +1,322 @@
+"""Per-caller upstreams end to end: one endpoint, `workspace`, whose URL is filled from each
+caller's `tenant` claim (`http://{tenant}.tenants.test:PORT/mcp`), in front of two official-SDK
+servers on 127.0.0.2 and 127.0.0.3 (one port, so only the host tells them apart). A resolver
+the test holds answers for the tenants' hosts, as DNS would; the gateway's egress check and
+pinned dialling run on its answers exactly as on a configured upstream's."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.app import create_app
+from proxy.audit import query
+from proxy.auth import keys as api_keys
+from proxy.config import from_dict
+from proxy.db import Database
+from proxy.people.accounts import Accounts
+from tests import db_backends, state_backends
+from tests.e2e.sdk_client import connect
+from tests.e2e.test_eras import MODERN, modern_request, sse_or_json
+from tests.e2e.upstreams import UpstreamProbe, build_app
+from tests.helpers import DEADLINE_S, ISSUER, jwt_auth, token
+from tests.servers import serve
+
+HOSTS = {"acme.tenants.test": ["127.0.0.2"], "globex.tenants.test": ["127.0.0.3"],
+         "inner.tenants.test": ["10.20.30.40"],  # a LAN address: outside zones = loopback
+         "meta.tenants.test": ["169.254.169.254"],  # a cloud metadata address
+         "mixed.tenants.test": ["127.0.0.2", "10.20.30.40"]}  # one bad address spoils all
+
+
+class Dns:
+    """The tenants' names, answered as a DNS server would; who asked is kept."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def resolve(self, host: str, port: int) -> list[str]:
+        self.asked.append(host)
+        if host not in HOSTS:
+            raise OSError(f"{host} has no address")
+        return list(HOSTS[host])
+
+
+def _pair_of_sockets() -> tuple[socket.socket, socket.socket, int]:
+    """Listening sockets on 127.0.0.2 and 127.0.0.3 with one port number."""
+    for _ in range(50):
+        first = socket.socket()
+        first.bind(("127.0.0.2", 0))
+        port = first.getsockname()[1]
+        second = socket.socket()
+        try:
+            second.bind(("127.0.0.3", port))
+        except OSError:
+            first.close()
+            second.close()
+            continue
+        first.listen(128)
+        second.listen(128)
+        return first, second, port
+    raise RuntimeError("no port free on both 127.0.0.2 and 127.0.0.3")
+
+
+@dataclass
+class Tenants:
+    endpoint: str
+    acme: UpstreamProbe
+    globex: UpstreamProbe
+    dns: Dns
+    db: str
+    port: int
+
+
+def _config(port: int, db: str, **upstream: Any) -> dict[str, Any]:
+    return {
+        "auth": jwt_auth(), "database": {"url": db}, "state": state_backends.state(),
+        "upstreams": [{
+            "name": "workspace", "url": f"http://{{tenant}}.tenants.test:{port}/mcp",
+            "zones": ["loopback"], "total_timeout_s": 10,
+            "placeholders": {"tenant": {"claim": "tenant"}}, **upstream}],
+    }
+
+
+@asynccontextmanager
+async def tenants(**upstream: Any) -> AsyncIterator[Tenants]:
+    """acme's server speaks only the legacy era (it refuses 2026-07-28), globex's both: with
+    era = auto, each resolved upstream's era is learned on its own."""
+    acme_app, acme = build_app(stateless=False, json_response=False, name="acme-server",
+                               dns_rebinding_protection=False, legacy_only=True)
+    globex_app, globex = build_app(stateless=True, json_response=True, name="globex-server",
+                                   dns_rebinding_protection=False)
+    first, second, port = _pair_of_sockets()
+    db = db_backends.url()
+    dns = Dns()
+    cfg = from_dict(_config(port, db, **upstream), env={})
+    async with serve(acme_app, graceful_timeout=1, sock=first), \
+            serve(globex_app, graceful_timeout=1, sock=second), \
+            serve(create_app(cfg, resolver=dns), graceful_timeout=1) as url:
+        yield Tenants(f"{url}/mcp/workspace", acme, globex, dns, db, port)
+
+
+def bearer(sub: str, **claims: Any) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token(endpoint='workspace', sub=sub, **claims)}"}
+
+
+async def call_modern(http: httpx.AsyncClient, endpoint: str, headers: dict[str, str],
+                      text: str) -> dict[str, Any]:
+    body, h = modern_request("tools/call", {"name": "echo", "arguments": {"text": text}})
+    response = await http.post(endpoint, content=body, headers={**h, **headers})
+    assert response.status_code == 200, response.text
+    return sse_or_json(response)
+
+
+def _records(db: str, principal: str) -> list[dict[str, Any]]:
+    return [r for r in query(db, limit=200) if r["principal"] == principal]
+
+
+async def test_two_callers_reach_their_own_servers_in_both_eras() -> None:
+    async with tenants() as t, httpx.AsyncClient(timeout=DEADLINE_S) as http:
+        # the legacy era, through the official SDK client
+        async with connect(t.endpoint, headers=bearer("alice", tenant="acme")) as alice:
+            assert alice.initialize_result.server_info.name == "acme-server"
+            assert (await alice.call_tool("echo", {"text": "alice legacy"})
+                    ).content[0].text == "alice legacy"
+        async with connect(t.endpoint, headers=bearer("bob", tenant="globex")) as bob:
+            assert bob.initialize_result.server_info.name == "globex-server"
+            assert (await bob.call_tool("echo", {"text": "bob legacy"})
+                    ).content[0].text == "bob legacy"
+        # the 2026-07-28 era: acme's legacy-only server bridged, globex's straight through
+        for sub, tenant in (("alice", "acme"), ("bob", "globex")):
+            answer = await call_modern(http, t.endpoint, bearer(sub, tenant=tenant),
+                                       f"{sub} modern")
+            assert answer["result"]["content"][0]["text"] == f"{sub} modern"
+    assert sorted(c.arguments["text"] for c in t.acme.tool_calls("echo")) == [
+        "alice legacy", "alice modern"]
+    assert sorted(c.arguments["text"] for c in t.globex.tool_calls("echo")) == [
+        "bob legacy", "bob modern"]
+    # each resolved upstream's era learned on its own: acme's bridged, globex's not
+    (acme_modern,) = [c for c in t.acme.tool_calls("echo") if c.arguments["text"] ==
+                      "alice modern"]
+    (globex_modern,) = [c for c in t.globex.tool_calls("echo") if c.arguments["text"] ==
+                        "bob modern"]
+    assert acme_modern.protocol_version == "2025-11-25"
+    assert globex_modern.protocol_version == MODERN
+    # the audit names the endpoint and the origin each call went to
+    for principal, host in (("alice", "acme"), ("bob", "globex")):
+        calls = [r for r in _records(t.db, principal) if r["tool"] == "echo"]
+        assert len(calls) == 2
+        assert {(r["endpoint"], r["upstream"], r["status"]) for r in calls} == {
+            ("workspace", f"http://{host}.tenants.test:{t.port}", "ok")}
+
+
+async def test_tools_list_is_each_callers_own() -> None:
+    async with tenants() as t, httpx.AsyncClient(timeout=DEADLINE_S) as http:
+        for sub, tenant in (("alice", "acme"), ("bob", "globex"), ("alice", "acme")):
+            body, h = modern_request("tools/list")
+            response = await http.post(t.endpoint, content=body,
+                                       headers={**h, **bearer(sub, tenant=tenant)})
+            assert response.status_code == 200
+            tools = sse_or_json(response)["result"]["tools"]
+            assert "echo" in {tool["name"] for tool in tools}
+    assert len(t.acme.posts("tools/list")) == 2  # nothing answered from globex's list
+    assert len(t.globex.posts("tools/list")) == 1
+
+
+NO_UPSTREAM = {"code": -32000, "message": "no upstream for this caller"}
+
+
+@pytest.mark.parametrize(("claims", "why"), [
+    ({}, "absent"),                               # no tenant claim, no attribute
+    ({"tenant": ""}, "absent"),
+    ({"tenant": "../acme"}, "invalid"),
+    ({"tenant": "acme@globex"}, "invalid"),
+    ({"tenant": "acme%2Fx"}, "invalid"),
+    ({"tenant": ".evil.example"}, "invalid"),
+    ({"tenant": "acme.evil.example"}, "invalid"),
+    ({"tenant": "acme:1"}, "invalid"),
+    ({"tenant": "\u0430cme"}, "invalid"),          # Cyrillic a: a look-alike of acme
+    ({"tenant": "ACME"}, "invalid"),               # the pattern is case-sensitive
+    ({"tenant": "acme\n"}, "invalid"),
+    ({"tenant": ["acme"]}, "absent"),              # not text: no value
+])
+async def test_a_caller_without_a_valid_value_reaches_nothing(claims: dict[str, Any],
+                                                               why: str) -> None:
+    async with tenants() as t, httpx.AsyncClient(timeout=DEADLINE_S) as http:
+        body, h = modern_request("tools/call", {"name": "echo", "arguments": {"text": "x"}})
+        response = await http.post(t.endpoint, content=body,
+                                   headers={**h, **bearer("mallory", **claims)})
+    assert response.status_code == 200
+    assert response.json()["error"] == NO_UPSTREAM
+    assert t.dns.asked == []  # nothing resolved, nothing dialled
+    assert t.acme.calls == [] and t.globex.calls == []
+    (record,) = _records(t.db, "mallory")
+    assert record["status"] == "error"
+    assert record["error_message"] == f"no_upstream_for_caller: {why} tenant"
+    assert record["upstream"] is None
+
+
+async def test_a_numeric_claim_is_its_text_and_a_host_without_an_address_is_unreachable(
+        ) -> None:
+    async with tenants() as t, httpx.AsyncClient(timeout=DEADLINE_S) as http:
+        answer = await call_modern(http, t.endpoint, bearer("mallory", tenant=7), "x")
+    assert answer["error"] == {"code": -32000, "message": "upstream unavailable"}
+    assert t.dns.asked == ["7.tenants.test"]
+    (record,) = _records(t.db, "mallory")
+    assert record["upstream"] == f"http://7.tenants.test:{t.port}"
+
+
+@pytest.mark.parametrize("tenant", ["inner", "meta", "mixed"])
+async def test_a_value_resolving_into_a_forbidden_zone_is_refused(tenant: str) -> None:
+    async with tenants() as t, httpx.AsyncClient(timeout=DEADLINE_S) as http:
+        body, h = modern_request("tools/call", {"name": "echo", "arguments": {"text": "x"}})
+        response = await http.post(t.endpoint, content=body,
+                                   headers={**h, **bearer("mallory", tenant=tenant)})
+    assert response.json()["error"] == {"code": -32000,
+                                        "message": "upstream not reachable under the egress "
+                                                   "policy"}
+    assert t.acme.calls == []
+    (record,) = _records(t.db, "mallory")
+    assert record["error_message"] == "egress_destination_denied"
+    assert record["upstream"] == f"http://{tenant}.tenants.test:{t.port}"
+
+
+async def test_a_session_is_bound_to_its_caller_and_upstream() -> None:
+    async with tenants() as t, httpx.AsyncClient(timeout=DEADLINE_S) as http:
+        async with connect(t.endpoint, headers=bearer("alice", tenant="acme")) as alice:
+            assert alice.session_id is not None
+            listed = {"jsonrpc": "2.0", "id": 9, "method": "tools/list"}
+            legacy = {"content-type": "application/json", "mcp-session-id": alice.session_id,
+                      "accept": "application/json, text/event-stream",
+                      "mcp-protocol-version": "2025-11-25"}
+            # bob, on his own server, presents alice's session id
+            stolen = await http.post(t.endpoint, json=listed,
+                                     headers={**legacy, **bearer("bob", tenant="globex")})
+            assert (stolen.status_code, stolen.json()) == (404, {"error": "session not found"})
+            # bob naming alice's tenant in his token still does not get her session
+            stolen = await http.post(t.endpoint, json=listed,
+                                     headers={**legacy, **bearer("bob", tenant="acme")})
+            assert (stolen.status_code, stolen.json()) == (404, {"error": "session not found"})
+            # alice herself, routed elsewhere now, cannot carry the session to that server
+            moved = await http.post(t.endpoint, json=listed,
+                                    headers={**legacy, **bearer("alice", tenant="globex")})
+            assert (moved.status_code, moved.json()) == (404, {"error": "session not found"})
+            assert (await alice.call_tool("echo", {"text": "still mine"})
+                    ).content[0].text == "still mine"
+    assert t.globex.calls == []
+
+
+async def test_a_person_attribute_fills_what_no_claim_does() -> None:
+    """carol's token has no tenant claim: her attribute, set through /api/v1/users/{name},
+    routes her (seen on her next call: the API's own write)."""
+    db = db_backends.url()
+    _, admin = api_keys.create(db, "ops", [], role="admin")
+    acme_app, acme = build_app(stateless=True, json_response=True, name="acme-server",
+                               dns_rebinding_protection=False)
+    first, second, port = _pair_of_sockets()
+    second.close()
+    database = Database(db)
+    try:
+        Accounts(database).upsert_federated(ISSUER, "carol", "carol", frozenset(), False)
+    finally:
+        database.close()
+    cfg = from_dict(_config(port, db), env={})
+    async with serve(acme_app, graceful_timeout=1, sock=first), \
+            serve(create_app(cfg, resolver=Dns()), graceful_timeout=1) as url, \
+            httpx.AsyncClient(timeout=DEADLINE_S) as http:
+        endpoint = f"{url}/mcp/workspace"
+        answer = await call_modern(http, endpoint, bearer("carol"), "before")
+        assert answer["error"] == NO_UPSTREAM
+        ops = {"Authorization": f"Bearer {admin}"}
+        bad = await http.patch(f"{url}/api/v1/users/carol", headers=ops,
+                               json={"attributes": {"x y": "1"}})
+        assert bad.status_code == 422
+        set_ = await http.patch(f"{url}/api/v1/users/carol", headers=ops,
+                                json={"attributes": {"tenant": "acme"}})
+        assert set_.status_code == 200, set_.text
+        assert set_.json()["attributes"] == {"tenant": "acme"}
+        assert (await http.get(f"{url}/api/v1/users/carol", headers=ops)
+                ).json()["attributes"] == {"tenant": "acme"}
+        answer = await call_modern(http, endpoint, bearer("carol"), "after")
+        assert answer["result"]["content"][0]["text"] == "after"
+        # a claim, when the token has one, wins over the attribute
+        answer = await call_modern(http, endpoint, bearer("carol", tenant="nobody"), "x")
+        assert answer["error"]["code"] == -32000
+    assert [c.arguments["text"] for c in acme.tool_calls("echo")] == ["after"]
+
+
+async def test_per_user_on_a_per_caller_url_gets_each_person_a_token_for_their_own_server(
+        tmp_path: Any) -> None:
+    """auth = "per_user" with a templated URL: the connect flow asks the authorization server
+    for a token for the person's own resolved URL (RFC 8707 resource), from their attributes;
+    a person with no server here cannot start it, and their calls reach nothing."""
+    from tests.e2e import test_connect as flow
+
+    def gh(inner: str) -> dict[str, Any]:
+        return {"url": f"{inner}/mcp/{{tenant}}", "placeholders": {"tenant": {}}}
+
+    async with flow.world(tmp_path, explicit=True, gh=gh) as w:
+        _, admin = api_keys.create(w.outer_db, "ops", [], role="admin")
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as ops:
+            set_ = await ops.patch(f"{w.outer}/api/v1/users/alice",
+                                   headers={"Authorization": f"Bearer {admin}"},
+                                   json={"attributes": {"tenant": "up"}})
+            assert set_.status_code == 200, set_.text
+        alice = await flow.connect(w, "alice")  # asserts resource == f"{inner}/mcp/up"
+        ok = await w.call("alice")
+        assert ok.json()["result"]["content"][0]["text"] == "alice", ok.text
+        assert (await w.call("bob")).json()["error"] == NO_UPSTREAM
+        bob = httpx.AsyncClient(follow_redirects=False, timeout=DEADLINE_S)
+        await flow.sign_in(bob, w.outer, "bob", flow.PEOPLE["bob"][0])
+        start = await bob.get(f"{w.outer}/connect/gh?start=1")
+        assert start.status_code != 303 and "no upstream server for you" in start.text
+        await alice.aclose()
+        await bob.aclose()
+    (record,) = [r for r in query(w.outer_db, limit=50)
+                 if r["method"] == "tools/call" and r["status"] == "ok"]
+    assert record["upstream"] == w.inner
