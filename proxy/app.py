@@ -59,6 +59,7 @@ from proxy.people.live import LiveUsers
 from proxy.people.signin import Web
 from proxy.registry import POLL_S as REGISTRY_POLL_S
 from proxy.registry import Registry
+from proxy.virtual import VirtualRoute
 from proxy.state import Stores, open_stores
 from proxy.state.inflight import Later
 from proxy.upstream import UpstreamClient, UpstreamRoute
@@ -189,6 +190,14 @@ def _parts(cfg: Config, given: Overrides) -> Parts:
     return parts
 
 
+def _cursor_key(given: Overrides) -> bytes:
+    """What seals a virtual endpoint's list cursors: the deployment's secret key, so every
+    replica opens every other's cursors; without one, this process's own random key."""
+    secret = os.environ.get("TOLLHOUSE_SECRET_KEY", "") if given.secret_key is None \
+        else given.secret_key
+    return secret.encode() if secret else os.urandom(32)
+
+
 def _people(parts: Parts) -> None:
     """Sign-in, the OAuth server and per-user upstream connections, each when configured."""
     cfg, given, stores = parts.cfg, parts.given, parts.stores
@@ -303,7 +312,9 @@ class Serving:
             connections=parts.connections, trusted_proxies=parts.trusted,
             bridged=parts.stores.bridge, later=given.later,
             observer=_observer(parts.request_log, metrics, state.tracing),
-            session_ended=metrics.session_ended if metrics is not None else None)
+            session_ended=metrics.session_ended if metrics is not None else None,
+            endpoints={e.name: VirtualRoute.from_config(e) for e in cfg.endpoints},
+            cursor_key=_cursor_key(given))
         watch = asyncio.get_running_loop().create_task(registry.watch())
         await parts.stores.start()
         sampler = None

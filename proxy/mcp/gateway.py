@@ -49,6 +49,7 @@ from proxy.state.bridge import BridgeStore
 from proxy.state.inflight import EndReason, Later, call_key
 from proxy.upstream import BodyChunks, UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
+from proxy.virtual import VirtualForwarder, VirtualRoute
 
 log = logging.getLogger("tollhouse.gateway")
 
@@ -68,8 +69,11 @@ class Gateway:
                  connections: Connections | None = None,
                  trusted_proxies: tuple[IPNetwork, ...] = (), later: Later | None = None,
                  observer: Observer | None = None,
-                 session_ended: Callable[[str, float], None] | None = None) -> None:
+                 session_ended: Callable[[str, float], None] | None = None,
+                 endpoints: Mapping[str, VirtualRoute] | None = None,
+                 cursor_key: bytes = b"") -> None:
         self.routes = routes  # live: the registry changes it, each call reads it
+        self.endpoints = endpoints or {}  # virtual endpoints (proxy/virtual), beside routes
         self.auth = authenticator
         self.live = live  # swapped whole by a reload; a call reads it once, as it starts
         self.draining = False  # SIGTERM: new sessions, calls and GET streams answer 503
@@ -81,6 +85,7 @@ class Gateway:
         self.trusted_proxies = trusted_proxies  # parsed once, by create_app
         self.forward = Forwarder(upstream, sessions, bridged, identity=identity,
                                  connections=connections, spawn=self.spawn)
+        self.virtual = VirtualForwarder(self.forward, routes, cursor_key)
         self._later = later  # the clock deadlines run on (the loop's unless a test gives one)
         # metrics, the request log (and a tracer): told when each message begins and ends
         self.observer: Observer = observer or Observers()
@@ -92,8 +97,8 @@ class Gateway:
     def chain(self) -> Chain:
         return self.live.chain
 
-    def route(self, name: str) -> UpstreamRoute:
-        route = self.routes.get(name)
+    def route(self, name: str) -> UpstreamRoute | VirtualRoute:
+        route = self.routes.get(name) or self.endpoints.get(name)
         if route is None:
             raise EndpointNotFound()
         return route
@@ -141,7 +146,10 @@ class Gateway:
                               api_key_id=principal.api_key_id, peer_ip=req.peer,
                               headers=req.forwarded)
             if msg.kind != "response":
-                await chain.run(msg, ctx)
+                if isinstance(route, VirtualRoute):  # the member's rules too: proxy/virtual
+                    ctx = await self.virtual.check(route, chain, msg, ctx)
+                else:
+                    await chain.run(msg, ctx)
                 record.call_id, record.note = ctx.call_id, ctx.audit_note
             if msg.kind == "request":
                 return await self._call(route, req, msg, session, ctx, record, started, chain)
@@ -176,7 +184,13 @@ class Gateway:
         handed_over = False
         try:
             record.upstream_started = time.perf_counter()  # the upstream leg (its metric)
-            await self.forward.call(route, req, msg, session, ctx, forwarded)
+            if isinstance(route, VirtualRoute):
+                forward: Any = self.virtual
+                await self.virtual.call(route, req, msg, session, ctx, forwarded, chain)
+                record.note = ctx.audit_note
+            else:
+                forward = self.forward
+                await self.forward.call(route, req, msg, session, ctx, forwarded)
             rewrite = self.observer.results(msg, record, forwarded.leg.rewrite(
                 chain.rewriter(msg, ctx), msg.method))
             response = forwarded.response
@@ -192,7 +206,7 @@ class Gateway:
             headers = {"Mcp-Session-Id": session.id} if session is not None else {}
             if response.headers.get("content-type", "").startswith("text/event-stream"):
                 end = StreamEnd(self.inflight, self.audit, key, partial(
-                    self.forward.notify_cancelled, route, forwarded.leg, msg.id),
+                    forward.notify_cancelled, route, forwarded.leg, msg.id),
                     forwarded.leg.bridged, observer=self.observer)
                 relay = StreamRelay(BodyChunks(response), response.aclose, request_id=msg.id,
                                     handle=handle, record=record, started=started,
@@ -201,7 +215,7 @@ class Gateway:
                                     on_done=end, on_answer=end.answered)
                 handed_over = True  # the relay owns the response and the registration now
                 return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
-            data, error = await self.forward.json_answer(route, msg, forwarded, rewrite)
+            data, error = await forward.json_answer(route, msg, forwarded, rewrite)
             if error is not None:
                 record.status, record.error_message = "error", error
                 record.error_type = upstream_error_type(error)
@@ -211,7 +225,8 @@ class Gateway:
             leg = forwarded.leg
             if not handle.absorb():  # the client went away: clean up, let the cancel go on
                 self._disconnected(record, started)
-                self.forward.notify_cancelled(route, leg, msg.id, EndReason.DISCONNECTED)
+                self._forwarder(route).notify_cancelled(route, leg, msg.id,
+                                                        EndReason.DISCONNECTED)
                 raise
             return await self._cancelled(route, msg, ctx, handle, leg, record, started)
         finally:
@@ -253,7 +268,8 @@ class Gateway:
                                                 session.id if session else "", target),
                                        EndReason.CANCELLED)
         headers = {"Mcp-Session-Id": session.id} if session is not None else {}
-        if ctx.era == "modern" or (session is not None and session.bridged_envelope is not None):
+        if ctx.era == "modern" or (session is not None and session.bridged_envelope is not None) \
+                or isinstance(route, VirtualRoute):  # its members are told nothing one-way
             return EdgeResponse(202, headers)
         await self.forward.one_way(route, req, msg, session)
         return EdgeResponse(202, headers)
@@ -264,8 +280,9 @@ class Gateway:
         """A deliberate end (the client's cancel, the deadline): -32800, and the upstream told
         unless the client's own notifications/cancelled is on its way there."""
         assert handle.reason is not None
-        if handle.reason is not EndReason.CANCELLED or ctx.era == "modern":
-            self.forward.notify_cancelled(route, leg, msg.id, handle.reason)
+        virtual = isinstance(route, VirtualRoute)  # a client's cancel stops at the gateway
+        if handle.reason is not EndReason.CANCELLED or ctx.era == "modern" or virtual:
+            self._forwarder(route).notify_cancelled(route, leg, msg.id, handle.reason)
         return await self._refuse(Cancelled(handle.reason), record, started, msg.id)
 
     # -- GET: the server-to-client stream; DELETE: end the session ---------------------------
@@ -284,6 +301,9 @@ class Gateway:
                       record: AuditRecord) -> EdgeResponse:
         if session is not None and session.bridged_envelope is not None:
             record.note = "no GET stream on a 2026-07-28 upstream"
+            return EdgeResponse(405, {"Allow": "POST, DELETE"})
+        if isinstance(route, VirtualRoute):
+            record.note = "no GET stream on a virtual endpoint"
             return EdgeResponse(405, {"Allow": "POST, DELETE"})
         if self.draining:
             raise Draining()
@@ -350,6 +370,9 @@ class Gateway:
             return await self._refuse(InternalError(), record, started, None)
 
     # -- shared steps ------------------------------------------------------------------------
+
+    def _forwarder(self, route: UpstreamRoute | VirtualRoute) -> Any:
+        return self.virtual if isinstance(route, VirtualRoute) else self.forward
 
     async def _session(self, headers: Mapping[str, str], route: UpstreamRoute,
                        principal: Principal) -> Session | None:
