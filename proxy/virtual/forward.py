@@ -126,19 +126,21 @@ class VirtualForwarder:
                    session: Session | None, ctx: CallContext, into: Forwarded,
                    chain: Chain) -> None:
         method = msg.method or ""
+        modern = ctx.era == "modern"  # a result answered here is completed for its era
         if method in LISTS:
             cursor = (msg.params or {}).get("cursor")
             into.leg = Leg([], local=await self._merged(route, msg, cursor, ctx, chain,
-                                                        session))
+                                                        session), bridged=modern)
         elif method in ("initialize", "server/discover"):
             into.leg = Leg([], local=await self._opening(route, msg, ctx, session))
         elif method in ("ping", "logging/setLevel"):
-            into.leg = Leg([], local={})
+            into.leg = Leg([], local={}, bridged=modern)
         elif method in ROUTED:
             target = await self.resolve(route, msg, ctx, chain)
             member = await self._member(route, target.member)
             mreq, mmsg = self._outbound(req, target.msg, target.name, session)
-            await self.forward.call(member, mreq, mmsg, None, self._context(ctx, member), into)
+            await self.forward.call(member, mreq, mmsg, None,
+                                    self._context(ctx, member, leg=True), into)
             into.leg.route = member
         else:
             raise MethodNotFound(data={"method": method})
@@ -164,8 +166,12 @@ class VirtualForwarder:
         return dataclasses.replace(base, era=era, state_key=f"{base.state_key} @{route.name}")
 
     @staticmethod
-    def _context(ctx: CallContext, member: UpstreamRoute) -> CallContext:
-        return CallContext(ctx.principal, member.name, member.url_text, era=ctx.era,
+    def _context(ctx: CallContext, member: UpstreamRoute, *, leg: bool = False) -> CallContext:
+        """The member's view of the call: for its policies (the caller's era), or for the
+        Forwarder (`leg`: always 2026-07-28, so a legacy member's session is held for this
+        endpoint and caller by the bridge, and a 2026-07-28 member is spoken to directly)."""
+        return CallContext(ctx.principal, member.name, member.url_text,
+                           era="modern" if leg else ctx.era,
                            session_hash=ctx.session_hash, arguments_size=ctx.arguments_size,
                            api_key_id=ctx.api_key_id, peer_ip=ctx.peer_ip, headers=ctx.headers,
                            clock=ctx.clock)
@@ -206,7 +212,8 @@ class VirtualForwarder:
         await chain.run(msg, mctx, only=PER_MEMBER)
         mreq, mmsg = self._outbound(req or _NO_REQUEST, msg, None, session)
         into = Forwarded(Leg([]))
-        await self.forward.call(member, mreq, mmsg, None, mctx, into)
+        await self.forward.call(member, mreq, mmsg, None, self._context(ctx, member, leg=True),
+                                into)
         rewrite = into.leg.rewrite(chain.rewriter(mmsg, mctx), mmsg.method)
         if into.response is None:
             result = into.leg.local or {}
