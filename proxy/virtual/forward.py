@@ -24,7 +24,7 @@ import orjson
 
 from proxy import __version__
 from proxy.chain import CallContext, Chain, Rewrite
-from proxy.errors import GatewayError, InvalidParams, MethodNotFound, UpstreamFailure, \
+from proxy.errors import GatewayError, HiddenTool, InvalidParams, MethodNotFound, UpstreamFailure, \
     UpstreamProtocolError, UpstreamUnavailable
 from proxy.jsonrpc import McpMessage, response_outcome
 from proxy.mcp import bridge, eras
@@ -81,7 +81,14 @@ class VirtualForwarder:
         await chain.run(msg, ctx, only=("access",))  # the endpoint's own rules
         member = self.routes[target.member]
         mctx = self._context(ctx, member)
-        await chain.run(target.msg, mctx)
+        try:
+            await chain.run(target.msg, mctx)
+        except HiddenTool as exc:  # unknown, as the caller knows it: by its exposed name
+            if msg.method != "tools/call":
+                raise
+            hidden = HiddenTool(str(exc), str((msg.params or {}).get("name")))
+            hidden.decided_by = exc.decided_by
+            raise hidden from None
         note = f"virtual: member {target.member}, name {target.name[:200]}"
         mctx.audit_note = f"{mctx.audit_note}; {note}" if mctx.audit_note else note
         return mctx

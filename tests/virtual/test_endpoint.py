@@ -13,7 +13,9 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import mcp_types as types
 from mcp import Client, MCPError
+from mcp.server.lowlevel import Server
 
 from proxy.app import State, create_app
 from proxy.audit import query
@@ -51,6 +53,36 @@ class Switch:
         await self.app(scope, receive, send)
 
 
+def paging_app() -> ASGIApp:
+    """A low-level SDK server whose tools come in two pages, with one resource."""
+    pages = {None: (["t0", "t1", "t2"], "p2"), "p2": (["t3", "t4"], None)}
+
+    async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None
+                         ) -> types.ListToolsResult:
+        names, nxt = pages[params.cursor if params else None]
+        return types.ListToolsResult(next_cursor=nxt, tools=[
+            types.Tool(name=n, input_schema={"type": "object"}) for n in names])
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        return types.CallToolResult(content=[types.TextContent(type="text",
+                                                               text=f"pages:{params.name}")])
+
+    async def list_resources(ctx: Any, params: types.PaginatedRequestParams | None
+                             ) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[
+            types.Resource(uri="file:///notes/a.txt", name="a")])
+
+    async def read_resource(ctx: Any, params: types.ReadResourceRequestParams
+                            ) -> types.ReadResourceResult:
+        return types.ReadResourceResult(contents=[
+            types.TextResourceContents(uri=params.uri, text=f"read {params.uri}")])
+
+    server = Server("pages", on_list_tools=list_tools, on_call_tool=call_tool,
+                    on_list_resources=list_resources, on_read_resource=read_resource)
+    return server.streamable_http_app(streamable_http_path="/mcp", stateless_http=True,
+                                      json_response=True)
+
+
 @dataclass
 class Team:
     url: str
@@ -71,15 +103,20 @@ async def team(list_timeout_s: float = 10.0, **endpoint: Any) -> AsyncIterator[T
         a = await stack.enter_async_context(serve(alpha_app, graceful_timeout=1))
         b = await stack.enter_async_context(serve(beta_app, graceful_timeout=1))
         g = await stack.enter_async_context(serve(switch, graceful_timeout=1))
+        p = await stack.enter_async_context(serve(paging_app(), graceful_timeout=1))
         cfg = from_dict({
             "database": {"url": db}, "state": state_backends.state(),
             "upstreams": [{"name": "alpha", "url": f"{a}/mcp", "total_timeout_s": 20},
                           {"name": LONG, "url": f"{b}/mcp", "era": "legacy"},
                           {"name": "gamma", "url": f"{g}/mcp", "era": "modern",
-                           "timeout_s": 5}],
+                           "timeout_s": 5},
+                          {"name": "pages", "url": f"{p}/mcp", "era": "legacy",
+                           "access": {"tools_deny": ["t1"]}}],
             "endpoints": [{"name": "team", "members": ["alpha", LONG, "gamma"],
                            "list_timeout_s": list_timeout_s,
-                           "aliases": {"shout": "gamma:echo"}, **endpoint}],
+                           "aliases": {"shout": "gamma:echo"}, **endpoint},
+                          {"name": "paged", "members": ["pages", "gamma"],
+                           "access": {"tools_deny": ["gamma__*"]}}],
         }, env={})
         app = create_app(cfg)
         gw = await stack.enter_async_context(serve(app, graceful_timeout=1))
@@ -208,9 +245,12 @@ async def modern_post(raw: httpx.AsyncClient, url: str, method: str,
             "io.modelcontextprotocol/clientCapabilities": {}}
     body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": method,
                          "params": {**(params or {}), "_meta": meta}})
-    return await raw.post(url, content=body, headers={
-        "content-type": "application/json", "accept": "application/json, text/event-stream",
-        "mcp-protocol-version": MODERN, "mcp-method": method})
+    headers = {"content-type": "application/json", "accept": "application/json, "
+               "text/event-stream", "mcp-protocol-version": MODERN, "mcp-method": method}
+    named = (params or {}).get("name") or (params or {}).get("uri")
+    if named:
+        headers["mcp-name"] = named
+    return await raw.post(url, content=body, headers=headers)
 
 
 async def test_modern_lists_are_one_answer_with_every_member() -> None:
@@ -226,3 +266,32 @@ async def test_modern_lists_are_one_answer_with_every_member() -> None:
                 assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "team"
             else:
                 assert "nextCursor" not in result
+
+
+async def test_pages_merge_into_one_cursor_and_rules_apply_per_member_then_endpoint() -> None:
+    async with team() as t, httpx.AsyncClient(timeout=DEADLINE_S) as raw:
+        paged = t.url.replace("/mcp/team", "/mcp/paged")
+        first = (await modern_post(raw, paged, "tools/list")).json()["result"]
+        # t1: the member's own rule; gamma's tools: the endpoint's
+        assert [x["name"] for x in first["tools"]] == ["pages__t0", "pages__t2"]
+        cursor = first["nextCursor"]
+        assert cursor.count(".") == 1
+        second = (await modern_post(raw, paged, "tools/list", {"cursor": cursor})).json()
+        assert [x["name"] for x in second["result"]["tools"]] == ["pages__t3", "pages__t4"]
+        assert "nextCursor" not in second["result"]
+        assert len(t.probes["gamma"].posts("tools/list")) == 1  # not asked for page two
+        for hidden in ("pages__t1", "gamma__echo"):
+            denied = (await modern_post(raw, paged, "tools/call",
+                                        {"name": hidden, "arguments": {"text": "x"}})).json()
+            assert denied["error"]["code"] == -32602
+            assert denied["error"]["message"] == f"Unknown tool: {hidden}"
+        assert not t.probes["gamma"].tool_calls("echo")
+        called = (await modern_post(raw, paged, "tools/call",
+                                    {"name": "pages__t4", "arguments": {}})).json()
+        assert called["result"]["content"][0]["text"] == "pages:t4"
+        listed = (await modern_post(raw, paged, "resources/list")).json()["result"]
+        (resource,) = listed["resources"]
+        assert resource["uri"] == "tollhouse://pages/file:///notes/a.txt"
+        read = (await modern_post(raw, paged, "resources/read",
+                                  {"uri": resource["uri"]})).json()["result"]
+        assert read["contents"][0]["text"] == "read file:///notes/a.txt"
