@@ -326,7 +326,7 @@ class Gateway:
                    record: AuditRecord) -> EdgeResponse:
         if session is None:
             raise InvalidRequest("Invalid Request: Mcp-Session-Id header required")
-        refused = await self.forward.end(route, req, session)
+        refused = await self._forwarder(route).end(route, req, session)
         if refused is not None:
             record.note = "upstream does not let clients end sessions"
             return EdgeResponse(405, refused)

@@ -144,7 +144,7 @@ class VirtualForwarder:
             into.leg = Leg([], local={}, bridged=modern)
         elif method in ROUTED:
             target = await self.resolve(route, msg, ctx, chain)
-            member = await self._member(route, target.member)
+            member = await self._member(route, target.member, session)
             mreq, mmsg = self._outbound(req, target.msg, target.name, session)
             await self.forward.call(member, mreq, mmsg, None,
                                     self._context(ctx, member, leg=True), into)
@@ -163,14 +163,43 @@ class VirtualForwarder:
         assert member is not None
         return await self.forward.json_answer(member, msg, forwarded, rewrite)
 
-    async def _member(self, route: VirtualRoute, name: str) -> UpstreamRoute:
+    async def _member(self, route: VirtualRoute, name: str, session: Session | None
+                      ) -> UpstreamRoute:
         """The member's route as this endpoint uses it: its era settled (learned once per
-        upstream), its held sessions its own (per endpoint and caller, by state key)."""
+        upstream), its held sessions its own, by state key: per endpoint and caller, and per
+        gateway session for a legacy client that has one."""
         base = self.routes.get(name)
         if base is None:
             raise UpstreamUnavailable(f"member {name} is not registered")
         era = base.era if base.era != "auto" else await self.forward.bridge.era(base)
-        return dataclasses.replace(base, era=era, state_key=f"{base.state_key} @{route.name}")
+        scope = f"@{route.name}" if session is None else f"@{route.name}/{session.id_hash}"
+        return dataclasses.replace(base, era=era, state_key=f"{base.state_key} {scope}")
+
+    async def end(self, route: VirtualRoute, req: EdgeRequest, session: Session
+                  ) -> dict[str, str] | None:
+        """A legacy client's DELETE: the member sessions held for its gateway session are
+        ended too (best effort: a member that fails keeps its session until it expires)."""
+        await asyncio.gather(*(self._end_member(route, name, session)
+                               for name in route.members if name in self.routes))
+        return None
+
+    async def _end_member(self, route: VirtualRoute, name: str, session: Session) -> None:
+        try:
+            member = await self._member(route, name, session)
+            store = self.forward.bridge.store
+            held = await store.session(member.state_key, session.principal_key)
+            if held is None:
+                return
+            await store.forget(member.state_key, session.principal_key)
+            if held.upstream_session_id is not None:
+                headers = self.forward.upstream.headers(
+                    member, {"mcp-protocol-version": bridge.LEGACY_VERSION},
+                    held.upstream_session_id)
+                response = await self.forward.upstream.open(member, "DELETE", headers)
+                await response.aclose()
+        except GatewayError as exc:
+            log.info("/mcp/%s: could not end the session at member %s: %s", route.name, name,
+                     exc)
 
     @staticmethod
     def _context(ctx: CallContext, member: UpstreamRoute, *, leg: bool = False) -> CallContext:
@@ -214,7 +243,7 @@ class VirtualForwarder:
                    req: EdgeRequest | None = None) -> dict[str, Any]:
         """One member's result for a message the gateway fans out (a list, discover), with the
         member's own access and egress decisions and its result rewriters applied."""
-        member = await self._member(route, member_name)
+        member = await self._member(route, member_name, session)
         mctx = self._context(ctx, member)
         await chain.run(msg, mctx, only=PER_MEMBER)
         mreq, mmsg = self._outbound(req or _NO_REQUEST, msg, None, session)

@@ -143,6 +143,10 @@ async def test_legacy_client_lists_and_calls_every_member() -> None:
         assert (await client.call_tool("alpha__boom", {})).is_error
         with pytest.raises(MCPError):
             await client.call_tool("nobody__echo", {"text": "x"})
+    # the client's DELETE ended the member session held for its gateway session
+    sid = t.probes["alpha"].tool_calls("echo")[0].headers["mcp-session-id"]
+    assert any(x.method == "DELETE" and x.request_header("mcp-session-id") == sid
+               for x in t.probes["alpha"].exchanges)
     # each member got its own name, and the 2026-07-28 member only 2026-07-28 requests
     assert [c.arguments["text"] for c in t.probes["alpha"].tool_calls("echo")] == \
         ["to alpha__echo"]
