@@ -60,6 +60,7 @@ from proxy.people.signin import Web
 from proxy.registry import POLL_S as REGISTRY_POLL_S
 from proxy.registry import Registry
 from proxy.virtual import VirtualRoute
+from proxy.virtual.registry import Endpoints
 from proxy.state import Stores, open_stores
 from proxy.state.inflight import Later
 from proxy.upstream import UpstreamClient, UpstreamRoute
@@ -242,7 +243,12 @@ def _routes(app: Quart, parts: Parts) -> None:
     state = parts.state
 
     def api_scopes(name: str) -> list[str] | None:
-        return state.api.registry.scopes_of(name) if state.api is not None else None
+        if state.api is None:
+            return None
+        scopes = state.api.registry.scopes_of(name)
+        if scopes is None and state.api.endpoints is not None:  # a virtual endpoint's
+            scopes = state.api.endpoints.scopes_of(name)
+        return scopes
 
     metadata.register(app, cfg, parts.identity, own_server=parts.oauth is not None,
                       api_scopes=api_scopes)
@@ -294,11 +300,14 @@ class Serving:
         access = next((p for p in chain.policies if isinstance(p, Access)), None)
         registry = Registry(cfg, parts.routes, egress, access, parts.database,
                             poll_s=given.registry_poll_s)
+        virtual = {e.name: VirtualRoute.from_config(e) for e in cfg.endpoints}
+        endpoints = Endpoints(cfg, virtual, registry, access, parts.database,
+                              poll_s=given.registry_poll_s)
         state.api = Api(registry, keys, parts.database, parts.web, parts.stores.lockouts,
                         parts.web.accounts if parts.web is not None
                         else Accounts(parts.database),
                         forget_person=getattr(parts.connections, "forget", None),
-                        trusted_proxies=parts.trusted)
+                        trusted_proxies=parts.trusted, endpoints=endpoints)
         provide(app, state.api)
         if cfg.observability.otlp_endpoint:  # the extra is there: the config check saw to it
             from proxy.observability.tracing import Tracing
@@ -313,9 +322,9 @@ class Serving:
             bridged=parts.stores.bridge, later=given.later,
             observer=_observer(parts.request_log, metrics, state.tracing),
             session_ended=metrics.session_ended if metrics is not None else None,
-            endpoints={e.name: VirtualRoute.from_config(e) for e in cfg.endpoints},
-            cursor_key=_cursor_key(given))
+            endpoints=virtual, cursor_key=_cursor_key(given))
         watch = asyncio.get_running_loop().create_task(registry.watch())
+        endpoints.start()
         await parts.stores.start()
         sampler = None
         if metrics is not None and metrics.multiproc_dir is not None:
@@ -399,6 +408,8 @@ class Serving:
         self.registry_watch.cancel()
         await asyncio.wait({self.registry_watch}, timeout=5)
         self.registry.close()
+        if parts.state.api is not None and parts.state.api.endpoints is not None:
+            await parts.state.api.endpoints.close()
         await parts.stores.aclose()
         parts.health.close()
         parts.database.close()

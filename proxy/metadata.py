@@ -33,7 +33,8 @@ def register(app: Quart, cfg: Config, identity: IdentityForwarder, *,
             "bearer_methods_supported": ["header"],
         })
 
-    documents = {u.name: document(u.name, u.access.allow_scopes) for u in cfg.upstreams}
+    documents = {u.name: document(u.name, u.access.allow_scopes)
+                 for u in [*cfg.upstreams, *cfg.endpoints]}  # virtual endpoints too
     jwks = orjson.dumps(identity.jwks())
 
     @app.route("/.well-known/oauth-protected-resource/mcp/<endpoint>")

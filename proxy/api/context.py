@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from quart import Quart, current_app
 
@@ -16,6 +17,9 @@ from proxy.people.accounts import Accounts
 from proxy.people.signin import Web
 from proxy.registry import Registry
 from proxy.state.lockouts import LockoutStore
+
+if TYPE_CHECKING:
+    from proxy.virtual.registry import Endpoints
 
 EXTENSION = "tollhouse.api"
 
@@ -32,6 +36,7 @@ class Api:
     # principal key, when their user is deleted
     forget_person: Callable[[str], None] | None = None
     trusted_proxies: tuple[IPNetwork, ...] = ()
+    endpoints: Endpoints | None = None  # the virtual endpoints (proxy.virtual.registry)
 
 
 def provide(app: Quart, api: Api) -> None:

@@ -73,7 +73,7 @@ class Gateway:
                  endpoints: Mapping[str, VirtualRoute] | None = None,
                  cursor_key: bytes = b"") -> None:
         self.routes = routes  # live: the registry changes it, each call reads it
-        self.endpoints = endpoints or {}  # virtual endpoints (proxy/virtual), beside routes
+        self.endpoints = {} if endpoints is None else endpoints  # proxy/virtual: live too
         self.auth = authenticator
         self.live = live  # swapped whole by a reload; a call reads it once, as it starts
         self.draining = False  # SIGTERM: new sessions, calls and GET streams answer 503
