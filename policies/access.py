@@ -103,7 +103,8 @@ class Access:
 
     @classmethod
     def wanted(cls, cfg: Config) -> bool:
-        return any(u.access != AccessConfig() for u in [*cfg.upstreams, *cfg.endpoints])
+        return any(u.access != AccessConfig() for u in cfg.upstreams) or \
+            any(e.access != AccessConfig() for e in cfg.endpoints)
 
     async def check(self, call: McpMessage, ctx: CallContext) -> None:
         rules = self._rules.get(ctx.endpoint)

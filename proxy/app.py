@@ -59,12 +59,12 @@ from proxy.people.live import LiveUsers
 from proxy.people.signin import Web
 from proxy.registry import POLL_S as REGISTRY_POLL_S
 from proxy.registry import Registry
-from proxy.virtual import VirtualRoute
-from proxy.virtual.registry import Endpoints
 from proxy.state import Stores, open_stores
 from proxy.state.inflight import Later
 from proxy.upstream import UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
+from proxy.virtual import VirtualRoute
+from proxy.virtual.registry import Endpoints
 
 log = logging.getLogger("tollhouse")
 

@@ -33,8 +33,9 @@ def register(app: Quart, cfg: Config, identity: IdentityForwarder, *,
             "bearer_methods_supported": ["header"],
         })
 
-    documents = {u.name: document(u.name, u.access.allow_scopes)
-                 for u in [*cfg.upstreams, *cfg.endpoints]}  # virtual endpoints too
+    documents = {u.name: document(u.name, u.access.allow_scopes) for u in cfg.upstreams}
+    documents.update({e.name: document(e.name, e.access.allow_scopes)  # virtual endpoints
+                      for e in cfg.endpoints})
     jwks = orjson.dumps(identity.jwks())
 
     @app.route("/.well-known/oauth-protected-resource/mcp/<endpoint>")

@@ -53,7 +53,8 @@ from proxy.virtual import VirtualForwarder, VirtualRoute
 
 log = logging.getLogger("tollhouse.gateway")
 
-Bodyless = Callable[[UpstreamRoute, EdgeRequest, "Session | None", AuditRecord],
+Route = UpstreamRoute | VirtualRoute  # an upstream's own endpoint, or a virtual one
+Bodyless = Callable[[Route, EdgeRequest, "Session | None", AuditRecord],
                     Awaitable[EdgeResponse]]
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
@@ -105,7 +106,7 @@ class Gateway:
 
     # -- POST: one JSON-RPC message ----------------------------------------------------------
 
-    async def post(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
+    async def post(self, route: Route, req: EdgeRequest) -> EdgeResponse:
         started = time.perf_counter()
         chain = self.live.chain  # this call's rules, whatever a reload does meanwhile
         version = req.headers.get("mcp-protocol-version")
@@ -168,7 +169,7 @@ class Gateway:
             log.exception("unexpected failure on /mcp/%s", route.name)
             return await self._refuse(InternalError(), record, started, msg.id if msg else None)
 
-    async def _call(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+    async def _call(self, route: Route, req: EdgeRequest, msg: McpMessage,
                     session: Session | None, ctx: CallContext, record: AuditRecord,
                     started: float, chain: Chain) -> EdgeResponse:
         """A request: registered in flight (cancellable, under its deadline), forwarded, and
@@ -238,7 +239,7 @@ class Gateway:
         # answered: out of the registry and past its deadline, it waits for its record
         return await self._answer(record, started, answer, msg.id)
 
-    async def _answer_here(self, route: UpstreamRoute, msg: McpMessage, leg: Leg,
+    async def _answer_here(self, route: Route, msg: McpMessage, leg: Leg,
                            rewrite: Rewrite | None, ctx: CallContext, record: AuditRecord
                            ) -> EdgeResponse:
         """A result the gateway gives itself: discover or initialize built for a bridge."""
@@ -257,7 +258,7 @@ class Gateway:
         record.bytes_out = len(data)
         return EdgeResponse(200, headers, data)
 
-    async def _one_way(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+    async def _one_way(self, route: Route, req: EdgeRequest, msg: McpMessage,
                        session: Session | None, ctx: CallContext) -> EdgeResponse:
         """A notification or a response to a server-to-client request: 202. A cancel naming
         one of this caller's calls in flight ends it. A 2026-07-28 upstream has no use for
@@ -274,7 +275,7 @@ class Gateway:
         await self.forward.one_way(route, req, msg, session)
         return EdgeResponse(202, headers)
 
-    async def _cancelled(self, route: UpstreamRoute, msg: McpMessage, ctx: CallContext,
+    async def _cancelled(self, route: Route, msg: McpMessage, ctx: CallContext,
                          handle: CallHandle, leg: Leg, record: AuditRecord,
                          started: float) -> EdgeResponse:
         """A deliberate end (the client's cancel, the deadline): -32800, and the upstream told
@@ -287,17 +288,17 @@ class Gateway:
 
     # -- GET: the server-to-client stream; DELETE: end the session ---------------------------
 
-    async def get(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
+    async def get(self, route: Route, req: EdgeRequest) -> EdgeResponse:
         """The server-to-client stream, relayed. Audited once, when it opens or is refused;
         an upstream failure is 502 with no upstream status, body or headers."""
         return await self._bodyless(route, req, "GET", self._listen)
 
-    async def delete(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
+    async def delete(self, route: Route, req: EdgeRequest) -> EdgeResponse:
         """End a session here and upstream. Audited once; an upstream failure is 502 and
         leaves the session as it was."""
         return await self._bodyless(route, req, "DELETE", self._end)
 
-    async def _listen(self, route: UpstreamRoute, req: EdgeRequest, session: Session | None,
+    async def _listen(self, route: Route, req: EdgeRequest, session: Session | None,
                       record: AuditRecord) -> EdgeResponse:
         if session is not None and session.bridged_envelope is not None:
             record.note = "no GET stream on a 2026-07-28 upstream"
@@ -322,7 +323,7 @@ class Gateway:
     async def _stopped_listening(self, relay: StreamRelay) -> None:
         self._listening.discard(relay)
 
-    async def _end(self, route: UpstreamRoute, req: EdgeRequest, session: Session | None,
+    async def _end(self, route: Route, req: EdgeRequest, session: Session | None,
                    record: AuditRecord) -> EdgeResponse:
         if session is None:
             raise InvalidRequest("Invalid Request: Mcp-Session-Id header required")
@@ -335,7 +336,7 @@ class Gateway:
             self._session_ended(route.name, session.created_at)
         return EdgeResponse(200)
 
-    async def _bodyless(self, route: UpstreamRoute, req: EdgeRequest, method: str,
+    async def _bodyless(self, route: Route, req: EdgeRequest, method: str,
                         step: Bodyless) -> EdgeResponse:
         """GET and DELETE: Origin, identity and session, as for a POST, then `step`; one audit
         record either way. Neither exists in the 2026-07-28 era: one that claims it is 405."""
@@ -371,10 +372,10 @@ class Gateway:
 
     # -- shared steps ------------------------------------------------------------------------
 
-    def _forwarder(self, route: UpstreamRoute | VirtualRoute) -> Any:
+    def _forwarder(self, route: Route | VirtualRoute) -> Any:
         return self.virtual if isinstance(route, VirtualRoute) else self.forward
 
-    async def _session(self, headers: Mapping[str, str], route: UpstreamRoute,
+    async def _session(self, headers: Mapping[str, str], route: Route,
                        principal: Principal) -> Session | None:
         session_id = headers.get("mcp-session-id")
         if session_id is None:

@@ -44,7 +44,7 @@ class Cursors:
         return pending
 
     def _mac(self, endpoint: str, method: str, caller: str, payload: bytes) -> bytes:
-        bound = "\0".join((endpoint, method, caller)).encode() + b"\0" + payload
+        bound = f"{endpoint}\0{method}\0{caller}\0".encode() + payload
         return hmac.new(self._key, bound, hashlib.sha256).digest()[:MAC_BYTES]
 
 

@@ -24,8 +24,15 @@ import orjson
 
 from proxy import __version__
 from proxy.chain import CallContext, Chain, Rewrite
-from proxy.errors import GatewayError, HiddenTool, InvalidParams, MethodNotFound, UpstreamFailure, \
-    UpstreamProtocolError, UpstreamUnavailable
+from proxy.errors import (
+    GatewayError,
+    HiddenTool,
+    InvalidParams,
+    MethodNotFound,
+    UpstreamFailure,
+    UpstreamProtocolError,
+    UpstreamUnavailable,
+)
 from proxy.jsonrpc import McpMessage, response_outcome
 from proxy.mcp import bridge, eras
 from proxy.mcp.exchange import EdgeRequest
@@ -282,7 +289,7 @@ class VirtualForwarder:
                  for name, m in members.items()}
         if not tasks:
             return {}
-        done, pending = await asyncio.wait(tasks.values(), timeout=route.list_timeout_s)
+        _, pending = await asyncio.wait(tasks.values(), timeout=route.list_timeout_s)
         out: dict[str, dict[str, Any]] = {}
         for name, task in tasks.items():
             if task in pending:
@@ -407,8 +414,9 @@ async def _from_stream(response: Any, request_id: Any) -> dict[str, Any]:
         ok, error = outcome
         if not ok:
             raise UpstreamFailure(f"member answered an error: {(error or '')[:200]}")
-        if isinstance(obj.get("result"), dict):
-            return obj["result"]
+        result = obj.get("result")
+        if isinstance(result, dict):
+            return result
     raise UpstreamProtocolError()
 
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import mcp_types as types
 import orjson
 import pytest
-import mcp_types as types
 from mcp import Client, MCPError
 from mcp.server.lowlevel import Server
 
@@ -23,8 +23,13 @@ from proxy.config import from_dict
 from proxy.virtual import naming
 from tests import db_backends, state_backends
 from tests.e2e.sdk_client import connect
-from tests.e2e.upstreams import ASGIApp, UpstreamProbe, build_app, stateful_sse_app, \
-    stateless_json_app
+from tests.e2e.upstreams import (
+    ASGIApp,
+    UpstreamProbe,
+    build_app,
+    stateful_sse_app,
+    stateless_json_app,
+)
 from tests.helpers import DEADLINE_S
 from tests.servers import serve
 
