@@ -486,12 +486,7 @@ def _check(cfg: Config, base_dir: Path) -> None:
     seen: set[str] = set()
     for i, up in enumerate(cfg.upstreams):
         where = f"upstreams[{i}]"
-        if not _NAME.match(up.name):
-            raise ConfigError(f"config: '{where}.name' must be 1-64 letters, digits, '-', '_' "
-                              "or '.', starting with a letter or digit")
-        if up.name in seen:
-            raise ConfigError(f"config: '{where}.name' repeats the upstream name '{up.name}'")
-        seen.add(up.name)
+        _check_name(up.name, where, seen, "upstream")
         _url(up.url, f"{where}.url")
         _positive(up.timeout_s, f"{where}.timeout_s")
         _positive(up.total_timeout_s, f"{where}.total_timeout_s")
@@ -525,6 +520,15 @@ def _check(cfg: Config, base_dir: Path) -> None:
                               "auth.mode = \"jwt\" (every caller is anonymous in mode none)")
 
 
+def _check_name(name: str, where: str, seen: set[str], noun: str) -> None:
+    if not _NAME.match(name):
+        raise ConfigError(f"config: '{where}.name' must be 1-64 letters, digits, '-', '_' "
+                          "or '.', starting with a letter or digit")
+    if name in seen:
+        raise ConfigError(f"config: '{where}.name' repeats the {noun} name '{name}'")
+    seen.add(name)
+
+
 def _check_endpoints(cfg: Config) -> None:
     """Virtual endpoints: each collision the file itself shows stops start-up before any
     member is contacted (the rules are proxy.virtual.naming's, shared with /api/v1)."""
@@ -533,12 +537,7 @@ def _check_endpoints(cfg: Config) -> None:
     seen: set[str] = set()
     for i, ep in enumerate(cfg.endpoints):
         where = f"endpoints[{i}]"
-        if not _NAME.match(ep.name):
-            raise ConfigError(f"config: '{where}.name' must be 1-64 letters, digits, '-', '_' "
-                              "or '.', starting with a letter or digit")
-        if ep.name in seen:
-            raise ConfigError(f"config: '{where}.name' repeats the endpoint name '{ep.name}'")
-        seen.add(ep.name)
+        _check_name(ep.name, where, seen, "endpoint")
         if not ep.members:
             raise ConfigError(f"config: '{where}.members' must name at least one upstream")
         for member in ep.members:

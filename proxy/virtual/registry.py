@@ -10,12 +10,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import orjson
 from pydantic import ValidationError
 
 from policies.access import Access
@@ -24,6 +22,7 @@ from proxy.config import Config, EndpointConfig
 from proxy.errors import ApiError, BadRequest, Conflict, Invalid, NotFound
 from proxy.registry import POLL_S, Registry, _access_config
 from proxy.schema import AccessIn
+from proxy.stored import StoredSpecs
 from proxy.virtual.naming import config_collision
 from proxy.virtual.route import VirtualRoute
 from proxy.virtual.schema import EndpointIn, EndpointOut
@@ -44,6 +43,7 @@ class Endpoints:
         self._poll_s = poll_s
         self._sleep = sleep
         self._database = db.resolve(cfg.database.url if database is None else database)
+        self._rows = StoredSpecs(self._database, "endpoints", EndpointIn, "endpoint")
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-endpoints")
         self._api: dict[str, EndpointIn] = {}
         self._lock = asyncio.Lock()
@@ -54,27 +54,10 @@ class Endpoints:
     # -- reading and applying ------------------------------------------------------------------
 
     def _read_all(self) -> tuple[int, dict[str, EndpointIn]]:
-        sql = self._database.sql
-        with self._database.transaction() as conn:
-            version = conn.execute(sql("SELECT version FROM endpoints_version WHERE id = 1"),
-                                   ()).fetchone()
-            rows = conn.execute(sql("SELECT name, spec FROM endpoints"), ()).fetchall()
-        found = {}
-        for name, spec in rows:
-            if name in self._config:
-                continue  # the config file wins over a row of the same name
-            try:
-                found[name] = EndpointIn.model_validate(orjson.loads(spec))
-            except (ValueError, TypeError) as exc:
-                log.error("endpoint %r in the database is not valid (%s); it is not served",
-                          name, exc)
-        return (int(version[0]) if version else 0), found
+        return self._rows.read_all(lambda name: name in self._config)
 
     def _read_version(self) -> int:
-        with self._database.transaction() as conn:
-            row = conn.execute(self._database.sql("SELECT version FROM endpoints_version "
-                                                  "WHERE id = 1"), ()).fetchone()
-        return int(row[0]) if row else 0
+        return self._rows.read_version()
 
     def _apply(self, version: int, endpoints: dict[str, EndpointIn]) -> None:
         for name in [n for n in self._api if n not in endpoints]:
@@ -203,34 +186,13 @@ class Endpoints:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
 
     def _insert_row(self, endpoint: EndpointIn) -> EndpointIn:
-        now = time.time()
-        try:
-            with self._database.transaction() as conn:
-                conn.execute(self._database.sql(
-                    "INSERT INTO endpoints (name, spec, created_at, updated_at) "
-                    "VALUES (?, ?, ?, ?)"), (endpoint.name, endpoint.model_dump_json(), now, now))
-        except self._database.integrity_errors:
-            raise Conflict(f"endpoint '{endpoint.name}' already exists") from None
-        return endpoint
+        return self._rows.insert(endpoint.name, endpoint)
 
     def _update_row(self, name: str, change: Callable[[EndpointIn], EndpointIn]) -> EndpointIn:
-        sql = self._database.sql
-        with self._database.transaction() as conn:
-            row = conn.execute(sql("SELECT spec FROM endpoints WHERE name = ?"),
-                               (name,)).fetchone()
-            if row is None:
-                raise NotFound(f"endpoint '{name}' not found")
-            endpoint = change(EndpointIn.model_validate(orjson.loads(row[0])))
-            conn.execute(sql("UPDATE endpoints SET spec = ?, updated_at = ? WHERE name = ?"),
-                         (endpoint.model_dump_json(), time.time(), name))
-        return endpoint
+        return self._rows.update(name, change)
 
     def _delete_row(self, name: str) -> None:
-        with self._database.transaction() as conn:
-            cur = conn.execute(self._database.sql("DELETE FROM endpoints WHERE name = ?"),
-                               (name,))
-            if cur.rowcount != 1:
-                raise NotFound(f"endpoint '{name}' not found")
+        self._rows.delete(name)
 
 
 def _config(endpoint: EndpointIn) -> EndpointConfig:
