@@ -77,6 +77,21 @@ class Endpoints:
         self._live[cfg.name] = VirtualRoute.from_config(cfg)
         self._api[cfg.name] = endpoint
 
+    def rebase(self, cfg: Config, access: Access | None) -> None:
+        """A reload: the config's endpoints are now `cfg`'s (their rules are in `access`,
+        built from it), and every endpoint of the API is installed again in the new access
+        table, as it is (else its rules would be gone: nothing would be hidden any more)."""
+        self._config = {e.name: e for e in cfg.endpoints}
+        for name in [n for n in self._live if n not in self._api]:
+            self._live.pop(name)
+        self._live.update({e.name: VirtualRoute.from_config(e) for e in cfg.endpoints})
+        self._access = access
+        endpoints, self._api = self._api, {}
+        for name, endpoint in endpoints.items():
+            if name not in self._config:
+                self._install(endpoint)
+        self._version = -1
+
     async def sync(self) -> None:
         async with self._lock:
             if await self._run(self._read_version) != self._version:

@@ -71,3 +71,23 @@ async def test_endpoints_crud_collisions_and_registry_changes(tmp_path: Path) ->
         assert gone.status_code == 404 and gone.json() == {"error": "not found"}
         missing = await e.admin.get(e.api("/endpoints/team"))
         assert missing.status_code == 404 and detail(missing) == "endpoint 'team' not found"
+
+
+async def test_a_reload_keeps_api_endpoints_and_their_rules(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        spec = {"name": "team", "members": ["cfgd"], "access": {"tools_deny": ["cfgd__add"]}}
+        assert (await e.admin.post(e.api("/endpoints"), json=spec)).status_code == 201
+        before = names(await tools(e, "team"))
+        assert "cfgd__echo" in before and "cfgd__add" not in before
+        serving = e.app.extensions["tollhouse"].serving
+        path = tmp_path / "c.toml"
+        running = serving.gateway.live.cfg
+        path.write_text(
+            f'[server]\npublic_url = "{e.url}"\n[auth]\nmode = "jwt"\n'
+            f'[oauth_server]\nenabled = true\n[database]\nurl = "{e.db}"\n'
+            f'[[upstreams]]\nname = "cfgd"\nurl = "{running.upstreams[0].url}"\n'
+            '[[endpoints]]\nname = "filed"\nmembers = ["cfgd"]\nseparator = "."\n')
+        assert await serving.reload(path)
+        after = names(await tools(e, "team"))
+        assert "cfgd__echo" in after and "cfgd__add" not in after  # its rules, as stored
+        assert "cfgd.add" in names(await tools(e, "filed"))
