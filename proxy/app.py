@@ -303,6 +303,7 @@ class Serving:
         virtual = {e.name: VirtualRoute.from_config(e) for e in cfg.endpoints}
         endpoints = Endpoints(cfg, virtual, registry, access, parts.database,
                               poll_s=given.registry_poll_s)
+        registry.reserved = virtual.__contains__
         state.api = Api(registry, keys, parts.database, parts.web, parts.stores.lockouts,
                         parts.web.accounts if parts.web is not None
                         else Accounts(parts.database),

@@ -56,6 +56,7 @@ class Registry:
         self._rows = StoredSpecs(self._database, "servers", ServerIn, "server")
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-registry")
         self._api: dict[str, ServerIn] = {}
+        self.reserved: Callable[[str], bool] = lambda name: False  # names served otherwise
         self._lock = asyncio.Lock()
         self._version = -1
         self._apply(*self._read_all())
@@ -177,6 +178,8 @@ class Registry:
     async def create(self, server: ServerIn) -> ServerOut:
         if server.name in self._config:
             raise Conflict(f"server '{server.name}' already exists")
+        if self.reserved(server.name):  # a virtual endpoint's (proxy.virtual.registry)
+            raise Conflict(f"'{server.name}' is the name of a virtual endpoint")
         self._validate(server)
         return await self._write(server.name, self._insert_row, server)
 

@@ -57,6 +57,8 @@ async def test_endpoints_crud_collisions_and_registry_changes(tmp_path: Path) ->
             refused = await e.admin.post(e.api("/endpoints"), json=clash)
             assert refused.status_code == 409, refused.text
             assert words in detail(refused)
+        taken = await e.admin.post(e.api("/servers"), json={**server, "name": "team"})
+        assert taken.status_code == 409 and "virtual endpoint" in detail(taken)
         bad = await e.admin.post(e.api("/endpoints"), json={"name": "t4", "members": []})
         assert bad.status_code == 422 and isinstance(detail(bad), list)
 
