@@ -112,7 +112,8 @@ class Endpoints:
         if self._watch is not None:
             self._watch.cancel()
             await asyncio.wait({self._watch}, timeout=5)
-        self._db.shutdown(wait=False)
+        # a read still running gives its connection back before the database closes
+        await asyncio.wait_for(asyncio.to_thread(self._db.shutdown, True), timeout=5)
 
     # -- the API -------------------------------------------------------------------------------
 
