@@ -70,12 +70,13 @@ def upstream(request: httpx.Request) -> httpx.Response:
 
 
 async def one_call(app: Any, extra: list[tuple[bytes, bytes]] | None = None, body: bytes = CALL,
-                   answer: dict[str, str] | None = None, out: list[bytes] | None = None) -> int:
+                   answer: dict[str, str] | None = None, out: list[bytes] | None = None,
+                   path: str = "/mcp/bench") -> int:
     headers = [h for h in HEADERS if h[0] != b"content-length"] if body is not CALL else HEADERS
     if body is not CALL:
         headers.append((b"content-length", str(len(body)).encode()))
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": "/mcp/bench", "raw_path": b"/mcp/bench",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
              "query_string": b"", "headers": [*headers, *(extra or [])],
              "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8080), "root_path": ""}
     sent = False

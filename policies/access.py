@@ -91,6 +91,7 @@ class Access:
 
     def __init__(self, cfg: Config) -> None:
         self._rules = {u.name: _compile(u.access) for u in cfg.upstreams}
+        self._rules.update({e.name: _compile(e.access) for e in cfg.endpoints})
         self._public_url = cfg.server.public_url.rstrip("/")
 
     def set(self, endpoint: str, access: AccessConfig | None) -> None:
@@ -102,7 +103,8 @@ class Access:
 
     @classmethod
     def wanted(cls, cfg: Config) -> bool:
-        return any(u.access != AccessConfig() for u in cfg.upstreams)
+        return any(u.access != AccessConfig() for u in cfg.upstreams) or \
+            any(e.access != AccessConfig() for e in cfg.endpoints)
 
     async def check(self, call: McpMessage, ctx: CallContext) -> None:
         rules = self._rules.get(ctx.endpoint)

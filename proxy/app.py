@@ -65,8 +65,10 @@ from proxy.registry import Registry
 from proxy.state import Stores, open_stores
 from proxy.state.inflight import Later
 from proxy.upstream import UpstreamClient, UpstreamRoute
-from proxy.upstream.tenants import PeopleAttributes, Tenants
 from proxy.upstream.identity import IdentityForwarder
+from proxy.upstream.tenants import PeopleAttributes, Tenants
+from proxy.virtual import VirtualRoute
+from proxy.virtual.registry import Endpoints
 
 log = logging.getLogger("tollhouse")
 
@@ -193,6 +195,14 @@ def _parts(cfg: Config, given: Overrides) -> Parts:
     return parts
 
 
+def _cursor_key(given: Overrides) -> bytes:
+    """What seals a virtual endpoint's list cursors: the deployment's secret key, so every
+    replica opens every other's cursors; without one, this process's own random key."""
+    secret = os.environ.get("TOLLHOUSE_SECRET_KEY", "") if given.secret_key is None \
+        else given.secret_key
+    return secret.encode() if secret else os.urandom(32)
+
+
 def _people(parts: Parts) -> None:
     """Sign-in, the OAuth server and per-user upstream connections, each when configured."""
     cfg, given, stores = parts.cfg, parts.given, parts.stores
@@ -237,7 +247,12 @@ def _routes(app: Quart, parts: Parts) -> None:
     state = parts.state
 
     def api_scopes(name: str) -> list[str] | None:
-        return state.api.registry.scopes_of(name) if state.api is not None else None
+        if state.api is None:
+            return None
+        scopes = state.api.registry.scopes_of(name)
+        if scopes is None and state.api.endpoints is not None:  # a virtual endpoint's
+            scopes = state.api.endpoints.scopes_of(name)
+        return scopes
 
     metadata.register(app, cfg, parts.identity, own_server=parts.oauth is not None,
                       api_scopes=api_scopes)
@@ -300,12 +315,16 @@ class Serving:
         access = next((p for p in chain.policies if isinstance(p, Access)), None)
         registry = Registry(cfg, parts.routes, egress, access, parts.database,
                             poll_s=given.registry_poll_s)
+        virtual = {e.name: VirtualRoute.from_config(e) for e in cfg.endpoints}
+        endpoints = Endpoints(cfg, virtual, registry, access, parts.database,
+                              poll_s=given.registry_poll_s)
+        registry.reserved = virtual.__contains__
         state.api = Api(registry, keys, parts.database, parts.web, parts.stores.lockouts,
                         parts.web.accounts if parts.web is not None
                         else Accounts(parts.database),
                         forget_person=getattr(parts.connections, "forget", None),
                         trusted_proxies=parts.trusted, pins=pins, pin_store=pin_store,
-                        audit=audit)
+                        audit=audit, endpoints=endpoints)
         provide(app, state.api)
         if cfg.observability.otlp_endpoint:  # the extra is there: the config check saw to it
             from proxy.observability.tracing import Tracing
@@ -319,12 +338,14 @@ class Serving:
             connections=parts.connections, trusted_proxies=parts.trusted,
             bridged=parts.stores.bridge, later=given.later,
             observer=_observer(parts.request_log, metrics, state.tracing),
-            session_ended=metrics.session_ended if metrics is not None else None)
+            session_ended=metrics.session_ended if metrics is not None else None,
+            endpoints=virtual, cursor_key=_cursor_key(given))
         state.gateway.tenants = Tenants(destinations, upstream.pool, state.gateway.spawn,
                                         _people_attributes(parts, state.api.accounts))
         if parts.connections is not None:  # per_user with a per-caller URL: whose server
             parts.connections.people = state.gateway.tenants.people
         watch = asyncio.get_running_loop().create_task(registry.watch())
+        endpoints.start()
         await parts.stores.start()
         sampler = None
         if metrics is not None and metrics.multiproc_dir is not None:
@@ -412,6 +433,8 @@ class Serving:
         self.registry_watch.cancel()
         await asyncio.wait({self.registry_watch}, timeout=5)
         self.registry.close()
+        if parts.state.api is not None and parts.state.api.endpoints is not None:
+            await parts.state.api.endpoints.close()
         await parts.stores.aclose()
         parts.health.close()
         parts.database.close()

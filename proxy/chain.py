@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -81,9 +81,13 @@ class Chain:
 
         return all_of
 
-    async def run(self, call: McpMessage, ctx: CallContext) -> None:
+    async def run(self, call: McpMessage, ctx: CallContext, *,
+                  only: Collection[str] | None = None, without: Collection[str] = ()) -> None:
+        """`only`, `without`: a virtual endpoint runs some policies per member (proxy/virtual)."""
         trace = CURRENT.get()  # tracing on: each decision is an event of the message's span
         for policy in self.policies:
+            if (only is not None and policy.name not in only) or policy.name in without:
+                continue
             try:
                 await policy.check(call, ctx)
             except GatewayError as exc:

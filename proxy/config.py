@@ -280,6 +280,20 @@ class UpstreamConfig:
 
 
 @dataclass(frozen=True)
+class EndpointConfig:
+    """One `[[endpoints]]` table: a virtual endpoint, several upstreams behind one
+    /mcp/<name> (proxy/virtual/)."""
+
+    name: str
+    members: list[str]
+    separator: str = "__"
+    list_timeout_s: float = 2.0
+    aliases: dict[str, str] = field(default_factory=dict)
+    access: AccessConfig = field(default_factory=AccessConfig)
+    total_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
 class MeteringConfig:
     hook: str = ""        # "module:object" with async authorize(request) and record(event)
     url: str = ""         # or the HTTP webhook
@@ -337,6 +351,7 @@ class Config:
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     state: StateConfig = field(default_factory=StateConfig)
     upstreams: list[UpstreamConfig] = field(default_factory=list)
+    endpoints: list[EndpointConfig] = field(default_factory=list)
     rate_limits: list[RateLimitRule] = field(default_factory=list)
     metering: MeteringConfig = field(default_factory=MeteringConfig)
     egress: EgressConfig = field(default_factory=EgressConfig)
@@ -380,6 +395,7 @@ def validate(cfg: Config, base_dir: Path) -> None:
     """Every check across keys and tables; raise ConfigError on the first fault. A reload
     runs it again on the config it would apply (proxy.reload)."""
     _check(cfg, base_dir)
+    _check_endpoints(cfg)
     _check_observability(cfg.observability)
     _check_policies(cfg)
 
@@ -544,12 +560,7 @@ def _check(cfg: Config, base_dir: Path) -> None:
     seen: set[str] = set()
     for i, up in enumerate(cfg.upstreams):
         where = f"upstreams[{i}]"
-        if not _NAME.match(up.name):
-            raise ConfigError(f"config: '{where}.name' must be 1-64 letters, digits, '-', '_' "
-                              "or '.', starting with a letter or digit")
-        if up.name in seen:
-            raise ConfigError(f"config: '{where}.name' repeats the upstream name '{up.name}'")
-        seen.add(up.name)
+        _check_name(up.name, where, seen, "upstream")
         if up.templated:
             _template(up, where)
         else:
@@ -582,6 +593,45 @@ def _check(cfg: Config, base_dir: Path) -> None:
             raise ConfigError(f"config: '{where}.identity' must be one of "
                               f"{', '.join(_IDENTITY_MODES)}")
         if up.access.restricts_callers and cfg.auth.mode == "none":
+            raise ConfigError(f"config: '{where}.access' restricts callers, which needs "
+                              "auth.mode = \"jwt\" (every caller is anonymous in mode none)")
+
+
+def _check_name(name: str, where: str, seen: set[str], noun: str) -> None:
+    if not _NAME.match(name):
+        raise ConfigError(f"config: '{where}.name' must be 1-64 letters, digits, '-', '_' "
+                          "or '.', starting with a letter or digit")
+    if name in seen:
+        raise ConfigError(f"config: '{where}.name' repeats the {noun} name '{name}'")
+    seen.add(name)
+
+
+def _check_endpoints(cfg: Config) -> None:
+    """Virtual endpoints: each collision the file itself shows stops start-up before any
+    member is contacted (the rules are proxy.virtual.naming's, shared with /api/v1)."""
+    from proxy.virtual.naming import SEPARATOR_RULE, config_collision
+
+    seen: set[str] = set()
+    for i, ep in enumerate(cfg.endpoints):
+        where = f"endpoints[{i}]"
+        _check_name(ep.name, where, seen, "endpoint")
+        if not ep.members:
+            raise ConfigError(f"config: '{where}.members' must name at least one upstream")
+        for member in ep.members:
+            if not _NAME.match(member):
+                raise ConfigError(f"config: '{where}.members' has an invalid name {member!r}")
+        if not SEPARATOR_RULE.match(ep.separator):
+            raise ConfigError(f"config: '{where}.separator' must be 1-8 letters, digits, "
+                              "'_', '-' or '.'")
+        if not 0 < ep.list_timeout_s <= 60:
+            raise ConfigError(f"config: '{where}.list_timeout_s' must be greater than 0 and "
+                              "at most 60 seconds")
+        _positive(ep.total_timeout_s, f"{where}.total_timeout_s")
+        clash = config_collision(ep.name, ep.members, ep.separator, ep.aliases,
+                                 [u.name for u in cfg.upstreams])
+        if clash is not None:
+            raise ConfigError(f"config: {clash}")
+        if ep.access.restricts_callers and cfg.auth.mode == "none":
             raise ConfigError(f"config: '{where}.access' restricts callers, which needs "
                               "auth.mode = \"jwt\" (every caller is anonymous in mode none)")
 

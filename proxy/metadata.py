@@ -34,6 +34,8 @@ def register(app: Quart, cfg: Config, identity: IdentityForwarder, *,
         })
 
     documents = {u.name: document(u.name, u.access.allow_scopes) for u in cfg.upstreams}
+    documents.update({e.name: document(e.name, e.access.allow_scopes)  # virtual endpoints
+                      for e in cfg.endpoints})
     jwks = orjson.dumps(identity.jwks())
 
     @app.route("/.well-known/oauth-protected-resource/mcp/<endpoint>")

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,6 +25,7 @@ from proxy import db
 from proxy.config import AccessConfig, Config, ToolProfile, UpstreamConfig
 from proxy.errors import ApiError, BadRequest, Conflict, Invalid, NotFound
 from proxy.schema import AccessIn, ServerIn, ServerOut
+from proxy.stored import StoredSpecs
 from proxy.upstream import UpstreamRoute
 
 log = logging.getLogger("tollhouse.registry")
@@ -53,8 +53,10 @@ class Registry:
         self._routes = routes
         self._egress = egress
         self._database = db.resolve(cfg.database.url if database is None else database)
+        self._rows = StoredSpecs(self._database, "servers", ServerIn, "server")
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-registry")
         self._api: dict[str, ServerIn] = {}
+        self.reserved: Callable[[str], bool] = lambda name: False  # names served otherwise
         self._lock = asyncio.Lock()
         self._version = -1
         self._apply(*self._read_all())
@@ -87,27 +89,10 @@ class Registry:
     # -- reading -------------------------------------------------------------------------------
 
     def _read_all(self) -> tuple[int, dict[str, ServerIn]]:
-        sql = self._database.sql
-        with self._database.transaction() as conn:
-            version = conn.execute(sql("SELECT version FROM servers_version WHERE id = 1"),
-                                   ()).fetchone()
-            rows = conn.execute(sql("SELECT name, spec FROM servers"), ()).fetchall()
-        found = {}
-        for name, spec in rows:
-            if name in self._config:
-                continue  # the config file wins over a row of the same name
-            try:
-                found[name] = ServerIn.model_validate(orjson.loads(spec))
-            except (ValueError, TypeError) as exc:
-                log.error("server %r in the database is not valid (%s); it is not served",
-                          name, exc)
-        return (int(version[0]) if version else 0), found
+        return self._rows.read_all(lambda name: name in self._config)
 
     def _read_version(self) -> int:
-        with self._database.transaction() as conn:
-            row = conn.execute(self._database.sql("SELECT version FROM servers_version "
-                                                  "WHERE id = 1"), ()).fetchone()
-        return int(row[0]) if row else 0
+        return self._rows.read_version()
 
     def _apply(self, version: int, servers: dict[str, ServerIn]) -> None:
         """Make the edge serve exactly `servers` (beside the config's), as of `version`."""
@@ -193,6 +178,8 @@ class Registry:
     async def create(self, server: ServerIn) -> ServerOut:
         if server.name in self._config:
             raise Conflict(f"server '{server.name}' already exists")
+        if self.reserved(server.name):  # a virtual endpoint's (proxy.virtual.registry)
+            raise Conflict(f"'{server.name}' is the name of a virtual endpoint")
         self._validate(server)
         return await self._write(server.name, self._insert_row, server)
 
@@ -256,45 +243,23 @@ class Registry:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
 
     def _insert_row(self, server: ServerIn) -> ServerIn:
-        now = time.time()
-        try:
-            with self._database.transaction() as conn:
-                conn.execute(self._database.sql(
-                    "INSERT INTO servers (name, spec, created_at, updated_at) "
-                    "VALUES (?, ?, ?, ?)"), (server.name, server.model_dump_json(), now, now))
-        except self._database.integrity_errors:
-            raise Conflict(f"server '{server.name}' already exists") from None
-        return server
+        return self._rows.insert(server.name, server)
 
     def _update_row(self, name: str, change: Callable[[ServerIn], ServerIn]) -> ServerIn:
-        sql = self._database.sql
-        lock = " FOR UPDATE" if self._database.postgresql else ""
-        with self._database.transaction() as conn:
-            if not self._database.postgresql:  # take the write lock before reading (WAL:
-                conn.execute("BEGIN IMMEDIATE")  # else a stale snapshot fails the write)
-            row = conn.execute(sql(f"SELECT spec FROM servers WHERE name = ?{lock}"),
-                               (name,)).fetchone()
-            if row is None:
-                raise NotFound(f"server '{name}' not found")
-            server = change(ServerIn.model_validate(orjson.loads(row[0])))
-            conn.execute(sql("UPDATE servers SET spec = ?, updated_at = ? WHERE name = ?"),
-                         (server.model_dump_json(), time.time(), name))
-        return server
+        return self._rows.update(name, change)
 
     def _delete_row(self, name: str) -> None:
-        sql = self._database.sql
-        with self._database.transaction() as conn:
-            # a key scoped to this server would silently regain access to any later server of
-            # the same name: the keys must be edited or revoked first
+        def unnamed_by_keys(conn: Any) -> None:
+            # a key scoped to this server would silently regain access to any later server
+            # of the same name: the keys must be edited or revoked first
             keys = [str(key_id) for key_id, endpoints in conn.execute(
-                sql("SELECT id, endpoints FROM api_keys WHERE revoked_at IS NULL"), ()
-            ).fetchall() if name in orjson.loads(endpoints)]
+                self._database.sql("SELECT id, endpoints FROM api_keys WHERE revoked_at IS NULL"),
+                ()).fetchall() if name in orjson.loads(endpoints)]
             if keys:
                 raise Conflict(f"server '{name}' is named by API key(s) "
                                f"{', '.join(sorted(keys))}; edit or revoke them first")
-            cur = conn.execute(sql("DELETE FROM servers WHERE name = ?"), (name,))
-            if cur.rowcount != 1:
-                raise NotFound(f"server '{name}' not found")
+
+        self._rows.delete(name, unnamed_by_keys)
 
     def close(self) -> None:
         self._db.shutdown(wait=False)

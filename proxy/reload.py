@@ -85,6 +85,9 @@ async def _apply(serving: Serving, cfg: Config) -> None:
             serving.destinations.discard(name)
         parts.routes.update(routes)
         serving.registry.rebase(cfg, egress, access)
+        api = parts.state.api
+        if api is not None and api.endpoints is not None:  # virtual endpoints, the same way
+            api.endpoints.rebase(cfg, access)
         gateway.live = Live(cfg, chain)
     serving.backend = backend
     serving.deliver_through(backend)

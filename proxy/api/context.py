@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from quart import Quart, current_app
 
@@ -19,6 +20,9 @@ from proxy.people.signin import Web
 from proxy.pins import DatabasePins
 from proxy.registry import Registry
 from proxy.state.lockouts import LockoutStore
+
+if TYPE_CHECKING:
+    from proxy.virtual.registry import Endpoints
 
 EXTENSION = "tollhouse.api"
 
@@ -39,6 +43,7 @@ class Api:
     pins: Pins | None = None
     pin_store: DatabasePins | None = None
     audit: AuditSink | None = None
+    endpoints: Endpoints | None = None  # the virtual endpoints (proxy.virtual.registry)
 
 
 def provide(app: Quart, api: Api) -> None:

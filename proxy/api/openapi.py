@@ -30,10 +30,12 @@ from proxy.api.models import (
     UserPatch,
     UserPut,
 )
+from proxy.virtual.schema import EndpointIn, EndpointOut, EndpointPatch
 
 MODELS: tuple[type[BaseModel], ...] = (ServerIn, ServerPatch, ServerOut, KeyIn, KeyPut,
                                        KeyPatch, KeyOut, KeyCreated, UserIn, UserPut, UserOut,
-                                       UserPatch, Me, UsageRow, Role, RoleIn, RolePatch)
+                                       UserPatch, Me, UsageRow, Role, RoleIn, RolePatch,
+                                       EndpointIn, EndpointPatch, EndpointOut)
 ERRORS = {
     "400": "A precondition of the operation does not hold.",
     "401": "No credential, or an invalid or expired one.",
@@ -191,6 +193,20 @@ def _servers_and_keys() -> dict[str, Any]:
                          precondition=True),
             "delete": _op("Remove a server no live API key names", "204", None,
                           params=["name"], conflict=True, precondition=True)},
+        "/api/v1/endpoints": {
+            "get": _op("List virtual endpoints (config and API)", "200",
+                       _list_of(EndpointOut)),
+            "post": _op("Create a virtual endpoint", "201", _ref(EndpointOut), EndpointIn,
+                        conflict=True)},
+        "/api/v1/endpoints/{name}": {
+            "get": _op("One virtual endpoint", "200", _ref(EndpointOut), params=["name"]),
+            "put": _op("Replace a virtual endpoint", "200", _ref(EndpointOut), EndpointIn,
+                       ["name"], conflict=True, precondition=True),
+            "patch": _op("Change some of a virtual endpoint's fields", "200",
+                         _ref(EndpointOut), EndpointPatch, ["name"], conflict=True,
+                         precondition=True),
+            "delete": _op("Remove a virtual endpoint", "204", None, params=["name"],
+                          precondition=True)},
         "/api/v1/keys": {
             "get": _op("List API keys (never their secrets)", "200", _list_of(KeyOut)),
             "post": _op("Create an API key; the secret is shown once", "201",

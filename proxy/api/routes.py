@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from quart import Quart
 
-from proxy.api import audit, caller, keys, openapi, pins, roles, servers, users
+from proxy.api import audit, caller, endpoints, keys, openapi, pins, roles, servers, users
 from proxy.api.endpoint import Route, view
 
 PREFIX = "/api/v1"
@@ -19,6 +19,12 @@ ROUTES: tuple[Route, ...] = (
     Route("/servers/<name>", "PUT", servers.put_server),
     Route("/servers/<name>", "PATCH", servers.patch_server),
     Route("/servers/<name>", "DELETE", servers.delete_server),
+    Route("/endpoints", "GET", endpoints.endpoints),
+    Route("/endpoints", "POST", endpoints.create_endpoint),
+    Route("/endpoints/<name>", "GET", endpoints.endpoint),
+    Route("/endpoints/<name>", "PUT", endpoints.put_endpoint),
+    Route("/endpoints/<name>", "PATCH", endpoints.patch_endpoint),
+    Route("/endpoints/<name>", "DELETE", endpoints.delete_endpoint),
     Route("/keys", "GET", keys.keys),
     Route("/keys", "POST", keys.create_key),
     Route("/keys/<key_id>", "GET", keys.key),

@@ -43,6 +43,7 @@ class Bridge:
     def __init__(self, upstream: UpstreamClient, store: BridgeStore) -> None:
         self._upstream = upstream
         self._store = store
+        self.store = store  # what proxy/virtual reads to end the sessions it holds
         self._probes: SingleFlight[str, Learned] = SingleFlight()
         self._opening: SingleFlight[tuple[str, str], HeldSession] = SingleFlight()
 

@@ -64,6 +64,7 @@ class Leg:
     body: bytes | None = None  # the request as the upstream needs it, when not as sent
     to_legacy_client: bool = False  # a legacy client bridged onto a 2026-07-28-only upstream
     bearer: str | None = None  # this person's own upstream token (per_user upstreams)
+    route: UpstreamRoute | None = None  # where it went (a virtual endpoint's member)
 
     def rewrite(self, rewrite: Rewrite | None, method: str | None) -> Rewrite | None:
         """The policies' result rewrite, plus what this leg's bridge does to a result."""
@@ -102,6 +103,7 @@ class Forwarder:
         cancelled while it waits can tell its upstream on the right session) and, at the end,
         the upstream's 2xx answer."""
         leg = into.leg = await self._leg(route, req, msg, session, ctx)
+        leg.route = route
         if leg.local is not None:
             return
         response = await self._send(route, leg, msg)
@@ -112,6 +114,7 @@ class Forwarder:
             raise
         if retried is not None:
             into.leg, answer = retried
+            into.leg.route = route
             if answer is None:
                 return
             response = answer

@@ -51,10 +51,12 @@ from proxy.state.sessions import Fetched
 from proxy.upstream import BodyChunks, UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
 from proxy.upstream.tenants import Tenants
+from proxy.virtual import VirtualForwarder, VirtualRoute
 
 log = logging.getLogger("tollhouse.gateway")
 
-Bodyless = Callable[[UpstreamRoute, EdgeRequest, "Session | None", AuditRecord],
+Route = UpstreamRoute | VirtualRoute  # an upstream's own endpoint, or a virtual one
+Bodyless = Callable[[Route, EdgeRequest, "Session | None", AuditRecord],
                     Awaitable[EdgeResponse]]
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
@@ -71,8 +73,11 @@ class Gateway:
                  trusted_proxies: tuple[IPNetwork, ...] = (), later: Later | None = None,
                  observer: Observer | None = None,
                  session_ended: Callable[[str, float], None] | None = None,
-                 tenants: Tenants | None = None) -> None:
+                 tenants: Tenants | None = None,
+                 endpoints: Mapping[str, VirtualRoute] | None = None,
+                 cursor_key: bytes = b"") -> None:
         self.routes = routes  # live: the registry changes it, each call reads it
+        self.endpoints = {} if endpoints is None else endpoints  # proxy/virtual: live too
         self.auth = authenticator
         self.live = live  # swapped whole by a reload; a call reads it once, as it starts
         self.draining = False  # SIGTERM: new sessions, calls and GET streams answer 503
@@ -84,6 +89,7 @@ class Gateway:
         self.trusted_proxies = trusted_proxies  # parsed once, by create_app
         self.forward = Forwarder(upstream, sessions, bridged, identity=identity,
                                  connections=connections, spawn=self.spawn)
+        self.virtual = VirtualForwarder(self.forward, routes, cursor_key)
         self._later = later  # the clock deadlines run on (the loop's unless a test gives one)
         # metrics, the request log (and a tracer): told when each message begins and ends
         self.observer: Observer = observer or Observers()
@@ -97,15 +103,15 @@ class Gateway:
     def chain(self) -> Chain:
         return self.live.chain
 
-    def route(self, name: str) -> UpstreamRoute:
-        route = self.routes.get(name)
+    def route(self, name: str) -> UpstreamRoute | VirtualRoute:
+        route = self.routes.get(name) or self.endpoints.get(name)
         if route is None:
             raise EndpointNotFound()
         return route
 
     # -- POST: one JSON-RPC message ----------------------------------------------------------
 
-    async def post(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
+    async def post(self, route: Route, req: EdgeRequest) -> EdgeResponse:
         started = time.perf_counter()
         chain = self.live.chain  # this call's rules, whatever a reload does meanwhile
         version = req.headers.get("mcp-protocol-version")
@@ -151,7 +157,10 @@ class Gateway:
                               api_key_id=principal.api_key_id, peer_ip=req.peer,
                               headers=req.forwarded, dial_key=route.dial_key)
             if msg.kind != "response":
-                await chain.run(msg, ctx)
+                if isinstance(route, VirtualRoute):  # the member's rules too: proxy/virtual
+                    ctx = await self.virtual.check(route, chain, msg, ctx)
+                else:
+                    await chain.run(msg, ctx)
                 record.call_id, record.note = ctx.call_id, ctx.audit_note
                 msg = ctx.message or msg  # a guardrail redacted its arguments
             if msg.kind == "request":
@@ -174,7 +183,7 @@ class Gateway:
             if fetched is not None:
                 fetched.drop()  # unread when the request failed first
 
-    async def _call(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+    async def _call(self, route: Route, req: EdgeRequest, msg: McpMessage,
                     session: Session | None, ctx: CallContext, record: AuditRecord,
                     started: float, chain: Chain) -> EdgeResponse:
         """A request: registered in flight (cancellable, under its deadline), forwarded, and
@@ -190,7 +199,13 @@ class Gateway:
         handed_over = False
         try:
             record.upstream_started = time.perf_counter()  # the upstream leg (its metric)
-            await self.forward.call(route, req, msg, session, ctx, forwarded)
+            if isinstance(route, VirtualRoute):
+                forward: Any = self.virtual
+                await self.virtual.call(route, req, msg, session, ctx, forwarded, chain)
+                record.note = ctx.audit_note
+            else:
+                forward = self.forward
+                await self.forward.call(route, req, msg, session, ctx, forwarded)
             rewrite = self.observer.results(msg, record, forwarded.leg.rewrite(
                 _noting(chain.rewriter(msg, ctx), ctx, record), msg.method))
             response = forwarded.response
@@ -206,7 +221,7 @@ class Gateway:
             headers = {"Mcp-Session-Id": session.id} if session is not None else {}
             if response.headers.get("content-type", "").startswith("text/event-stream"):
                 end = StreamEnd(self.inflight, self.audit, key, partial(
-                    self.forward.notify_cancelled, route, forwarded.leg, msg.id),
+                    forward.notify_cancelled, route, forwarded.leg, msg.id),
                     forwarded.leg.bridged, observer=self.observer)
                 relay = StreamRelay(BodyChunks(response), response.aclose, request_id=msg.id,
                                     handle=handle, record=record, started=started,
@@ -215,7 +230,7 @@ class Gateway:
                                     on_done=end, on_answer=end.answered)
                 handed_over = True  # the relay owns the response and the registration now
                 return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
-            data, error = await self.forward.json_answer(route, msg, forwarded, rewrite)
+            data, error = await forward.json_answer(route, msg, forwarded, rewrite)
             if error is not None:
                 record.status, record.error_message = "error", error
                 record.error_type = upstream_error_type(error)
@@ -225,7 +240,8 @@ class Gateway:
             leg = forwarded.leg
             if not handle.absorb():  # the client went away: clean up, let the cancel go on
                 self._disconnected(record, started)
-                self.forward.notify_cancelled(route, leg, msg.id, EndReason.DISCONNECTED)
+                self._forwarder(route).notify_cancelled(route, leg, msg.id,
+                                                        EndReason.DISCONNECTED)
                 raise
             return await self._cancelled(route, msg, ctx, handle, leg, record, started)
         finally:
@@ -237,7 +253,7 @@ class Gateway:
         # answered: out of the registry and past its deadline, it waits for its record
         return await self._answer(record, started, answer, msg.id)
 
-    async def _answer_here(self, route: UpstreamRoute, msg: McpMessage, leg: Leg,
+    async def _answer_here(self, route: Route, msg: McpMessage, leg: Leg,
                            rewrite: Rewrite | None, ctx: CallContext, record: AuditRecord
                            ) -> EdgeResponse:
         """A result the gateway gives itself: discover or initialize built for a bridge."""
@@ -256,7 +272,7 @@ class Gateway:
         record.bytes_out = len(data)
         return EdgeResponse(200, headers, data)
 
-    async def _one_way(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+    async def _one_way(self, route: Route, req: EdgeRequest, msg: McpMessage,
                        session: Session | None, ctx: CallContext) -> EdgeResponse:
         """A notification or a response to a server-to-client request: 202. A cancel naming
         one of this caller's calls in flight ends it. A 2026-07-28 upstream has no use for
@@ -267,37 +283,42 @@ class Gateway:
                                                 session.id if session else "", target),
                                        EndReason.CANCELLED)
         headers = {"Mcp-Session-Id": session.id} if session is not None else {}
-        if ctx.era == "modern" or (session is not None and session.bridged_envelope is not None):
+        if ctx.era == "modern" or (session is not None and session.bridged_envelope is not None) \
+                or isinstance(route, VirtualRoute):  # its members are told nothing one-way
             return EdgeResponse(202, headers)
         await self.forward.one_way(route, req, msg, session)
         return EdgeResponse(202, headers)
 
-    async def _cancelled(self, route: UpstreamRoute, msg: McpMessage, ctx: CallContext,
+    async def _cancelled(self, route: Route, msg: McpMessage, ctx: CallContext,
                          handle: CallHandle, leg: Leg, record: AuditRecord,
                          started: float) -> EdgeResponse:
         """A deliberate end (the client's cancel, the deadline): -32800, and the upstream told
         unless the client's own notifications/cancelled is on its way there."""
         assert handle.reason is not None
-        if handle.reason is not EndReason.CANCELLED or ctx.era == "modern":
-            self.forward.notify_cancelled(route, leg, msg.id, handle.reason)
+        virtual = isinstance(route, VirtualRoute)  # a client's cancel stops at the gateway
+        if handle.reason is not EndReason.CANCELLED or ctx.era == "modern" or virtual:
+            self._forwarder(route).notify_cancelled(route, leg, msg.id, handle.reason)
         return await self._refuse(Cancelled(handle.reason), record, started, msg.id)
 
     # -- GET: the server-to-client stream; DELETE: end the session ---------------------------
 
-    async def get(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
+    async def get(self, route: Route, req: EdgeRequest) -> EdgeResponse:
         """The server-to-client stream, relayed. Audited once, when it opens or is refused;
         an upstream failure is 502 with no upstream status, body or headers."""
         return await self._bodyless(route, req, "GET", self._listen)
 
-    async def delete(self, route: UpstreamRoute, req: EdgeRequest) -> EdgeResponse:
+    async def delete(self, route: Route, req: EdgeRequest) -> EdgeResponse:
         """End a session here and upstream. Audited once; an upstream failure is 502 and
         leaves the session as it was."""
         return await self._bodyless(route, req, "DELETE", self._end)
 
-    async def _listen(self, route: UpstreamRoute, req: EdgeRequest, session: Session | None,
+    async def _listen(self, route: Route, req: EdgeRequest, session: Session | None,
                       record: AuditRecord) -> EdgeResponse:
         if session is not None and session.bridged_envelope is not None:
             record.note = "no GET stream on a 2026-07-28 upstream"
+            return EdgeResponse(405, {"Allow": "POST, DELETE"})
+        if isinstance(route, VirtualRoute):
+            record.note = "no GET stream on a virtual endpoint"
             return EdgeResponse(405, {"Allow": "POST, DELETE"})
         if self.draining:
             raise Draining()
@@ -316,11 +337,11 @@ class Gateway:
     async def _stopped_listening(self, relay: StreamRelay) -> None:
         self._listening.discard(relay)
 
-    async def _end(self, route: UpstreamRoute, req: EdgeRequest, session: Session | None,
+    async def _end(self, route: Route, req: EdgeRequest, session: Session | None,
                    record: AuditRecord) -> EdgeResponse:
         if session is None:
             raise InvalidRequest("Invalid Request: Mcp-Session-Id header required")
-        refused = await self.forward.end(route, req, session)
+        refused = await self._forwarder(route).end(route, req, session)
         if refused is not None:
             record.note = "upstream does not let clients end sessions"
             return EdgeResponse(405, refused)
@@ -329,7 +350,7 @@ class Gateway:
             self._session_ended(route.name, session.created_at)
         return EdgeResponse(200)
 
-    async def _bodyless(self, route: UpstreamRoute, req: EdgeRequest, method: str,
+    async def _bodyless(self, route: Route, req: EdgeRequest, method: str,
                         step: Bodyless) -> EdgeResponse:
         """GET and DELETE: Origin, identity and session, as for a POST, then `step`; one audit
         record either way. Neither exists in the 2026-07-28 era: one that claims it is 405."""
@@ -368,7 +389,10 @@ class Gateway:
 
     # -- shared steps ------------------------------------------------------------------------
 
-    async def _session(self, fetched: Fetched, route: UpstreamRoute, principal: Principal
+    def _forwarder(self, route: Route | VirtualRoute) -> Any:
+        return self.virtual if isinstance(route, VirtualRoute) else self.forward
+
+    async def _session(self, fetched: Fetched, route: Route, principal: Principal
                        ) -> Session:
         session = await fetched.session()
         if (session is None or session.endpoint != route.session_endpoint
@@ -376,10 +400,10 @@ class Gateway:
             raise SessionNotFound()
         return session
 
-    async def _resolve(self, route: UpstreamRoute, principal: Principal,
-                       record: AuditRecord) -> UpstreamRoute:
+    async def _resolve(self, route: Route, principal: Principal, record: AuditRecord
+                       ) -> Route:
         """A per-caller upstream: this caller's own server (or NoUpstreamForCaller)."""
-        if route.template is None:
+        if route.template is None or isinstance(route, VirtualRoute):
             return route
         resolved = await self.tenants.resolve(route, principal)
         record.upstream = resolved.origin

@@ -32,6 +32,7 @@ from proxy.state.revocations import MemoryRevocationStore
 from tests.conftest import make_config
 from tests.helpers import DEADLINE_S, until
 
+VERSIONS = [m.version for m in migrations.MIGRATIONS]  # every one this build knows
 OTHER_SESSIONS = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
                   "AND pid <> pg_backend_pid()")
 
@@ -46,7 +47,8 @@ def terminated(conn: Any, sessions: str, params: tuple[Any, ...] = ()) -> bool:
 
 TABLES = {"audit", "usage_outbox", "api_keys", "api_keys_version", "users", "oauth_keys",
           "oauth_clients", "oauth_refresh", "upstream_tokens", "servers", "servers_version",
-          "roles", "user_roles", "upstream_clients", "schema_migrations"}
+          "roles", "user_roles", "upstream_clients", "schema_migrations", "endpoints",
+          "endpoints_version"}
 
 
 def rows(database: Database, text: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -140,14 +142,14 @@ def test_an_in_memory_database_is_one_database(tmp_path: Path) -> None:
 
 def test_migrations_create_every_table_and_are_idempotent(database: Database) -> None:
     assert migrations.current(database) == 0
-    assert migrations.upgrade(database) == [m.version for m in migrations.MIGRATIONS]
+    assert migrations.upgrade(database) == VERSIONS
     assert migrations.upgrade(database) == []
     with Database(database.url) as another:
         assert migrations.upgrade(another) == []
     assert migrations.current(database) == migrations.LATEST
     assert TABLES <= tables(database)
     versions = rows(database, "SELECT version FROM schema_migrations ORDER BY version")
-    assert [v[0] for v in versions] == [m.version for m in migrations.MIGRATIONS]
+    assert [v[0] for v in versions] == VERSIONS
 
 
 def test_migrations_started_at_once_apply_once(database_url: str) -> None:
@@ -171,11 +173,11 @@ def test_migrations_started_at_once_apply_once(database_url: str) -> None:
     for t in threads:
         t.join()
     assert failures == []
-    assert sorted(results, key=len) == [[]] * 5 + [[m.version for m in migrations.MIGRATIONS]]
+    assert sorted(results, key=len) == [[]] * 5 + [VERSIONS]
     check = Database(database_url)
     try:
         assert rows(check, "SELECT count(*), count(DISTINCT version) FROM schema_migrations"
-                    ) == [(len(migrations.MIGRATIONS),) * 2]
+                    ) == [(len(VERSIONS), len(VERSIONS))]
     finally:
         check.close()
 
@@ -228,7 +230,7 @@ def test_a_sqlite_file_from_before_migrations_is_adopted(tmp_path: Path) -> None
     """)
     old.close()
     database = Database.sqlite(str(path))
-    assert migrations.upgrade(database) == [m.version for m in migrations.MIGRATIONS]
+    assert migrations.upgrade(database) == VERSIONS
     (record,) = query(database)
     assert record["principal"] == "alice" and record["call_id"] is None
     columns = {r[1] for r in rows(database, "PRAGMA table_info(audit)")}

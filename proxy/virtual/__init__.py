@@ -1,0 +1,8 @@
+"""Virtual endpoints: several upstream members behind one /mcp/<name> (README, "Virtual
+endpoints"). `VirtualRoute` is what the edge routes; `VirtualForwarder` is the forwarding step
+the spine takes for it."""
+
+from proxy.virtual.forward import VirtualForwarder
+from proxy.virtual.route import VirtualRoute
+
+__all__ = ["VirtualForwarder", "VirtualRoute"]

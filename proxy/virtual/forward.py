@@ -1,0 +1,428 @@
+"""Step 4 of the path for a virtual endpoint: the member (or members) a message goes to.
+
+`check` runs the policies for the message once, as the spine does for a plain endpoint, but
+with the member's view where a member owns the message: the endpoint's own access rules on the
+exposed name, then the whole chain on the member's name (its access rules and profiles, rate
+limits, egress, metering), so each policy sees the member and the member's tool as on the
+member's own endpoint. `call` then routes it: a list goes to every member at once, each
+through the plain `Forwarder`, and whatever has not answered within `list_timeout_s` is left
+out; a call goes to the one member that owns the name, with the member's original name;
+`initialize` and `server/discover` are answered here with the members' merged capabilities.
+Member sessions are opened by the Forwarder's bridge when first needed, held per endpoint and
+caller, and reopened when a member forgets one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from proxy import __version__
+from proxy.chain import CallContext, Chain, Rewrite
+from proxy.errors import (
+    GatewayError,
+    HiddenTool,
+    InvalidParams,
+    MethodNotFound,
+    UpstreamFailure,
+    UpstreamProtocolError,
+    UpstreamUnavailable,
+)
+from proxy.jsonrpc import McpMessage, response_outcome
+from proxy.mcp import bridge, eras
+from proxy.mcp.exchange import EdgeRequest
+from proxy.mcp.forward import Forwarded, Forwarder, Leg
+from proxy.mcp.sse import EventSplitter, event_data
+from proxy.state import Session
+from proxy.upstream import UpstreamRoute, read_body
+from proxy.virtual import naming
+from proxy.virtual.cursor import Cursors
+from proxy.virtual.route import VirtualRoute
+
+log = logging.getLogger("tollhouse.virtual")
+
+# list method -> (result key, item field, kind of name)
+LISTS = {"tools/list": ("tools", "name", "tool"), "prompts/list": ("prompts", "name", "prompt"),
+         "resources/list": ("resources", "uri", "uri"),
+         "resources/templates/list": ("resourceTemplates", "uriTemplate", "uri")}
+# routed method -> (params field, kind of name)
+ROUTED = {"tools/call": ("name", "tool"), "prompts/get": ("name", "prompt"),
+          "resources/read": ("uri", "uri"), "resources/subscribe": ("uri", "uri"),
+          "resources/unsubscribe": ("uri", "uri")}
+LOCAL = ("initialize", "server/discover", "ping", "logging/setLevel")
+PER_MEMBER = ("access", "egress")  # what a list asks of each member it reaches
+CAPABILITIES = ("tools", "prompts", "resources", "logging", "completions")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Target:
+    member: str
+    name: str  # the member's own name (or URI)
+    msg: McpMessage  # the message as the member receives it
+
+
+class VirtualForwarder:
+    def __init__(self, forward: Forwarder, routes: Mapping[str, UpstreamRoute],
+                 cursor_key: bytes) -> None:
+        self.forward = forward
+        self.routes = routes  # the spine's live table: members are read from it per call
+        self.cursors = Cursors(cursor_key)
+        # exposed name -> (member, member's name), per endpoint and kind: learned from lists
+        self._names: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+        self._stragglers: set[asyncio.Task[Any]] = set()
+
+    # -- policies ------------------------------------------------------------------------
+
+    async def check(self, route: VirtualRoute, chain: Chain, msg: McpMessage,
+                    ctx: CallContext) -> CallContext:
+        """Run the chain once for this message; the context the call goes on with."""
+        if msg.kind != "request" or msg.method not in ROUTED:
+            await chain.run(msg, ctx, without=("egress",))  # egress: per member, in the list
+            return ctx
+        target = await self.resolve(route, msg, ctx, chain)
+        await chain.run(msg, ctx, only=("access",))  # the endpoint's own rules
+        member = self.routes[target.member]
+        mctx = self._context(ctx, member)
+        try:
+            await chain.run(target.msg, mctx)
+        except HiddenTool as exc:  # unknown, as the caller knows it: by its exposed name
+            if msg.method != "tools/call":
+                raise
+            hidden = HiddenTool(str(exc), str((msg.params or {}).get("name")))
+            hidden.decided_by = exc.decided_by
+            raise hidden from None
+        note = f"virtual: member {target.member}, name {target.name[:200]}"
+        mctx.audit_note = f"{mctx.audit_note}; {note}" if mctx.audit_note else note
+        return mctx
+
+    async def resolve(self, route: VirtualRoute, msg: McpMessage, ctx: CallContext,
+                      chain: Chain) -> Target:
+        field, kind = ROUTED[msg.method or ""]
+        params = msg.params or {}
+        exposed = params.get(field)
+        if not isinstance(exposed, str):
+            raise InvalidParams(f"Invalid params: {field} must be a string")
+        owner = self._owner(route, kind, exposed)
+        if owner is None and kind != "uri":  # a shortened name not seen since start-up
+            listing = "tools/list" if kind == "tool" else "prompts/list"
+            await self._merged(route, _request(msg, listing), None, ctx, chain)
+            owner = self._owner(route, kind, exposed)
+        if owner is None or owner[0] not in self.routes:
+            noun = {"tool": "tool", "prompt": "prompt", "uri": "resource"}[kind]
+            raise InvalidParams(f"Unknown {noun}: {exposed[:100]}")
+        member, name = owner
+        renamed = {**params, field: name}
+        body = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "method": msg.method,
+                             "params": renamed})
+        return Target(member, name, McpMessage(msg.kind, msg.id, msg.method, renamed, body))
+
+    def _owner(self, route: VirtualRoute, kind: str, exposed: str) -> tuple[str, str] | None:
+        if kind == "uri":
+            return naming.member_uri(exposed, route.members)
+        if kind == "tool" and exposed in route.aliases:
+            return route.aliases[exposed]
+        known = self._names.get((route.name, kind), {}).get(exposed)
+        if known is not None:
+            return known
+        owner = naming.owner(exposed, route.members, route.separator)
+        if owner is not None and naming.exposed(*owner, route.separator) == exposed:
+            return owner
+        return None
+
+    # -- forwarding ----------------------------------------------------------------------
+
+    async def call(self, route: VirtualRoute, req: EdgeRequest, msg: McpMessage,
+                   session: Session | None, ctx: CallContext, into: Forwarded,
+                   chain: Chain) -> None:
+        method = msg.method or ""
+        modern = ctx.era == "modern"  # a result answered here is completed for its era
+        if method in LISTS:
+            cursor = (msg.params or {}).get("cursor")
+            into.leg = Leg([], local=await self._merged(route, msg, cursor, ctx, chain,
+                                                        session), bridged=modern)
+        elif method in ("initialize", "server/discover"):
+            into.leg = Leg([], local=await self._opening(route, msg, ctx, session))
+        elif method in ("ping", "logging/setLevel"):
+            into.leg = Leg([], local={}, bridged=modern)
+        elif method in ROUTED:
+            target = await self.resolve(route, msg, ctx, chain)
+            member = await self._member(route, target.member, session)
+            mreq, mmsg = self._outbound(req, target.msg, target.name, session)
+            await self.forward.call(member, mreq, mmsg, None,
+                                    self._context(ctx, member, leg=True), into)
+            into.leg.route = member
+        else:
+            raise MethodNotFound(data={"method": method})
+
+    def notify_cancelled(self, route: VirtualRoute, leg: Leg, request_id: Any,
+                         reason: str) -> None:
+        if leg.route is not None:  # else no member had the call yet
+            self.forward.notify_cancelled(leg.route, leg, request_id, reason)
+
+    async def json_answer(self, route: VirtualRoute, msg: McpMessage, forwarded: Forwarded,
+                          rewrite: Rewrite | None) -> tuple[bytes, str | None]:
+        member = forwarded.leg.route
+        assert member is not None
+        return await self.forward.json_answer(member, msg, forwarded, rewrite)
+
+    async def _member(self, route: VirtualRoute, name: str, session: Session | None
+                      ) -> UpstreamRoute:
+        """The member's route as this endpoint uses it: its era settled (learned once per
+        upstream), its held sessions its own, by state key: per endpoint and caller, and per
+        gateway session for a legacy client that has one."""
+        base = self.routes.get(name)
+        if base is None:
+            raise UpstreamUnavailable(f"member {name} is not registered")
+        era = base.era if base.era != "auto" else await self.forward.bridge.era(base)
+        scope = f"@{route.name}" if session is None else f"@{route.name}/{session.id_hash}"
+        return dataclasses.replace(base, era=era, state_key=f"{base.state_key} {scope}")
+
+    async def end(self, route: VirtualRoute, req: EdgeRequest, session: Session
+                  ) -> dict[str, str] | None:
+        """A legacy client's DELETE: the member sessions held for its gateway session are
+        ended too (best effort: a member that fails keeps its session until it expires)."""
+        await asyncio.gather(*(self._end_member(route, name, session)
+                               for name in route.members if name in self.routes))
+        return None
+
+    async def _end_member(self, route: VirtualRoute, name: str, session: Session) -> None:
+        try:
+            member = await self._member(route, name, session)
+            store = self.forward.bridge.store
+            held = await store.session(member.state_key, session.principal_key)
+            if held is None:
+                return
+            await store.forget(member.state_key, session.principal_key)
+            if held.upstream_session_id is not None:
+                headers = self.forward.upstream.headers(
+                    member, {"mcp-protocol-version": bridge.LEGACY_VERSION},
+                    held.upstream_session_id)
+                response = await self.forward.upstream.open(member, "DELETE", headers)
+                await response.aclose()
+        except GatewayError as exc:
+            log.info("/mcp/%s: could not end the session at member %s: %s", route.name, name,
+                     exc)
+
+    @staticmethod
+    def _context(ctx: CallContext, member: UpstreamRoute, *, leg: bool = False) -> CallContext:
+        """The member's view of the call: for its policies (the caller's era), or for the
+        Forwarder (`leg`: always 2026-07-28, so a legacy member's session is held for this
+        endpoint and caller by the bridge, and a 2026-07-28 member is spoken to directly)."""
+        return CallContext(ctx.principal, member.name, member.url_text,
+                           era="modern" if leg else ctx.era,
+                           session_hash=ctx.session_hash, arguments_size=ctx.arguments_size,
+                           api_key_id=ctx.api_key_id, peer_ip=ctx.peer_ip, headers=ctx.headers,
+                           clock=ctx.clock)
+
+    @staticmethod
+    def _outbound(req: EdgeRequest, msg: McpMessage, name: str | None,
+                  session: Session | None) -> tuple[EdgeRequest, McpMessage]:
+        """The member's request: always on the member's own era through the Forwarder (as
+        a 2026-07-28 caller would, so that its sessions are held per endpoint and caller);
+        a legacy client's request gets the envelope its initialize declared."""
+        params = dict(msg.params or {})
+        meta = params.get("_meta")
+        if not (isinstance(meta, dict) and eras.PV in meta):
+            declared = session.bridged_envelope if session is not None else None
+            envelope = bridge.envelope_for(declared or {eras.CLIENT_CAPS: {},
+                                                        eras.CLIENT_INFO: bridge.CLIENT_INFO})
+            params["_meta"] = {**(meta if isinstance(meta, dict) else {}), **envelope}
+        body = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "method": msg.method,
+                             "params": params})
+        headers = {"content-type": "application/json",
+                   "mcp-protocol-version": eras.MODERN_VERSIONS[0], "mcp-method": msg.method or ""}
+        if name is not None:
+            headers["mcp-name"] = bridge.encode_header(name)
+        out = McpMessage("request", msg.id, msg.method, params, body)
+
+        async def read() -> bytes:
+            return body
+
+        return EdgeRequest(headers, read, req.peer, forwarded=req.forwarded), out
+
+    async def _ask(self, route: VirtualRoute, member_name: str, msg: McpMessage,
+                   ctx: CallContext, chain: Chain, session: Session | None,
+                   req: EdgeRequest | None = None) -> dict[str, Any]:
+        """One member's result for a message the gateway fans out (a list, discover), with the
+        member's own access and egress decisions and its result rewriters applied."""
+        member = await self._member(route, member_name, session)
+        mctx = self._context(ctx, member)
+        await chain.run(msg, mctx, only=PER_MEMBER)
+        mreq, mmsg = self._outbound(req or _NO_REQUEST, msg, None, session)
+        into = Forwarded(Leg([]))
+        await self.forward.call(member, mreq, mmsg, None, self._context(ctx, member, leg=True),
+                                into)
+        rewrite = into.leg.rewrite(chain.rewriter(mmsg, mctx), mmsg.method)
+        if into.response is None:
+            result = into.leg.local or {}
+            if rewrite is not None:
+                rewrite(result)
+            return result
+        try:
+            if into.response.headers.get("content-type", "").startswith("text/event-stream"):
+                result = await _from_stream(into.response, mmsg.id)
+                if rewrite is not None:
+                    rewrite(result)
+                return result
+            data, error = await self.forward.json_answer(member, mmsg, into, rewrite)
+        finally:
+            await into.response.aclose()
+        if error is not None:
+            raise UpstreamFailure(f"member {member_name}: {error[:200]}")
+        obj = orjson.loads(data)
+        result = obj.get("result")
+        if not isinstance(result, dict):
+            raise UpstreamProtocolError()
+        return result
+
+    async def _fan_out(self, route: VirtualRoute, members: Mapping[str, McpMessage],
+                       ctx: CallContext, chain: Chain, session: Session | None
+                       ) -> dict[str, dict[str, Any]]:
+        """Every member asked at once; what has not answered within list_timeout_s, or
+        failed, is left out (logged), and asked again on the next request."""
+        tasks = {name: asyncio.ensure_future(self._ask(route, name, m, ctx, chain, session))
+                 for name, m in members.items()}
+        if not tasks:
+            return {}
+        _, pending = await asyncio.wait(tasks.values(), timeout=route.list_timeout_s)
+        out: dict[str, dict[str, Any]] = {}
+        for name, task in tasks.items():
+            if task in pending:
+                task.cancel()
+                self._stragglers.add(task)
+                task.add_done_callback(self._stragglers.discard)
+                log.warning("/mcp/%s: member %s did not answer %s within %.1f s: left out",
+                            route.name, name, members[name].method, route.list_timeout_s)
+                continue
+            exc = task.exception()
+            if exc is None:
+                out[name] = task.result()
+            elif isinstance(exc, GatewayError):
+                log.warning("/mcp/%s: member %s left out of %s: %s", route.name, name,
+                            members[name].method, exc)
+            else:
+                log.error("/mcp/%s: member %s failed on %s", route.name, name,
+                          members[name].method, exc_info=exc)
+        return out
+
+    async def _merged(self, route: VirtualRoute, msg: McpMessage, cursor: object,
+                      ctx: CallContext, chain: Chain, session: Session | None = None
+                      ) -> dict[str, Any]:
+        method = msg.method or ""
+        key, field, kind = LISTS[method]
+        caller = ctx.principal.key
+        pending = {m: "" for m in route.members} if cursor is None else \
+            self.cursors.open(cursor, route.name, method, caller)
+        asks = {}
+        for member, member_cursor in pending.items():
+            if member not in route.members:
+                continue
+            asks[member] = _request(msg, method, member_cursor or None)
+        results = await self._fan_out(route, asks, ctx, chain, session)
+        names = self._names.setdefault((route.name, kind), {})
+        items: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        more: dict[str, str] = {}
+        for member in route.members:  # in the endpoint's order, whatever answered first
+            result = results.get(member)
+            if result is None:
+                continue
+            for item in result.get(key) or []:
+                if not isinstance(item, dict) or not isinstance(item.get(field), str):
+                    continue
+                original = item[field]
+                exposed = self._expose(route, kind, member, original)
+                if exposed in seen:
+                    log.warning("/mcp/%s: %s %r of member %s collides with an earlier "
+                                "member's: left out", route.name, kind, exposed, member)
+                    ctx.audit_note = (ctx.audit_note or "") + \
+                        f" left out {kind} {exposed[:80]} of {member} (collision);"
+                    continue
+                seen.add(exposed)
+                if kind != "uri":
+                    names[exposed] = (member, original)
+                items.append({**item, field: exposed})
+            nxt = result.get("nextCursor")
+            if isinstance(nxt, str) and nxt:
+                more[member] = nxt
+        out: dict[str, Any] = {key: items}
+        if more:
+            out["nextCursor"] = self.cursors.seal(route.name, method, caller, more)
+        return out
+
+    @staticmethod
+    def _expose(route: VirtualRoute, kind: str, member: str, original: str) -> str:
+        if kind == "uri":
+            return naming.exposed_uri(member, original)
+        if kind == "tool":
+            alias = route.aliased.get((member, original))
+            if alias is not None:
+                return alias
+        return naming.exposed(member, original, route.separator)
+
+    async def _opening(self, route: VirtualRoute, msg: McpMessage, ctx: CallContext,
+                       session: Session | None) -> dict[str, Any]:
+        """initialize or server/discover, answered with the members' merged capabilities
+        (only what the endpoint can deliver: no list_changed, no subscribe)."""
+        discover = McpMessage("request", "tollhouse-virtual", "server/discover", {}, b"")
+        results = await self._fan_out(route, dict.fromkeys(route.members, discover), ctx,
+                                      _NO_POLICIES, session)
+        caps: dict[str, Any] = {}
+        for result in results.values():
+            for key, value in (result.get("capabilities") or {}).items():
+                if key in CAPABILITIES and isinstance(value, dict):
+                    caps.setdefault(key, {})
+        info = {"name": route.name, "version": __version__}
+        if msg.method == "initialize":
+            requested = (msg.params or {}).get("protocolVersion")
+            version = requested if requested in eras.LEGACY_VERSIONS else bridge.LEGACY_VERSION
+            return {"protocolVersion": version, "capabilities": caps, "serverInfo": info}
+        return {"supportedVersions": list(eras.MODERN_VERSIONS), "capabilities": caps,
+                "resultType": "complete", "ttlMs": 0, "cacheScope": "private",
+                "_meta": {eras.SERVER_INFO: info}}
+
+
+def _request(msg: McpMessage, method: str, cursor: str | None = None) -> McpMessage:
+    params: dict[str, Any] = {}
+    meta = (msg.params or {}).get("_meta")
+    if isinstance(meta, dict):
+        params["_meta"] = meta
+    if cursor:
+        params["cursor"] = cursor
+    return McpMessage("request", msg.id if msg.id is not None else "tollhouse-virtual",
+                      method, params, b"")
+
+
+async def _from_stream(response: Any, request_id: Any) -> dict[str, Any]:
+    data = await read_body(response)
+    for event in EventSplitter().feed(data + b"\n\n"):
+        raw = event_data(event)
+        if not raw:
+            continue
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        outcome = response_outcome(obj, request_id)
+        if outcome is None:
+            continue
+        ok, error = outcome
+        if not ok:
+            raise UpstreamFailure(f"member answered an error: {(error or '')[:200]}")
+        result = obj.get("result")
+        if isinstance(result, dict):
+            return result
+    raise UpstreamProtocolError()
+
+
+async def _empty() -> bytes:
+    return b""
+
+
+_NO_REQUEST = EdgeRequest({}, _empty)
+_NO_POLICIES = Chain(())

@@ -1,0 +1,48 @@
+"""A virtual endpoint's /api/v1 bodies (`/api/v1/endpoints`), built like a server's
+(proxy/schema.py): strict JSON, a PATCH field sent as null is a 422."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
+from proxy.schema import NAME, AccessIn, Strict, number, unsent
+
+Member = Annotated[str, Field(pattern=NAME)]
+SEPARATOR = r"^[A-Za-z0-9_.-]{1,8}$"
+
+
+class EndpointIn(Strict):
+    """Several upstream servers behind one /mcp/<name> (README, "Virtual endpoints")."""
+
+    name: str = Field(pattern=NAME)
+    members: list[Member] = Field(min_length=1, max_length=64)
+    separator: str = Field("__", pattern=SEPARATOR)
+    list_timeout_s: float = number(2.0, gt=0, le=60)
+    total_timeout_s: float = number(300.0, gt=0, le=86400)
+    aliases: dict[str, str] = Field(default_factory=dict)
+    access: AccessIn = Field(default_factory=AccessIn)
+
+
+class EndpointPatch(Strict):
+    """The fields sent are changed; none may be null (None stands for "not sent")."""
+
+    members: list[Member] = unsent(min_length=1, max_length=64)
+    separator: str = unsent(pattern=SEPARATOR)
+    list_timeout_s: float = number(gt=0, le=60)
+    total_timeout_s: float = number(gt=0, le=86400)
+    aliases: dict[str, str] = unsent()
+    access: AccessIn = unsent()
+
+
+class EndpointOut(BaseModel):
+    name: str
+    members: list[str]
+    separator: str
+    list_timeout_s: float
+    total_timeout_s: float
+    aliases: dict[str, str]
+    access: AccessIn
+    source: Literal["config", "api"]
+    mcp_url: str
