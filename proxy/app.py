@@ -303,7 +303,8 @@ class Serving:
             connections=parts.connections, trusted_proxies=parts.trusted,
             bridged=parts.stores.bridge, later=given.later,
             observer=_observer(parts.request_log, metrics, state.tracing),
-            session_ended=metrics.session_ended if metrics is not None else None)
+            session_ended=metrics.session_ended if metrics is not None else None,
+            max_response_bytes=cfg.server.max_response_bytes)
         watch = asyncio.get_running_loop().create_task(registry.watch())
         await parts.stores.start()
         sampler = None
