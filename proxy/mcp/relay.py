@@ -165,7 +165,9 @@ class StreamRelay:
                 else None
             self._large = LargeEvent(scan)
             head = self._splitter.take()
-            self._large.feed(head)  # no event ends in what the splitter kept
+            # no event ends in what the splitter kept; a line end it begins with is the rest
+            # of the last event's (or an empty line): no part of this event
+            self._large.feed(head.lstrip(b"\r\n"))
             out += self._counted(head)
         return out
 

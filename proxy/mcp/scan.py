@@ -16,16 +16,18 @@ from typing import Any
 import orjson
 
 _STRUCTURE = re.compile(rb'["{}\[\],:]')
+_NESTING = re.compile(rb'["{}\[\]]')
 _STRING_BODY = re.compile(rb'(?:[^"\\]++|\\.)*+', re.S)  # up to the closing quote (or a lone \)
 _SPACE = b" \t\r\n"
 CAPTURE_BYTES = 4096  # past this a value is not kept (an error's data, an absurd id)
 _KEY_BYTES = 64  # a key longer than this is none that is looked for
-_TOP_VALUES = (b"id", b"error")
+_KEPT = {(1, b"", b"id"), (2, b"result", b"isError"), (2, b"error", b"code")}
 
 
 class AnswerScan:
     """Feed it a message's bytes in order; `message()` at the end is a stand-in for it with
-    what was learned (`jsonrpc`, `id`, `result` or `error`, `method`, `result.isError`), for
+    what was learned (`jsonrpc`, `id`, `result` or `error`, `method`, `result.isError`,
+    `error.code`), for
     `response_outcome` to judge as it judges a whole message."""
 
     __slots__ = ("_cap", "_cap_depth", "_cap_name", "_cap_over", "_escape", "_in_string",
@@ -46,7 +48,7 @@ class AnswerScan:
         self._cap_depth = 0
         self._cap_over = False
         self.keys: set[bytes] = set()  # the message's own keys
-        self.values: dict[bytes, bytes | None] = {}  # raw JSON of id, error, isError
+        self.values: dict[bytes, bytes | None] = {}  # raw JSON of id, isError, code
         self.done = False  # the message's closing brace has passed
         self.bad = False  # not one JSON object
 
@@ -77,7 +79,9 @@ class AnswerScan:
                     self._escape = True
                     i = n
                 continue
-            m = _STRUCTURE.search(chunk, i)
+            # keys (and the commas that end kept values) matter only in the message and its
+            # result object; elsewhere only quotes and brackets do (strings, depth)
+            m = (_STRUCTURE if self._tracked() else _NESTING).search(chunk, i)
             if m is None:
                 if not self._stack and chunk[i:].strip(_SPACE):
                     self.bad = self.done = True
@@ -90,19 +94,16 @@ class AnswerScan:
             i = at + 1
             if c == 0x22:  # "
                 self._in_string = True
-                if self._key_wanted and self._stack[-1] == 0x7B and (
-                        len(self._stack) == 1
-                        or (self._stack == b"{{" and self._top_key == b"result")):
+                if self._key_wanted and self._stack[-1] == 0x7B and self._tracked():
                     self._reading_key = True
                     self._key.clear()
             elif c == 0x3A:  # :
                 self._key_wanted = False
                 depth = len(self._stack)
-                name = self._top_key if depth == 1 else self._sub_key
-                if (depth == 1 and name in _TOP_VALUES) or (
-                        depth == 2 and self._stack == b"{{" and self._top_key == b"result"
-                        and name == b"isError"):
-                    self._cap, self._cap_name, self._cap_depth = bytearray(), name, depth
+                where = (1, b"", self._top_key) if depth == 1 else (2, self._top_key,
+                                                                    self._sub_key)
+                if where in _KEPT and self._tracked():
+                    self._cap, self._cap_name, self._cap_depth = bytearray(), where[2], depth
                     self._cap_over = False
                     cap_from = i
             elif c == 0x2C:  # ,
@@ -125,6 +126,11 @@ class AnswerScan:
                     self.done = True
         if self._cap is not None:
             self._keep(chunk[cap_from:])
+
+    def _tracked(self) -> bool:
+        """In the message's own object, or in its result or error object."""
+        return len(self._stack) == 1 or (self._stack == b"{{"
+                                         and self._top_key in (b"result", b"error"))
 
     def _end_key(self) -> None:
         self._reading_key = False
@@ -161,7 +167,8 @@ class AnswerScan:
         if b"id" in self.keys:
             out["id"] = _loads(self.values.get(b"id"))
         if b"error" in self.keys:
-            out["error"] = _loads(self.values.get(b"error"))
+            code = self.values.get(b"code")
+            out["error"] = {} if code is None else {"code": _loads(code)}
         if b"result" in self.keys:
             is_error = self.values.get(b"isError")
             out["result"] = {} if is_error is None else {"isError": _loads(is_error)}
