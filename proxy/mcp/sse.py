@@ -14,7 +14,7 @@ import re
 from proxy.mcp.scan import AnswerScan
 
 # An event this large is passed on as it arrives (when nothing rewrites it), not held whole.
-HEAD_BYTES = 64 * 1024
+HEAD_BYTES = 256 * 1024
 
 # An event ends at a blank line: two line ends in a row, each CRLF, LF or CR (HTML, "Interpreting
 # an event stream"), so any mix of them. A CR that may be the first half of a CRLF does not end
