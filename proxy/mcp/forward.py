@@ -170,13 +170,14 @@ class Forwarder:
             raise SessionNotFound()
         raise UpstreamHTTPError(status)
 
-    def must_hold(self, msg: McpMessage, leg: Leg, rewrite: Rewrite | None) -> bool:
+    @staticmethod
+    def must_hold(msg: McpMessage, rewrite: Rewrite | None) -> bool:
         """THE hook point for "this answer must be held whole and rewritten": True when a
-        policy's rewrite (access profiles, result guardrails: `Chain.rewriter`) or the leg's
-        bridge changes the result, or the gateway learns from it (a tools/list: metrics, a
-        per-user upstream's last list). A held answer is bounded by
-        `server.max_response_bytes`; any other answer streams through as it arrives, at any
-        size, its id and outcome read on the way (`proxy.mcp.scan`)."""
+        result rewrite is due (`rewrite`: the policies' `Chain.rewriter`, access profiles and
+        result guardrails, with what `Leg.rewrite` adds for a bridge), or the gateway learns
+        from the answer (a tools/list: metrics, a per-user upstream's last list). A held
+        answer is bounded by `server.max_response_bytes`; any other answer streams through
+        as it arrives, at any size, its id and outcome read on the way (`proxy.mcp.scan`)."""
         return rewrite is not None or msg.method == "tools/list"
 
     async def json_body(self, forwarded: Forwarded, *, held: bool, limit: int, head: int

@@ -181,7 +181,7 @@ class Gateway:
             record.upstream_started = time.perf_counter()  # the upstream leg (its metric)
             await self.forward.call(route, req, msg, session, ctx, forwarded)
             rewrite = forwarded.leg.rewrite(chain.rewriter(msg, ctx), msg.method)
-            held = self.forward.must_hold(msg, forwarded.leg, rewrite)
+            held = self.forward.must_hold(msg, rewrite)
             rewrite = self.observer.results(msg, record, rewrite)  # readers see either kind
             response = forwarded.response
             if response is None:  # answered here: past its deadline, it waits for its record
@@ -218,7 +218,6 @@ class Gateway:
                                   spawn=self.spawn, rewrite=rewrite, on_done=end,
                                   on_answer=end.answered)
                 handed_over = True
-                record.http_status = 200
                 return EdgeResponse(200, {**JSON_HEADERS, **headers}, stream=relay)
             data, error = self.forward.json_answer(route, msg, forwarded, rewrite, data)
             if error is not None:

@@ -17,7 +17,7 @@ import orjson
 
 _STRUCTURE = re.compile(rb'["{}\[\],:]')
 _NESTING = re.compile(rb'["{}\[\]]')
-_STRING_BODY = re.compile(rb'(?:[^"\\]++|\\.)*+', re.S)  # up to the closing quote (or a lone \)
+_STRING_BODY = re.compile(rb'(?:[^"\\]++|\\.)*+', re.DOTALL)  # up to the closing quote (or a lone \)
 _SPACE = b" \t\r\n"
 CAPTURE_BYTES = 4096  # past this a value is not kept (an error's data, an absurd id)
 _KEY_BYTES = 64  # a key longer than this is none that is looked for

@@ -15,7 +15,6 @@ from typing import Any
 
 import orjson
 
-
 PIECE = b"0123456789abcdef" * 4096  # 64 KiB of the text
 
 

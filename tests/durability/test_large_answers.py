@@ -231,14 +231,14 @@ async def test_a_client_gone_mid_answer_closes_the_upstream_and_is_audited(
         world: World, endpoint: str) -> None:
     rid = f"gone-{endpoint}"
     world.large.closed.clear()
-    async with httpx.AsyncClient(timeout=DEADLINE_S) as http:
-        async with http.stream("POST", world.url(endpoint), headers=HEADERS,
-                               content=call(rid, "big", {"size": 256 * MiB})) as response:
-            got = 0
-            async for chunk in response.aiter_raw(64 * 1024):
-                got += len(chunk)
-                if got > 2 * MiB:
-                    break  # the client goes away with most of the answer still to come
+    async with httpx.AsyncClient(timeout=DEADLINE_S) as http, \
+            http.stream("POST", world.url(endpoint), headers=HEADERS,
+                        content=call(rid, "big", {"size": 256 * MiB})) as response:
+        got = 0
+        async for chunk in response.aiter_raw(64 * 1024):
+            got += len(chunk)
+            if got > 2 * MiB:
+                break  # the client goes away with most of the answer still to come
     await asyncio.wait_for(world.large.closed.wait(), DEADLINE_S)
     status, message = await world.audited(rid)
     assert status == "cancelled", (status, message)
