@@ -22,6 +22,7 @@ _SPACE = b" \t\r\n"
 CAPTURE_BYTES = 4096  # past this a value is not kept (an error's data, an absurd id)
 _KEY_BYTES = 64  # a key longer than this is none that is looked for
 _KEPT = {(1, b"", b"id"), (2, b"result", b"isError"), (2, b"error", b"code")}
+_INSIDE = {b"result": b"isError", b"error": b"code"}  # what is kept from inside each
 
 
 class AnswerScan:
@@ -66,11 +67,13 @@ class AnswerScan:
                     self._escape = False
                     i += 1
                 j = _STRING_BODY.match(chunk, i).end()  # type: ignore[union-attr]
-                if self._reading_key:
-                    self._key += chunk[start:j][: _KEY_BYTES + 1 - len(self._key)]
+                closing = j < n and chunk[j] == 0x22
+                if self._reading_key:  # a lone backslash at the end is the key's too
+                    self._key += chunk[start:j if closing else n][: _KEY_BYTES + 1
+                                                                  - len(self._key)]
                 if j >= n:
                     i = n
-                elif chunk[j] == 0x22:  # the closing quote
+                elif closing:
                     self._in_string = False
                     i = j + 1
                     if self._reading_key:
@@ -134,13 +137,17 @@ class AnswerScan:
 
     def _end_key(self) -> None:
         self._reading_key = False
-        if len(self._key) > _KEY_BYTES:
-            key = b""
-        else:
-            key = bytes(self._key)
+        key = b"" if len(self._key) > _KEY_BYTES else bytes(self._key)
+        if b"\\" in key:  # an escaped key ("\u0069d" is "id"): as a parser reads it
+            try:
+                key = orjson.loads(b'"' + key + b'"').encode()
+            except orjson.JSONDecodeError:
+                key = b""
         if len(self._stack) == 1:
             self._top_key = key
             self.keys.add(key)
+            # a key given twice: its last value stands, as for a parser
+            self.values.pop(_INSIDE.get(key, key), None)
         else:
             self._sub_key = key
 
