@@ -17,6 +17,7 @@ import orjson
 
 _STRUCTURE = re.compile(rb'["{}\[\],:]')
 _NESTING = re.compile(rb'["{}\[\]]')
+_DEEP_RUN = re.compile(rb'(?:[^"{}\[\]]++|"(?:[^"\\]++|\\.)*+")*+', re.DOTALL)
 _STRING_BODY = re.compile(rb'(?:[^"\\]++|\\.)*+', re.DOTALL)  # up to the closing quote (or a lone \)
 _SPACE = b" \t\r\n"
 CAPTURE_BYTES = 4096  # past this a value is not kept (an error's data, an absurd id)
@@ -84,7 +85,11 @@ class AnswerScan:
                 continue
             # keys (and the commas that end kept values) matter only in the message and its
             # result object; elsewhere only quotes and brackets do (strings, depth)
-            m = (_STRUCTURE if self._tracked() else _NESTING).search(chunk, i)
+            if self._tracked():
+                m = _STRUCTURE.search(chunk, i)
+            else:  # whole strings and all between brackets skipped at once
+                i = _DEEP_RUN.match(chunk, i).end()  # type: ignore[union-attr]
+                m = _NESTING.search(chunk, i)
             if m is None:
                 if not self._stack and chunk[i:].strip(_SPACE):
                     self.bad = self.done = True
@@ -131,8 +136,8 @@ class AnswerScan:
             self._keep(chunk[cap_from:])
 
     def _tracked(self) -> bool:
-        """In the message's own object, or in its result or error object."""
-        return len(self._stack) == 1 or (self._stack == b"{{"
+        """Before the message, in its own object, or in its result or error object."""
+        return len(self._stack) <= 1 or (self._stack == b"{{"
                                          and self._top_key in (b"result", b"error"))
 
     def _end_key(self) -> None:
