@@ -69,7 +69,7 @@ constraints:
 # merged into the committed corpus, tests/fuzz/corpus/<target>/. `make test` runs a short fixed
 # campaign of each target.
 .PHONY: fuzz
-FUZZ_TARGETS ?= jsonrpc envelope header sse relay config
+FUZZ_TARGETS ?= jsonrpc envelope header sse relay config scan
 FUZZ_SECONDS ?= 300
 fuzz: $(VENV)/.installed
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -339,7 +339,8 @@ class Serving:
             bridged=parts.stores.bridge, later=given.later,
             observer=_observer(parts.request_log, metrics, state.tracing),
             session_ended=metrics.session_ended if metrics is not None else None,
-            endpoints=virtual, cursor_key=_cursor_key(given))
+            endpoints=virtual, cursor_key=_cursor_key(given),
+            max_response_bytes=cfg.server.max_response_bytes)
         state.gateway.tenants = Tenants(destinations, upstream.pool, state.gateway.spawn,
                                         _people_attributes(parts, state.api.accounts))
         if parts.connections is not None:  # per_user with a per-caller URL: whose server

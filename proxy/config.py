@@ -49,6 +49,9 @@ class ServerConfig:
     listen: str = "127.0.0.1:8080"
     public_url: str = "http://127.0.0.1:8080"
     max_request_bytes: int = 4 * 1024 * 1024
+    # an answer the gateway must hold whole to rewrite it (a filtered list, a bridged result);
+    # one nobody rewrites streams through at any size
+    max_response_bytes: int = 16 * 1024 * 1024
     allowed_origins: list[str] = field(default_factory=list)
     session_idle_timeout_s: float = 3600.0
     max_sessions: int = 100_000
@@ -514,6 +517,7 @@ def _check(cfg: Config, base_dir: Path) -> None:
     for i, origin in enumerate(server.allowed_origins):
         _url(origin, f"server.allowed_origins[{i}]")
     _positive(server.max_request_bytes, "server.max_request_bytes")
+    _positive(server.max_response_bytes, "server.max_response_bytes")
     _positive(server.session_idle_timeout_s, "server.session_idle_timeout_s")
     _positive(server.max_sessions, "server.max_sessions")
     if not 0 < server.shutdown_grace_s <= 3600:

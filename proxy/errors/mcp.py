@@ -233,6 +233,19 @@ class UpstreamStreamCut(UpstreamFailure):
     upstream_kind = "stream_cut"
 
 
+class ResponseTooLarge(UpstreamFailure):
+    """An answer the gateway must hold whole to rewrite it (a filtered list, a bridged
+    result) grew past `server.max_response_bytes`; an answer nobody rewrites streams through
+    at any size."""
+
+    message = "upstream answer over server.max_response_bytes"
+    upstream_kind = "too_large"
+
+    def __init__(self, limit: int | None = None) -> None:
+        super().__init__(None if limit is None else
+                         f"upstream answer over server.max_response_bytes ({limit} bytes)")
+
+
 class UpstreamBadGateway(GatewayError):
     """An upstream failure where there is no call to answer: a notification or a response the
     client posted, the GET stream, a DELETE. The 2025-11-25 Streamable HTTP transport answers

@@ -183,8 +183,8 @@ async def _send(send: Send, result: EdgeResponse, heartbeat_s: float = 0.0) -> N
     beat: _Heartbeat | None = None
     try:  # the stream is closed however this ends, the first send included
         await send({"type": "http.response.start", "status": result.status, "headers": headers})
-        if heartbeat_s:
-            beat = _Heartbeat(send, heartbeat_s)
+        if heartbeat_s and result.headers.get("Content-Type") == "text/event-stream":
+            beat = _Heartbeat(send, heartbeat_s, stream)
         async for chunk in stream:
             if not chunk:
                 continue
@@ -214,10 +214,11 @@ class _Heartbeat:
     for a dead one. A stream that is never idle that long costs one timer; the lock keeps a
     comment between two whole events, never inside one."""
 
-    __slots__ = ("_handle", "_interval", "_last", "_loop", "_send", "_task", "lock")
+    __slots__ = ("_handle", "_interval", "_last", "_loop", "_send", "_stream", "_task", "lock")
 
-    def __init__(self, send: Send, interval: float) -> None:
+    def __init__(self, send: Send, interval: float, stream: object = None) -> None:
         self._send = send
+        self._stream = stream  # a relay passing a large event on says when it is mid-event
         self._interval = interval
         self._loop = asyncio.get_running_loop()
         self._last = self._loop.time()
@@ -235,6 +236,8 @@ class _Heartbeat:
 
     def _due(self) -> None:
         idle = self._loop.time() - self._last
+        if getattr(self._stream, "mid_event", False):  # never inside an event
+            idle = 0.0
         if idle < self._interval:  # something was sent meanwhile
             self._handle = self._loop.call_later(self._interval - idle, self._due)
             return

@@ -42,7 +42,7 @@ from proxy.mcp.exchange import EdgeRequest
 from proxy.state import Session, SessionStore
 from proxy.state.bridge import BridgeStore
 from proxy.traced import CURRENT
-from proxy.upstream import NO_CALL, UpstreamClient, UpstreamRoute, read_body, rejection
+from proxy.upstream import NO_CALL, BodyChunks, UpstreamClient, UpstreamRoute, read_head, rejection
 from proxy.upstream.identity import IdentityForwarder
 
 log = logging.getLogger("tollhouse.forward")
@@ -173,15 +173,30 @@ class Forwarder:
             raise SessionNotFound()
         raise UpstreamHTTPError(status)
 
-    async def json_answer(self, route: UpstreamRoute, msg: McpMessage, forwarded: Forwarded,
-                          rewrite: Rewrite | None) -> tuple[bytes, str | None]:
-        """The upstream's JSON answer to this call, rewritten when a policy or the bridge has
-        something to change in it, and its error for the audit log (None when a result)."""
+    @staticmethod
+    def must_hold(msg: McpMessage, rewrite: Rewrite | None) -> bool:
+        """THE hook point for "this answer must be held whole and rewritten": True when a
+        result rewrite is due (`rewrite`: the policies' `Chain.rewriter`, access profiles and
+        result guardrails, with what `Leg.rewrite` adds for a bridge), or the gateway learns
+        from the answer (a tools/list: metrics, a per-user upstream's last list). A held
+        answer is bounded by `server.max_response_bytes`; any other answer streams through
+        as it arrives, at any size, its id and outcome read on the way (`proxy.mcp.scan`)."""
+        return rewrite is not None or msg.method == "tools/list"
+
+    async def json_body(self, forwarded: Forwarded, *, held: bool, limit: int, head: int
+                        ) -> tuple[bytes, BodyChunks | None]:
+        """The JSON answer's body: whole (up to `limit` when `held`, else when it ends within
+        `head` bytes), or its first bytes and the rest to stream."""
         response = forwarded.response
         assert response is not None
         if not response.headers.get("content-type", "").startswith("application/json"):
             raise UpstreamProtocolError("upstream sent an unexpected content type")
-        data = await read_body(response)
+        return await read_head(response, head, limit if held else None)
+
+    def json_answer(self, route: UpstreamRoute, msg: McpMessage, forwarded: Forwarded,
+                    rewrite: Rewrite | None, data: bytes) -> tuple[bytes, str | None]:
+        """The upstream's whole JSON answer to this call, rewritten when a policy or the bridge
+        has something to change in it, and its error for the audit log (None when a result)."""
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:

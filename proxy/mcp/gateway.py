@@ -41,7 +41,8 @@ from proxy.live import Live
 from proxy.mcp import eras, guards
 from proxy.mcp.exchange import EdgeRequest, EdgeResponse
 from proxy.mcp.forward import Forwarded, Forwarder, Leg
-from proxy.mcp.relay import StreamEnd, StreamRelay
+from proxy.mcp.relay import JsonRelay, StreamEnd, StreamRelay
+from proxy.mcp.sse import HEAD_BYTES
 from proxy.observability import Observer, Observers
 from proxy.observability.logs import trace_id
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
@@ -75,7 +76,8 @@ class Gateway:
                  session_ended: Callable[[str, float], None] | None = None,
                  tenants: Tenants | None = None,
                  endpoints: Mapping[str, VirtualRoute] | None = None,
-                 cursor_key: bytes = b"") -> None:
+                 cursor_key: bytes = b"",
+                 max_response_bytes: int = 16 * 1024 * 1024) -> None:
         self.routes = routes  # live: the registry changes it, each call reads it
         self.endpoints = {} if endpoints is None else endpoints  # proxy/virtual: live too
         self.auth = authenticator
@@ -90,10 +92,12 @@ class Gateway:
         self.forward = Forwarder(upstream, sessions, bridged, identity=identity,
                                  connections=connections, spawn=self.spawn)
         self.virtual = VirtualForwarder(self.forward, routes, cursor_key)
+        self.virtual.max_response_bytes = max_response_bytes
         self._later = later  # the clock deadlines run on (the loop's unless a test gives one)
         # metrics, the request log (and a tracer): told when each message begins and ends
         self.observer: Observer = observer or Observers()
         self._session_ended = session_ended  # (endpoint, created_at) of a session DELETEd
+        self.max_response_bytes = max_response_bytes  # an answer held to be rewritten, at most
         self._tasks: set[asyncio.Task[None]] = set()
         # per-caller upstreams; create_app gives one with the egress check and pools
         self.tenants = tenants or Tenants(None, lambda: None, self.spawn)
@@ -206,8 +210,10 @@ class Gateway:
             else:
                 forward = self.forward
                 await self.forward.call(route, req, msg, session, ctx, forwarded)
-            rewrite = self.observer.results(msg, record, forwarded.leg.rewrite(
-                _noting(chain.rewriter(msg, ctx), ctx, record), msg.method))
+            rewrite = forwarded.leg.rewrite(_noting(chain.rewriter(msg, ctx), ctx, record),
+                                            msg.method)
+            held = self.forward.must_hold(msg, rewrite)
+            rewrite = self.observer.results(msg, record, rewrite)  # readers see either kind
             response = forwarded.response
             if response is None:  # answered here: past its deadline, it waits for its record
                 handle.close()
@@ -227,10 +233,24 @@ class Gateway:
                                     handle=handle, record=record, started=started,
                                     spawn=self.spawn, rewrite=rewrite,
                                     refuse_requests=forwarded.leg.bridged,
-                                    on_done=end, on_answer=end.answered)
+                                    on_done=end, on_answer=end.answered,
+                                    hold_limit=self.max_response_bytes if held else None)
                 handed_over = True  # the relay owns the response and the registration now
                 return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
-            data, error = await forward.json_answer(route, msg, forwarded, rewrite)
+            data, rest = await self.forward.json_body(forwarded, held=held, head=HEAD_BYTES,
+                                                      limit=self.max_response_bytes)
+            if rest is not None:  # large, and nobody rewrites it: streamed as it arrives
+                handle.close()  # the upstream has answered: no deadline cuts the body
+                end = StreamEnd(self.inflight, self.audit, key, partial(
+                    forward.notify_cancelled, route, forwarded.leg, msg.id),
+                    forwarded.leg.bridged, observer=self.observer)
+                relay = JsonRelay(data, rest, response.aclose, request_id=msg.id,
+                                  handle=handle, record=record, started=started,
+                                  spawn=self.spawn, rewrite=rewrite, on_done=end,
+                                  on_answer=end.answered)
+                handed_over = True
+                return EdgeResponse(200, {**JSON_HEADERS, **headers}, stream=relay)
+            data, error = forward.json_answer(route, msg, forwarded, rewrite, data)
             if error is not None:
                 record.status, record.error_message = "error", error
                 record.error_type = upstream_error_type(error)

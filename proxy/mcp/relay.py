@@ -4,6 +4,9 @@ A `StreamRelay` is the body of a streamed response. It follows the call it carri
 each event's data to see the response to the client's request (for the audit record), turns an
 upstream failure or a deliberate cancellation into one last JSON-RPC error event, and on a
 client disconnect closes the upstream request and tells the upstream the call is cancelled.
+An event larger than `HEAD_BYTES` is held only when the call's answer is held (`hold_limit`,
+see `Forwarder.must_hold`); otherwise it goes on as it arrives, so memory per stream stays
+bounded and a slow client slows the upstream read (nothing queues here).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from proxy.audit import AuditRecord, AuditSink
 from proxy.errors import (
     Cancelled,
     GatewayError,
+    ResponseTooLarge,
     StoreUnavailable,
     UpstreamFailure,
     UpstreamProtocolError,
@@ -28,7 +32,8 @@ from proxy.errors import (
     sse_event,
 )
 from proxy.jsonrpc import response_outcome, upstream_error_type
-from proxy.mcp.sse import EventSplitter, event_data, with_data
+from proxy.mcp.scan import AnswerScan
+from proxy.mcp.sse import HEAD_BYTES, EventSplitter, LargeEvent, event_data, with_data
 from proxy.observability import Observer
 from proxy.state import CallHandle, InFlightRegistry
 from proxy.state.inflight import EndReason
@@ -36,6 +41,7 @@ from proxy.state.inflight import EndReason
 log = logging.getLogger("tollhouse.relay")
 
 NO_REQUEST = object()
+UNHELD = 1 << 62  # the splitter's bound when nothing holds events (they pass on past HEAD_BYTES)
 
 
 class StreamRelay:
@@ -55,6 +61,7 @@ class StreamRelay:
         rewrite: Callable[[dict[str, Any]], bool] | None = None,
         refuse_requests: bool = False,
         on_answer: Callable[[StreamRelay], Awaitable[bool]] | None = None,
+        hold_limit: int | None = None,
     ) -> None:
         self._close = close
         self.request_id = request_id
@@ -72,7 +79,11 @@ class StreamRelay:
         self._refuse_requests = refuse_requests
         self.refused: str | None = None  # why the gateway ended the call itself
         self._chunks = chunks  # errors already mapped at the upstream boundary
-        self._splitter = EventSplitter()
+        # None: no event is held past HEAD_BYTES; else each is held whole, up to this size
+        self._hold_limit = hold_limit
+        self._splitter = EventSplitter(hold_limit or UNHELD)
+        self._large: LargeEvent | None = None  # the event being passed on as it arrives
+        self._large_answer = False  # the answer was such an event (and is partly sent)
         self._finished = False
         self._closed = False
         self._ending = False
@@ -90,8 +101,19 @@ class StreamRelay:
             self._answer_due = False
             if not await self._on_answer(self):  # kept nowhere: the answer is withheld
                 self._finished = True
-                out = sse_event(render(StoreUnavailable("the audit log"), self.request_id)[2])
+                log.error("an answer withheld: its audit record could not be written")
+                out = self._withheld()
         return out
+
+    def _withheld(self) -> bytes:
+        """What goes out instead of an answer whose record could be kept nowhere."""
+        out = sse_event(render(StoreUnavailable("the audit log"), self.request_id)[2])
+        return b"\n\n" + out if self._large_answer else out  # a started event ended first
+
+    @property
+    def mid_event(self) -> bool:
+        """Part of an event has gone out: nothing else (a heartbeat) may be sent now."""
+        return self._large is not None
 
     async def _next(self) -> bytes:
         if self._finished:
@@ -103,9 +125,9 @@ class StreamRelay:
                     chunk = await self._chunks.__anext__()
                 except StopAsyncIteration:
                     return self._end_of_stream()
-                events = self._splitter.feed(chunk)
-                if events:
-                    return self._inspect(events)
+                out = self._take(chunk)
+                if out:
+                    return out
         except asyncio.CancelledError:
             if self.handle is not None and self.handle.absorb():
                 return self._fail(Cancelled(self.handle.reason))
@@ -119,7 +141,68 @@ class StreamRelay:
                 raise StopAsyncIteration from None
             return self._fail(exc)
         except ValueError:
-            return self._fail(UpstreamProtocolError("upstream SSE event too large"))
+            return self._fail(ResponseTooLarge(self._hold_limit))
+
+    def _take(self, chunk: bytes) -> bytes:
+        """What of `chunk` goes out now: the rest of an event being passed on, whole events,
+        and the start of an event that has outgrown HEAD_BYTES when nothing holds it."""
+        out = b""
+        if self._large is not None:
+            end = self._large.feed(chunk)
+            if end is None:
+                return self._counted(chunk)
+            out, chunk = self._counted(chunk[:end]), chunk[end:]
+            out += self._large_ended()
+            if self._finished or not chunk:
+                return out
+        events = self._splitter.feed(chunk)
+        if events:
+            out += self._inspect(events)
+            if self._finished:
+                return out
+        if self._hold_limit is None and len(self._splitter.pending) > HEAD_BYTES:
+            scan = AnswerScan() if self.request_id is not NO_REQUEST and not self.answered \
+                else None
+            self._large = LargeEvent(scan)
+            head = self._splitter.take()
+            # no event ends in what the splitter kept; a line end it begins with is the rest
+            # of the last event's (or an empty line): no part of this event
+            self._large.feed(head.lstrip(b"\r\n"))
+            out += self._counted(head)
+        return out
+
+    def _large_ended(self) -> bytes:
+        """A passed-on event has ended: was it the answer? (its data, scanned, says so)"""
+        large, self._large = self._large, None
+        if large is None or large.scan is None or self.answered:
+            return b""
+        obj = large.scan.message()
+        if obj is None:
+            return self._fail(UpstreamProtocolError())
+        outcome = response_outcome(obj, self.request_id)
+        if outcome is not None:
+            self._large_answer = True
+            self._answer_seen(outcome, obj)
+        return b""
+
+    def _counted(self, out: bytes) -> bytes:
+        if self.record is not None and not self.record.accepted:
+            self.record.bytes_out += len(out)
+        return out
+
+    def _answer_seen(self, outcome: tuple[bool, str | None], obj: dict[str, Any]) -> bool:
+        """The response to the call: recorded; True if its result was rewritten in `obj`."""
+        self.answered = self._answer_due = True
+        if self.handle is not None:
+            self.handle.close()  # answered: no deadline ends it now
+        ok, error = outcome
+        if self.record is not None and not ok:
+            self.record.status = "error"
+            self.record.error_message = error
+            self.record.error_type = upstream_error_type(error or "")
+            return False
+        return self._rewrite is not None and isinstance(obj.get("result"), dict) \
+            and self._rewrite(obj["result"])
 
     def _inspect(self, events: list[bytes]) -> bytes:
         if self.request_id is not NO_REQUEST and not self.answered:
@@ -139,22 +222,9 @@ class StreamRelay:
                     self.refused = f"upstream sent {method}, which cannot reach this client"
                     return self._fail(UpstreamFailure(self.refused))
                 outcome = response_outcome(obj, self.request_id)
-                if outcome is not None:
-                    self.answered = self._answer_due = True
-                    if self.handle is not None:
-                        self.handle.close()  # answered: no deadline ends it now
-                    ok, error = outcome
-                    if self.record is not None and not ok:
-                        self.record.status = "error"
-                        self.record.error_message = error
-                        self.record.error_type = upstream_error_type(error or "")
-                    elif self._rewrite is not None and isinstance(obj.get("result"), dict) \
-                            and self._rewrite(obj["result"]):
-                        events[i] = with_data(event, orjson.dumps(obj))
-        out = b"".join(events)
-        if self.record is not None and not self.record.accepted:
-            self.record.bytes_out += len(out)
-        return out
+                if outcome is not None and self._answer_seen(outcome, obj):
+                    events[i] = with_data(event, orjson.dumps(obj))
+        return self._counted(b"".join(events))
 
     def _end_of_stream(self) -> bytes:
         if self.request_id is NO_REQUEST or self.answered:
@@ -174,6 +244,9 @@ class StreamRelay:
                 self.record.fail(exc)
             return b""
         out = sse_event(render(exc, self.request_id)[2])
+        if self._large is not None:  # part of an event went out: end it, unfinished, first
+            self._large = None
+            out = b"\n\n" + out
         if self.record is not None and not self.record.accepted:
             self.record.fail(exc)
             self.record.bytes_out += len(out)
@@ -216,6 +289,60 @@ class StreamRelay:
         if not self._closed and self._spawn is not None:
             self.disconnected = not self._finished
             self._spawn(self.aclose())
+
+
+class JsonRelay(StreamRelay):
+    """A JSON answer nobody rewrites (`Forwarder.must_hold`), passed on as it arrives: the
+    body is scanned on the way (`AnswerScan`) and its last chunk kept back until the whole
+    message has been seen and its record is durable. What cannot be finished (the upstream
+    breaks, the message is not this call's answer, the record is kept nowhere) ends the body
+    short of a whole message, so the client never takes it for an answer; the record says
+    why."""
+
+    def __init__(self, head: bytes, chunks: AsyncIterator[bytes],
+                 close: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
+        super().__init__(chunks, close, **kwargs)
+        self._scan = AnswerScan()
+        self._scan.feed(head)
+        self._kept = head  # the latest bytes: they go out once the answer is known
+
+    async def _next(self) -> bytes:
+        if self._finished:
+            await self.aclose()
+            raise StopAsyncIteration
+        try:
+            chunk = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            return self._whole()
+        except asyncio.CancelledError:  # a disconnect, a cancel, the deadline: no answer
+            self.disconnected = True
+            await self.aclose()
+            raise
+        except GatewayError as exc:
+            return self._short(exc)
+        self._scan.feed(chunk)
+        out, self._kept = self._kept, chunk
+        return self._counted(out)
+
+    def _whole(self) -> bytes:
+        self._finished = True
+        obj = self._scan.message()
+        outcome = None if obj is None else response_outcome(obj, self.request_id)
+        if obj is None or outcome is None:
+            return self._short(UpstreamProtocolError())
+        self._answer_seen(outcome, obj)  # read only: nothing rewrites an unheld answer
+        return self._counted(self._kept)
+
+    def _short(self, exc: GatewayError) -> bytes:
+        self._finished = True
+        if self.handle is not None:
+            self.handle.close()
+        if self.record is not None and not self.record.accepted:
+            self.record.fail(exc)
+        return b""
+
+    def _withheld(self) -> bytes:
+        return b""
 
 
 class StreamEnd:

@@ -2,12 +2,19 @@
 
 The relay forwards each upstream event as the bytes it arrived as (ids, retry fields and line
 endings untouched) and reads its `data` to follow the call; splitting on whole events means an
-error event the gateway appends never lands inside a half-sent upstream event.
+error event the gateway appends never lands inside a half-sent upstream event. An event that
+outgrows `HEAD_BYTES` and that no policy rewrites is not held: a `LargeEvent` passes it on as
+it arrives, its data read by an `AnswerScan` on the way.
 """
 
 from __future__ import annotations
 
 import re
+
+from proxy.mcp.scan import AnswerScan
+
+# An event this large is passed on as it arrives (when nothing rewrites it), not held whole.
+HEAD_BYTES = 256 * 1024
 
 # An event ends at a blank line: two line ends in a row, each CRLF, LF or CR (HTML, "Interpreting
 # an event stream"), so any mix of them. A CR that may be the first half of a CRLF does not end
@@ -40,6 +47,75 @@ class EventSplitter:
     @property
     def pending(self) -> bytes:
         return self._buf
+
+    def take(self) -> bytes:
+        """The unfinished event's bytes so far, handed to a `LargeEvent`."""
+        buf, self._buf = self._buf, b""
+        return buf
+
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+class LargeEvent:
+    """One event passed on as it arrives: `feed` says where in a chunk the event ended (None
+    while it goes on), and gives the data of its `data` lines (joined with LF, the one space
+    after the colon dropped) to `scan`, when there is one."""
+
+    __slots__ = ("_cr", "_data_lines", "_field", "_head", "_line_bytes", "_space", "scan")
+
+    def __init__(self, scan: AnswerScan | None) -> None:
+        self.scan = scan
+        self._cr = False  # the last byte was a CR: an LF next is the rest of that line end
+        self._head = b""  # the start of the current line, until its field name is known
+        self._field: bool | None = None  # a data line (True), another field (False), unknown
+        self._space = False  # a data line whose value may still begin with the one space
+        self._line_bytes = 0
+        self._data_lines = 0
+
+    def feed(self, chunk: bytes) -> int | None:
+        i, n = 0, len(chunk)
+        if self._cr and n and chunk[0] == 0x0A:
+            i = 1
+        self._cr = False
+        while i < n:
+            m = _LINE_END.search(chunk, i)
+            end = m.start() if m is not None else n
+            if end > i:
+                self._line(chunk[i:end])
+            if m is None:
+                return None
+            if self._line_bytes == 0:  # a blank line: the event ends here
+                return m.end()
+            self._line_bytes, self._field, self._head = 0, None, b""
+            if m.group() == b"\r" and m.end() == n:
+                self._cr = True
+            i = m.end()
+        return None
+
+    def _line(self, part: bytes) -> None:
+        self._line_bytes += len(part)
+        if self._field is None:
+            self._head += part
+            if len(self._head) < 5 and not self._head.startswith(b"data"[: len(self._head)]):
+                self._field = False
+                return
+            if len(self._head) < 5:
+                return
+            self._field = self._head.startswith(b"data:")
+            if not self._field:
+                return
+            part, self._head, self._space = self._head[5:], b"", True
+            if self.scan is not None and self._data_lines:
+                self.scan.feed(b"\n")
+            self._data_lines += 1
+        if not self._field or self.scan is None or not part:
+            return
+        if self._space:
+            self._space = False
+            if part[0] == 0x20:
+                part = part[1:]
+        self.scan.feed(part)
 
 
 def with_data(event: bytes, data: bytes) -> bytes:

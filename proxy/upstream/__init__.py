@@ -11,8 +11,9 @@ from proxy.upstream.client import (
     build_transport,
     map_errors,
     read_body,
+    read_head,
     rejection,
 )
 
 __all__ = ["NO_CALL", "BodyChunks", "UpstreamClient", "UpstreamRoute", "build_transport",
-           "map_errors", "read_body", "rejection"]
+           "map_errors", "read_body", "read_head", "rejection"]

@@ -19,6 +19,7 @@ from proxy.config import UpstreamConfig
 from proxy.egress import DIAL, Destinations
 from proxy.errors import (
     NO_ID,
+    ResponseTooLarge,
     UpstreamFailure,
     UpstreamRejected,
     UpstreamStreamCut,
@@ -119,6 +120,27 @@ async def read_body(response: httpx.Response) -> bytes:
     """The whole body of an upstream answer; a broken read is the UpstreamFailure naming it."""
     with map_errors():
         return await response.aread()
+
+
+async def read_head(response: httpx.Response, head: int, limit: int | None
+                    ) -> tuple[bytes, BodyChunks | None]:
+    """An answer's body up to `head` bytes: (the whole body, None) when it ends there, else
+    (what was read, the rest still to come). With `limit`, the body is read whole however
+    large `head` says, and one over `limit` bytes is refused (`ResponseTooLarge`)."""
+    declared = response.headers.get("content-length", "")
+    if limit is not None and declared.isdigit() and int(declared) > limit:
+        raise ResponseTooLarge(limit)
+    chunks = BodyChunks(response)
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        parts.append(chunk)
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise ResponseTooLarge(limit)
+        if limit is None and size > head:
+            return b"".join(parts), chunks
+    return b"".join(parts), None
 
 
 class BodyChunks:

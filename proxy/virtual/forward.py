@@ -39,7 +39,8 @@ from proxy.mcp.exchange import EdgeRequest
 from proxy.mcp.forward import Forwarded, Forwarder, Leg
 from proxy.mcp.sse import EventSplitter, event_data
 from proxy.state import Session
-from proxy.upstream import UpstreamRoute, read_body
+from proxy.upstream import UpstreamRoute
+from proxy.upstream.client import read_head
 from proxy.virtual import naming
 from proxy.virtual.cursor import Cursors
 from proxy.virtual.route import VirtualRoute
@@ -72,6 +73,9 @@ class VirtualForwarder:
         self.forward = forward
         self.routes = routes  # the spine's live table: members are read from it per call
         self.cursors = Cursors(cursor_key)
+        # a member's list answer is held whole to be merged: at most this (the spine sets
+        # server.max_response_bytes)
+        self.max_response_bytes = 16 * 1024 * 1024
         # exposed name -> (member, member's name), per endpoint and kind: learned from lists
         self._names: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         self._stragglers: set[asyncio.Task[Any]] = set()
@@ -164,11 +168,11 @@ class VirtualForwarder:
         if leg.route is not None:  # else no member had the call yet
             self.forward.notify_cancelled(leg.route, leg, request_id, reason)
 
-    async def json_answer(self, route: VirtualRoute, msg: McpMessage, forwarded: Forwarded,
-                          rewrite: Rewrite | None) -> tuple[bytes, str | None]:
+    def json_answer(self, route: VirtualRoute, msg: McpMessage, forwarded: Forwarded,
+                    rewrite: Rewrite | None, data: bytes) -> tuple[bytes, str | None]:
         member = forwarded.leg.route
         assert member is not None
-        return await self.forward.json_answer(member, msg, forwarded, rewrite)
+        return self.forward.json_answer(member, msg, forwarded, rewrite, data)
 
     async def _member(self, route: VirtualRoute, name: str, session: Session | None
                       ) -> UpstreamRoute:
@@ -265,11 +269,13 @@ class VirtualForwarder:
             return result
         try:
             if into.response.headers.get("content-type", "").startswith("text/event-stream"):
-                result = await _from_stream(into.response, mmsg.id)
+                result = await _from_stream(into.response, mmsg.id, self.max_response_bytes)
                 if rewrite is not None:
                     rewrite(result)
                 return result
-            data, error = await self.forward.json_answer(member, mmsg, into, rewrite)
+            data, _ = await self.forward.json_body(into, held=True,
+                                                   limit=self.max_response_bytes, head=0)
+            data, error = self.forward.json_answer(member, mmsg, into, rewrite, data)
         finally:
             await into.response.aclose()
         if error is not None:
@@ -398,8 +404,8 @@ def _request(msg: McpMessage, method: str, cursor: str | None = None) -> McpMess
                       method, params, b"")
 
 
-async def _from_stream(response: Any, request_id: Any) -> dict[str, Any]:
-    data = await read_body(response)
+async def _from_stream(response: Any, request_id: Any, limit: int) -> dict[str, Any]:
+    data, _ = await read_head(response, 0, limit)
     for event in EventSplitter().feed(data + b"\n\n"):
         raw = event_data(event)
         if not raw:

@@ -15,6 +15,8 @@ sessionless handler.
 Tools (identical on both apps):
 
 * ``echo(text) -> text``
+* ``large_text(size) -> text`` - ``size`` characters of ``LARGE_PATTERN`` (quotes, backslashes,
+  a newline and non-ASCII: what a scanner of the answer must step over).
 * ``slow_progress(steps) -> "done"`` - ``ctx.report_progress(i, steps)`` ``steps`` times.
   The progress notifications only exist on the wire when the POST is answered with SSE:
   in JSON-response mode the SDK drops them, so a client sees none from ``stateless_json_app``.
@@ -91,6 +93,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 BOOM_RPC_CODE = -32050
+LARGE_PATTERN = 'tollhouse \u00e9 "quoted" \\ back\nslash '  # what large_text repeats
 
 
 @dataclass
@@ -203,6 +206,12 @@ def _build_server(probe: UpstreamProbe, name: str) -> MCPServer:
         """Return the text unchanged."""
         record("echo", {"text": text}, ctx)
         return text
+
+    @server.tool()
+    async def large_text(size: int, ctx: Context) -> str:
+        """A text of `size` characters with quotes, backslashes and non-ASCII in it."""
+        record("large_text", {"size": size}, ctx)
+        return (LARGE_PATTERN * (size // len(LARGE_PATTERN) + 1))[:size]
 
     @server.tool()
     async def slow_progress(steps: int, ctx: Context) -> str:

@@ -14,7 +14,7 @@ import shlex
 import sys
 from pathlib import Path
 
-TARGETS = ("jsonrpc", "envelope", "header", "sse", "relay", "config")
+TARGETS = ("jsonrpc", "envelope", "header", "sse", "relay", "config", "scan")
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ ROOT = Path(__file__).parents[2]
 CORPUS = Path(__file__).parent / "corpus"
 # inputs per target, a few seconds each on a busy machine (they differ ~30x in speed)
 RUNS = {"jsonrpc": 20_000, "envelope": 20_000, "header": 50_000, "sse": 3_000, "relay": 5_000,
-        "config": 600}
+        "config": 600, "scan": 20_000}
 
 
 @pytest.mark.parametrize("name", TARGETS)

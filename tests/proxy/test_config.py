@@ -11,6 +11,7 @@ def test_defaults_are_the_documented_ones() -> None:
     cfg = from_dict(MINIMAL)
     assert cfg.server.listen == "127.0.0.1:8080"
     assert cfg.server.max_request_bytes == 4194304
+    assert cfg.server.max_response_bytes == 16 * 1024 * 1024
     assert cfg.server.allowed_origins == []
     assert cfg.auth.mode == "none"
     assert cfg.database.url == "sqlite:///tollhouse.db"
@@ -31,6 +32,10 @@ def test_example_config_loads(tmp_path: Path) -> None:
         ({"server": {"max_request_bytes": "big"}},
          "'server.max_request_bytes' must be an integer, got a string"),
         ({"server": {"max_request_bytes": 0}}, "'server.max_request_bytes' must be greater than 0"),
+        ({"server": {"max_response_bytes": -1}},
+         "'server.max_response_bytes' must be greater than 0"),
+        ({"server": {"max_response_bytes": "16M"}},
+         "'server.max_response_bytes' must be an integer, got a string"),
         ({"server": {"listen": "nowhere"}}, "'server.listen' must be host:port"),
         ({"server": {"shutdown_grace_s": 0}},
          "'server.shutdown_grace_s' must be greater than 0 and at most 3600"),

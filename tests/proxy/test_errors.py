@@ -100,6 +100,7 @@ EXAMPLES: dict[type[GatewayError], Callable[[], GatewayError]] = {
     errors.UpstreamHTTPError: lambda: errors.UpstreamHTTPError(503),
     errors.UpstreamProtocolError: lambda: errors.UpstreamProtocolError(),
     errors.UpstreamStreamCut: lambda: errors.UpstreamStreamCut(),
+    errors.ResponseTooLarge: lambda: errors.ResponseTooLarge(16 * 1024 * 1024),
     errors.UpstreamBadGateway: lambda: errors.UpstreamBadGateway(),
     errors.UpstreamRejected: lambda: errors.UpstreamRejected(
         {"code": -32021, "message": "missing capability"}, 400),

@@ -1,0 +1,212 @@
+"""The streamed answer's scan (`AnswerScan`), an SSE event passed on as it arrives
+(`LargeEvent`), and the relay that uses both: whatever the chunking, the same facts as a whole
+message gives, and the bytes unchanged."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.audit import AuditRecord
+from proxy.errors import UpstreamStreamCut
+from proxy.mcp.relay import JsonRelay, StreamRelay
+from proxy.mcp.scan import CAPTURE_BYTES, AnswerScan
+from proxy.mcp.sse import HEAD_BYTES, LargeEvent
+
+MESSAGES: list[dict[str, Any]] = [
+    {"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": 'a"b\\,}{'}],
+                                          "isError": True}},
+    {"result": {"isError": False, "x": {"isError": True}}, "id": "x,}", "jsonrpc": "2.0"},
+    {"jsonrpc": "2.0", "id": 7, "error": {"code": -32001, "message": 'no \\ " ,}'}},
+    {"jsonrpc": "2.0", "method": "x", "id": 3, "params": {"isError": True}},
+    {"jsonrpc": "2.0", "id": 2, "result": [{"isError": True}]},
+    {"jsonrpc": "2.0", "id": None, "result": {"nested": [[{"id": 9}]], "isError": False}},
+]
+
+
+def expected(msg: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: True for k in ("jsonrpc", "method") if k in msg}
+    if "id" in msg:
+        out["id"] = msg["id"]
+    if "error" in msg:
+        out["error"] = {"code": msg["error"]["code"]}
+    if "result" in msg:
+        result = msg["result"]
+        out["result"] = {"isError": result["isError"]} \
+            if isinstance(result, dict) and "isError" in result else {}
+    return out
+
+
+def pieces(data: bytes, rng: random.Random) -> list[bytes]:
+    cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randint(0, 12))))
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+
+
+@pytest.mark.parametrize("msg", MESSAGES)
+@pytest.mark.parametrize("indent", [False, True])
+def test_the_scan_learns_what_the_whole_message_says(msg: dict[str, Any], indent: bool) -> None:
+    data = orjson.dumps(msg, option=orjson.OPT_INDENT_2 if indent else 0)
+    rng = random.Random(len(data))
+    for _ in range(100):
+        scan = AnswerScan()
+        for piece in pieces(data, rng):
+            scan.feed(piece)
+        assert scan.message() == expected(msg)
+
+
+@pytest.mark.parametrize("data", [b"[1]", b"x{}", b'{"a":1} x', b'{"a":1', b'"s"', b"}"])
+def test_what_is_not_one_json_object_is_no_message(data: bytes) -> None:
+    scan = AnswerScan()
+    scan.feed(data)
+    assert scan.message() is None
+
+
+def test_a_value_too_large_to_keep_is_not_kept() -> None:
+    scan = AnswerScan()
+    scan.feed(orjson.dumps({"jsonrpc": "2.0", "error": {"data": "x", "code": -1}, "id": {
+        "not": "x" * (2 * CAPTURE_BYTES)}}))
+    assert scan.message() == {"jsonrpc": True, "id": {}, "error": {"code": -1}}
+
+
+def sse_pieces(event: bytes, rng: random.Random) -> list[bytes]:
+    return pieces(event, rng)
+
+
+@pytest.mark.parametrize("nl", [b"\n", b"\r\n", b"\r"])
+def test_a_large_event_ends_where_a_client_ends_it(nl: bytes) -> None:
+    body = orjson.dumps(MESSAGES[0])
+    cut = body.index(b",") + 1  # a data line may end where JSON allows a line end
+    event = b"event: message" + nl + b"data: " + body[:cut] + nl + b"data:" + body[cut:] \
+        + nl + nl
+    rng = random.Random(7)
+    for _ in range(100):
+        large = LargeEvent(AnswerScan())
+        ends = []
+        sent = 0
+        for piece in [*sse_pieces(event, rng), b"data: next" + nl]:
+            end = large.feed(piece)
+            if end is not None:
+                ends.append(sent + end)
+                break
+            sent += len(piece)
+        # a CR ending the blank line ends the event at once, as for a client: the LF after it
+        # (the rest of a CRLF) is the next event's
+        assert ends in ([len(event)], [len(event) - 1] if nl == b"\r\n" else None)
+        assert large.scan is not None and large.scan.message() == expected(MESSAGES[0])
+
+
+async def chunks_of(parts: list[bytes], fail: bool = False) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+    if fail:
+        raise UpstreamStreamCut("upstream connection broke")
+
+
+async def closed() -> None:
+    return None
+
+
+async def drain(relay: StreamRelay) -> bytes:
+    return b"".join([chunk async for chunk in relay])
+
+
+def big_answer(rid: Any, size: int, *, is_error: bool = False) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": rid, "result": {
+        "content": [{"type": "text", "text": "y" * size}], "isError": is_error}})
+
+
+def split(data: bytes, size: int = 16 * 1024) -> list[bytes]:
+    return [data[i:i + size] for i in range(0, len(data), size)]
+
+
+async def test_an_sse_answer_larger_than_the_head_passes_unchanged_and_is_read() -> None:
+    event = b"event: message\r\ndata: " + big_answer(5, 4 * HEAD_BYTES, is_error=True) \
+        + b"\r\n\r\n"
+    note = b"event: message\ndata: " + orjson.dumps({"jsonrpc": "2.0", "method": "n"}) + b"\n\n"
+    record = AuditRecord(endpoint="e")
+    seen: list[dict[str, Any]] = []
+    relay = StreamRelay(chunks_of(split(note + event)), closed, request_id=5, record=record,
+                        rewrite=lambda result: seen.append(result) or False)
+    assert await drain(relay) == note + event
+    assert relay.answered and record.status == "ok" and seen == [{"isError": True}]
+    assert record.bytes_out == len(note + event)
+
+
+async def test_a_held_sse_answer_over_its_limit_is_refused() -> None:
+    event = b"data: " + big_answer(5, 2 * HEAD_BYTES) + b"\n\n"
+    record = AuditRecord(endpoint="e")
+    relay = StreamRelay(chunks_of(split(event)), closed, request_id=5, record=record,
+                        hold_limit=HEAD_BYTES)
+    out = await drain(relay)
+    error = orjson.loads(out.rpartition(b"data: ")[2])
+    assert error["id"] == 5 and error["error"]["code"] == -32000
+    assert f"server.max_response_bytes ({HEAD_BYTES} bytes)" in error["error"]["message"]
+    assert record.status == "error" and "max_response_bytes" in (record.error_message or "")
+
+
+async def test_an_sse_stream_cut_inside_a_large_event_ends_it_then_says_so() -> None:
+    event = b"data: " + big_answer(5, 2 * HEAD_BYTES) + b"\n\n"
+    record = AuditRecord(endpoint="e")
+    relay = StreamRelay(chunks_of(split(event[:-1000]), fail=True), closed, request_id=5,
+                        record=record)
+    out = await drain(relay)
+    assert out.startswith(event[:-1000] + b"\n\n")
+    error = orjson.loads(out[len(event) - 1000 + 2:].partition(b"data: ")[2])
+    assert error["id"] == 5 and error["error"]["code"] == -32000
+    assert record.status == "error"
+
+
+async def test_a_json_answer_passes_unchanged_its_last_chunk_once_it_is_recorded() -> None:
+    data = orjson.dumps({"jsonrpc": "2.0", "id": "r", "error": {"code": -32050, "message": "x",
+                                                              "data": "z" * HEAD_BYTES}})
+    parts = split(data)
+    record = AuditRecord(endpoint="e")
+    recorded_before_last: list[bool] = []
+
+    async def answered(relay: StreamRelay) -> bool:
+        recorded_before_last.append(relay.record is not None and
+                                    relay.record.bytes_out == len(data))
+        return True
+
+    relay = JsonRelay(parts[0], chunks_of(parts[1:]), closed, request_id="r", record=record,
+                      on_answer=answered)
+    assert await drain(relay) == data
+    assert recorded_before_last == [True]
+    assert record.status == "error" and record.error_message == "upstream error -32050"
+
+
+@pytest.mark.parametrize(("parts", "fail"), [
+    ([b'{"jsonrpc":"2.0","id":"other","result":{}}'], False),  # not this call's answer
+    ([b'{"jsonrpc":"2.0","id":"r","result":{"content":[', b"x" * 100], True),  # cut
+])
+async def test_a_json_answer_that_cannot_be_finished_ends_short(parts: list[bytes],
+                                                                 fail: bool) -> None:
+    record = AuditRecord(endpoint="e")
+    answered: list[bool] = []
+
+    async def on_answer(relay: StreamRelay) -> bool:
+        answered.append(True)
+        return True
+
+    relay = JsonRelay(parts[0], chunks_of(parts[1:], fail=fail), closed, request_id="r",
+                      record=record, on_answer=on_answer)
+    out = await drain(relay)
+    assert len(out) < sum(map(len, parts)) or not out  # the last chunk is never sent
+    assert record.status == "error" and not answered
+
+
+async def test_a_json_answer_kept_nowhere_is_withheld() -> None:
+    data = big_answer(1, HEAD_BYTES)
+    parts = split(data)
+
+    async def kept_nowhere(relay: StreamRelay) -> bool:
+        return False
+
+    relay = JsonRelay(parts[0], chunks_of(parts[1:]), closed, request_id=1,
+                      record=AuditRecord(endpoint="e"), on_answer=kept_nowhere)
+    out = await drain(relay)
+    assert data.startswith(out) and len(out) < len(data)
