@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -63,6 +63,7 @@ from proxy.state import Stores, open_stores
 from proxy.state.inflight import Later
 from proxy.upstream import UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
+from proxy.upstream.stdio import LocalUpstreams
 
 log = logging.getLogger("tollhouse")
 
@@ -122,6 +123,7 @@ class Parts:
     web: Web | None = None
     oauth: AuthorizationServer | None = None
     connections: Connections | None = None
+    local: LocalUpstreams = field(default_factory=LocalUpstreams)  # stdio upstreams' processes
 
 
 def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None,
@@ -169,7 +171,8 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
 
 
 def _parts(cfg: Config, given: Overrides) -> Parts:
-    routes = {u.name: UpstreamRoute.from_config(u) for u in cfg.upstreams}
+    local = LocalUpstreams()
+    routes = {u.name: UpstreamRoute.from_config(u, local.transport(u)) for u in cfg.upstreams}
     origins = {o.rstrip("/").lower() for o in cfg.server.allowed_origins}
     public = urlsplit(cfg.server.public_url)
     origins.add(f"{public.scheme}://{public.netloc}".lower())
@@ -184,7 +187,8 @@ def _parts(cfg: Config, given: Overrides) -> Parts:
     parts = Parts(cfg, given, routes,
                   tuple(parse_networks(cfg.server.trusted_proxies, "server.trusted_proxies")),
                   IdentityForwarder(cfg, given.base_dir or Path.cwd()), stores, database, state,
-                  frozenset(origins), health, RequestLog(cfg.observability.log_format), metrics)
+                  frozenset(origins), health, RequestLog(cfg.observability.log_format), metrics,
+                  local=local)
     _people(parts)
     return parts
 
@@ -378,6 +382,7 @@ class Serving:
             self.worker_task.cancel()  # undelivered events wait in the outbox for the next start
             await asyncio.wait({self.worker_task}, timeout=5)
         await self.upstream.aclose()
+        await parts.local.aclose()  # every stdio process stopped, its group killed
         if parts.state.tracing is not None:  # the spans not yet exported, off the loop
             await asyncio.to_thread(parts.state.tracing.shutdown)
             parts.state.tracing = None

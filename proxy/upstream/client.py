@@ -6,6 +6,7 @@ turn every httpx failure and every upstream JSON-RPC refusal into a GatewayError
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -50,9 +51,18 @@ class UpstreamRoute:
     state_key: str  # name and URL: what live state learned about this upstream is under
     identity: str = "none"  # how the caller's identity is forwarded (proxy.upstream.identity)
     identity_audience: str = ""  # the `aud` of an identity token (the URL unless configured)
+    # a local upstream's own transport (proxy.upstream.stdio): nothing dialled, no egress pin
+    transport: httpx.AsyncBaseTransport | None = None
 
     @classmethod
-    def from_config(cls, cfg: UpstreamConfig) -> UpstreamRoute:
+    def from_config(cls, cfg: UpstreamConfig,
+                    transport: httpx.AsyncBaseTransport | None = None) -> UpstreamRoute:
+        if cfg.stdio:  # addressed as a Streamable HTTP server of its own, speaking 2025-11-25
+            url = f"http://stdio.invalid/{cfg.name}"
+            key = f"{cfg.name} stdio:{cfg.command}"
+            cfg = dataclasses.replace(cfg, url=url, era="legacy")
+        else:
+            key = f"{cfg.name} {cfg.url}"  # a name has no space
         t = cfg.timeout_s
         call = httpx.Timeout(t, connect=t, read=t, write=t, pool=t)
         stream = httpx.Timeout(t, connect=t, read=None, write=t, pool=t)  # a GET stream idles
@@ -67,9 +77,10 @@ class UpstreamRoute:
             call_timeout_ext=call.as_dict(),
             stream_timeout_ext=stream.as_dict(),
             url_text=cfg.url,
-            state_key=f"{cfg.name} {cfg.url}",  # a name has no space
+            state_key=key,
             identity=cfg.identity,
             identity_audience=cfg.identity_audience or cfg.url,
+            transport=transport,
         )
 
 
@@ -236,6 +247,11 @@ class UpstreamClient:
         and event-hook machinery has nothing to do for a proxied call and costs measurable
         latency on every one (bench/README.md)."""
         timeout = route.stream_timeout_ext if stream_timeout else route.call_timeout_ext
+        if route.transport is not None:  # a local process: nothing to admit or dial
+            request = httpx.Request(method, route.url, headers=headers, content=body,
+                                    extensions={"timeout": timeout})
+            with map_errors():
+                return await route.transport.handle_async_request(request)
         if self._destinations is None:
             extensions: dict[str, Any] = {"timeout": timeout}
         else:  # dial exactly the addresses the egress check admitted: no second resolution

@@ -1,0 +1,538 @@
+"""Supervised, confined child processes for stdio upstreams (proxy.upstream.stdio).
+
+A `Child` is one process: started in its own session (process group) with only the configured
+environment (plus PATH and HOME, and a person's token for a per_user upstream), resource limits
+and optionally another user; opened with a 2025-11-25 `initialize` within a bounded start-up;
+its stdout read line by line (a line that is not a JSON-RPC object is logged and skipped, one
+longer than the cap is dropped) and its stderr read continuously, logged under the upstream's
+name and bounded. Every request sent to it gets the child's own id (`open_call`), so many
+callers share one process without their ids colliding.
+
+A `Pool` holds one slot per process key ("" for a shared process, a person's key for a
+per_user one): it starts a child on first use (single flight), restarts after a crash only
+once an exponential backoff has passed (a call before that is refused at once), stops one idle
+for `idle_stop_s`, and, for per_user, keeps at most `max_processes`, stopping the least recently
+used idle one to make room. Stopping kills the whole process group and reaps the leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pwd
+import signal
+import subprocess
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.config import UpstreamConfig
+
+log = logging.getLogger("tollhouse.stdio")
+
+PROTOCOL_VERSION = "2025-11-25"
+CLIENT_CAPABILITIES = {"sampling": {}, "elicitation": {"form": {}}, "roots": {"listChanged": True}}
+STOP_GRACE_S = 2.0  # SIGTERM, then this long, then SIGKILL for the whole group
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 30.0
+STABLE_S = 60.0  # a child that ran this long before it died starts the backoff afresh
+LOG_LINES_PER_WINDOW = 50  # stderr and skipped stdout lines logged per window, per child
+LOG_WINDOW_S = 10.0
+LOG_LINE_CAP = 1000  # characters of one logged line
+QUEUE_CAP = 10_000  # notifications waiting for one caller before more are dropped
+
+EXITED = object()  # on a call's queue: the process ended before it answered
+
+
+class Unavailable(Exception):
+    """No process to send to now (starting failed, backing off, all busy); the text says why,
+    for the gateway's log."""
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """What starting a process needs, read once from the upstream's config."""
+
+    name: str
+    command: str
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    cwd: str | None
+    per_user: bool
+    max_processes: int
+    idle_stop_s: float
+    start_timeout_s: float
+    token_env: str
+    run_as: str
+    memory_limit_mb: int
+    open_files_limit: int
+    cpu_limit_s: int
+    max_line_bytes: int
+
+    @classmethod
+    def from_config(cls, cfg: UpstreamConfig) -> Spec:
+        return cls(cfg.name, cfg.command, tuple(cfg.args), tuple(cfg.env.items()),
+                   cfg.cwd or None, cfg.process == "per_user", cfg.max_processes,
+                   cfg.idle_stop_s, cfg.start_timeout_s, cfg.token_env, cfg.run_as,
+                   cfg.memory_limit_mb, cfg.open_files_limit, cfg.cpu_limit_s,
+                   cfg.max_line_bytes)
+
+    def environment(self, token: str | None) -> dict[str, str]:
+        """Only what the operator configured, PATH and HOME: never the gateway's secrets."""
+        home = os.environ.get("HOME", "/")
+        if self.run_as:
+            with contextlib.suppress(KeyError):
+                home = pwd.getpwnam(self.run_as).pw_dir
+        env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": home, **dict(self.env)}
+        if self.token_env and token is not None:
+            env[self.token_env] = token
+        return env
+
+    def limits(self) -> Callable[[], None]:
+        """Run in the child before exec: its resource limits."""
+        memory = self.memory_limit_mb * 1024 * 1024
+        files, cpu = self.open_files_limit, self.cpu_limit_s
+
+        def apply() -> None:
+            import resource
+
+            if memory:  # the data segment, not the address space: V8 reserves far more
+                resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+            if files:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+            if cpu:
+                resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+
+        return apply
+
+
+@dataclass(slots=True, eq=False)
+class Call:
+    """One caller's request in flight on a child: the child's id for it, the caller's own id
+    and progress token, and the queue of what the child sends for it."""
+
+    child_id: int
+    session: str
+    caller_id: Any
+    progress_token: Any = None
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    dropped: int = 0
+
+    def put(self, message: Any) -> None:
+        if message is not EXITED and "id" not in message and self.queue.qsize() >= QUEUE_CAP:
+            self.dropped += 1  # a flood of notifications: bounded, the answer still comes
+            return
+        self.queue.put_nowait(message)
+
+
+class _Bounded:
+    """A log of a child's lines that says at most LOG_LINES_PER_WINDOW per window."""
+
+    def __init__(self, name: str, what: str) -> None:
+        self._name, self._what = name, what
+        self._window = 0.0
+        self._count = 0
+        self._suppressed = 0
+
+    def line(self, text: str) -> None:
+        now = time.monotonic()
+        if now - self._window >= LOG_WINDOW_S:
+            if self._suppressed:
+                log.warning("stdio upstream %s: %d %s lines not logged", self._name,
+                            self._suppressed, self._what)
+            self._window, self._count, self._suppressed = now, 0, 0
+        self._count += 1
+        if self._count > LOG_LINES_PER_WINDOW:
+            self._suppressed += 1
+            return
+        log.info("stdio upstream %s %s: %s", self._name, self._what, text[:LOG_LINE_CAP])
+
+
+Deliver = Callable[["Child", dict[str, Any]], None]
+
+
+class Child:
+    """One process of a stdio upstream (see the module docstring)."""
+
+    def __init__(self, spec: Spec, key: str, token: str | None, deliver: Deliver,
+                 exited: Callable[[Child], None]) -> None:
+        self.spec, self.key, self.token = spec, key, token
+        self._deliver, self._exited = deliver, exited
+        self.proc: asyncio.subprocess.Process | None = None
+        self.calls: dict[int, Call] = {}
+        self.progress: dict[str, Call] = {}
+        self.initialize_result: dict[str, Any] = {}
+        self.started_at = time.monotonic()
+        self.last_used = self.started_at
+        self.stopping = False
+        self.retiring = False  # a per_user child whose token was refreshed: stops when idle
+        self._next_id = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stdout_log = _Bounded(spec.name, "stdout (not JSON-RPC, skipped)")
+        self._stderr_log = _Bounded(spec.name, "stderr")
+        self.done = asyncio.Event()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    async def start(self) -> None:
+        """Spawn, read, and open with `initialize`; raise Unavailable on any failure (the
+        process, if any, is stopped)."""
+        spec = self.spec
+        user = spec.run_as or None
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                spec.command, *spec.args, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env=spec.environment(self.token), cwd=spec.cwd, start_new_session=True,
+                preexec_fn=spec.limits(), user=user, limit=spec.max_line_bytes)
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            raise Unavailable(f"cannot start {spec.command!r}: {exc}") from None
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._read_stdout()),
+                       loop.create_task(self._read_stderr())]
+        try:
+            result = await asyncio.wait_for(self._initialize(), spec.start_timeout_s)
+        except TimeoutError:
+            await self.stop()
+            raise Unavailable(f"no initialize answer within {spec.start_timeout_s:g} s") \
+                from None
+        except Unavailable:
+            await self.stop()
+            raise
+        self.initialize_result = result
+
+    async def _initialize(self) -> dict[str, Any]:
+        call = self.open_call("", 0)
+        await self.send({"jsonrpc": "2.0", "id": call.child_id, "method": "initialize",
+                         "params": {"protocolVersion": PROTOCOL_VERSION,
+                                    "capabilities": CLIENT_CAPABILITIES,
+                                    "clientInfo": {"name": "tollhouse", "version": "1"}}})
+        while True:
+            message = await call.queue.get()
+            if message is EXITED:
+                raise Unavailable("the process exited during initialize")
+            if "id" in message and message.get("id") == 0 and "method" not in message:
+                break
+        self.close_call(call)
+        result = message.get("result")
+        if not isinstance(result, dict) or not isinstance(result.get("protocolVersion"), str):
+            raise Unavailable("the process refused initialize")
+        await self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return result
+
+    def open_call(self, session: str, caller_id: Any) -> Call:
+        child_id = self._next_id
+        self._next_id += 1
+        call = Call(child_id, session, caller_id)
+        self.calls[child_id] = call
+        self.last_used = time.monotonic()
+        return call
+
+    def close_call(self, call: Call) -> None:
+        self.calls.pop(call.child_id, None)
+        if call.progress_token is not None:
+            self.progress.pop(f"p{call.child_id}", None)
+        if call.dropped:
+            log.warning("stdio upstream %s: %d notifications for one call dropped (flood)",
+                        self.spec.name, call.dropped)
+        self.last_used = time.monotonic()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        proc = self.proc
+        if proc is None or proc.stdin is None or self.done.is_set():
+            raise Unavailable("the process is not running")
+        try:
+            proc.stdin.write(orjson.dumps(message) + b"\n")
+            await proc.stdin.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise Unavailable(f"cannot write to the process: {exc}") from None
+
+    async def _read_stdout(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        out = self.proc.stdout
+        try:
+            while True:
+                try:
+                    line = await out.readline()
+                except ValueError:  # longer than the cap: drop it, up to its end
+                    self._stdout_log.line(f"a line over {self.spec.max_line_bytes} bytes")
+                    await _skip_line(out)
+                    continue
+                if not line:
+                    break
+                self._line(line)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            await self._ended()
+
+    def _line(self, line: bytes) -> None:
+        stripped = line.strip()
+        if not stripped:
+            return
+        try:
+            message = orjson.loads(stripped)
+        except orjson.JSONDecodeError:
+            message = None
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            self._stdout_log.line(stripped.decode("utf-8", "replace"))
+            return
+        self.last_used = time.monotonic()
+        self._deliver(self, message)
+
+    async def _read_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        err = self.proc.stderr
+        with contextlib.suppress(ConnectionError, OSError):
+            while True:
+                try:
+                    line = await err.readline()
+                except ValueError:
+                    await _skip_line(err)
+                    continue
+                if not line:
+                    return
+                text = line.decode("utf-8", "replace").rstrip()
+                if text:
+                    self._stderr_log.line(text)
+
+    async def _ended(self) -> None:
+        """stdout closed: the process is ending. Every call waiting on it learns so."""
+        proc = self.proc
+        if proc is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
+            _kill_group(proc, signal.SIGKILL)
+            if proc.returncode is None:
+                await proc.wait()
+            if proc.stdin is not None:
+                proc.stdin.close()
+        calls, self.calls = list(self.calls.values()), {}
+        self.progress.clear()
+        for call in calls:
+            call.put(EXITED)
+        if not self.stopping:
+            log.warning("stdio upstream %s: process %s exited (status %s)", self.spec.name,
+                        self.pid, proc.returncode if proc is not None else None)
+        self.done.set()
+        self._exited(self)
+
+    async def stop(self) -> None:
+        """The whole process group: SIGTERM, a grace, SIGKILL; reaped, pipes closed."""
+        self.stopping = True
+        proc = self.proc
+        if proc is None:
+            self.done.set()
+            return
+        if proc.stdin is not None:
+            proc.stdin.close()
+        _kill_group(proc, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.done.wait(), STOP_GRACE_S)
+        except TimeoutError:
+            _kill_group(proc, signal.SIGKILL)
+            await self.done.wait()
+        for task in self._tasks:
+            await asyncio.wait({task}, timeout=STOP_GRACE_S)
+        transport = getattr(proc, "_transport", None)  # every pipe's descriptor, now
+        if transport is not None:
+            transport.close()
+
+
+def _kill_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)  # start_new_session: the group's id is the leader's pid
+
+
+async def _skip_line(stream: asyncio.StreamReader) -> None:
+    while True:
+        try:
+            await stream.readuntil(b"\n")
+            return
+        except asyncio.LimitOverrunError as exc:
+            await stream.readexactly(exc.consumed)
+        except asyncio.IncompleteReadError:
+            return
+
+
+@dataclass(slots=True)
+class _Slot:
+    child: Child | None = None
+    starting: asyncio.Future[Child] | None = None
+    failures: int = 0
+    not_before: float = 0.0
+    retired: list[Child] = field(default_factory=list)
+
+
+class Pool:
+    """The processes of one stdio upstream, by key (see the module docstring)."""
+
+    def __init__(self, spec: Spec, deliver: Deliver,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.spec = spec
+        self._deliver = deliver
+        self._clock = clock
+        self._slots: OrderedDict[str, _Slot] = OrderedDict()
+        self._reaper: asyncio.Task[None] | None = None
+        self._closed = False
+        self.started = 0  # processes started, ever (tests and the benchmark read it)
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    def running(self) -> list[Child]:
+        out = []
+        for slot in self._slots.values():
+            if slot.child is not None:
+                out.append(slot.child)
+            out.extend(slot.retired)
+        return out
+
+    def current(self, key: str) -> Child | None:
+        slot = self._slots.get(key)
+        return slot.child if slot is not None else None
+
+    async def child(self, key: str, token: str | None = None) -> Child:
+        """The running child for `key`, started if there is none; raise Unavailable."""
+        if self._closed:
+            raise Unavailable("the gateway is stopping")
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = _Slot()
+        self._slots.move_to_end(key)
+        child = slot.child
+        if child is not None and self.spec.token_env and child.token != token:
+            self._retire(slot, child)  # a refreshed token: a fresh process from this call on
+            child = None
+        if child is not None:
+            child.last_used = self._clock()
+            return child
+        if slot.starting is not None:
+            return await asyncio.shield(slot.starting)
+        if slot.not_before > self._clock():
+            raise Unavailable(f"restarting after a crash (in {slot.not_before - self._clock():.1f} s)")
+        await self._make_room(key)
+        future: asyncio.Future[Child] = asyncio.get_running_loop().create_future()
+        slot.starting = future
+        try:
+            started = await self._start(key, token)
+        except BaseException as exc:
+            slot.starting = None
+            slot.failures += 1
+            slot.not_before = self._clock() + _backoff(slot.failures)
+            future.set_exception(exc if isinstance(exc, Unavailable) else Unavailable(str(exc)))
+            future.exception()  # read: nobody else may be waiting
+            if isinstance(exc, Unavailable):
+                log.warning("stdio upstream %s: %s", self.spec.name, exc)
+            raise
+        slot.starting = None
+        slot.child = started
+        future.set_result(started)
+        self._watch()
+        return started
+
+    async def _start(self, key: str, token: str | None) -> Child:
+        if not self.started and not self.spec.run_as and os.geteuid() == 0:
+            log.warning("stdio upstream %s runs as root: set run_as to an unprivileged user",
+                        self.spec.name)
+        child = Child(self.spec, key, token, self._deliver, self._exited)
+        self.started += 1
+        await child.start()
+        log.info("stdio upstream %s: process %s started", self.spec.name, child.pid)
+        return child
+
+    def _exited(self, child: Child) -> None:
+        slot = self._slots.get(child.key)
+        if slot is None:
+            return
+        if child in slot.retired:
+            slot.retired.remove(child)
+        if slot.child is child:
+            slot.child = None
+            if not child.stopping:  # a crash: back off before the next start
+                if self._clock() - child.started_at >= STABLE_S:
+                    slot.failures = 0
+                slot.failures += 1
+                slot.not_before = self._clock() + _backoff(slot.failures)
+
+    def _retire(self, slot: _Slot, child: Child) -> None:
+        slot.child = None
+        if child.calls:
+            child.retiring = True
+            slot.retired.append(child)
+        else:
+            self._spawn_stop(child)
+
+    async def _make_room(self, key: str) -> None:
+        """per_user: at most max_processes; the least recently used idle one makes room."""
+        if not self.spec.per_user:
+            return
+        running = [s for s in self._slots.values() if s.child is not None or s.starting]
+        if len(running) + sum(len(s.retired) for s in self._slots.values()) \
+                < self.spec.max_processes:
+            return
+        for other, slot in self._slots.items():  # least recently used first
+            if other != key and slot.child is not None and not slot.child.calls:
+                child, slot.child = slot.child, None
+                await child.stop()
+                return
+        raise Unavailable(f"all {self.spec.max_processes} processes are busy")
+
+    def _watch(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        """Stop what is idle; end when nothing runs."""
+        tick = min(max(self.spec.idle_stop_s / 4, 0.05), 5.0)
+        while not self._closed:
+            await asyncio.sleep(tick)
+            now = self._clock()
+            for key, slot in list(self._slots.items()):
+                child = slot.child
+                if child is not None and not child.calls and \
+                        now - child.last_used >= self.spec.idle_stop_s:
+                    slot.child = None
+                    log.info("stdio upstream %s: process %s stopped (idle)", self.spec.name,
+                             child.pid)
+                    await child.stop()
+                for old in list(slot.retired):
+                    if not old.calls:
+                        slot.retired.remove(old)
+                        await old.stop()
+                if slot.child is None and not slot.retired and slot.starting is None \
+                        and slot.not_before <= now:
+                    self._slots.pop(key, None)
+            if not self._slots:
+                return
+
+    def _spawn_stop(self, child: Child) -> None:
+        task = asyncio.get_running_loop().create_task(child.stop())
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    async def aclose(self) -> None:
+        """Every process stopped, the group killed, nothing left running."""
+        self._closed = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.wait({self._reaper})
+        starting = [s.starting for s in self._slots.values() if s.starting is not None]
+        for future in starting:
+            with contextlib.suppress(Exception):
+                await future
+        children = self.running()
+        self._slots.clear()
+        await asyncio.gather(*(c.stop() for c in children), return_exceptions=True)
+        if self._stopping:
+            await asyncio.wait(set(self._stopping))
+
+
+def _backoff(failures: int) -> float:
+    return min(BACKOFF_FIRST_S * 2 ** (failures - 1), BACKOFF_MAX_S)
