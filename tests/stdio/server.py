@@ -83,6 +83,17 @@ async def pid() -> str:
 
 
 @server.tool()
+async def confinement() -> dict[str, int]:
+    """Its process group and session, and its resource limits (soft)."""
+    import resource
+
+    return {"pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
+            "data": resource.getrlimit(resource.RLIMIT_DATA)[0],
+            "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+            "cpu": resource.getrlimit(resource.RLIMIT_CPU)[0]}
+
+
+@server.tool()
 async def crash() -> str:
     os._exit(3)
 
