@@ -262,9 +262,10 @@ class Child:
             while True:
                 try:
                     line = await out.readline()
-                except ValueError:  # longer than the cap: drop it, up to its end
+                except ValueError as exc:  # longer than the cap: dropped, up to its end
                     self._stdout_log.line(f"a line over {self.spec.max_line_bytes} bytes")
-                    await _skip_line(out)
+                    if "not found" in str(exc):  # only its start was read (and discarded)
+                        await _skip_line(out)
                     continue
                 if not line:
                     break
@@ -295,8 +296,9 @@ class Child:
             while True:
                 try:
                     line = await err.readline()
-                except ValueError:
-                    await _skip_line(err)
+                except ValueError as exc:
+                    if "not found" in str(exc):
+                        await _skip_line(err)
                     continue
                 if not line:
                     return

@@ -16,6 +16,7 @@ from tests import db_backends, state_backends
 from tests.conftest import RunningGateway, running_gateway
 
 SERVER = str(Path(__file__).with_name("server.py"))
+TINY = str(Path(__file__).with_name("tiny.py"))
 
 
 def stdio_upstream(**settings: Any) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 child process in tests/stdio. Tools: echo, slow (a slow tool that reports progress and waits
 to be cancelled), log (a log message), ask_sampling / ask_elicitation / ask_roots
 (server-to-client requests), env (one environment variable), pid, crash (exits at once), noise
-(a line that is not JSON-RPC on stdout and a burst on stderr); a prompt and a resource."""
+(a burst on stderr); a prompt and a resource."""
 
 from __future__ import annotations
 
@@ -94,14 +94,20 @@ async def confinement() -> dict[str, int]:
 
 
 @server.tool()
+async def spawn_child() -> str:
+    """Start a long sleep of its own (in its process group); return that process's id."""
+    import subprocess
+
+    return str(subprocess.Popen(["sleep", "300"]).pid)
+
+
+@server.tool()
 async def crash() -> str:
     os._exit(3)
 
 
 @server.tool()
 async def noise() -> str:
-    sys.stdout.write("this is not JSON-RPC\n")
-    sys.stdout.flush()
     for i in range(500):
         sys.stderr.write(f"chatter {i} " + "x" * 200 + "\n")
     sys.stderr.flush()
