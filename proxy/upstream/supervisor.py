@@ -55,6 +55,10 @@ class Unavailable(Exception):
     for the gateway's log."""
 
 
+class Busy(Unavailable):
+    """per_user: every one of max_processes has a call in flight (no backoff follows)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Spec:
     """What starting a process needs, read once from the upstream's config."""
@@ -387,6 +391,7 @@ class Pool:
         self._closed = False
         self.started = 0  # processes started, ever (tests and the benchmark read it)
         self._stopping: set[asyncio.Task[None]] = set()
+        self._halting: set[Child] = set()  # stopped to make room, not yet gone
 
     def running(self) -> list[Child]:
         out = []
@@ -419,18 +424,19 @@ class Pool:
             return await asyncio.shield(slot.starting)
         if slot.not_before > self._clock():
             raise Unavailable(f"restarting after a crash (in {slot.not_before - self._clock():.1f} s)")
-        await self._make_room(key)
         future: asyncio.Future[Child] = asyncio.get_running_loop().create_future()
-        slot.starting = future
+        slot.starting = future  # counted from here on: the bound holds for concurrent starts
         try:
+            await self._make_room(key)
             started = await self._start(key, token)
         except BaseException as exc:
             slot.starting = None
-            slot.failures += 1
-            slot.not_before = self._clock() + _backoff(slot.failures)
+            if not isinstance(exc, Busy):
+                slot.failures += 1
+                slot.not_before = self._clock() + _backoff(slot.failures)
             future.set_exception(exc if isinstance(exc, Unavailable) else Unavailable(str(exc)))
             future.exception()  # read: nobody else may be waiting
-            if isinstance(exc, Unavailable):
+            if isinstance(exc, Unavailable) and not isinstance(exc, Busy):
                 log.warning("stdio upstream %s: %s", self.spec.name, exc)
             raise
         slot.starting = None
@@ -472,19 +478,25 @@ class Pool:
             self._spawn_stop(child)
 
     async def _make_room(self, key: str) -> None:
-        """per_user: at most max_processes; the least recently used idle one makes room."""
+        """per_user: at most max_processes, counting those starting (this one too) and
+        those still stopping; the least recently used idle one makes room."""
         if not self.spec.per_user:
             return
-        running = [s for s in self._slots.values() if s.child is not None or s.starting]
-        if len(running) + sum(len(s.retired) for s in self._slots.values()) \
-                < self.spec.max_processes:
+        count = len(self._halting) + sum(
+            (s.child is not None) + (s.starting is not None) + len(s.retired)
+            for s in self._slots.values())
+        if count <= self.spec.max_processes:
             return
         for other, slot in self._slots.items():  # least recently used first
             if other != key and slot.child is not None and not slot.child.calls:
                 child, slot.child = slot.child, None
-                await child.stop()
+                self._halting.add(child)
+                try:
+                    await child.stop()
+                finally:
+                    self._halting.discard(child)
                 return
-        raise Unavailable(f"all {self.spec.max_processes} processes are busy")
+        raise Busy(f"all {self.spec.max_processes} processes are busy")
 
     def _watch(self) -> None:
         if self._reaper is None or self._reaper.done():
