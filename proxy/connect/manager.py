@@ -273,6 +273,8 @@ class Connections:
         query = {"response_type": "code", "client_id": ep.client_id,
                  "redirect_uri": redirect_uri, "state": state, "code_challenge": _s256(verifier),
                  "code_challenge_method": "S256", "resource": self.resource(name)}
+        if not query["resource"]:  # a stdio upstream has no URL to name (RFC 8707 optional)
+            del query["resource"]
         if ep.scopes:
             query["scope"] = " ".join(ep.scopes)
         separator = "&" if "?" in ep.authorization_endpoint else "?"
@@ -296,6 +298,8 @@ class Connections:
         self._drop(name, principal)
 
     async def _token(self, name: str, ep: Endpoints, form: dict[str, str]) -> dict[str, Any]:
+        if not form.get("resource", True):  # a stdio upstream: no resource to name
+            form = {k: v for k, v in form.items() if k != "resource"}
         form = {**form, "client_id": ep.client_id}
         if ep.client_secret:
             form["client_secret"] = ep.client_secret
