@@ -549,4 +549,4 @@ class Pool:
 
 
 def _backoff(failures: int) -> float:
-    return min(BACKOFF_FIRST_S * 2 ** (failures - 1), BACKOFF_MAX_S)
+    return float(min(BACKOFF_FIRST_S * 2.0 ** (failures - 1), BACKOFF_MAX_S))

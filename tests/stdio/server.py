@@ -98,7 +98,7 @@ async def spawn_child() -> str:
     """Start a long sleep of its own (in its process group); return that process's id."""
     import subprocess
 
-    return str(subprocess.Popen(["sleep", "300"]).pid)
+    return str(subprocess.Popen(["sleep", "300"]).pid)  # noqa: ASYNC220 (returns at once)
 
 
 @server.tool()
@@ -126,4 +126,8 @@ def note() -> str:
 
 
 if __name__ == "__main__":
-    server.run("stdio")
+    if sys.argv[1:2] == ["http"]:  # the same server over Streamable HTTP (bench/stdio.py)
+        server.run("streamable-http", port=int(sys.argv[2]),
+                   json_response=sys.argv[3:4] == ["json"])
+    else:
+        server.run("stdio")

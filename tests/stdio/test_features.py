@@ -42,7 +42,7 @@ async def test_tools_prompts_resources_progress_and_logging() -> None:
         resources = await client.list_resources()
         assert [str(r.uri) for r in resources.resources] == ["note://one"]
         read = await client.read_resource("note://one")
-        assert read.contents[0].text == "the note"  # type: ignore[union-attr]
+        assert read.contents[0].text == "the note"
         progress: list[float] = []
 
         async def on_progress(value: float, total: float | None, message: str | None) -> None:
@@ -147,11 +147,10 @@ async def test_policies_apply_to_a_stdio_upstream() -> None:
 async def test_a_session_from_elsewhere_is_taken_up() -> None:
     """Another replica's session (its process is not this one's) goes on here, on this
     replica's process: the stdio session is the gateway's own label."""
-    async with stdio_gateway() as gw:
-        async with connect(gw.endpoint("local")) as client:
-            route = gw.gateway.routes["local"]
-            session = await gw.gateway.sessions.get(client.session_id or "")
-            assert session is not None and session.upstream_session_id
-            transport_of(gw)._sessions.clear()  # as if the session began on another replica
-            assert text(await client.call_tool("echo", {"text": "moved"})) == "moved"
-            assert route.transport is transport_of(gw)
+    async with stdio_gateway() as gw, connect(gw.endpoint("local")) as client:
+        route = gw.gateway.routes["local"]
+        session = await gw.gateway.sessions.get(client.session_id or "")
+        assert session is not None and session.upstream_session_id
+        transport_of(gw)._sessions.clear()  # as if the session began on another replica
+        assert text(await client.call_tool("echo", {"text": "moved"})) == "moved"
+        assert route.transport is transport_of(gw)

@@ -7,7 +7,7 @@ import json
 import sys
 
 
-def reply(message: dict) -> None:
+def reply(message: dict[str, object]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
 
