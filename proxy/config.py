@@ -190,6 +190,9 @@ class UpstreamOAuthConfig:
     scopes: list[str] = field(default_factory=list)
     discover: bool = False
     refresh_margin_s: float = 60.0
+    # the RFC 8707 resource the tokens are asked for; empty: the upstream's url (a stdio
+    # upstream has none, so none is named unless set)
+    resource: str = ""
 
 
 @dataclass(frozen=True)
@@ -524,7 +527,8 @@ def _check(cfg: Config, base_dir: Path) -> None:
                                        and o.client_id):
                 raise ConfigError(f"config: '{where}.oauth' needs client_id, "
                                   "authorization_endpoint and token_endpoint, or discover = true")
-            for key in ("authorization_endpoint", "token_endpoint", "revocation_endpoint"):
+            for key in ("authorization_endpoint", "token_endpoint", "revocation_endpoint",
+                        "resource"):
                 if getattr(o, key):
                     _url(getattr(o, key), f"{where}.oauth.{key}")
             if cfg.auth.mode != "jwt":

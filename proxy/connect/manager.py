@@ -165,7 +165,8 @@ class Connections:
         return f"{self.public_url}/connect/{upstream}"
 
     def resource(self, upstream: str) -> str:
-        return self.upstreams[upstream].url
+        up = self.upstreams[upstream]
+        return up.oauth.resource or up.url
 
     # -- the authorization server ----------------------------------------------------------
 

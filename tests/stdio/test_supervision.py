@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import orjson
@@ -19,6 +20,7 @@ from mcp import MCPError, types
 from proxy.config import UpstreamConfig
 from proxy.upstream.stdio import PERSON_HEADER, StdioTransport
 from proxy.upstream.supervisor import LOG_LINES_PER_WINDOW
+from tests.e2e import test_connect as connect_world
 from tests.e2e.sdk_client import connect
 from tests.helpers import jwt_auth, token, until
 from tests.stdio.conftest import SERVER, TINY, alive, stdio_gateway, transport_of
@@ -188,3 +190,29 @@ async def test_the_persons_token_is_in_the_environment_and_a_refresh_restarts() 
         await until(lambda: not alive(first.pid or 0))
     finally:
         await transport.aclose()
+
+
+async def test_per_user_processes_get_each_persons_connected_token(tmp_path: Path) -> None:
+    """The connect flow end to end (tests/e2e/test_connect.py's world): each person's own
+    upstream token, from the vault, is in their own process's environment."""
+    stdio = {"transport": "stdio", "command": sys.executable, "args": [SERVER],
+             "process": "per_user", "token_env": "GH_TOKEN"}
+    async with connect_world.world(tmp_path, explicit=True, stdio=stdio) as w:
+        hint = await w.call("alice")
+        assert "Connect your gh account first" in hint.json()["error"]["message"]
+        people = [await connect_world.connect(w, "alice"), await connect_world.connect(w, "bob")]
+        seen = {}
+        for person in ("alice", "bob"):
+            async with httpx.AsyncClient(timeout=10) as client:
+                answer = await client.post(f"{w.outer}/mcp/gh", content=orjson.dumps(
+                    {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                     "params": {"name": "env", "arguments": {"name": "GH_TOKEN"}}}),
+                    headers={"content-type": "application/json",
+                             "accept": "application/json, text/event-stream",
+                             "authorization": f"Bearer {w.mcp_token(person)}"})
+            seen[person] = answer.json()["result"]["content"][0]["text"]
+        for http in people:
+            await http.aclose()
+        expected = {p: await w.state.connections.access_token(
+            "gh", f"tollhouse:local|local:{p}") for p in ("alice", "bob")}
+        assert seen == expected and seen["alice"] != seen["bob"]
