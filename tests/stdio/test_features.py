@@ -14,7 +14,7 @@ from mcp import Client, MCPError, types
 
 from tests.e2e.sdk_client import connect
 from tests.helpers import DEADLINE_S, until
-from tests.stdio.conftest import stdio_gateway, transport_of
+from tests.stdio.conftest import TINY, stdio_gateway, transport_of
 
 MODERN = "2026-07-28"
 
@@ -154,3 +154,22 @@ async def test_a_session_from_elsewhere_is_taken_up() -> None:
         transport_of(gw)._sessions.clear()  # as if the session began on another replica
         assert text(await client.call_tool("echo", {"text": "moved"})) == "moved"
         assert route.transport is transport_of(gw)
+
+
+async def test_list_changed_reaches_every_session_s_get_stream() -> None:
+    heard: list[asyncio.Event] = [asyncio.Event(), asyncio.Event()]
+
+    def handler(n: int) -> Any:
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                heard[n].set()
+        return on_message
+
+    async with stdio_gateway(args=[TINY]) as gw, \
+            connect(gw.endpoint("local"), message_handler=handler(0)) as first, \
+            connect(gw.endpoint("local"), message_handler=handler(1)) as second:
+        assert text(await second.call_tool("echo", {"text": "x"})) == "x"
+        await until(lambda: sum(len(s.listeners) for s in transport_of(gw)._sessions.values())
+                    == 2)  # both GET streams are open
+        await first.call_tool("announce", {})
+        await asyncio.wait_for(asyncio.gather(heard[0].wait(), heard[1].wait()), DEADLINE_S)

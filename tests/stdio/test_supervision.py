@@ -6,6 +6,7 @@ environment and limits a process gets, and output that is not JSON-RPC or floods
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -18,7 +19,7 @@ import pytest
 from mcp import MCPError, types
 
 from proxy.config import UpstreamConfig
-from proxy.upstream.stdio import PERSON_HEADER, StdioTransport
+from proxy.upstream.stdio import PERSON_HEADER, LocalUpstreams, StdioTransport
 from proxy.upstream.supervisor import LOG_LINES_PER_WINDOW
 from tests.e2e import test_connect as connect_world
 from tests.e2e.sdk_client import connect
@@ -216,3 +217,18 @@ async def test_per_user_processes_get_each_persons_connected_token(tmp_path: Pat
         expected = {p: await w.state.connections.access_token(
             "gh", f"tollhouse:local|local:{p}") for p in ("alice", "bob")}
         assert seen == expected and seen["alice"] != seen["bob"]
+
+
+async def test_an_upstream_removed_or_changed_by_a_reload_stops_its_processes() -> None:
+    local = LocalUpstreams()
+    cfg = UpstreamConfig(name="t", transport="stdio", command=sys.executable, args=[TINY])
+    transport = local.transport(cfg)
+    assert transport is not None and local.transport(cfg) is transport  # unchanged: kept
+    first = await transport.pool.child("")
+    changed = local.transport(dataclasses.replace(cfg, idle_stop_s=5.0))
+    assert changed is not None and changed is not transport
+    await until(lambda: not alive(first.pid or 0))  # the old config's process is stopped
+    second = await changed.pool.child("")
+    local.keep_only(set())  # the upstream is gone from the config
+    await until(lambda: not alive(second.pid or 0))
+    await local.aclose()

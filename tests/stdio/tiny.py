@@ -1,7 +1,7 @@
 """The smallest stdio MCP server: plain Python, no SDK, so it starts in milliseconds (the leak
 count starts hundreds). Tools: echo; noise, which writes what a misbehaving server writes on
 stdout (a line that is not JSON, JSON that is not JSON-RPC, a line over any sane cap) and a
-burst on stderr before it answers."""
+burst on stderr before it answers; announce, which says its tool list changed."""
 
 import json
 import sys
@@ -12,7 +12,7 @@ def reply(message: dict[str, object]) -> None:
     sys.stdout.flush()
 
 
-TOOLS = [{"name": n, "inputSchema": {"type": "object"}} for n in ("echo", "noise")]
+TOOLS = [{"name": n, "inputSchema": {"type": "object"}} for n in ("echo", "noise", "announce")]
 
 for line in sys.stdin:
     msg = json.loads(line)
@@ -32,6 +32,8 @@ for line in sys.stdin:
             for i in range(500):
                 sys.stderr.write(f"chatter {i}\n")
             sys.stderr.flush()
+        if msg["params"]["name"] == "announce":  # for every session's GET stream
+            reply({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
         reply({"jsonrpc": "2.0", "id": rid, "result": {
             "content": [{"type": "text", "text": args.get("text", "noisy")}]}})
     else:
