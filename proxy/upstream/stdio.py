@@ -3,7 +3,7 @@
 `StdioTransport` is an httpx transport: the forwarding step sends it POST, GET and DELETE with
 an `Mcp-Session-Id` exactly as it would an HTTP upstream, and the sessions, the bridge for
 2026-07-28 callers, the policies and the audit work unchanged. Underneath, each request goes to
-one supervised process (proxy.upstream.supervisor) on its stdin, under the process's own id;
+one supervised process (proxy.upstream.supervisor, proxy.upstream.pool) on its stdin, under the process's own id;
 the answer comes back as JSON when the process's first word on the call is the response, and
 as an SSE stream otherwise (progress, log messages, server-to-client requests, then the
 response). The sessions are this transport's own: the process was opened once, by the
@@ -33,7 +33,8 @@ import httpx
 import orjson
 
 from proxy.config import UpstreamConfig
-from proxy.upstream.supervisor import EXITED, Call, Child, Pool, Spec, Unavailable
+from proxy.upstream.pool import Pool
+from proxy.upstream.supervisor import EXITED, Call, Child, Spec, Unavailable
 
 log = logging.getLogger("tollhouse.stdio")
 
@@ -290,9 +291,7 @@ class StdioTransport(httpx.AsyncBaseTransport):
             except Unavailable:
                 pass
 
-        task = asyncio.get_running_loop().create_task(send())
-        self.pool._stopping.add(task)  # kept until done, awaited at close
-        task.add_done_callback(self.pool._stopping.discard)
+        self.pool.spawn(send())
 
     async def aclose(self) -> None:
         for session in self._sessions.values():
