@@ -503,7 +503,7 @@ def _check(cfg: Config, base_dir: Path) -> None:
         if up.transport not in ("http", "stdio"):
             raise ConfigError(f"config: '{where}.transport' must be http or stdio")
         if up.stdio:
-            _check_stdio(up, where)
+            _check_stdio(up, where, cfg.auth.mode)
         else:
             if not up.url:
                 raise ConfigError(f"config: missing required key '{where}.url'")
@@ -551,7 +551,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _STDIO_ONLY = ("command", "args", "env", "cwd", "token_env", "run_as")
 
 
-def _check_stdio(up: UpstreamConfig, where: str) -> None:
+def _check_stdio(up: UpstreamConfig, where: str, mode: str) -> None:
     if up.url:
         raise ConfigError(f"config: '{where}.url' is not for a stdio upstream (it has a "
                           "command)")
@@ -577,6 +577,9 @@ def _check_stdio(up: UpstreamConfig, where: str) -> None:
                           "with that person's token")
     if up.max_processes < 1:
         raise ConfigError(f"config: '{where}.max_processes' must be at least 1")
+    if up.process == "per_user" and mode != "jwt":
+        raise ConfigError(f"config: '{where}.process' = \"per_user\" needs auth.mode = "
+                          "\"jwt\": every caller is one anonymous principal otherwise")
     for key in ("idle_stop_s", "start_timeout_s"):
         _positive(getattr(up, key), f"{where}.{key}")
     for key in ("memory_limit_mb", "open_files_limit", "cpu_limit_s"):

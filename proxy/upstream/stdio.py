@@ -33,6 +33,7 @@ import httpx
 import orjson
 
 from proxy.config import UpstreamConfig
+from proxy.errors import jsonrpc_error_body
 from proxy.upstream.pool import Pool
 from proxy.upstream.supervisor import EXITED, Call, Child, Spec, Unavailable
 
@@ -69,8 +70,11 @@ class StdioTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         headers = request.headers
-        key = headers.get(PERSON_HEADER, "") if self.spec.per_user else ""
         sid = headers.get("mcp-session-id")
+        key = ""
+        if self.spec.per_user:  # the person a call names; a GET or a notice: its session's
+            known = self._sessions.get(sid) if sid is not None else None
+            key = headers.get(PERSON_HEADER) or (known.key if known is not None else "")
         if request.method == "GET":
             return self._listen(request, self._session(sid, key))
         if request.method == "DELETE":
@@ -259,13 +263,14 @@ class StdioTransport(httpx.AsyncBaseTransport):
 
     def _server_request(self, child: Child, message: dict[str, Any]) -> None:
         if message["method"] == "ping":
-            self._reply(child, {"jsonrpc": "2.0", "id": message["id"], "result": {}})
+            self._reply(child, orjson.dumps({"jsonrpc": "2.0", "id": message["id"],
+                                             "result": {}}))
             return
         call = self._attributed(child)
         if call is None:
-            self._reply(child, {"jsonrpc": "2.0", "id": message["id"], "error": {
-                "code": -32603, "message": "no single caller to ask: several sessions have "
-                                           "calls in flight on this process"}})
+            self._reply(child, jsonrpc_error_body(
+                -32603, "no single caller to ask: several sessions have calls in flight on "
+                        "this process", message["id"]))
             return
         self._asked_seq += 1
         asked = f"tollhouse-{self._asked_seq}"
@@ -284,10 +289,10 @@ class StdioTransport(httpx.AsyncBaseTransport):
             return None
         return max(calls, key=lambda c: c.child_id)
 
-    def _reply(self, child: Child, message: dict[str, Any]) -> None:
+    def _reply(self, child: Child, line: bytes) -> None:
         async def send() -> None:
             try:
-                await child.send(message)
+                await child.send_line(line)
             except Unavailable:
                 pass
 
@@ -365,9 +370,8 @@ def _bearer(value: str | None) -> str | None:
 
 
 def _error(request: httpx.Request, status: int, code: int, message: str) -> httpx.Response:
-    body = orjson.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code,
-                                                                  "message": message}})
-    return httpx.Response(status, headers=JSON, content=body, request=request)
+    return httpx.Response(status, headers=JSON, content=jsonrpc_error_body(code, message),
+                          request=request)
 
 
 class LocalUpstreams:

@@ -182,17 +182,20 @@ class Child:
         process, if any, is stopped)."""
         spec = self.spec
         user = spec.run_as or None
+        group, extra = (pwd.getpwnam(user).pw_gid, []) if user else (None, None)
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 spec.command, *spec.args, stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 env=spec.environment(self.token), cwd=spec.cwd, start_new_session=True,
-                preexec_fn=spec.limits(), user=user, limit=spec.max_line_bytes)
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                preexec_fn=spec.limits(), user=user, group=group, extra_groups=extra,
+                limit=spec.max_line_bytes)
+        except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
             raise Unavailable(f"cannot start {spec.command!r}: {exc}") from None
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._read_stdout()),
-                       loop.create_task(self._read_stderr())]
+                       loop.create_task(self._read_stderr()),
+                       loop.create_task(self._reap_group())]
         try:
             result = await asyncio.wait_for(self._initialize(), spec.start_timeout_s)
         except TimeoutError:
@@ -241,11 +244,14 @@ class Child:
         self.last_used = time.monotonic()
 
     async def send(self, message: dict[str, Any]) -> None:
+        await self.send_line(orjson.dumps(message))
+
+    async def send_line(self, line: bytes) -> None:
         proc = self.proc
         if proc is None or proc.stdin is None or self.done.is_set():
             raise Unavailable("the process is not running")
         try:
-            proc.stdin.write(orjson.dumps(message) + b"\n")
+            proc.stdin.write(line + b"\n")
             await proc.stdin.drain()
         except (ConnectionError, RuntimeError) as exc:
             raise Unavailable(f"cannot write to the process: {exc}") from None
@@ -300,6 +306,13 @@ class Child:
                 text = line.decode("utf-8", "replace").rstrip()
                 if text:
                     self._stderr_log.line(text)
+
+    async def _reap_group(self) -> None:
+        """The leader exited: what is left of its group goes too, so a member that still
+        holds stdout open cannot hide the exit (its pipes close with it)."""
+        assert self.proc is not None
+        await self.proc.wait()
+        _kill_group(self.proc, signal.SIGKILL)
 
     async def _ended(self) -> None:
         """stdout closed: the process is ending. Every call waiting on it learns so."""

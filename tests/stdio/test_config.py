@@ -50,6 +50,7 @@ def test_the_issue_s_example_is_read_as_written() -> None:
     ({**BASE, "headers": {"X-A": "b"}}, {}, "upstreams[0]"),
     ({**BASE, "token_env": "GITHUB_TOKEN"}, {}, "upstreams[0].token_env"),
     ({**BASE, "auth": "per_user", "oauth": OAUTH}, {"auth": jwt_auth()}, "upstreams[0].auth"),
+    ({**BASE, "process": "per_user"}, {}, "upstreams[0].process"),
     ({**BASE, "auth": "per_user", "process": "per_user", "token_env": "T",
       "oauth": {"discover": True}}, {"auth": jwt_auth()}, "upstreams[0].oauth.discover"),
 ])

@@ -173,3 +173,30 @@ async def test_list_changed_reaches_every_session_s_get_stream() -> None:
                     == 2)  # both GET streams are open
         await first.call_tool("announce", {})
         await asyncio.wait_for(asyncio.gather(heard[0].wait(), heard[1].wait()), DEADLINE_S)
+
+
+async def test_a_server_request_that_could_be_anyone_s_is_refused_not_guessed() -> None:
+    """Two sessions with calls in flight: stdio does not say which one a sampling request is
+    for, so neither client is asked; the call that asked gets the refusal."""
+    asked: list[str] = []
+    started = asyncio.Event()
+
+    async def on_sampling(ctx: object, params: types.CreateMessageRequestParams
+                          ) -> types.CreateMessageResult:
+        asked.append("someone")
+        return types.CreateMessageResult(role="assistant", model="m",
+                                         content=types.TextContent(type="text", text="leak"))
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        started.set()
+
+    async with stdio_gateway() as gw, \
+            connect(gw.endpoint("local"), sampling_callback=on_sampling) as waiting, \
+            connect(gw.endpoint("local"), sampling_callback=on_sampling) as asking:
+        held = asyncio.create_task(waiting.call_tool("slow", {"steps": 1, "wait": True},
+                                                     progress_callback=on_progress))
+        await asyncio.wait_for(started.wait(), DEADLINE_S)
+        with pytest.raises(MCPError, match="no single caller to ask"):
+            await asking.call_tool("ask_sampling", {"prompt": "p"})
+        assert asked == []
+        held.cancel()

@@ -232,3 +232,24 @@ async def test_an_upstream_removed_or_changed_by_a_reload_stops_its_processes() 
     local.keep_only(set())  # the upstream is gone from the config
     await until(lambda: not alive(second.pid or 0))
     await local.aclose()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+                    reason="switching users needs root (and a python3 any user may run)")
+async def test_run_as_an_unprivileged_user() -> None:
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    cfg = UpstreamConfig(name="t", transport="stdio", command="/usr/bin/python3", args=[TINY],
+                         run_as="nobody")
+    transport = StdioTransport(cfg)
+    try:
+        child = await transport.pool.child("")
+        assert child.pid is not None
+        with open(f"/proc/{child.pid}/status") as f:  # noqa: ASYNC230 (procfs, instant)
+            status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+        assert status["Uid"].split()[0] == str(nobody.pw_uid)
+        assert status["Gid"].split()[0] == str(nobody.pw_gid)
+        assert status["Groups"].strip() == ""  # the gateway's groups are not kept
+    finally:
+        await transport.aclose()
