@@ -47,7 +47,7 @@ async def session(client: httpx.AsyncClient, url: str, sub: str, call: bool) -> 
 async def test_sessions_and_processes_leave_nothing_behind() -> None:
     raw = {"database": {"url": db_backends.url()}, "state": state_backends.state(),
            "auth": jwt_auth(),
-           "upstreams": [upstream("local"),
+           "upstreams": [upstream("local", idle_stop_s=1.0),
                          upstream("many", process="per_user", max_processes=20)]}
     async with running_gateway(from_dict(raw, env={})) as gw:
         shared, per_user = gw.endpoint("local"), gw.endpoint("many")
@@ -64,7 +64,9 @@ async def test_sessions_and_processes_leave_nothing_behind() -> None:
                 await asyncio.gather(*jobs[i:i + AT_ONCE])
 
         await batch([session(gw.client, shared, "alice", i % 10 == 0) for i in range(SESSIONS)])
-        assert pools[0].started == 2  # the warm-up's process and one more, shared by all
+        # one process shared by every session, not one each (a loaded machine may leave it
+        # idle past idle_stop_s between two sessions, and so start it again)
+        assert pools[0].started < 10
         await batch([session(gw.client, per_user, f"person-{i}", True) for i in range(PEOPLE)])
         assert pools[1].started >= PEOPLE + 1  # (an idle one may be stopped between calls)
         assert len(pools[1].running()) <= 20
