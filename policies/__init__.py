@@ -31,7 +31,8 @@ def build_egress(cfg: Config, destinations: Destinations,
     `destinations` is `proxy.egress.Destinations`, which the upstream client dials through
     too; `trusted_proxies` are `server.trusted_proxies`, parsed."""
     return Egress(cfg.egress,
-                  [UpstreamEgress.from_url(u.name, u.url, u.zones, u.collections)
+                  [UpstreamEgress.local(u.name, u.collections) if u.stdio else
+                   UpstreamEgress.from_url(u.name, u.url, u.zones, u.collections)
                    for u in cfg.upstreams],
                   destinations, trusted_proxies)
 

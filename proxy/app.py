@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -66,6 +66,7 @@ from proxy.state import Stores, open_stores
 from proxy.state.inflight import Later
 from proxy.upstream import UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
+from proxy.upstream.stdio import LocalUpstreams
 from proxy.upstream.tenants import PeopleAttributes, Tenants
 from proxy.virtual import VirtualRoute
 from proxy.virtual.registry import Endpoints
@@ -128,6 +129,7 @@ class Parts:
     web: Web | None = None
     oauth: AuthorizationServer | None = None
     connections: Connections | None = None
+    local: LocalUpstreams = field(default_factory=LocalUpstreams)  # stdio upstreams' processes
 
 
 def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None,
@@ -175,7 +177,8 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
 
 
 def _parts(cfg: Config, given: Overrides) -> Parts:
-    routes = {u.name: UpstreamRoute.from_config(u) for u in cfg.upstreams}
+    local = LocalUpstreams()
+    routes = {u.name: UpstreamRoute.from_config(u, local.transport(u)) for u in cfg.upstreams}
     origins = {o.rstrip("/").lower() for o in cfg.server.allowed_origins}
     public = urlsplit(cfg.server.public_url)
     origins.add(f"{public.scheme}://{public.netloc}".lower())
@@ -190,7 +193,8 @@ def _parts(cfg: Config, given: Overrides) -> Parts:
     parts = Parts(cfg, given, routes,
                   tuple(parse_networks(cfg.server.trusted_proxies, "server.trusted_proxies")),
                   IdentityForwarder(cfg, given.base_dir or Path.cwd()), stores, database, state,
-                  frozenset(origins), health, RequestLog(cfg.observability.log_format), metrics)
+                  frozenset(origins), health, RequestLog(cfg.observability.log_format), metrics,
+                  local=local)
     _people(parts)
     return parts
 
@@ -424,6 +428,7 @@ class Serving:
         await self.upstream.aclose()
         if parts.state.gateway is not None:
             await parts.state.gateway.tenants.aclose()  # per-caller upstreams' pools
+        await parts.local.aclose()  # every stdio process stopped, its group killed
         if parts.state.tracing is not None:  # the spans not yet exported, off the loop
             await asyncio.to_thread(parts.state.tracing.shutdown)
             parts.state.tracing = None

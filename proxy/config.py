@@ -212,6 +212,9 @@ class UpstreamOAuthConfig:
     scopes: list[str] = field(default_factory=list)
     discover: bool = False
     refresh_margin_s: float = 60.0
+    # the RFC 8707 resource the tokens are asked for; empty: the upstream's url (a stdio
+    # upstream has none, so none is named unless set)
+    resource: str = ""
 
 
 @dataclass(frozen=True)
@@ -259,7 +262,7 @@ class PlaceholderConfig:
 @dataclass(frozen=True)
 class UpstreamConfig:
     name: str
-    url: str
+    url: str = ""  # required for transport "http"; none for "stdio"
     headers: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 30.0
     total_timeout_s: float = 300.0
@@ -280,6 +283,28 @@ class UpstreamConfig:
     def templated(self) -> bool:
         """A per-caller upstream: its URL has placeholders."""
         return "{" in self.url or bool(self.placeholders)
+
+    # a local MCP server the gateway runs and speaks to on stdin/stdout (README, "Local
+    # upstreams: stdio servers"); every key below is for transport = "stdio" only
+    transport: str = "http"
+    command: str = ""
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # the process's only environment
+    cwd: str = ""  # empty: the gateway's working directory
+    process: str = "shared"  # or "per_user": one process per person
+    max_processes: int = 50
+    idle_stop_s: float = 600.0
+    start_timeout_s: float = 30.0  # spawn to the answer to `initialize`
+    token_env: str = ""  # per_user: the variable that carries the person's upstream token
+    run_as: str = ""  # a user to run the process as (the gateway must be root to switch)
+    memory_limit_mb: int = 2048  # RLIMIT_DATA; 0: none
+    open_files_limit: int = 1024  # RLIMIT_NOFILE; 0: the gateway's
+    cpu_limit_s: int = 0  # RLIMIT_CPU; 0: none
+    max_line_bytes: int = 16 * 1024 * 1024  # one JSON-RPC message on stdout, at most
+
+    @property
+    def stdio(self) -> bool:
+        return self.transport == "stdio"
 
 
 @dataclass(frozen=True)
@@ -565,10 +590,20 @@ def _check(cfg: Config, base_dir: Path) -> None:
     for i, up in enumerate(cfg.upstreams):
         where = f"upstreams[{i}]"
         _check_name(up.name, where, seen, "upstream")
-        if up.templated:
-            _template(up, where)
+        if up.transport not in ("http", "stdio"):
+            raise ConfigError(f"config: '{where}.transport' must be http or stdio")
+        if up.stdio:
+            _check_stdio(up, where, cfg.auth.mode)
         else:
-            _url(up.url, f"{where}.url")
+            if not up.url:
+                raise ConfigError(f"config: missing required key '{where}.url'")
+            if up.templated:
+                _template(up, where)
+            else:
+                _url(up.url, f"{where}.url")
+            for key in _STDIO_ONLY:
+                if getattr(up, key):
+                    raise ConfigError(f"config: '{where}.{key}' is for transport = \"stdio\"")
         _positive(up.timeout_s, f"{where}.timeout_s")
         _positive(up.total_timeout_s, f"{where}.total_timeout_s")
         for header in up.headers:
@@ -578,11 +613,15 @@ def _check(cfg: Config, base_dir: Path) -> None:
             raise ConfigError(f"config: '{where}.auth' must be static or per_user")
         if up.auth == "per_user":
             o = up.oauth
+            if up.stdio and o.discover:
+                raise ConfigError(f"config: '{where}.oauth.discover' needs a URL to discover "
+                                  "from; a stdio upstream names its endpoints")
             if not o.discover and not (o.authorization_endpoint and o.token_endpoint
                                        and o.client_id):
                 raise ConfigError(f"config: '{where}.oauth' needs client_id, "
                                   "authorization_endpoint and token_endpoint, or discover = true")
-            for key in ("authorization_endpoint", "token_endpoint", "revocation_endpoint"):
+            for key in ("authorization_endpoint", "token_endpoint", "revocation_endpoint",
+                        "resource"):
                 if getattr(o, key):
                     _url(getattr(o, key), f"{where}.oauth.{key}")
             if cfg.auth.mode != "jwt":
@@ -638,6 +677,60 @@ def _check_endpoints(cfg: Config) -> None:
         if ep.access.restricts_callers and cfg.auth.mode == "none":
             raise ConfigError(f"config: '{where}.access' restricts callers, which needs "
                               "auth.mode = \"jwt\" (every caller is anonymous in mode none)")
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_STDIO_ONLY = ("command", "args", "env", "cwd", "token_env", "run_as")
+
+
+def _check_stdio(up: UpstreamConfig, where: str, mode: str) -> None:
+    if up.url:
+        raise ConfigError(f"config: '{where}.url' is not for a stdio upstream (it has a "
+                          "command)")
+    if not up.command:
+        raise ConfigError(f"config: missing required key '{where}.command'")
+    if up.headers or up.identity != "none":
+        raise ConfigError(f"config: '{where}' is a stdio upstream: headers and identity "
+                          "are for HTTP upstreams")
+    if up.era == "modern":
+        raise ConfigError(f"config: '{where}.era' must be auto or legacy: a stdio server "
+                          "speaks 2025-11-25")
+    for name in (*up.env, *([up.token_env] if up.token_env else [])):
+        if not _ENV_NAME.match(name):
+            raise ConfigError(f"config: '{where}.env' has an invalid variable name")
+    if up.process not in ("shared", "per_user"):
+        raise ConfigError(f"config: '{where}.process' must be shared or per_user")
+    if up.token_env and up.auth != "per_user":
+        raise ConfigError(f"config: '{where}.token_env' needs auth = \"per_user\" (the "
+                          "token is the person's own, from the connect flow)")
+    if up.auth == "per_user" and (up.process != "per_user" or not up.token_env):
+        raise ConfigError(f"config: '{where}.auth' = \"per_user\" on a stdio upstream needs "
+                          "process = \"per_user\" and token_env: one process per person, "
+                          "with that person's token")
+    if up.max_processes < 1:
+        raise ConfigError(f"config: '{where}.max_processes' must be at least 1")
+    if up.process == "per_user" and mode != "jwt":
+        raise ConfigError(f"config: '{where}.process' = \"per_user\" needs auth.mode = "
+                          "\"jwt\": every caller is one anonymous principal otherwise")
+    for key in ("idle_stop_s", "start_timeout_s"):
+        _positive(getattr(up, key), f"{where}.{key}")
+    for key in ("memory_limit_mb", "open_files_limit", "cpu_limit_s"):
+        if getattr(up, key) < 0:
+            raise ConfigError(f"config: '{where}.{key}' must be 0 (none) or more")
+    if 0 < up.memory_limit_mb < 256:
+        raise ConfigError(f"config: '{where}.memory_limit_mb' must be 0 or at least 256")
+    if 0 < up.open_files_limit < 16:
+        raise ConfigError(f"config: '{where}.open_files_limit' must be 0 or at least 16")
+    if up.max_line_bytes < 1024:
+        raise ConfigError(f"config: '{where}.max_line_bytes' must be at least 1024")
+    if up.run_as:
+        import pwd
+
+        try:
+            pwd.getpwnam(up.run_as)
+        except KeyError:
+            raise ConfigError(f"config: '{where}.run_as': no user {up.run_as!r} on this "
+                              "host") from None
 
 
 LOG_FORMATS = ("text", "json")
@@ -696,7 +789,8 @@ def _check_policies(cfg: Config) -> None:
     try:
         validate_rules(cfg.rate_limits, known_endpoints={u.name for u in cfg.upstreams})
         validate_egress(cfg.egress,
-                        [(u.name, u.url, u.zones, u.collections) for u in cfg.upstreams],
+                        [(u.name, "" if u.stdio else u.url, u.zones, u.collections)
+                         for u in cfg.upstreams],
                         cfg.server.trusted_proxies)
     except ValueError as exc:
         raise ConfigError(f"config: {exc}") from None
@@ -821,7 +915,8 @@ def validate_egress(egress: EgressConfig,
                              "address") from None
     for i, (_name, url, zones, labels) in enumerate(upstreams):
         try:
-            UpstreamEgress.from_url("", url)
+            if url:  # none: a local (stdio) process, nothing to dial
+                UpstreamEgress.from_url("", url)
         except ValueError as exc:
             raise ValueError(f"upstreams[{i}].url: {exc}") from None
         validate_upstream_egress(f"upstreams[{i}]", zones, labels, egress.collections)

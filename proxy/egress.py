@@ -161,6 +161,13 @@ class UpstreamEgress:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         return cls(name, parts.hostname.lower(), port, tuple(zones), tuple(collections))
 
+    @classmethod
+    def local(cls, name: str, collections: Iterable[str] = ()) -> UpstreamEgress:
+        """A process the gateway runs (a stdio upstream): no host, so no destination check;
+        its collection labels still decide who may receive its data. What the process
+        itself dials is outside these rules (README, "Local upstreams: stdio servers")."""
+        return cls(name, "", 0, ZONES, tuple(collections))
+
 
 @dataclass(frozen=True, slots=True)
 class Destination:
@@ -234,10 +241,15 @@ class Destinations:
         self._pin_ttl_s = pin_ttl_s
         self._pins: dict[str, _Pin] = {}
         self._destinations: dict[str, Destination] = {}
+        self._local: set[str] = set()
         for upstream in upstreams:
             self.add(upstream)
 
     def add(self, upstream: UpstreamEgress) -> None:
+        if not upstream.host:  # a local (stdio) process: nothing is dialled, nothing to check
+            self._local.add(upstream.name)
+            return
+        self._local.discard(upstream.name)
         # an upstream's URL is the operator's (or an administrator's, through the API): a
         # metadata address it names literally is what they asked for
         self._destinations[upstream.name] = Destination.of(
@@ -254,6 +266,7 @@ class Destinations:
     def discard(self, name: str) -> None:
         self._destinations.pop(name, None)
         self._pins.pop(name, None)
+        self._local.discard(name)
 
     def pinned(self, name: str) -> list[str] | None:
         """The addresses checked most recently for `name`, while the pin lasts."""
@@ -274,6 +287,8 @@ class Destinations:
         """Resolve now, refuse or pin. Raise EgressDestinationDenied, or UpstreamUnavailable
         when the name does not resolve (nothing was checked, so nothing may be dialled)."""
         self._pins.pop(name, None)  # a refused or failed check leaves nothing to dial
+        if name in self._local:
+            return ()
         dest = self._destinations.get(name)
         if dest is None:
             raise _denied(name, "no egress entry for this upstream")

@@ -72,7 +72,9 @@ async def _apply(serving: Serving, cfg: Config) -> None:
         backend = timed(build_backend(cfg.metering, serving.upstream.http), parts.metrics) \
             if cfg.metering.enabled else None
     parts.identity.prepare(cfg)
-    routes = {u.name: UpstreamRoute.from_config(u) for u in cfg.upstreams}
+    routes = {u.name: UpstreamRoute.from_config(u, parts.local.transport(u))
+              for u in cfg.upstreams}
+    parts.local.keep_only({u.name for u in cfg.upstreams if u.stdio})
     gone = {u.name for u in running.upstreams} - set(routes)
     async with serving.registry.changing():  # from here on nothing awaits: no call sees
         egress = build_egress(cfg, serving.destinations, parts.trusted)  # half of it

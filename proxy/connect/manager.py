@@ -167,7 +167,8 @@ class Connections:
         return f"{self.public_url}/connect/{upstream}"
 
     def resource(self, upstream: str) -> str:
-        return self.upstreams[upstream].url
+        up = self.upstreams[upstream]
+        return up.oauth.resource or up.url
 
     async def _resource(self, upstream: str, principal: str) -> str:
         """The RFC 8707 resource a person's token is asked for: the upstream's URL, and for a
@@ -175,7 +176,7 @@ class Connections:
         sign-in carries no token claims), so their token is for their own server."""
         up = self.upstreams[upstream]
         if not up.templated:
-            return up.url
+            return self.resource(upstream)  # (empty for a stdio upstream that names none)
         from proxy.auth.principal import Principal
         from proxy.upstream.template import SUBJECT, Missing, UrlTemplate
 
@@ -301,6 +302,8 @@ class Connections:
                  "redirect_uri": redirect_uri, "state": state, "code_challenge": _s256(verifier),
                  "code_challenge_method": "S256",
                  "resource": await self._resource(name, principal)}
+        if not query["resource"]:  # a stdio upstream has no URL to name (RFC 8707 optional)
+            del query["resource"]
         if ep.scopes:
             query["scope"] = " ".join(ep.scopes)
         separator = "&" if "?" in ep.authorization_endpoint else "?"
@@ -324,6 +327,8 @@ class Connections:
         self._drop(name, principal)
 
     async def _token(self, name: str, ep: Endpoints, form: dict[str, str]) -> dict[str, Any]:
+        if not form.get("resource", True):  # a stdio upstream: no resource to name
+            form = {k: v for k, v in form.items() if k != "resource"}
         form = {**form, "client_id": ep.client_id}
         if ep.client_secret:
             form["client_secret"] = ep.client_secret

@@ -44,6 +44,7 @@ from proxy.state.bridge import BridgeStore
 from proxy.traced import CURRENT
 from proxy.upstream import NO_CALL, BodyChunks, UpstreamClient, UpstreamRoute, read_head, rejection
 from proxy.upstream.identity import IdentityForwarder
+from proxy.upstream.stdio import PERSON_HEADER
 
 log = logging.getLogger("tollhouse.forward")
 
@@ -315,6 +316,8 @@ class Forwarder:
                    session: Session | None, ctx: CallContext, bearer: str | None = None
                    ) -> Leg:
         identity = self.identity.headers(route, ctx.principal)
+        if route.local:  # a local process: chosen per person (per_user)
+            identity = [*(identity or []), (PERSON_HEADER, ctx.principal.key)]
         if self.connections is None or route.name not in self.connections.upstreams:
             return await self._route_leg(route, req, msg, session, ctx, identity)
         try:

@@ -6,6 +6,7 @@ turn every httpx failure and every upstream JSON-RPC refusal into a GatewayError
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -59,7 +60,10 @@ class UpstreamRoute:
     zones: tuple[str, ...] = ()  # where a resolved URL may be dialled
     max_resolved: int = 0
     origin: str = ""  # a resolved route: its upstream's origin (the audit names it)
-    transport: httpx.AsyncBaseTransport | None = None  # a resolved route's own pool
+    # a resolved route's own pool (egress-checked and pinned like any), or a local upstream's
+    # own transport (`local`: proxy.upstream.stdio, nothing dialled, no egress pin)
+    transport: httpx.AsyncBaseTransport | None = None
+    local: bool = False
 
     @property
     def dial_key(self) -> str:
@@ -73,7 +77,14 @@ class UpstreamRoute:
         return self.state_key if self.origin else self.name
 
     @classmethod
-    def from_config(cls, cfg: UpstreamConfig) -> UpstreamRoute:
+    def from_config(cls, cfg: UpstreamConfig,
+                    transport: httpx.AsyncBaseTransport | None = None) -> UpstreamRoute:
+        if cfg.stdio:  # addressed as a Streamable HTTP server of its own, speaking 2025-11-25
+            url = f"http://stdio.invalid/{cfg.name}"
+            key = f"{cfg.name} stdio:{cfg.command}"
+            cfg = dataclasses.replace(cfg, url=url, era="legacy")
+        else:
+            key = f"{cfg.name} {cfg.url}"  # a name has no space
         t = cfg.timeout_s
         template = None
         if cfg.templated:
@@ -94,10 +105,11 @@ class UpstreamRoute:
             call_timeout_ext=call.as_dict(),
             stream_timeout_ext=stream.as_dict(),
             url_text=cfg.url,
-            state_key=f"{cfg.name} {cfg.url}",  # a name has no space
+            state_key=key,
             identity=cfg.identity,
             identity_audience=cfg.identity_audience or cfg.url,
             template=template, zones=tuple(cfg.zones), max_resolved=cfg.max_resolved,
+            transport=transport, local=cfg.stdio,
         )
 
 
@@ -293,6 +305,11 @@ class UpstreamClient:
         and event-hook machinery has nothing to do for a proxied call and costs measurable
         latency on every one (bench/README.md)."""
         timeout = route.stream_timeout_ext if stream_timeout else route.call_timeout_ext
+        if route.local and route.transport is not None:  # a process: nothing to admit or dial
+            request = httpx.Request(method, route.url, headers=headers, content=body,
+                                    extensions={"timeout": timeout})
+            with map_errors():
+                return await route.transport.handle_async_request(request)
         if self._destinations is None:
             extensions: dict[str, Any] = {"timeout": timeout}
         else:  # dial exactly the addresses the egress check admitted: no second resolution

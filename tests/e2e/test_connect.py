@@ -80,10 +80,13 @@ class World:
 
 @asynccontextmanager
 async def world(tmp_path: Path, explicit: bool = False, replicas: int = 1,
-                gh: Callable[[str], dict[str, Any]] | None = None) -> AsyncIterator[World]:
+                gh: Callable[[str], dict[str, Any]] | None = None,
+                stdio: dict[str, Any] | None = None) -> AsyncIterator[World]:
     """The upstream Tollhouse and the gateway under test; `replicas` > 1: that many gateway
     apps on one database and one Redis (a fresh key prefix), all with the first one's URL as
-    their public URL, as behind a load balancer. `gh(inner_url)`: more of gh's settings."""
+    their public URL, as behind a load balancer. `gh(inner_url)`: more of gh's settings.
+    `stdio`: `gh` is that stdio upstream instead, its people's tokens those of the same
+    authorization server."""
     app, probe = stateless_json_app()
     inner_db, outer_db = db_backends.open_database("inner"), db_backends.open_database("outer")
     for person, (_, upstream_user, upstream_password) in PEOPLE.items():
@@ -111,6 +114,8 @@ async def world(tmp_path: Path, explicit: bool = False, replicas: int = 1,
                          "authorization_endpoint": f"{inner}/oauth/authorize",
                          "token_endpoint": f"{inner}/oauth/token",
                          "revocation_endpoint": f"{inner}/oauth/revoke"}
+            if stdio is not None:  # no URL: the resource its tokens are for is configured
+                oauth["resource"] = f"{inner}/mcp/up"
             outer_cfg = from_dict({
                 "server": {"public_url": outer},
                 "state": state_backends.state() if replicas > 1 else {"url": "memory"},
@@ -118,8 +123,9 @@ async def world(tmp_path: Path, explicit: bool = False, replicas: int = 1,
                                                       "hs256_secret": SECRET,
                                                       "algorithms": ["HS256"]}]},
                 "database": {"url": outer_db.url},
-                "upstreams": [{"name": "gh", "url": f"{inner}/mcp/up", "auth": "per_user",
-                               "oauth": oauth, **(gh(inner) if gh else {})}]}, env={})
+                "upstreams": [{"name": "gh", "auth": "per_user", "oauth": oauth,
+                               **(stdio or {"url": f"{inner}/mcp/up"}),
+                               **(gh(inner) if gh else {})}]}, env={})
             async with AsyncExitStack() as stack:
                 urls, states = [], []
                 for n in range(replicas):
