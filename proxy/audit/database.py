@@ -409,12 +409,12 @@ class _Checkpointer:
         conn: sqlite3.Connection | None = None
         try:
             while True:
-                self._due.wait()
-                self._due.clear()
-                if conn is None:
+                if conn is None:  # at once: the process's descriptors are steady from the start
                     conn = sqlite3.connect(self._database.path,
                                            timeout=self._database.busy_timeout_s)
                     conn.execute("PRAGMA synchronous=NORMAL")
+                self._due.wait()
+                self._due.clear()
                 try:
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 except sqlite3.Error as exc:  # the next one copies what this one did not
