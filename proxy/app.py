@@ -289,7 +289,7 @@ class Serving:
                         parts.web.accounts if parts.web is not None
                         else Accounts(parts.database),
                         forget_person=getattr(parts.connections, "forget", None),
-                        trusted_proxies=parts.trusted)
+                        trusted_proxies=parts.trusted, audit=audit)
         provide(app, state.api)
         if cfg.observability.otlp_endpoint:  # the extra is there: the config check saw to it
             from proxy.observability.tracing import Tracing

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from quart import Quart, current_app
 
 from proxy import db
+from proxy.audit.record import AuditSink
 from proxy.auth.keys import KeyIndex
 from proxy.egress import IPNetwork
 from proxy.people.accounts import Accounts
@@ -32,6 +33,7 @@ class Api:
     # principal key, when their user is deleted
     forget_person: Callable[[str], None] | None = None
     trusted_proxies: tuple[IPNetwork, ...] = ()
+    audit: AuditSink | None = None  # where each change through /api/v1 is recorded
 
 
 def provide(app: Quart, api: Api) -> None:

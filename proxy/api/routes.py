@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from quart import Quart
 
-from proxy.api import audit, caller, keys, openapi, roles, servers, users
+from proxy.api import audit, caller, keys, mine, openapi, roles, servers, summary, users
 from proxy.api.endpoint import Route, view
 
 PREFIX = "/api/v1"
@@ -39,6 +39,14 @@ ROUTES: tuple[Route, ...] = (
     Route("/roles/<name>", "DELETE", roles.delete_role),
     Route("/audit", "GET", audit.audit, query=True),
     Route("/usage", "GET", audit.usage_totals, query=True),
+    # -- the web console's (proxy.console), for scripts as much: a person's own keys, the
+    # aggregates its charts read, and the audit export
+    Route("/me/keys", "GET", mine.my_keys, admin=False),
+    Route("/me/keys", "POST", mine.create_my_key, admin=False),
+    Route("/me/keys/<key_id>", "DELETE", mine.revoke_my_key, admin=False),
+    Route("/usage/series", "GET", summary.usage_series, query=True),
+    Route("/usage/summary", "GET", summary.usage_summary, query=True),
+    Route("/audit/export", "GET", summary.audit_export, query=True),
 )
 
 
