@@ -284,6 +284,9 @@ def _console() -> dict[str, Any]:
             "Per endpoint calls, error rate and p95; top tools; denials by reason; the usage "
             "outbox backlog", "200", summary, query=["since", "until"])},
         "/api/v1/audit/export": {"get": export},
+        "/api/v1/audit/{record_id}": {"get": _op("One audit record, by the id /api/v1/audit "
+                                                 "gives", "200", {"type": "object"},
+                                                 params=["record_id"])},
     }
 
 

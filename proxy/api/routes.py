@@ -47,6 +47,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/usage/series", "GET", summary.usage_series, query=True),
     Route("/usage/summary", "GET", summary.usage_summary, query=True),
     Route("/audit/export", "GET", summary.audit_export, query=True),
+    Route("/audit/<record_id>", "GET", summary.audit_record),
 )
 
 

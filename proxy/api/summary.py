@@ -22,7 +22,7 @@ from proxy.api.caller import Caller
 from proxy.api.context import Api
 from proxy.audit import summary as aggregates
 from proxy.audit.database import _COLUMNS
-from proxy.errors import Invalid
+from proxy.errors import Invalid, NotFound
 
 HOUR_S = 3600
 EXPORT_PAGE = 500
@@ -126,3 +126,12 @@ def _cell(value: Any) -> Any:
     if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
         return "'" + value
     return "" if value is None else value
+
+
+async def audit_record(who: Caller, api: Api, record_id: str) -> Response:
+    found = None
+    if re.fullmatch(r"[0-9]{1,18}", record_id):
+        found = await asyncio.to_thread(aggregates.record, api.database, int(record_id))
+    if found is None:
+        raise NotFound(f"audit record '{record_id}' not found")
+    return json_response(found)

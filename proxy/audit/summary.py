@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy import db
-from proxy.audit.database import _read
+from proxy.audit.database import _COLUMNS, _read
 
 # latency histogram bounds in ms: a p95 is reported as the bound its bucket ends at
 BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
@@ -90,3 +90,11 @@ def summary(target: db.Target, *, since: float, until: float | None = None,
             "denials": [{"policy": (r or "").split(":", 1)[0], "reason": r or "", "calls": int(n)}
                         for r, n in denials],
             "outbox_backlog": int(backlog[0][0])}
+
+
+def record(target: db.Target, record_id: int) -> dict[str, Any] | None:
+    """One audit record by its id (as /api/v1/audit gives it)."""
+    columns = ("id", *_COLUMNS)
+    rows = _read(target, f"SELECT {', '.join(columns)} FROM audit WHERE id = ?",
+                 (record_id,)) or []
+    return dict(zip(columns, rows[0])) if rows else None
