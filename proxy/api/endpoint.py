@@ -13,8 +13,8 @@ from quart import Response, request
 
 from proxy.api.caller import Caller, authenticate
 from proxy.api.context import Api, current
-from proxy.edge.routes import nul_in_body
 from proxy.audit.record import AuditRecord
+from proxy.edge.routes import nul_in_body
 from proxy.errors import GatewayError, Invalid, NotPermitted
 
 Handler = Callable[..., Awaitable[Response]]

@@ -59,7 +59,8 @@ def _mine(user: User, key: api_keys.ApiKey) -> dict[str, Any] | None:
 
 async def my_keys(who: Caller, api: Api) -> Response:
     user = await person(who, api)
-    found = await asyncio.to_thread(api_keys.list_keys, api.database)
+    found = await asyncio.to_thread(lambda: api_keys.list_keys(
+        api.database, name_prefix=owned(user.id, "")))
     return json_response({"items": [KeyOut(**k) for k in (_mine(user, key) for key in found)
                                     if k is not None],
                           "endpoints": await usable(api, user)})

@@ -58,6 +58,7 @@ QUERY: dict[str, dict[str, Any]] = {
     "since": TIME,
     "until": TIME,
     "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+    "offset": {"type": "integer", "minimum": 0, "default": 0},
     "bucket_s": {"type": "integer", "minimum": 1, "maximum": 86400, "default": 60},
     "format": {"type": "string", "enum": ["csv", "jsonl"], "default": "csv"},
 }
@@ -194,7 +195,9 @@ def _servers_and_keys() -> dict[str, Any]:
             "delete": _op("Remove a server no live API key names", "204", None,
                           params=["name"], conflict=True, precondition=True)},
         "/api/v1/keys": {
-            "get": _op("List API keys (never their secrets)", "200", _list_of(KeyOut)),
+            "get": _op("List API keys (never their secrets), oldest first; a page of them "
+                       "with limit and offset", "200", _list_of(KeyOut),
+                       query=["limit", "offset"]),
             "post": _op("Create an API key; the secret is shown once", "201",
                         _ref(KeyCreated), KeyIn)},
         "/api/v1/keys/{key_id}": {
@@ -247,7 +250,8 @@ def _console() -> dict[str, Any]:
               "properties": {"items": {"type": "array", "items": {
                   "type": "object", "properties": {"start": {"type": "number"}, **counts}}},
                   "since": {"type": "number"}, "until": {"type": "number"},
-                  "bucket_s": {"type": "integer"}}}
+                  "offset": {"type": "integer", "minimum": 0, "default": 0},
+    "bucket_s": {"type": "integer"}}}
     endpoint = {"type": "object", "properties": {
         "endpoint": {"type": "string"}, "calls": {"type": "integer"}, **counts,
         "error_rate": {"type": "number"},

@@ -19,7 +19,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/servers/<name>", "PUT", servers.put_server),
     Route("/servers/<name>", "PATCH", servers.patch_server),
     Route("/servers/<name>", "DELETE", servers.delete_server),
-    Route("/keys", "GET", keys.keys),
+    Route("/keys", "GET", keys.keys, query=True),
     Route("/keys", "POST", keys.create_key),
     Route("/keys/<key_id>", "GET", keys.key),
     Route("/keys/<key_id>", "PUT", keys.put_key),

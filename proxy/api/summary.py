@@ -25,6 +25,7 @@ from proxy.audit.database import _COLUMNS
 from proxy.errors import Invalid, NotFound
 
 HOUR_S = 3600
+
 EXPORT_PAGE = 500
 EXPORT_MAX = 100_000  # records in one export: narrow the filters for more
 FORMATS = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson"}
@@ -52,9 +53,9 @@ async def usage_series(who: Caller, api: Api) -> Response:
                          f"{aggregates.MAX_BUCKETS} buckets", "type": "value_error"})
     if problems:
         raise Invalid(problems)
-    items = await asyncio.to_thread(aggregates.series, api.database, since=since, until=until,
-                                    bucket_s=bucket_s, endpoint=args.get("endpoint"),
-                                    principal=args.get("principal"))
+    items = await api.aggregate(aggregates.series, since=since, until=until,
+                            bucket_s=bucket_s, endpoint=args.get("endpoint"),
+                            principal=args.get("principal"))
     return json_response({"items": items, "since": since, "until": until,
                           "bucket_s": bucket_s})
 
@@ -65,8 +66,7 @@ async def usage_summary(who: Caller, api: Api) -> Response:
     if problems:
         raise Invalid(problems)
     since = times["since"] if times["since"] is not None else time.time() - HOUR_S
-    body = await asyncio.to_thread(aggregates.summary, api.database, since=since,
-                                   until=times["until"])
+    body = await api.aggregate(aggregates.summary, since=since, until=times["until"])
     return json_response(body)
 
 

@@ -18,12 +18,19 @@ from proxy.people.signin import Web
 
 AUDIT_FILTERS = ("status", "endpoint", "principal", "tool", "since", "until")
 PERIODS = {"hour": 3600, "day": 86400, "week": 7 * 86400}
+KEYS_PAGE = 100
 ACCESS_LISTS = ("allow_subjects", "allow_groups", "allow_scopes", "allow_keys",
                 "tools_allow", "tools_deny")
 
 
+def _minute() -> float:
+    """The end of this minute: periods end there, so that the API's aggregate of a query
+    (cached for seconds) serves every reload within the minute."""
+    return float((int(time.time()) // 60 + 1) * 60)
+
+
 async def overview(web: Web, user: User) -> Response:
-    now = time.time()
+    now = _minute()
     hour = await call(web, "GET", "/usage/summary", params={"since": f"{now - 3600:.3f}"})
     day = await call(web, "GET", "/usage/summary", params={"since": f"{now - 86400:.3f}"})
     series = await call(web, "GET", "/usage/series", params={
@@ -80,12 +87,20 @@ async def delete_server(web: Web, user: User, name: str) -> Response:
     return await after(answer, user, "/console/servers", "deleted")
 
 
-async def keys(web: Web, user: User) -> Response:
-    found = await call(web, "GET", "/keys")
+async def keys(web: Web, user: User, created: dict[str, Any] | None = None,
+               status: int = 200) -> Response:
+    offset = request.args.get("offset", "0")
+    offset = offset if offset.isdigit() and len(offset) < 10 else "0"
+    found = await call(web, "GET", "/keys", params={"limit": str(KEYS_PAGE + 1),
+                                                    "offset": offset})
     names = await call(web, "GET", "/servers")
-    return await render("keys.html", user, keys=found.body.get("items", []) if found.ok else [],
+    items = found.body.get("items", []) if found.ok else []
+    at = int(offset)
+    return await render("keys.html", user, status, keys=items[:KEYS_PAGE],
                         endpoints=[s["name"] for s in names.body.get("items", [])]
-                        if names.ok else [], created=None, action="/console/keys")
+                        if names.ok else [], created=created, action="/console/keys",
+                        newer=str(max(0, at - KEYS_PAGE)) if at else None,
+                        older=str(at + KEYS_PAGE) if len(items) > KEYS_PAGE else None)
 
 
 def key_body(form: Any, admin: bool) -> dict[str, Any]:
@@ -105,11 +120,7 @@ async def create_key(web: Web, user: User) -> Response:
     answer = await call(web, "POST", "/keys", json=key_body(await request.form, True))
     if not answer.ok:
         return await after(answer, user, "/console/keys", "created")
-    found = await call(web, "GET", "/keys")
-    names = await call(web, "GET", "/servers")
-    return await render("keys.html", user, 201, keys=found.body.get("items", []),
-                        endpoints=[s["name"] for s in names.body.get("items", [])],
-                        created=answer.body, action="/console/keys")
+    return await keys(web, user, answer.body, 201)
 
 
 async def revoke_key(web: Web, user: User, key_id: str) -> Response:
@@ -183,7 +194,7 @@ async def audit_record(web: Web, user: User, record_id: int) -> Response:
 async def usage(web: Web, user: User) -> Response:
     period = request.args.get("period", "day")
     span = PERIODS.get(period, PERIODS["day"])
-    now = time.time()
+    now = _minute()
     params = {"since": f"{now - span:.3f}"}
     for key in ("endpoint", "principal"):
         if request.args.get(key):

@@ -18,8 +18,8 @@ def stacked(buckets: list[dict[str, Any]], bucket_s: int) -> Markup:
         return Markup("<p>No data.</p>")
     top = max(1, max(sum(b[s] for s in STATUSES) for b in buckets))
     step = (WIDTH - 2 * PAD) / len(buckets)
-    parts = [f"<svg class='chart' viewBox='0 0 {WIDTH} {HEIGHT + PAD}' role='img' "
-             f"aria-label='calls per {bucket_s} seconds, by status; highest {top}'>",
+    parts = [(f"<svg class='chart' viewBox='0 0 {WIDTH} {HEIGHT + PAD}' role='img' "
+             f"aria-label='calls per {bucket_s} seconds, by status; highest {top}'>"),
              f"<text class='axis' x='{PAD}' y='12'>{top}</text>",
              f"<line class='base' x1='{PAD}' y1='{HEIGHT}' x2='{WIDTH - PAD}' y2='{HEIGHT}'/>"]
     for i, b in enumerate(buckets):
@@ -46,8 +46,8 @@ def bars(rows: list[tuple[str, int]]) -> Markup:
         return Markup("<p>No calls in this period.</p>")
     top = max(1, max(n for _, n in rows))
     line = 22
-    parts = [f"<svg class='chart' viewBox='0 0 {WIDTH} {line * len(rows) + 4}' role='img' "
-             "aria-label='busiest tools'>"]
+    parts = [(f"<svg class='chart' viewBox='0 0 {WIDTH} {line * len(rows) + 4}' role='img' "
+             "aria-label='busiest tools'>")]
     for i, (label, n) in enumerate(rows):
         w = (WIDTH - 300) * n / top
         y = i * line + 2

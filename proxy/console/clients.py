@@ -18,9 +18,9 @@ def configs(name: str, url: str) -> list[tuple[str, str, str]]:
     auth = {"Authorization": f"Bearer {KEY}"}
     return [
         ("Claude Code", "a shell",
-         f"claude mcp add --transport http {name} {url}\n"
+         (f"claude mcp add --transport http {name} {url}\n"
          f"# with an API key:\nclaude mcp add --transport http {name} {url} "
-         f"--header \"Authorization: Bearer {KEY}\""),
+         f"--header \"Authorization: Bearer {KEY}\"")),
         ("Claude Desktop", "claude_desktop_config.json",
          _json({"mcpServers": {name: {"command": "npx", "args": ["-y", "mcp-remote", url]}}})),
         ("VS Code", ".vscode/mcp.json",
@@ -28,7 +28,7 @@ def configs(name: str, url: str) -> list[tuple[str, str, str]]:
         ("Cursor", "~/.cursor/mcp.json",
          _json({"mcpServers": {name: {"url": url, "headers": auth}}})),
         ("MCP Inspector", "a shell",
-         f"npx @modelcontextprotocol/inspector\n# Transport: Streamable HTTP, URL: {url}\n"
+         (f"npx @modelcontextprotocol/inspector\n# Transport: Streamable HTTP, URL: {url}\n"
          f"npx @modelcontextprotocol/inspector --cli {url} --transport http "
-         f"--method tools/list --header \"Authorization: Bearer {KEY}\""),
+         f"--method tools/list --header \"Authorization: Bearer {KEY}\"")),
     ]

@@ -12,6 +12,8 @@ from proxy.console.render import after, render
 from proxy.people.accounts import User
 from proxy.people.signin import Web
 
+CONNECT_PAGE = 10
+
 
 async def home(web: Web, user: User) -> Response:
     keys = await call(web, "GET", "/me/keys")
@@ -52,8 +54,16 @@ async def revoke_my_key(web: Web, user: User, key_id: str) -> Response:
 
 
 async def connect_client(web: Web, user: User) -> Response:
+    """Every endpoint the person may use, a page of CONNECT_PAGE at a time (by name)."""
     answer = await call(web, "GET", "/me/keys")
     names = answer.body.get("endpoints", []) if answer.ok else []
+    shown = request.args.get("endpoint")
+    if shown in names:
+        names = [shown]
+    page = request.args.get("page", "1")
+    at = int(page) - 1 if page.isdigit() and 0 < len(page) < 7 and int(page) > 0 else 0
     endpoints = [(name, f"{web.public_url}/mcp/{name}",
-                  clients.configs(name, f"{web.public_url}/mcp/{name}")) for name in names]
-    return await render("connect.html", user, endpoints=endpoints)
+                  clients.configs(name, f"{web.public_url}/mcp/{name}"))
+                 for name in names[at * CONNECT_PAGE:(at + 1) * CONNECT_PAGE]]
+    return await render("connect.html", user, endpoints=endpoints, page=at + 1,
+                        more=len(names) > (at + 1) * CONNECT_PAGE, total=len(names))

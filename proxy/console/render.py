@@ -31,7 +31,7 @@ async def after(answer: Answer, user: User, back: str, done: str) -> Response:
     """A change's answer: back to `back` with a notice, or the API's reason."""
     if answer.ok:
         return see_other(f"{back}?done={done}")
-    return await render("message.html", user, answer.status if answer.status >= 400 else 400,
+    return await render("message.html", user, max(answer.status, 400),
                         title="Not done", message=answer.detail, back=back)
 
 
