@@ -13,7 +13,7 @@ from quart import Response, request
 
 from proxy.api.caller import Caller, authenticate
 from proxy.api.context import Api, current
-from proxy.audit.record import AuditRecord
+from proxy.audit.record import AuditRecord, AuditSink
 from proxy.edge.routes import nul_in_body
 from proxy.errors import GatewayError, Invalid, NotPermitted
 
@@ -55,14 +55,26 @@ async def _serve(route: Route, api: Api, path: dict[str, Any]) -> Response:
         who: Caller = await authenticate(api, admin=route.admin, changes=False)
         await refuse_nul(path, route.query)
         return await route.handler(who, api, **path)
-    record = AuditRecord(endpoint=AUDIT_ENDPOINT, method=f"{request.method} {request.path}"[:300])
-    try:
+
+    async def change(record: AuditRecord) -> Response:
         who = await authenticate(api, admin=False, changes=True)
         record.principal = f"{who.issuer}|{who.subject}"  # a refused person is named too
         if route.admin and not who.admin:
             raise NotPermitted("administrators only")
         await refuse_nul(path, route.query)
-        response = await route.handler(who, api, **path)
+        return await route.handler(who, api, **path)
+
+    return await audited(api.audit, change)
+
+
+async def audited(sink: AuditSink | None, change: Callable[[AuditRecord], Awaitable[Response]]
+                  ) -> Response:
+    """A change through /api/v1, and its one audit record (`change` names the principal on
+    it once known), durable before the answer, as at the MCP edge."""
+    record = AuditRecord(endpoint=AUDIT_ENDPOINT,
+                         method=f"{request.method} {request.path}"[:300])
+    try:
+        response = await change(record)
     except GatewayError as exc:
         record.http_status = exc.wire_status
         if exc.wire_status in (401, 403, 429):
@@ -78,8 +90,8 @@ async def _serve(route: Route, api: Api, path: dict[str, Any]) -> Response:
         return response
     finally:
         record.note = f"HTTP {record.http_status}"
-        if api.audit is not None:
-            await api.audit.write(record)  # durable before the answer, as at the MCP edge
+        if sink is not None:
+            await sink.write(record)
 
 
 async def refuse_nul(path: dict[str, Any], query: bool) -> None:

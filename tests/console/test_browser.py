@@ -19,6 +19,7 @@ import orjson
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
 
+from proxy.audit import query
 from proxy.demo import demo_app
 from proxy.people.accounts import Accounts
 from tests.conftest import MCP_HEADERS
@@ -200,3 +201,7 @@ def _person(v: Visit, w: Any) -> None:
     text = v.text()
     assert f"{w.outer}/mcp/gh" in text and "Claude Code" in text and "Cursor" in text
     v.keep("connect-a-client")
+    changes = {(r["method"], r["status"]): r["principal"]
+               for r in query(w.outer_db, endpoint="/api/v1", limit=100)}
+    assert changes[("DELETE /api/v1/me/connections/gh", "ok")] == "tollhouse:local|local:alice"
+    assert changes[("POST /api/v1/me/keys", "ok")] == "tollhouse:local|local:alice"
