@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from quart import Blueprint, Quart, Response, current_app, request
@@ -46,6 +47,15 @@ async def _headers(response: Response) -> Response:
         request.path.startswith("/console/") else response
 
 
+def _named(view: Callable[..., Awaitable[Response]], name: str
+           ) -> Callable[..., Awaitable[Response]]:
+    async def named(web: Web, user: User, **path: Any) -> Response:
+        return await view(web, user, **path)
+
+    named.__name__ = name
+    return named
+
+
 # (rule, method, view, administrators only)
 PAGES: tuple[tuple[str, str, Callable[..., Awaitable[Response]], bool], ...] = (
     ("/", "GET", _home, False),
@@ -55,8 +65,10 @@ PAGES: tuple[tuple[str, str, Callable[..., Awaitable[Response]], bool], ...] = (
     ("/servers/<name>", "POST", admin.change_server, True),
     ("/servers/<name>/delete", "POST", admin.delete_server, True),
     ("/keys", "GET", admin.keys, True),
-    ("/keys", "POST", admin.create_key, True),
-    ("/keys/<key_id>/revoke", "POST", admin.revoke_key, True),
+    ("/keys", "POST", _named(partial(admin.make_key, api_path="/keys", admin=True,
+                                     listing=admin.keys), "create_key"), True),
+    ("/keys/<key_id>/revoke", "POST",
+     _named(partial(admin.revoke_at, api_path="/keys"), "revoke_key"), True),
     ("/users", "GET", admin.users, True),
     ("/users", "POST", admin.create_user, True),
     ("/users/<name>", "POST", admin.change_user, True),
@@ -69,8 +81,10 @@ PAGES: tuple[tuple[str, str, Callable[..., Awaitable[Response]], bool], ...] = (
     ("/me/connections", "GET", mine.connections, False),
     ("/me/connections/<upstream>/disconnect", "POST", mine.disconnect, False),
     ("/me/keys", "GET", mine.my_keys, False),
-    ("/me/keys", "POST", mine.create_my_key, False),
-    ("/me/keys/<key_id>/revoke", "POST", mine.revoke_my_key, False),
+    ("/me/keys", "POST", _named(partial(admin.make_key, api_path="/me/keys", admin=False,
+                                        listing=mine.my_keys), "create_my_key"), False),
+    ("/me/keys/<key_id>/revoke", "POST",
+     _named(partial(admin.revoke_at, api_path="/me/keys"), "revoke_my_key"), False),
     ("/me/connect", "GET", mine.connect_client, False),
 )
 

@@ -4,6 +4,7 @@ Every figure comes from /api/v1 (proxy.console.api), every change goes to it."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -116,16 +117,18 @@ def key_body(form: Any, admin: bool) -> dict[str, Any]:
     return body
 
 
-async def create_key(web: Web, user: User) -> Response:
-    answer = await call(web, "POST", "/keys", json=key_body(await request.form, True))
+async def make_key(web: Web, user: User, api_path: str, admin: bool,
+                   listing: Callable[..., Awaitable[Response]]) -> Response:
+    """A key made through `api_path` (/keys or /me/keys): its secret on the key list, once."""
+    answer = await call(web, "POST", api_path, json=key_body(await request.form, admin))
     if not answer.ok:
-        return await after(answer, user, "/console/keys", "created")
-    return await keys(web, user, answer.body, 201)
+        return await after(answer, user, f"/console{api_path}", "created")
+    return await listing(web, user, answer.body, 201)
 
 
-async def revoke_key(web: Web, user: User, key_id: str) -> Response:
-    answer = await call(web, "DELETE", f"/keys/{key_id}")
-    return await after(answer, user, "/console/keys", "revoked")
+async def revoke_at(web: Web, user: User, api_path: str, key_id: str) -> Response:
+    answer = await call(web, "DELETE", f"{api_path}/{key_id}")
+    return await after(answer, user, f"/console{api_path}", "revoked")
 
 
 async def users(web: Web, user: User) -> Response:

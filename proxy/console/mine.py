@@ -6,7 +6,6 @@ from __future__ import annotations
 from quart import Response, request
 
 from proxy.console import clients
-from proxy.console.admin import key_body
 from proxy.console.api import call
 from proxy.console.render import after, render
 from proxy.people.accounts import User
@@ -39,18 +38,6 @@ async def my_keys(web: Web, user: User, created: dict[str, object] | None = None
     return await render("keys.html", user, status, keys=body.get("items", []),
                         endpoints=body.get("endpoints", []), created=created,
                         action="/console/me/keys", own=True)
-
-
-async def create_my_key(web: Web, user: User) -> Response:
-    answer = await call(web, "POST", "/me/keys", json=key_body(await request.form, False))
-    if not answer.ok:
-        return await after(answer, user, "/console/me/keys", "created")
-    return await my_keys(web, user, answer.body, 201)
-
-
-async def revoke_my_key(web: Web, user: User, key_id: str) -> Response:
-    answer = await call(web, "DELETE", f"/me/keys/{key_id}")
-    return await after(answer, user, "/console/me/keys", "revoked")
 
 
 async def connect_client(web: Web, user: User) -> Response:
