@@ -20,6 +20,7 @@ from proxy.people.signin import Web
 AUDIT_FILTERS = ("status", "endpoint", "principal", "tool", "since", "until")
 PERIODS = {"hour": 3600, "day": 86400, "week": 7 * 86400}
 KEYS_PAGE = 100
+OVERVIEW_ROWS = 50  # the busiest endpoints of the day; the usage page has the rest
 ACCESS_LISTS = ("allow_subjects", "allow_groups", "allow_scopes", "allow_keys",
                 "tools_allow", "tools_deny")
 
@@ -40,7 +41,10 @@ async def overview(web: Web, user: User) -> Response:
         bad = next(a for a in (hour, day, series) if not a.ok)
         return await render("message.html", user, bad.status, title="Overview unavailable",
                             message=bad.detail)
-    return await render("overview.html", user, hour=hour.body, day=day.body,
+    by_hour = {e["endpoint"]: e for e in hour.body["endpoints"]}
+    rows = [(e, by_hour.get(e["endpoint"])) for e in day.body["endpoints"][:OVERVIEW_ROWS]]
+    return await render("overview.html", user, day=day.body, rows=rows,
+                        more=max(0, len(day.body["endpoints"]) - OVERVIEW_ROWS),
                         chart=charts.stacked(series.body["items"], series.body["bucket_s"]))
 
 
