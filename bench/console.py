@@ -77,7 +77,7 @@ def seed(url: str, audit: int, servers: int, keys: int) -> None:
     database.close()
 
 
-async def measure(url: str, runs: int) -> list[tuple[str, int, float, float]]:
+async def measure(url: str, runs: int) -> list[tuple[str, int, float, float, float]]:
     public = "http://console.bench"
     cfg = from_dict({"server": {"public_url": public}, "auth": {"mode": "none"},
                      "database": {"url": url}, "observability": {"metrics": False},
@@ -100,8 +100,9 @@ async def measure(url: str, runs: int) -> list[tuple[str, int, float, float]]:
                 times.append((time.perf_counter() - began) * 1000)
                 assert response.status_code == 200, (path, response.status_code, body[:300])
                 size = len(body)
+            first = times[0]  # the aggregates' cache (15 s) is cold for it
             times.sort()
-            out.append((path, size, statistics.median(times),
+            out.append((path, size, first, statistics.median(times),
                         times[max(0, int(len(times) * 0.95) - 1)]))
     return out
 
@@ -122,9 +123,9 @@ def main() -> int:
     rows: list[Any] = asyncio.run(measure(url, args.runs))
     print(f"\n{args.audit:,} audit records, {args.servers} servers, {args.keys:,} keys; "
           f"{args.runs} renders per page\n")
-    print("| page | HTML | p50 ms | p95 ms |\n|---|---:|---:|---:|")
-    for path, size, p50, p95 in rows:
-        print(f"| `{path}` | {size / 1024:.1f} KB | {p50:.1f} | {p95:.1f} |")
+    print("| page | HTML | first ms | p50 ms | p95 ms |\n|---|---:|---:|---:|---:|")
+    for path, size, first, p50, p95 in rows:
+        print(f"| `{path}` | {size / 1024:.1f} KB | {first:.1f} | {p50:.1f} | {p95:.1f} |")
     return 0
 
 

@@ -14,6 +14,7 @@ from quart import Response, request
 from proxy.api.caller import Caller, authenticate
 from proxy.api.context import Api, current
 from proxy.audit.record import AuditRecord, AuditSink
+from proxy.audit.summary import MANAGEMENT
 from proxy.edge.routes import nul_in_body
 from proxy.errors import GatewayError, Invalid, NotPermitted
 
@@ -23,7 +24,7 @@ READS = frozenset({"GET", "HEAD", "OPTIONS"})  # not changes: no Origin/Referer 
 # every change through /api/v1 is audited once: this endpoint, `<METHOD> <path>` as the
 # method, the caller's `issuer|subject` as principal (blank when unauthenticated), the HTTP
 # status in `note` (a server's name never holds a slash, so no MCP endpoint is this one)
-AUDIT_ENDPOINT = "/api/v1"
+AUDIT_ENDPOINT = MANAGEMENT
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from proxy.audit.database import _COLUMNS, _read
 # latency histogram bounds in ms: a p95 is reported as the bound its bucket ends at
 BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 MAX_BUCKETS = 1000  # of a series
+MANAGEMENT = "/api/v1"  # the endpoint of the management API's own audit records
 
 
 def _where(since: float, until: float | None, endpoint: str | None,
@@ -23,6 +24,9 @@ def _where(since: float, until: float | None, endpoint: str | None,
         if value is not None:
             clauses.append(clause)
             args.append(value)
+    if endpoint is None:  # MCP traffic: the management API's changes only when asked for
+        clauses.append("endpoint <> ?")
+        args.append(MANAGEMENT)
     return " AND ".join(clauses), args
 
 
