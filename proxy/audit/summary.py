@@ -18,7 +18,8 @@ MANAGEMENT = "/api/v1"  # the endpoint of the management API's own audit records
 
 def _where(since: float, until: float | None, endpoint: str | None,
            principal: str | None) -> tuple[str, list[Any]]:
-    clauses, args = ["ts >= ?"], [since]
+    clauses: list[str] = ["ts >= ?"]
+    args: list[Any] = [since]
     for clause, value in (("ts < ?", until), ("endpoint = ?", endpoint),
                           ("principal = ?", principal)):
         if value is not None:

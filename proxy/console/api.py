@@ -50,7 +50,8 @@ async def call(web: Web, method: str, path: str, *, json: Any = None,
     content = orjson.dumps(json) if json is not None else None
     if content is not None:
         headers["Content-Type"] = "application/json"
-    transport = httpx.ASGITransport(app=current_app, client=(request.remote_addr or
+    app: Any = current_app  # Quart's typed ASGI signature is narrower than httpx's
+    transport = httpx.ASGITransport(app=app, client=(request.remote_addr or
                                                             "127.0.0.1", 0))
     if cookie:
         headers["Cookie"] = f"{COOKIE}={cookie}"
