@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import orjson
-from selenium.webdriver.support.expected_conditions import staleness_of
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.support.ui import WebDriverWait
 
 from proxy.audit import query
@@ -70,7 +70,11 @@ class Visit:
         """Click, and wait for the page it leads to (a click does not wait for a load)."""
         html = self.driver.find_element("tag name", "html")
         element.click()
-        WebDriverWait(self.driver, 20).until(staleness_of(html))
+        # mid-navigation Chromium may answer "node does not belong to the document" rather
+        # than "stale": either means the old page is gone
+        wait = WebDriverWait(self.driver, 20, ignored_exceptions=(WebDriverException,))
+        wait.until(_gone(html))
+        wait.until(lambda d: d.execute_script("return document.readyState") == "complete")
 
     def keep(self, name: str) -> None:
         """The page's screenshot, and its axe-core check."""
@@ -80,6 +84,17 @@ class Visit:
 
     def cookies(self) -> dict[str, str]:
         return {c["name"]: c["value"] for c in self.driver.get_cookies()}
+
+
+def _gone(element: Any) -> Any:
+    def check(driver: Any) -> bool:
+        try:
+            element.is_enabled()
+        except WebDriverException:
+            return True
+        return False
+
+    return check
 
 
 def edge_tools(base: str, key: str, endpoint: str) -> httpx.Response:
