@@ -27,7 +27,7 @@ from policies.access import Access
 from policies.guardrails import Hidden
 from policies.guardrails.pinning import Pins
 from policies.metering import MeteringBackend
-from proxy import edge, metadata, reload
+from proxy import console, edge, metadata, reload
 from proxy.api import routes as api_routes
 from proxy.api.context import Api, provide
 from proxy.audit import AuditSink, DatabaseAuditSink
@@ -211,7 +211,7 @@ def _people(parts: Parts) -> None:
     """Sign-in, the OAuth server and per-user upstream connections, each when configured."""
     cfg, given, stores = parts.cfg, parts.given, parts.stores
     per_user = any(u.auth == "per_user" for u in cfg.upstreams)
-    if cfg.oauth_server.enabled or cfg.auth.oidc.enabled or per_user:
+    if cfg.oauth_server.enabled or cfg.auth.oidc.enabled or per_user or cfg.console.enabled:
         parts.web = parts.state.web = Web(
             Accounts(parts.database), stores.browser_sessions, stores.lockouts,
             cfg.server.public_url.rstrip("/"), given.clock, oidc_enabled=cfg.auth.oidc.enabled,
@@ -242,6 +242,8 @@ def _routes(app: Quart, parts: Parts) -> None:
             oauth_routes.register(app, parts.oauth, web)
         if parts.connections is not None:
             connect_routes.register(app, parts.connections, web)
+        if cfg.console.enabled:
+            console.register(app, web)
         if cfg.auth.oidc.enabled:
             from proxy.people import oidc
 

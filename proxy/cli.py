@@ -321,7 +321,10 @@ def _demo(args: argparse.Namespace) -> int:
         "upstreams": [{"name": "demo", "url": f"http://127.0.0.1:{demo_port}/mcp"}],
     })
     app = create_app(cfg)
+    password = _demo_admin(cfg.database.url)
     print(f"Tollhouse demo: MCP URL  http://127.0.0.1:{port}/mcp/demo", flush=True)
+    print(f"  web console: http://127.0.0.1:{port}/console/  (sign in as demo-admin"
+          + (f", one-time password {password})" if password else ")"), flush=True)
     print(f"  audit log: tollhouse audit --db {db}", flush=True)
     print("  Ctrl-C to stop", flush=True)
 
@@ -334,6 +337,24 @@ def _demo(args: argparse.Namespace) -> int:
 
     asyncio.run(run())
     return 0
+
+
+def _demo_admin(url: str) -> str | None:
+    """The demo's administrator for the web console, with a new random password printed once;
+    None when the demo database (--db) has one already (its password is the one printed then)."""
+    import secrets
+
+    from proxy.people.accounts import Accounts, UserExists
+
+    accounts = Accounts(url)
+    password = secrets.token_urlsafe(12)
+    try:
+        accounts.create_local("demo-admin", password, admin=True)
+    except UserExists:
+        return None
+    finally:
+        accounts.close()
+    return password
 
 
 def _db(args: argparse.Namespace) -> int:

@@ -373,6 +373,14 @@ class ObservabilityConfig:
 
 
 @dataclass(frozen=True)
+class ConsoleConfig:
+    """`[console]`: the web console at /console/ (README, "Web console"), behind the sign-in
+    pages, which it turns on."""
+
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -386,6 +394,7 @@ class Config:
     oauth_server: OAuthServerConfig = field(default_factory=OAuthServerConfig)
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     guardrails: list[GuardrailRule] = field(default_factory=list)
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
 
     def upstream(self, name: str) -> UpstreamConfig | None:
         return next((u for u in self.upstreams if u.name == name), None)

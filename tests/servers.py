@@ -38,9 +38,10 @@ async def serve(app: Any, *, graceful_timeout: float = 5.0,
 
 
 
-def bound_socket() -> tuple[socket.socket, str]:
-    """A loopback socket, bound and listening, and the base URL it will serve."""
+def bound_socket(host: str = "127.0.0.1") -> tuple[socket.socket, str]:
+    """A loopback socket, bound and listening, and the base URL it will serve. Another
+    loopback `host` (127.0.0.2) is another site to a browser: cookies are per host, not port."""
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, 0))
     sock.listen(128)
-    return sock, f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return sock, f"http://{host}:{sock.getsockname()[1]}"

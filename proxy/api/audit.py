@@ -61,7 +61,6 @@ async def usage_totals(who: Caller, api: Api) -> Response:
     if problems:
         raise Invalid(problems)
     since = times["since"] if times["since"] is not None else time.time() - DAY_S
-    rows = await asyncio.to_thread(usage_query, api.database, since=since,
-                                   until=times["until"], endpoint=args.get("endpoint"),
-                                   principal=args.get("principal"))
+    rows = await api.aggregate(usage_query, since=since, until=times["until"],
+                           endpoint=args.get("endpoint"), principal=args.get("principal"))
     return json_response({"items": rows, "since": since, "until": times["until"]})

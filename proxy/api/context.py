@@ -4,10 +4,12 @@ fetched by `current`, the one way a handler reaches it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from cachetools import TTLCache
 from quart import Quart, current_app
 
 from policies.guardrails.pinning import Pins
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from proxy.virtual.registry import Endpoints
 
 EXTENSION = "tollhouse.api"
+AGGREGATES_S = 15.0  # how stale an audit aggregate may be
 
 
 @dataclass
@@ -44,6 +47,20 @@ class Api:
     pin_store: DatabasePins | None = None
     audit: AuditSink | None = None
     endpoints: Endpoints | None = None  # the virtual endpoints (proxy.virtual.registry)
+    # the audit aggregates (/usage, /usage/series, /usage/summary) by query, for AGGREGATES_S:
+    # a chart or the overview reloaded within that time reads no table again
+    aggregates: TTLCache[Any, Any] = field(
+        default_factory=lambda: TTLCache(maxsize=256, ttl=AGGREGATES_S))
+
+    async def aggregate(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        """`fn(database, **kwargs)` in a worker thread, or its answer of the last
+        AGGREGATES_S."""
+        key = (fn.__name__, tuple(sorted(kwargs.items())))
+        found = self.aggregates.get(key)
+        if found is None:
+            found = self.aggregates[key] = await asyncio.to_thread(
+                lambda: fn(self.database, **kwargs))
+        return found
 
 
 def provide(app: Quart, api: Api) -> None:

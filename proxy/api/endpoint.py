@@ -13,12 +13,18 @@ from quart import Response, request
 
 from proxy.api.caller import Caller, authenticate
 from proxy.api.context import Api, current
+from proxy.audit.record import AuditRecord, AuditSink
+from proxy.audit.summary import MANAGEMENT
 from proxy.edge.routes import nul_in_body
-from proxy.errors import Invalid
+from proxy.errors import GatewayError, Invalid, NotPermitted
 
 Handler = Callable[..., Awaitable[Response]]
 View = Handler  # what Quart serves: the same shape
 READS = frozenset({"GET", "HEAD", "OPTIONS"})  # not changes: no Origin/Referer check
+# every change through /api/v1 is audited once: this endpoint, `<METHOD> <path>` as the
+# method, the caller's `issuer|subject` as principal (blank when unauthenticated), the HTTP
+# status in `note` (a server's name never holds a slash, so no MCP endpoint is this one)
+AUDIT_ENDPOINT = MANAGEMENT
 
 
 @dataclass(frozen=True)
@@ -46,10 +52,47 @@ def view(route: Route) -> View:
 
 
 async def _serve(route: Route, api: Api, path: dict[str, Any]) -> Response:
-    who: Caller = await authenticate(api, admin=route.admin,
-                                     changes=request.method not in READS)
-    await refuse_nul(path, route.query)
-    return await route.handler(who, api, **path)
+    if request.method in READS:
+        who: Caller = await authenticate(api, admin=route.admin, changes=False)
+        await refuse_nul(path, route.query)
+        return await route.handler(who, api, **path)
+
+    async def change(record: AuditRecord) -> Response:
+        who = await authenticate(api, admin=False, changes=True)
+        record.principal = f"{who.issuer}|{who.subject}"  # a refused person is named too
+        if route.admin and not who.admin:
+            raise NotPermitted("administrators only")
+        await refuse_nul(path, route.query)
+        return await route.handler(who, api, **path)
+
+    return await audited(api.audit, change)
+
+
+async def audited(sink: AuditSink | None, change: Callable[[AuditRecord], Awaitable[Response]]
+                  ) -> Response:
+    """A change through /api/v1, and its one audit record (`change` names the principal on
+    it once known), durable before the answer, as at the MCP edge."""
+    record = AuditRecord(endpoint=AUDIT_ENDPOINT,
+                         method=f"{request.method} {request.path}"[:300])
+    try:
+        response = await change(record)
+    except GatewayError as exc:
+        record.http_status = exc.wire_status
+        if exc.wire_status in (401, 403, 429):
+            record.status, record.denied_reason = "denied", f"api: HTTP {exc.wire_status}"
+        else:
+            record.status, record.error_message = "error", f"api: HTTP {exc.wire_status}"
+        raise
+    except BaseException:
+        record.status, record.http_status, record.error_message = "error", 500, "api: HTTP 500"
+        raise
+    else:
+        record.http_status = response.status_code
+        return response
+    finally:
+        record.note = f"HTTP {record.http_status}"
+        if sink is not None:
+            await sink.write(record)
 
 
 async def refuse_nul(path: dict[str, Any], query: bool) -> None:

@@ -8,14 +8,15 @@ import asyncio
 import re
 from typing import Any
 
-from quart import Response
+from quart import Response, request
 
+from proxy.api import query
 from proxy.api.bodies import Check, Problems, json_response, read, same_as_path
 from proxy.api.caller import Caller
 from proxy.api.context import Api
 from proxy.api.models import KEY_ID, KeyCreated, KeyIn, KeyOut, KeyPatch, KeyPut
 from proxy.auth import keys as api_keys
-from proxy.errors import Conflict, NotFound
+from proxy.errors import Conflict, Invalid, NotFound
 
 
 def _key_id(key_id: str) -> str:
@@ -52,7 +53,17 @@ async def _change_key(api: Api, key_id: str, changes: dict[str, Any]) -> Respons
 
 
 async def keys(who: Caller, api: Api) -> Response:
-    found = await asyncio.to_thread(api_keys.list_keys, api.database)
+    """Every key, or with `limit` (and `offset`) a page of them, oldest first."""
+    problems: Problems = []
+    size = query.limit(request.args["limit"], problems) if "limit" in request.args else None
+    offset = request.args.get("offset", "0")
+    if not re.fullmatch(r"[0-9]{1,9}", offset):
+        problems.append({"loc": ["query", "offset"], "msg": "must be a whole number from 0",
+                         "type": "value_error"})
+    if problems:
+        raise Invalid(problems)
+    found = await asyncio.to_thread(lambda: api_keys.list_keys(api.database, limit=size,
+                                                               offset=int(offset)))
     return json_response({"items": [KeyOut(**k.public()) for k in found]})
 
 

@@ -60,6 +60,9 @@ QUERY: dict[str, dict[str, Any]] = {
     "since": TIME,
     "until": TIME,
     "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+    "offset": {"type": "integer", "minimum": 0, "default": 0},
+    "bucket_s": {"type": "integer", "minimum": 1, "maximum": 86400, "default": 60},
+    "format": {"type": "string", "enum": ["csv", "jsonl"], "default": "csv"},
 }
 CONNECTIONS = "/api/v1/me/connections"  # served by proxy.connect with a per_user upstream
 CONNECTION_STATUSES = ["connected", "needs_reconnect", "not_connected"]
@@ -208,7 +211,9 @@ def _servers_and_keys() -> dict[str, Any]:
             "delete": _op("Remove a virtual endpoint", "204", None, params=["name"],
                           precondition=True)},
         "/api/v1/keys": {
-            "get": _op("List API keys (never their secrets)", "200", _list_of(KeyOut)),
+            "get": _op("List API keys (never their secrets), oldest first; a page of them "
+                       "with limit and offset", "200", _list_of(KeyOut),
+                       query=["limit", "offset"]),
             "post": _op("Create an API key; the secret is shown once", "201",
                         _ref(KeyCreated), KeyIn)},
         "/api/v1/keys/{key_id}": {
@@ -279,13 +284,64 @@ def _pins() -> dict[str, Any]:
     }
 
 
+def _console() -> dict[str, Any]:
+    """The routes the web console (proxy.console) reads and writes beside the others."""
+    counts = {s: {"type": "integer"} for s in ("ok", "denied", "error", "cancelled")}
+    series = {"type": "object", "required": ["items", "since", "until", "bucket_s"],
+              "properties": {"items": {"type": "array", "items": {
+                  "type": "object", "properties": {"start": {"type": "number"}, **counts}}},
+                  "since": {"type": "number"}, "until": {"type": "number"},
+                  "offset": {"type": "integer", "minimum": 0, "default": 0},
+    "bucket_s": {"type": "integer"}}}
+    endpoint = {"type": "object", "properties": {
+        "endpoint": {"type": "string"}, "calls": {"type": "integer"}, **counts,
+        "error_rate": {"type": "number"},
+        "p95_ms": {"type": ["number", "null"], "description": "the latency histogram bound "
+                                                               "(5 ms ... 30 s) the p95 is in"}}}
+    summary = {"type": "object", "required": ["endpoints", "tools", "denials",
+                                              "outbox_backlog"], "properties": {
+        "since": {"type": "number"}, "until": {"type": ["number", "null"]},
+        "endpoints": {"type": "array", "items": endpoint},
+        "tools": {"type": "array", "items": {"type": "object"}},
+        "denials": {"type": "array", "items": {"type": "object"}},
+        "outbox_backlog": {"type": "integer"}}}
+    mine = _list_of(KeyOut)
+    mine["properties"]["endpoints"] = {"type": "array", "items": {"type": "string"}}
+    export = _op("The filtered audit records, newest first, as CSV or JSON lines", "200", None,
+                 query=["status", "endpoint", "principal", "tool", "since", "until",
+                        "format"])
+    export["responses"]["200"] = {"description": "OK", "content": {
+        "text/csv": {"schema": {"type": "string"}},
+        "application/x-ndjson": {"schema": {"type": "string"}}}}
+    return {
+        "/api/v1/me/keys": {
+            "get": _op("The signed-in person's own API keys, and the endpoints they may use",
+                       "200", mine),
+            "post": _op("Create an API key of one's own for endpoints one may use; the secret "
+                        "is shown once", "201", _ref(KeyCreated), KeyIn)},
+        "/api/v1/me/keys/{key_id}": {
+            "delete": _op("Revoke one of one's own API keys", "204", None,
+                          params=["key_id"])},
+        "/api/v1/usage/series": {"get": _op(
+            "Calls per time bucket and status (the last hour unless since/until)", "200",
+            series, query=["since", "until", "bucket_s", "endpoint", "principal"])},
+        "/api/v1/usage/summary": {"get": _op(
+            "Per endpoint calls, error rate and p95; top tools; denials by reason; the usage "
+            "outbox backlog", "200", summary, query=["since", "until"])},
+        "/api/v1/audit/export": {"get": export},
+        "/api/v1/audit/{record_id}": {"get": _op("One audit record, by the id /api/v1/audit "
+                                                 "gives", "200", {"type": "object"},
+                                                 params=["record_id"])},
+    }
+
+
 @cache
 def document(*, connections: bool = False) -> dict[str, Any]:
     """The document of the routes served: `connections` when the app serves
     /api/v1/me/connections (proxy.connect, with a per_user upstream)."""
     schemas = _schemas()
     paths = {**_roles_and_me(), **_servers_and_keys(), **_users(), **_audit_and_usage(),
-             **_pins()}
+             **_pins(), **_console()}
     if connections:
         paths.update(_connections())
     return {"openapi": "3.1.0",

@@ -6,7 +6,19 @@ from __future__ import annotations
 
 from quart import Quart
 
-from proxy.api import audit, caller, endpoints, keys, openapi, pins, roles, servers, users
+from proxy.api import (
+    audit,
+    caller,
+    endpoints,
+    keys,
+    mine,
+    openapi,
+    pins,
+    roles,
+    servers,
+    summary,
+    users,
+)
 from proxy.api.endpoint import Route, view
 
 PREFIX = "/api/v1"
@@ -25,7 +37,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/endpoints/<name>", "PUT", endpoints.put_endpoint),
     Route("/endpoints/<name>", "PATCH", endpoints.patch_endpoint),
     Route("/endpoints/<name>", "DELETE", endpoints.delete_endpoint),
-    Route("/keys", "GET", keys.keys),
+    Route("/keys", "GET", keys.keys, query=True),
     Route("/keys", "POST", keys.create_key),
     Route("/keys/<key_id>", "GET", keys.key),
     Route("/keys/<key_id>", "PUT", keys.put_key),
@@ -48,6 +60,15 @@ ROUTES: tuple[Route, ...] = (
     Route("/pins", "GET", pins.pending),
     Route("/pins/<server>/<tool>/approve", "POST", pins.approve),
     Route("/pins/<server>/<tool>/reject", "POST", pins.reject),
+    # -- the web console's (proxy.console), for scripts as much: a person's own keys, the
+    # aggregates its charts read, and the audit export
+    Route("/me/keys", "GET", mine.my_keys, admin=False),
+    Route("/me/keys", "POST", mine.create_my_key, admin=False),
+    Route("/me/keys/<key_id>", "DELETE", mine.revoke_my_key, admin=False),
+    Route("/usage/series", "GET", summary.usage_series, query=True),
+    Route("/usage/summary", "GET", summary.usage_summary, query=True),
+    Route("/audit/export", "GET", summary.audit_export, query=True),
+    Route("/audit/<record_id>", "GET", summary.audit_record),
 )
 
 

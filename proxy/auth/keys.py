@@ -103,10 +103,20 @@ def create(target: db.Target, name: str, endpoints: list[str], role: str = "",
     return key, f"{PREFIX}{key_id}_{secret}"
 
 
-def list_keys(target: db.Target) -> list[ApiKey]:
+def list_keys(target: db.Target, *, name_prefix: str | None = None, limit: int | None = None,
+              offset: int = 0) -> list[ApiKey]:
+    """Oldest first; of the keys whose name starts with `name_prefix` if given, `limit` of
+    them from `offset` if given (a page)."""
+    where, args = "", []
+    if name_prefix is not None:
+        # not LIKE: a prefix may hold % or _; the name's first characters are compared
+        where, args = "WHERE substr(name, 1, ?) = ?", [len(name_prefix), name_prefix]
+    page = ""
+    if limit is not None:
+        page, args = " LIMIT ? OFFSET ?", [*args, limit, offset]
     with db.using(target) as database, database.transaction() as conn:
-        rows = conn.execute(database.sql(f"SELECT {_COLUMNS} FROM api_keys ORDER BY created_at"),
-                            ()).fetchall()
+        rows = conn.execute(database.sql(f"SELECT {_COLUMNS} FROM api_keys {where} "
+                                         f"ORDER BY created_at, id{page}"), args).fetchall()
     return [_row(r) for r in rows]
 
 

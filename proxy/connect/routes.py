@@ -12,6 +12,9 @@ from urllib.parse import urlencode
 import orjson
 from quart import Quart, Response, current_app, request
 
+from proxy.api.context import EXTENSION as API_EXTENSION
+from proxy.api.endpoint import audited
+from proxy.audit.record import AuditRecord
 from proxy.connect.manager import ConnectFailed, Connections
 from proxy.errors import GatewayError, NotFound, NotPermitted, NotSignedIn, StoreUnavailable
 from proxy.people.accounts import User
@@ -155,12 +158,18 @@ async def api_list() -> Response:
 
 async def api_disconnect(upstream: str) -> Response:
     here = current()
-    user, _ = await _signed_in(here)
-    if user is None:
-        raise NotSignedIn("not signed in")
-    if not here.web.same_origin(request.headers):
-        raise NotPermitted("a cookie-authenticated change must come from this gateway")
-    if upstream not in here.connections.upstreams:
-        raise NotFound(f"upstream '{upstream}' not found")
-    await here.connections.disconnect(upstream, user.principal().key)
-    return Response(b"", 204)
+
+    async def change(record: AuditRecord) -> Response:  # audited as every /api/v1 change
+        user, _ = await _signed_in(here)
+        if user is None:
+            raise NotSignedIn("not signed in")
+        record.principal = user.principal().key
+        if not here.web.same_origin(request.headers):
+            raise NotPermitted("a cookie-authenticated change must come from this gateway")
+        if upstream not in here.connections.upstreams:
+            raise NotFound(f"upstream '{upstream}' not found")
+        await here.connections.disconnect(upstream, user.principal().key)
+        return Response(b"", 204)
+
+    api = current_app.extensions.get(API_EXTENSION)
+    return await audited(api.audit if api is not None else None, change)

@@ -111,13 +111,20 @@ def safe_next(value: str | None) -> str:
 
 
 def page(title: str, body: str, status: int = 200) -> Response:
-    document = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-                f"</title></head><body><h1>{html.escape(title)}</h1>{body}</body></html>")
+    """A sign-in, consent or connect page, in the console's look (its one stylesheet,
+    proxy/console/static/console.css: no inline style)."""
+    document = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+                "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+                f"<title>{html.escape(title)}</title>"
+                "<link rel='stylesheet' href='/console/static/console.css'></head>"
+                "<body class='plain'><header class='top'><span class='brand'>Tollhouse</span>"
+                f"</header><main><h1>{html.escape(title)}</h1>{body}</main></body></html>")
     return Response(document, status, {"Content-Type": "text/html; charset=utf-8",
                                        "Cache-Control": "no-store",
                                        "X-Frame-Options": "DENY",
                                        "Content-Security-Policy": "default-src 'none'; "
-                                       "form-action 'self' *; style-src 'unsafe-inline'"})
+                                       "form-action 'self' *; style-src 'self'; "
+                                       "frame-ancestors 'none'"})
 
 
 def _form(next_url: str, error: str = "", oidc: bool = False) -> str:

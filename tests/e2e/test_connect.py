@@ -81,19 +81,20 @@ class World:
 @asynccontextmanager
 async def world(tmp_path: Path, explicit: bool = False, replicas: int = 1,
                 gh: Callable[[str], dict[str, Any]] | None = None,
-                stdio: dict[str, Any] | None = None) -> AsyncIterator[World]:
+                stdio: dict[str, Any] | None = None,
+                inner_host: str = "127.0.0.1") -> AsyncIterator[World]:
     """The upstream Tollhouse and the gateway under test; `replicas` > 1: that many gateway
     apps on one database and one Redis (a fresh key prefix), all with the first one's URL as
     their public URL, as behind a load balancer. `gh(inner_url)`: more of gh's settings.
     `stdio`: `gh` is that stdio upstream instead, its people's tokens those of the same
-    authorization server."""
+    authorization server. `inner_host`: where the upstream listens."""
     app, probe = stateless_json_app()
     inner_db, outer_db = db_backends.open_database("inner"), db_backends.open_database("outer")
     for person, (_, upstream_user, upstream_password) in PEOPLE.items():
         Accounts(inner_db).create_local(upstream_user, upstream_password)
         Accounts(outer_db).create_local(person, PEOPLE[person][0])
     async with serve(app, graceful_timeout=1) as sdk_url:
-        inner_sock, inner = bound_socket()
+        inner_sock, inner = bound_socket(inner_host)
         inner_cfg = from_dict({
             "server": {"public_url": inner}, "auth": {"mode": "jwt"},
             "oauth_server": {"enabled": True}, "database": {"url": inner_db.url},

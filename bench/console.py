@@ -1,0 +1,133 @@
+"""The web console at size: 1,000,000 audit records, 500 servers and 10,000 API keys in the
+database, then each console page rendered `--runs` times in process (the app's own test
+client: the console and the /api/v1 requests it makes, no network), reporting its HTML size and
+p50/p95 render time. A report, not a test (bench/README.md, "Web console at size").
+
+    .venv/bin/python bench/console.py [--db postgresql://...] [--audit 1000000] [--runs 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from proxy.app import create_app
+from proxy.config import from_dict
+from proxy.db import Database
+from proxy.people.accounts import Accounts
+from proxy.schema import ServerIn
+
+PAGES = ("/console/", "/console/servers", "/console/servers/s250", "/console/keys",
+         "/console/users", "/console/audit", "/console/audit?status=denied&endpoint=s7",
+         "/console/usage?period=day", "/console/usage?period=week", "/console/me/keys",
+         "/console/me/connect")
+TOOLS = ("search", "read", "write", "list", "delete")
+STATUSES = ("ok",) * 90 + ("denied",) * 5 + ("error",) * 4 + ("cancelled",)
+
+
+def seed(url: str, audit: int, servers: int, keys: int) -> None:
+    database = Database(url)
+    database.ensure_schema()
+    now = time.time()
+    rng = random.Random(7)
+    with database.transaction() as conn:
+        rows = []
+        for i in range(servers):
+            spec = ServerIn(name=f"s{i}", url=f"https://mcp{i}.example.com/mcp")
+            rows.append((spec.name, spec.model_dump_json(), now, now))
+        conn.executemany(database.sql("INSERT INTO servers (name, spec, created_at, "
+                                      "updated_at) VALUES (?, ?, ?, ?)"), rows)
+        conn.executemany(database.sql(
+            "INSERT INTO api_keys (id, name, secret_sha256, endpoints, role, created_at, "
+            "expires_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
+            [(f"k{i:09d}", f"key {i}", secrets.token_hex(32), f'["s{i % servers}"]', "",
+              now - i, None, None) for i in range(keys)])
+    batch = 50_000
+    for start in range(0, audit, batch):
+        rows = []
+        for i in range(start, min(audit, start + batch)):
+            status = rng.choice(STATUSES)
+            # a week of records, newest last; a tenth of them in the last day
+            ts = now - (rng.random() * 86400 if i % 10 == 0 else rng.random() * 7 * 86400)
+            rows.append((ts, str(i), f"user{i % 300}", f"s{i % servers}", "tools/call",
+                         rng.choice(TOOLS), status,
+                         "access: tool hidden" if status == "denied" else None,
+                         "upstream failed" if status == "error" else None,
+                         rng.expovariate(1 / 40), 200, 800, "legacy"))
+        with database.transaction() as conn:
+            conn.executemany(database.sql(
+                "INSERT INTO audit (ts, request_id, principal, endpoint, method, tool, status, "
+                "denied_reason, error_message, duration_ms, bytes_in, bytes_out, era) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"), rows)
+        print(f"  audit: {min(audit, start + batch):,} records", file=sys.stderr, flush=True)
+    if database.dialect == "postgresql":
+        with database.transaction() as conn:
+            conn.execute("ANALYZE")
+    Accounts(url).create_local("admin", "bench-password-1", admin=True)
+    database.close()
+
+
+async def measure(url: str, runs: int) -> list[tuple[str, int, float, float, float]]:
+    public = "http://console.bench"
+    cfg = from_dict({"server": {"public_url": public}, "auth": {"mode": "none"},
+                     "database": {"url": url}, "observability": {"metrics": False},
+                     "upstreams": [{"name": "cfgd", "url": "https://cfgd.example.com/mcp"}]},
+                    env={})
+    app = create_app(cfg)
+    out = []
+    async with app.test_app():
+        client = app.test_client()
+        signed = await client.post("/signin", form={"name": "admin",
+                                                    "password": "bench-password-1"},
+                                   headers={"Origin": public})
+        assert signed.status_code == 303, signed.status_code
+        for path in PAGES:
+            times, size = [], 0
+            for _ in range(runs):
+                began = time.perf_counter()
+                response = await client.get(path)
+                body = await response.get_data()
+                times.append((time.perf_counter() - began) * 1000)
+                assert response.status_code == 200, (path, response.status_code, body[:300])
+                size = len(body)
+            first = times[0]  # the aggregates' cache (15 s) is cold for it
+            times.sort()
+            out.append((path, size, first, statistics.median(times),
+                        times[max(0, int(len(times) * 0.95) - 1)]))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", default=None, help="a database URL (default: a new SQLite "
+                        "file); it must be empty: it is seeded")
+    parser.add_argument("--audit", type=int, default=1_000_000)
+    parser.add_argument("--servers", type=int, default=500)
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=40)
+    args = parser.parse_args()
+    url = args.db or f"sqlite:///{tempfile.mkdtemp(prefix='tollhouse-console-')}/c.db"
+    began = time.perf_counter()
+    seed(url, args.audit, args.servers, args.keys)
+    print(f"seeded in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    rows: list[Any] = asyncio.run(measure(url, args.runs))
+    print(f"\n{args.audit:,} audit records, {args.servers} servers, {args.keys:,} keys; "
+          f"{args.runs} renders per page\n")
+    print("| page | HTML | first ms | p50 ms | p95 ms |\n|---|---:|---:|---:|---:|")
+    for path, size, first, p50, p95 in rows:
+        print(f"| `{path}` | {size / 1024:.1f} KB | {first:.1f} | {p50:.1f} | {p95:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""The web console at /console/: server-rendered pages over /api/v1 (proxy.console.api), for
+administrators (proxy.console.admin) and for every signed-in person (proxy.console.mine).
+Static files (the stylesheet the sign-in, consent and connect pages share, and a small
+script) are shipped in this package; nothing is built or fetched from elsewhere."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+from quart import Blueprint, Quart, Response, current_app, request
+
+from proxy.console import admin, mine
+from proxy.console.guard import page, secure
+from proxy.people.accounts import User
+from proxy.people.signin import Web
+
+EXTENSION = "tollhouse.console"
+STYLESHEET = "/console/static/console.css"
+
+
+def _web() -> Web:
+    web: Web = current_app.extensions[EXTENSION]
+    return web
+
+
+def _bind(view: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+    async def bound(user: User, **path: Any) -> Response:
+        return await view(_web(), user, **path)
+
+    bound.__name__ = view.__name__
+    return bound
+
+
+async def _home(web: Web, user: User) -> Response:
+    return await (admin.overview(web, user) if user.is_admin else mine.home(web, user))
+
+
+def _timestamp(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(ts)))
+
+
+async def _headers(response: Response) -> Response:
+    return secure(response) if request.path == "/console" or \
+        request.path.startswith("/console/") else response
+
+
+def _named(view: Callable[..., Awaitable[Response]], name: str
+           ) -> Callable[..., Awaitable[Response]]:
+    async def named(web: Web, user: User, **path: Any) -> Response:
+        return await view(web, user, **path)
+
+    named.__name__ = name
+    return named
+
+
+# (rule, method, view, administrators only)
+PAGES: tuple[tuple[str, str, Callable[..., Awaitable[Response]], bool], ...] = (
+    ("/", "GET", _home, False),
+    ("/servers", "GET", admin.servers, True),
+    ("/servers", "POST", admin.create_server, True),
+    ("/servers/<name>", "GET", admin.server, True),
+    ("/servers/<name>", "POST", admin.change_server, True),
+    ("/servers/<name>/delete", "POST", admin.delete_server, True),
+    ("/keys", "GET", admin.keys, True),
+    ("/keys", "POST", _named(partial(admin.make_key, api_path="/keys", admin=True,
+                                     listing=admin.keys), "create_key"), True),
+    ("/keys/<key_id>/revoke", "POST",
+     _named(partial(admin.revoke_at, api_path="/keys"), "revoke_key"), True),
+    ("/users", "GET", admin.users, True),
+    ("/users", "POST", admin.create_user, True),
+    ("/users/<name>", "POST", admin.change_user, True),
+    ("/users/<name>/delete", "POST", admin.delete_user, True),
+    ("/roles", "POST", admin.create_role, True),
+    ("/roles/<name>/delete", "POST", admin.delete_role, True),
+    ("/audit", "GET", admin.audit, True),
+    ("/audit/<int:record_id>", "GET", admin.audit_record, True),
+    ("/usage", "GET", admin.usage, True),
+    ("/me/connections", "GET", mine.connections, False),
+    ("/me/connections/<upstream>/disconnect", "POST", mine.disconnect, False),
+    ("/me/keys", "GET", mine.my_keys, False),
+    ("/me/keys", "POST", _named(partial(admin.make_key, api_path="/me/keys", admin=False,
+                                        listing=mine.my_keys), "create_my_key"), False),
+    ("/me/keys/<key_id>/revoke", "POST",
+     _named(partial(admin.revoke_at, api_path="/me/keys"), "revoke_my_key"), False),
+    ("/me/connect", "GET", mine.connect_client, False),
+)
+
+
+def register(app: Quart, web: Web) -> None:
+    app.extensions[EXTENSION] = web
+    bp = Blueprint("console", __name__, url_prefix="/console", template_folder="templates",
+                   static_folder="static", static_url_path="/static")
+    for rule, method, view, admin_only in PAGES:
+        endpoint = f"{view.__name__}_{method.lower()}"
+        bp.add_url_rule(rule, endpoint, page(_web, admin=admin_only)(_bind(view)),
+                        methods=[method])
+    bp.add_app_template_filter(_timestamp, "timestamp")
+    app.register_blueprint(bp)
+    app.after_request(_headers)  # every answer under /console/, a 404 or 405 too
+
+    async def bare() -> Response:
+        return Response(b"", 308, {"Location": "/console/"})
+
+    app.add_url_rule("/console", "console_bare", bare)

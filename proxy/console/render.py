@@ -1,0 +1,40 @@
+"""Rendering a console page: the template with the person, their CSRF token and the notice a
+change left (a fixed word in the query, mapped to text here: nothing of the URL is echoed);
+and the answer to a change (303 back on success, the API's own words and status if not)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Response, render_template, request
+
+from proxy.console.api import Answer
+from proxy.console.guard import csrf_token
+from proxy.people.accounts import User
+from proxy.people.signin import COOKIE, see_other
+
+NOTICES = {
+    "created": "Created.", "saved": "Saved.", "deleted": "Deleted.", "revoked": "Revoked.",
+    "disconnected": "Disconnected.",
+}
+
+
+async def render(template: str, user: User, status: int = 200, **context: Any) -> Response:
+    body = await render_template(template, me=user,
+                                 csrf=csrf_token(request.cookies.get(COOKIE, "")),
+                                 notice=NOTICES.get(request.args.get("done", "")),
+                                 here=request.path, **context)
+    return Response(body, status, {"Content-Type": "text/html; charset=utf-8"})
+
+
+async def after(answer: Answer, user: User, back: str, done: str) -> Response:
+    """A change's answer: back to `back` with a notice, or the API's reason."""
+    if answer.ok:
+        return see_other(f"{back}?done={done}")
+    return await render("message.html", user, max(answer.status, 400),
+                        title="Not done", message=answer.detail, back=back)
+
+
+def words(value: str | None) -> list[str]:
+    """A form field of names, separated by commas, spaces or new lines."""
+    return [w for w in (value or "").replace(",", " ").split() if w]

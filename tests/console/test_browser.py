@@ -1,0 +1,222 @@
+"""The web console in a real browser (headless Chromium through Selenium): an administrator
+signs in, registers a server, edits its tool profile and sees the change on the MCP edge,
+creates and revokes a key, filters and exports the audit log; a person connects and
+disconnects their upstream account and makes a key of their own. Every page is checked with
+axe-core (no serious violations) and saved as a screenshot in build/console-screenshots/."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import orjson
+from selenium.common.exceptions import WebDriverException
+from selenium.webdriver.support.ui import WebDriverWait
+
+from proxy.audit import query
+from proxy.demo import demo_app
+from proxy.people.accounts import Accounts
+from tests.conftest import MCP_HEADERS
+from tests.console.browser import SHOTS, Background, axe_source, chromium, serious_violations
+from tests.e2e.test_connect import PEOPLE, world
+from tests.servers import serve
+
+
+@asynccontextmanager
+async def stack(tmp_path: Path) -> AsyncIterator[tuple[Any, str]]:
+    async with world(tmp_path, inner_host="127.0.0.2") as w, serve(demo_app(), graceful_timeout=1) as demo:
+        Accounts(w.outer_db).create_local("root", "root-password-1", admin=True)
+        yield w, demo
+
+
+class Visit:
+    """The browser on the gateway: open pages, fill forms, check and keep each page."""
+
+    def __init__(self, driver: Any, base: str, axe: str) -> None:
+        self.driver, self.base, self.axe = driver, base, axe
+        self.problems: list[str] = []
+
+    def open(self, path: str) -> None:
+        self.driver.get(self.base + path if path.startswith("/") else path)
+
+    @property
+    def path(self) -> str:
+        parts = urlsplit(self.driver.current_url)
+        return parts.path + (f"?{parts.query}" if parts.query else "")
+
+    def text(self) -> str:
+        return str(self.driver.find_element("tag name", "body").text)
+
+    def fill(self, form: str, values: dict[str, str], *, checks: tuple[str, ...] = ()) -> None:
+        """Fill the form matching CSS `form` and submit it."""
+        element = self.driver.find_element("css selector", form)
+        for name, value in values.items():
+            field = element.find_element("name", name)
+            field.clear()
+            field.send_keys(value)
+        for selector in checks:
+            box = element.find_element("css selector", selector)
+            if not box.is_selected():
+                box.click()
+        self.click(element.find_element("css selector", "button[type=submit]"))
+
+    def click(self, element: Any) -> None:
+        """Click, and wait for the page it leads to (a click does not wait for a load)."""
+        html = self.driver.find_element("tag name", "html")
+        element.click()
+        # mid-navigation Chromium may answer "node does not belong to the document" rather
+        # than "stale": either means the old page is gone
+        wait = WebDriverWait(self.driver, 20, ignored_exceptions=(WebDriverException,))
+        wait.until(_gone(html))
+        wait.until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+    def keep(self, name: str) -> None:
+        """The page's screenshot, and its axe-core check."""
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        self.driver.save_screenshot(str(SHOTS / f"{name}.png"))
+        self.problems += [f"{name}: {v}" for v in serious_violations(self.driver, self.axe)]
+
+    def cookies(self) -> dict[str, str]:
+        return {c["name"]: c["value"] for c in self.driver.get_cookies()}
+
+
+def _gone(element: Any) -> Any:
+    def check(driver: Any) -> bool:
+        try:
+            element.is_enabled()
+        except WebDriverException:
+            return True
+        return False
+
+    return check
+
+
+def edge_tools(base: str, key: str, endpoint: str) -> httpx.Response:
+    with httpx.Client(timeout=10) as http:
+        return http.post(f"{base}/mcp/{endpoint}", content=orjson.dumps(
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+                "io.modelcontextprotocol/clientCapabilities": {}}}}),
+            headers={**MCP_HEADERS, "MCP-Protocol-Version": "2026-07-28",
+                     "Mcp-Method": "tools/list", "Authorization": f"Bearer {key}"})
+
+
+def test_console_in_a_browser(tmp_path: Path) -> None:
+    axe = axe_source()
+    with Background(lambda: stack(tmp_path)) as (w, demo), chromium() as driver:
+        v = Visit(driver, w.outer, axe)
+        _administrator(v, demo)
+        _person(v, w)
+        assert v.problems == [], "\n".join(v.problems)
+
+
+def _administrator(v: Visit, demo: str) -> None:
+    v.open("/console/audit?status=ok")
+    assert v.path == "/signin?next=%2Fconsole%2Faudit%3Fstatus%3Dok"  # 303 to the sign-in
+    v.keep("signin")
+    v.fill("form[action='/signin']", {"name": "root", "password": "root-password-1"})
+    assert v.path == "/console/audit?status=ok"
+    v.open("/console/")
+    assert "Calls in the last hour" in v.text() and "Usage outbox backlog" in v.text()
+    v.keep("overview")
+
+    v.open("/console/servers")
+    assert "config file (read-only)" in v.text()  # gh, from the config file
+    v.fill("form[action='/console/servers']", {"name": "crm", "url": f"{demo}/mcp"},
+           checks=("input[value=loopback]",))
+    assert v.path == "/console/servers?done=created" and "crm" in v.text()
+    v.keep("servers")
+
+    v.open("/console/keys")
+    v.fill("form[action='/console/keys']", {"name": "robot"},
+           checks=("input[name=endpoints][value=crm]",))
+    secret = v.driver.find_element("id", "secret").text
+    assert secret.startswith("th_")
+    v.keep("keys-created")
+    tools = edge_tools(v.base, secret, "crm")
+    assert {t["name"] for t in tools.json()["result"]["tools"]} == {"echo", "add", "count"}
+
+    v.open("/console/servers/crm")
+    v.fill("form[action='/console/servers/crm']", {"tools_deny": "add"})
+    assert v.path == "/console/servers/crm?done=saved"
+    assert v.driver.find_element("id", "a-tools_deny").get_attribute("value") == "add"
+    v.keep("server")
+    tools = edge_tools(v.base, secret, "crm")  # the profile holds from the next call
+    assert {t["name"] for t in tools.json()["result"]["tools"]} == {"echo", "count"}
+
+    v.open("/console/keys")
+    v.click(v.driver.find_element("css selector", "button[aria-label='Revoke robot']"))
+    assert v.path == "/console/keys?done=revoked" and "revoked" in v.text()
+    v.keep("keys")
+    assert edge_tools(v.base, secret, "crm").status_code == 401
+
+    v.open("/console/users")
+    v.fill("form[action='/console/users']", {"name": "carol", "password": "carol-pass-1"})
+    assert "carol" in v.text()
+    v.keep("users")
+
+    v.open("/console/audit")
+    v.fill("form.filters", {"endpoint": "/api/v1"})
+    assert "endpoint=%2Fapi%2Fv1" in v.path
+    text = v.text()
+    assert "PATCH /api/v1/servers/crm" in text and "DELETE /api/v1/keys/" in text
+    assert "tools/list" not in text  # filtered to the management API's changes
+    v.keep("audit")
+    link = v.driver.find_element("link text", "CSV").get_attribute("href")
+    with httpx.Client(cookies=v.cookies(), timeout=10) as http:
+        exported = http.get(link)
+    rows = list(csv.DictReader(io.StringIO(exported.text)))
+    assert {r["endpoint"] for r in rows} == {"/api/v1"}
+    assert "PATCH /api/v1/servers/crm" in {r["method"] for r in rows}
+    v.click(v.driver.find_element("css selector", "table.audit tbody a"))
+    assert v.path.startswith("/console/audit/") and "principal" in v.text()
+    v.keep("audit-record")
+
+    v.open("/console/usage?period=day")
+    assert "Busiest tools" in v.text()
+    v.keep("usage")
+    v.click(v.driver.find_element("css selector", "form.signout button"))
+    assert v.path.startswith("/signin")
+
+
+def _person(v: Visit, w: Any) -> None:
+    password, upstream_user, upstream_password = PEOPLE["alice"]
+    v.open("/console/me/connections")
+    v.fill("form[action='/signin']", {"name": "alice", "password": password})
+    assert v.path == "/console/me/connections"
+    assert "not connected" in v.text()
+    v.keep("connections")
+    v.click(v.driver.find_element("link text", "Connect"))
+    v.keep("connect-intro")  # the connect page, in the console's look
+    v.click(v.driver.find_element("partial link text", "Continue"))
+    v.fill("form[action='/signin']", {"name": upstream_user, "password": upstream_password})
+    v.keep("consent")
+    v.click(v.driver.find_element("css selector", "button[value=allow]"))
+    assert "is connected" in v.text()
+    v.open("/console/me/connections")
+    assert "connected" in v.text() and "not connected" not in v.text()
+    v.click(v.driver.find_element("css selector", "button[aria-label='Disconnect gh']"))
+    assert v.path == "/console/me/connections?done=disconnected" and "not connected" in v.text()
+
+    v.open("/console/servers")  # an administrator's page
+    assert "Administrators only" in v.text()
+    v.open("/console/me/keys")
+    v.fill("form[action='/console/me/keys']", {"name": "laptop"},
+           checks=("input[name=endpoints][value=gh]",))
+    assert v.driver.find_element("id", "secret").text.startswith("th_")
+    v.keep("my-keys")
+    v.open("/console/me/connect")
+    text = v.text()
+    assert f"{w.outer}/mcp/gh" in text and "Claude Code" in text and "Cursor" in text
+    v.keep("connect-a-client")
+    changes = {(r["method"], r["status"]): r["principal"]
+               for r in query(w.outer_db, endpoint="/api/v1", limit=100)}
+    assert changes[("DELETE /api/v1/me/connections/gh", "ok")] == "tollhouse:local|local:alice"
+    assert changes[("POST /api/v1/me/keys", "ok")] == "tollhouse:local|local:alice"
