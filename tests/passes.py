@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -82,7 +83,11 @@ def main() -> int:
 
 
 def _last_line(log: Path) -> str:
+    """pytest's summary line (what a warning printed at exit would otherwise hide)."""
     lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.search(r"\d+ (passed|failed|errors?)\b", line):
+            return line.strip("= ")
     return lines[-1].strip("= ") if lines else ""
 
 

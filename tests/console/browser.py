@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import installing
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 AXE_VERSION = "4.14.1"
@@ -26,13 +28,14 @@ SHOTS = ROOT / "build" / "console-screenshots"
 
 def axe_source() -> str:
     """axe-core's script, installed from the npm registry at AXE_VERSION on first use."""
-    if not AXE.exists() or f'"version": "{AXE_VERSION}"' not in \
-            (AXE.parent / "package.json").read_text():
-        npm = shutil.which("npm")
-        assert npm, "axe-core needs npm (.ci/run installs it)"
-        subprocess.run([npm, "install", "--silent", "--no-save", "--prefix", str(AXE_DIR),
-                        f"axe-core@{AXE_VERSION}"], check=True, timeout=300)
-    return AXE.read_text()
+    with installing(AXE_DIR):
+        if not AXE.exists() or f'"version": "{AXE_VERSION}"' not in \
+                (AXE.parent / "package.json").read_text():
+            npm = shutil.which("npm")
+            assert npm, "axe-core needs npm (.ci/run installs it)"
+            subprocess.run([npm, "install", "--silent", "--no-save", "--prefix", str(AXE_DIR),
+                            f"axe-core@{AXE_VERSION}"], check=True, timeout=300)
+        return AXE.read_text()
 
 
 @contextmanager

@@ -30,10 +30,14 @@ def ensure() -> str | None:
     npm = shutil.which("npm")
     if npm is None:
         return "npm is not installed: the Node stdio server cannot be fetched"
-    DIRECTORY.mkdir(exist_ok=True)
-    done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix",
-                           str(DIRECTORY), PACKAGE], capture_output=True, text=True,
-                          timeout=600, check=False)
+    from tests.helpers import installing
+
+    with installing(DIRECTORY):
+        if installed_version() == VERSION:  # another pass installed it meanwhile
+            return None
+        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix",
+                               str(DIRECTORY), PACKAGE], capture_output=True, text=True,
+                              timeout=600, check=False)
     if done.returncode != 0 or installed_version() != VERSION:
         raise RuntimeError(f"npm install {PACKAGE} failed: {done.stderr[-2000:]}")
     return None
