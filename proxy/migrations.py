@@ -259,7 +259,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         Sql("DROP INDEX IF EXISTS audit_endpoint_ts"),
     )),
     # guardrails: each tool's pinned definition (its SHA-256 and the definition itself, JSON),
-    # the changed one waiting for an administrator, and the last one rejected
+    # the changed one waiting for an administrator, and the last one rejected; every gateway
+    # on the database polls the counter and reloads the pins when it moved
     Migration(14, "pinned tool definitions", (
         Sql("""CREATE TABLE IF NOT EXISTS tool_pins (
             endpoint TEXT NOT NULL,
@@ -272,6 +273,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             updated_at {real} NOT NULL,
             PRIMARY KEY (endpoint, name)
         )"""),
+        *_change_counter("tool_pins", each="STATEMENT"),
     )),
 )
 
