@@ -153,8 +153,8 @@ class DatabasePins:
             try:
                 if isinstance(item, _Reload):
                     await self._reload(item)
-                else:
-                    await asyncio.to_thread(self.write, *item)
+                elif not await asyncio.to_thread(self.write, *item):
+                    self._version = -1  # not as this process saw it: read the row again
             except Exception:
                 pin = item[0] if isinstance(item, tuple) else None
                 log.exception("could not write the pin of %s/%s",
@@ -170,8 +170,7 @@ class DatabasePins:
             if not item.done.done():
                 item.done.set_exception(exc)
             return
-        item.pins.reload(pins)
-        self._version = version
+        self._version = -1 if item.pins.reload(pins) else version
         if not item.done.done():
             item.done.set_result(None)
 

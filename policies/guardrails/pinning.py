@@ -112,14 +112,18 @@ class Pins:
         over what it reads (it is written after the read, and the next reload sees it)."""
         self._dirty.clear()
 
-    def reload(self, pins: list[Pin]) -> None:
+    def reload(self, pins: list[Pin]) -> bool:
         """The view becomes `pins` (the store's, as other processes left it), but for what
-        changed here since `begin_reload`."""
+        changed here since `begin_reload`; True when something was kept so (the store reads
+        again once it is written: the write may not have landed as made here)."""
         fresh = {(p.endpoint, p.name): p for p in pins}
+        kept = False
         for key in self._dirty:
             if key in self._pins:
                 fresh[key] = self._pins[key]
+                kept = True
         self._pins = fresh
+        return kept
 
     def _save(self, pin: Pin, change: Change) -> None:
         pin.updated_at = time.time()

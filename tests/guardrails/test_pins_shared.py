@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import pytest
 
 from policies.guardrails.pinning import Pins
 from proxy.app import create_app
@@ -28,70 +29,72 @@ TOOL = {"name": "t", "description": "first", "inputSchema": {"type": "object"}}
 OTHER = {**TOOL, "description": "second"}
 
 
-async def test_two_processes_racing_on_a_first_definition_keep_one_pin() -> None:
+@dataclass
+class Processes:
+    """Two processes' pin stores and books on one database (each book read at its start)."""
+
+    database: Database
+    one: DatabasePins
+    two: DatabasePins
+    a: Pins
+    b: Pins
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[Processes]:
     database = db_backends.open_database()
     one, two = DatabasePins(database), DatabasePins(database)
-    a, b = Pins(one), Pins(two)
-    try:
-        # each saw the tool first, with another definition: the database keeps one of them
-        assert a.verdict("e", TOOL) == "new" and b.verdict("e", OTHER) == "new"
-        await asyncio.gather(one.flush(), two.flush())
-        await asyncio.gather(one.sync(a), two.sync(b))
-        pin_a, pin_b = a.get("e", "t"), b.get("e", "t")
-        assert pin_a is not None and pin_b is not None
-        assert pin_a.approved == pin_b.approved and pin_a.definition == pin_b.definition
-        assert _rows(database) == [("e", "t")]
-        loser = OTHER if pin_a.definition == TOOL else TOOL
-        assert a.verdict("e", loser) == b.verdict("e", loser) == "changed"
-        await asyncio.gather(one.flush(), two.flush())
-        await two.sync(b)
-        assert [(p.name, p.pending_definition) for p in b.pending()] == [("t", loser)]
-    finally:
-        await one.aclose()
-        await two.aclose()
+    yield Processes(database, one, two, Pins(one), Pins(two))
+    await one.aclose()
+    await two.aclose()
 
 
-async def test_a_first_definition_never_overwrites_a_recorded_pin() -> None:
-    database = db_backends.open_database()
-    one, two = DatabasePins(database), DatabasePins(database)
-    a, b = Pins(one), Pins(two)  # b's view is empty: it has not seen what a records
-    try:
-        assert a.verdict("e", TOOL) == "new" and a.verdict("e", OTHER) == "changed"
-        await one.flush()
-        assert b.verdict("e", OTHER) == "new"  # stale: the row is there already
-        await two.flush()
-        await two.sync(b)
-        pin = b.get("e", "t")
-        assert pin is not None and pin.definition == TOOL and pin.pending_definition == OTHER
-        assert b.verdict("e", OTHER) == "changed"
-    finally:
-        await one.aclose()
-        await two.aclose()
+async def test_two_processes_racing_on_a_first_definition_keep_one_pin(pair: Processes) -> None:
+    a, b = pair.a, pair.b
+    # each saw the tool first, with another definition: the database keeps one of them
+    assert a.verdict("e", TOOL) == "new" and b.verdict("e", OTHER) == "new"
+    await asyncio.gather(pair.one.flush(), pair.two.flush())
+    await asyncio.gather(pair.one.sync(a), pair.two.sync(b))
+    pin_a, pin_b = a.get("e", "t"), b.get("e", "t")
+    assert pin_a is not None and pin_b is not None
+    assert pin_a.approved == pin_b.approved and pin_a.definition == pin_b.definition
+    assert _rows(pair.database) == [("e", "t")]
+    loser = OTHER if pin_a.definition == TOOL else TOOL
+    assert a.verdict("e", loser) == b.verdict("e", loser) == "changed"
+    await asyncio.gather(pair.one.flush(), pair.two.flush())
+    await pair.two.sync(b)
+    assert [(pin.name, pin.pending_definition) for pin in b.pending()] == [("t", loser)]
 
 
-async def test_the_timer_brings_another_process_s_decisions() -> None:
-    database = db_backends.open_database()
-    here, there = DatabasePins(database), DatabasePins(database)
-    mine, theirs = Pins(here), Pins(there)
+async def test_a_first_definition_never_overwrites_a_recorded_pin(pair: Processes) -> None:
+    a, b = pair.a, pair.b  # b's view is empty: it has not seen what a records
+    assert a.verdict("e", TOOL) == "new" and a.verdict("e", OTHER) == "changed"
+    await pair.one.flush()
+    assert b.verdict("e", OTHER) == "new"  # stale: the row is there already
+    await pair.two.flush()
+    await pair.two.sync(b)
+    pin = b.get("e", "t")
+    assert pin is not None and pin.definition == TOOL and pin.pending_definition == OTHER
+    assert b.verdict("e", OTHER) == "changed"
+
+
+async def test_the_timer_brings_another_process_s_decisions(pair: Processes) -> None:
+    here, there, mine, theirs = pair.one, pair.two, pair.a, pair.b
     here.start(mine, poll_s=0.02)
-    try:
-        assert theirs.verdict("e", TOOL) == "new"
-        assert theirs.verdict("e", OTHER) == "changed"
-        await there.flush()
-        await until(lambda: [p.name for p in mine.pending()] == ["t"],
-                    what="the other process's pending change seen here")
-        assert theirs.approve("e", "t") is not None
-        await there.flush()
+    assert theirs.verdict("e", TOOL) == "new"
+    assert theirs.verdict("e", OTHER) == "changed"
+    await there.flush()
+    await until(lambda: [pin.name for pin in mine.pending()] == ["t"],
+                what="the other process's pending change seen here")
+    assert theirs.approve("e", "t") is not None
+    await there.flush()
 
-        def approved_here() -> bool:
-            pin = mine.get("e", "t")
-            return pin is not None and pin.definition == OTHER and pin.pending is None
+    def approved_here() -> bool:
+        pin = mine.get("e", "t")
+        return pin is not None and pin.definition == OTHER and pin.pending is None
 
-        await until(approved_here, what="the other process's approval seen here")
-        assert mine.verdict("e", OTHER) == "same"
-    finally:
-        await here.aclose()
-        await there.aclose()
+    await until(approved_here, what="the other process's approval seen here")
+    assert mine.verdict("e", OTHER) == "same"
 
 
 def _rows(database: Database) -> list[tuple[str, str]]:
