@@ -129,7 +129,7 @@ async def two_gateways(upstream_url: str, database: str) -> AsyncIterator[list[G
         yield gateways
 
 
-async def test_a_decision_through_one_gateway_reaches_the_other(tmp_path: object) -> None:
+async def test_a_decision_through_one_gateway_reaches_the_other() -> None:
     up = Upstream()
     database = db_backends.url()
     _, admin_key = api_keys.create(database, "admin", [], role="admin")
