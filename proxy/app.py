@@ -313,7 +313,7 @@ class Serving:
         backend = timed(build_backend(cfg.metering, upstream.http), metrics) \
             if cfg.metering.enabled else None
         pin_store = DatabasePins(parts.database)
-        pins, hidden = Pins(pin_store), Hidden()  # read once, at start-up
+        pins, hidden = Pins(pin_store), Hidden()  # read at start-up, then kept in step
         chain = Chain(default_policies(cfg, metering=backend, egress=egress,
                                        rate_limits=parts.stores.rate_limits,
                                        pins=pins, hidden=hidden))
@@ -353,6 +353,7 @@ class Serving:
             parts.connections.people = state.gateway.tenants.people
         watch = asyncio.get_running_loop().create_task(registry.watch())
         endpoints.start()
+        pin_store.start(pins, given.registry_poll_s)  # decisions of other processes, polled
         await parts.stores.start()
         sampler = None
         if metrics is not None and metrics.multiproc_dir is not None:

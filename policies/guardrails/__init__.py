@@ -26,7 +26,7 @@ from policies.guardrails.pinning import Pins
 from policies.guardrails.screen import Limits, screen
 from proxy.chain import CallContext
 from proxy.config import Config, GuardrailRule, ScreeningConfig
-from proxy.errors import GuardrailBlocked, HiddenTool, ToolResultDenial
+from proxy.errors import GuardrailBlocked, GuardrailResultBlocked, HiddenTool, ToolResultDenial
 from proxy.errors.render import tool_error_result
 from proxy.jsonrpc import McpMessage
 
@@ -227,16 +227,14 @@ class Guardrails:
 
 
 def _deny(result: dict[str, Any], method: str | None, rule: _Rule, found: str) -> None:
+    """A tools/call's result becomes seed 001's tool error; a prompts/get's or
+    resources/read's answer is seed 004's -32000 (raised: the relay answers it instead)."""
     message = rule.blocked(found, "result")
+    reason = f"guardrail {rule.cfg.name}: {found} in result"
+    if method != "tools/call":
+        raise GuardrailResultBlocked(reason, message)
     result.clear()
-    if method == "tools/call":
-        result.update(tool_error_result(ToolResultDenial(
-            f"guardrail {rule.cfg.name}: {found} in result", message, BLOCKED)))
-    elif method == "resources/read":
-        result["contents"] = []
-    else:  # prompts/get
-        result["messages"] = []
-        result["description"] = message
+    result.update(tool_error_result(ToolResultDenial(reason, message, BLOCKED)))
 
 
 def _with_arguments(call: McpMessage, arguments: dict[str, Any]) -> McpMessage:

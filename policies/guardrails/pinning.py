@@ -5,7 +5,10 @@ definition stays hidden, and is not asked about again).
 
 The `Pins` book is the decision and the in-memory view every call reads; it is loaded from,
 and writes each change through, a `PinStore` (the database, `proxy.pins`), without waiting
-for the write: a list answer is never held up by the database.
+for the write: a list answer is never held up by the database. Each change is written as what
+it is (`Change`), so that several processes on one database agree: a first definition is
+inserted only if no other process recorded one, an approval lands only on the definition the
+administrator saw; the store then replaces the view with the database's (`reload`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from typing import Any, Literal, Protocol
 import orjson
 
 Verdict = Literal["new", "same", "changed"]
+# what a save records: the first definition, a changed one waiting, a change undone by the
+# upstream (back to the approved definition), an administrator's approval or rejection
+Change = Literal["first", "pending", "settled", "approved", "rejected"]
 PINNED_FIELDS = ("name", "description", "inputSchema", "outputSchema")
 
 
@@ -44,14 +50,15 @@ class Pin:
 class PinStore(Protocol):
     def load(self) -> list[Pin]: ...
 
-    def save(self, pin: Pin) -> None:
-        """Write `pin` (scheduled: the caller does not wait)."""
+    def save(self, pin: Pin, change: Change) -> None:
+        """Write `change`, which made `pin` (scheduled: the caller does not wait)."""
 
 
 class Pins:
     def __init__(self, store: PinStore | None = None) -> None:
         self._store = store
         self._pins: dict[tuple[str, str], Pin] = {}
+        self._dirty: set[tuple[str, str]] = set()  # changed here since a reload began
         if store is not None:
             self._pins = {(p.endpoint, p.name): p for p in store.load()}
 
@@ -62,16 +69,16 @@ class Pins:
         digest = fingerprint(item)
         pin = self._pins.get((endpoint, name))
         if pin is None:
-            self._save(Pin(endpoint, name, digest, definition(item)))
+            self._save(Pin(endpoint, name, digest, definition(item)), "first")
             return "new"
         if pin.approved == digest:
             if pin.pending is not None:  # changed back to what was approved
                 pin.pending = pin.pending_definition = None
-                self._save(pin)
+                self._save(pin, "settled")
             return "same"
         if digest not in (pin.pending, pin.rejected):
             pin.pending, pin.pending_definition = digest, definition(item)
-            self._save(pin)
+            self._save(pin, "pending")
         return "changed"
 
     def pending(self) -> list[Pin]:
@@ -89,7 +96,7 @@ class Pins:
         pin.approved, pin.definition = pin.pending, pin.pending_definition
         pin.pending = pin.pending_definition = None
         pin.rejected = None
-        self._save(pin)
+        self._save(pin, "approved")
         return pin
 
     def reject(self, endpoint: str, name: str) -> Pin | None:
@@ -97,11 +104,31 @@ class Pins:
         if pin is None or pin.pending is None:
             return None
         pin.rejected, pin.pending, pin.pending_definition = pin.pending, None, None
-        self._save(pin)
+        self._save(pin, "rejected")
         return pin
 
-    def _save(self, pin: Pin) -> None:
+    def begin_reload(self) -> None:
+        """A reload's read of the store starts now: what changes here from now on is kept
+        over what it reads (it is written after the read, and the next reload sees it)."""
+        self._dirty.clear()
+
+    def reload(self, pins: list[Pin]) -> bool:
+        """The view becomes `pins` (the store's, as other processes left it), but for what
+        changed here since `begin_reload`; True when something was kept so (the store reads
+        again once it is written: the write may not have landed as made here)."""
+        fresh = {(p.endpoint, p.name): p for p in pins}
+        kept = False
+        for key in self._dirty:
+            if key in self._pins:
+                fresh[key] = self._pins[key]
+                kept = True
+        self._pins = fresh
+        return kept
+
+    def _save(self, pin: Pin, change: Change) -> None:
         pin.updated_at = time.time()
-        self._pins[(pin.endpoint, pin.name)] = pin
+        key = (pin.endpoint, pin.name)
+        self._pins[key] = pin
+        self._dirty.add(key)
         if self._store is not None:
-            self._store.save(pin)
+            self._store.save(pin, change)

@@ -277,10 +277,10 @@ def _pins() -> dict[str, Any]:
                                     "200", pending)},
         "/api/v1/pins/{server}/{tool}/approve": {"post": _op(
             "Approve a changed tool definition: it becomes the pin", "200", decided,
-            params=["server", "tool"])},
+            params=["server", "tool"], conflict=True)},
         "/api/v1/pins/{server}/{tool}/reject": {"post": _op(
             "Reject a changed tool definition: it stays hidden", "200", decided,
-            params=["server", "tool"])},
+            params=["server", "tool"], conflict=True)},
     }
 
 

@@ -16,7 +16,7 @@ from proxy.api.bodies import json_response
 from proxy.api.caller import Caller
 from proxy.api.context import Api
 from proxy.audit import AuditRecord
-from proxy.errors import NotFound
+from proxy.errors import Conflict, NotFound
 
 
 def _item(pin: Pin) -> dict[str, Any]:
@@ -34,6 +34,7 @@ def _diff(old: dict[str, Any], new: dict[str, Any]) -> str:
 
 
 async def pending(who: Caller, api: Api) -> Response:
+    await _sync(api)
     pins = api.pins.pending() if api.pins is not None else []
     return json_response({"items": [_item(p) for p in pins]})
 
@@ -46,7 +47,14 @@ async def reject(who: Caller, api: Api, server: str, tool: str) -> Response:
     return await _decide(who, api, server, tool, "reject")
 
 
+async def _sync(api: Api) -> None:
+    """What every gateway on the database decided and recorded so far, as it is now."""
+    if api.pin_store is not None and api.pins is not None:
+        await api.pin_store.sync(api.pins)
+
+
 async def _decide(who: Caller, api: Api, server: str, tool: str, decision: str) -> Response:
+    await _sync(api)
     pin = api.pins.get(server, tool) if api.pins is not None else None
     digest = pin.pending if pin is not None else None
     decided = None
@@ -55,8 +63,12 @@ async def _decide(who: Caller, api: Api, server: str, tool: str, decision: str) 
             else api.pins.reject(server, tool)
     if decided is None:
         raise NotFound(f"no changed definition of tool '{tool}' on server '{server}' waits")
-    if api.pin_store is not None:
-        await api.pin_store.flush()  # durable before the answer, like every API change
+    await _sync(api)  # durable before the answer, like every API change; and did it land?
+    now = api.pins.get(server, tool) if api.pins is not None else None
+    if api.pin_store is not None and (now is None or digest != (
+            now.approved if decision == "approve" else now.rejected)):
+        raise Conflict(f"tool '{tool}' on server '{server}' was decided or changed "
+                       "meanwhile; list the pins again")
     if api.audit is not None:
         verb = "approved" if decision == "approve" else "rejected"
         await api.audit.write(AuditRecord(

@@ -196,6 +196,16 @@ class GuardrailBlocked(PolicyDenied):
 
 # -- after routing: HTTP 200, the call's own answer (seed 004) -----------------------------------
 
+class GuardrailResultBlocked(PolicyDenied):
+    """A prompts/get's or resources/read's result a guardrail refuses (a tools/call's answers
+    as a `ToolResultDenial`): the routed call's -32000 at HTTP 200 (the last event of a
+    stream), its message naming the rule and the kinds, never a value; no data."""
+
+    http_status = 200
+    code = -32000
+
+
+
 class UpstreamFailure(GatewayError):
     """The upstream call failed; the message is short free text with no upstream body."""
 

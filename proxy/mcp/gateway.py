@@ -515,9 +515,10 @@ def _noting(rewrite: Rewrite | None, ctx: CallContext, record: AuditRecord) -> R
         return None
 
     def noted(result: dict[str, Any]) -> bool:
-        changed = rewrite(result)
-        record.note = ctx.audit_note
-        return changed
+        try:
+            return rewrite(result)
+        finally:  # a refused result (raised) is noted too
+            record.note = ctx.audit_note
 
     return noted
 

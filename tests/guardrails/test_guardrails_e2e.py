@@ -56,6 +56,14 @@ class Upstream:
         async def add(a: int, b: int) -> int:
             return a + b
 
+        @server.resource("config://service")
+        def service() -> str:
+            return f"region=eu-west-1 access_key={AWS_KEY}"
+
+        @server.prompt()
+        def deploy() -> str:
+            return f"Deploy with access key {AWS_KEY}."
+
     def describe(self, tool: str, description: str) -> None:
         self.server._tool_manager._tools[tool].description = description
 
@@ -166,3 +174,30 @@ async def test_a_changed_definition_waits_for_approval(tmp_path: Path) -> None:
     decision = next(r for r in records if r["method"] == "pins/approve")
     assert decision["tool"] == "remember" and decision["endpoint"] == "up"
     assert decision["note"] == f"approved definition sha256:{pending[0]['pending']}"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+@pytest.mark.parametrize("json_response", [True, False], ids=["json", "sse"])
+async def test_a_denied_resource_or_prompt_result_is_a_routed_call_s_error(
+        tmp_path: Path, mode: str, json_response: bool) -> None:
+    _, make = upstream_of(json_response)
+    deny = {"guardrails": [{"name": "strict", "tools": ["config://*", "deploy"],
+                            "on": ["results"], "detect": ["secrets"], "action": "deny"}]}
+    async with open_stack(tmp_path, make, config=deny, screening={"mode": "off"}) as stack:
+        async with Client(stack.endpoint, mode=mode) as client:
+            for ask in (lambda: client.read_resource("config://service"),
+                        lambda: client.get_prompt("deploy")):
+                with pytest.raises(MCPError) as info:
+                    await ask()
+                assert info.value.error.code == -32000  # seed 004: after routing, HTTP 200
+                assert info.value.error.message == \
+                    "Blocked by guardrail 'strict': the result carries secret."
+                assert AWS_KEY not in repr(info.value.error)
+    records = [r for r in query(stack.db_path, limit=100)
+               if r["method"] in ("resources/read", "prompts/get")]
+    assert {r["method"] for r in records} == {"resources/read", "prompts/get"}
+    for record in records:
+        assert record["status"] == "denied"
+        assert record["denied_reason"] == "guardrail strict: secret in result"
+        assert record["note"] == "guardrail strict: deny secret in result"
+    assert AWS_KEY not in repr(records)

@@ -91,6 +91,9 @@ EXAMPLES: dict[type[GatewayError], Callable[[], GatewayError]] = {
     errors.GuardrailBlocked: lambda: errors.GuardrailBlocked(
         "guardrail g: secret in arguments", "Blocked by guardrail g: the arguments carry secret."),
     errors.RateLimited: lambda: errors.RateLimited(f"rate_limit: {SECRET}", 1.2),
+    errors.GuardrailResultBlocked: lambda: errors.GuardrailResultBlocked(
+        "guardrail strict: secret in result",
+        "Blocked by guardrail 'strict': the result carries secret."),
     errors.MeteringDenied: lambda: errors.MeteringDenied("insufficient_credits"),
     errors.ToolResultDenial: lambda: errors.ToolResultDenial(
         f"metering: {SECRET}", "You are out of credits.", "gateway.metering.denied"),
