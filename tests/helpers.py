@@ -5,13 +5,10 @@ deadline instead of sleeping a fixed time."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import jwt
 
@@ -107,13 +104,3 @@ async def until(check: Callable[[], object | Awaitable[object]], deadline_s: flo
         assert time.monotonic() < end, f"{what} did not hold within {deadline_s} s"
         await asyncio.sleep(0.01)  # the poll interval: a check that holds returns at once
 
-
-@contextlib.contextmanager
-def installing(directory: Path) -> Iterator[None]:
-    """One installer at a time into `directory` (an npm prefix the suite fills on first
-    use): `make test` runs passes side by side, and two `npm install`s into one prefix
-    break each other. The caller checks again inside, since the other may have installed."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".install-lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield

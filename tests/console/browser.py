@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import installing
+from tests.locks import installing
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"

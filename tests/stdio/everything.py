@@ -8,6 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests.locks import installing
+
 VERSION = "2026.8.31"
 PACKAGE = f"@modelcontextprotocol/server-everything@{VERSION}"
 DIRECTORY = Path(__file__).resolve().parents[2] / ".stdio-servers"
@@ -30,8 +32,6 @@ def ensure() -> str | None:
     npm = shutil.which("npm")
     if npm is None:
         return "npm is not installed: the Node stdio server cannot be fetched"
-    from tests.helpers import installing
-
     with installing(DIRECTORY):
         if installed_version() == VERSION:  # another pass installed it meanwhile
             return None
