@@ -228,8 +228,11 @@ class SharedInFlight(MemoryInFlight):
                 raw = await mark.reply()
                 if raw is None:
                     continue
-                at, reason = orjson.loads(raw)
-                end = self._reasons.get(reason)
+                try:
+                    at, reason = orjson.loads(raw)
+                except (orjson.JSONDecodeError, TypeError, ValueError):
+                    continue  # not a mark this code wrote: nothing to end
+                end = self._reasons.get(reason) if isinstance(reason, str) else None
                 if end is not None and isinstance(at, int | float):
                     self._end(key, end, at)
         except StoreUnavailable:
