@@ -149,6 +149,23 @@ def every_policy(tmp: str, state: str, prefix: str, secret: str) -> dict[str, An
     return cfg
 
 
+def leave_out(raw: dict[str, Any], part: str) -> None:
+    """The all-policies config without one of its parts."""
+    upstream = raw["upstreams"][0]
+    if part == "access":
+        upstream.pop("access", None)
+    elif part == "rate_limits":
+        raw.pop("rate_limits", None)
+    elif part == "egress":
+        upstream.pop("collections", None)
+        raw.pop("egress", None)
+        upstream["zones"] = ["loopback", "lan", "remote"]
+    elif part == "metering":
+        raw.pop("metering", None)
+    else:
+        raise SystemExit(f"--without: access, rate_limits, egress or metering, not {part!r}")
+
+
 def bearer(secret: str) -> str:
     import jwt
 
@@ -186,6 +203,9 @@ async def main() -> None:
     parser.add_argument("--stateful", action="store_true", help="JWT caller, session, rate limit")
     parser.add_argument("--all-policies", action="store_true",
                         help="paths.py's all-policies config: every policy of the chain on")
+    parser.add_argument("--without", default="", metavar="PART",
+                        help="with --all-policies: leave one part out (access, rate_limits, "
+                             "egress, metering), to see what it costs")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="cProfile one more round; print the top N by cumulative time")
     parser.add_argument("--observability", action="store_true",
@@ -204,6 +224,8 @@ async def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             raw = (every_policy(tmp, args.state, prefix, secret) if args.all_policies
                    else config(tmp, args.state, prefix, args.stateful, secret))
+            if args.without:
+                leave_out(raw, args.without)
             cfg = from_dict(raw, env={})
             app = create_app(cfg, upstream_transport=httpx.MockTransport(upstream),
                              resolver=Resolver())
@@ -231,7 +253,8 @@ async def main() -> None:
         if args.state != "memory":
             delete_keys(args.state, prefix)
     mode = (f"state {args.state.split('@')[-1]}{', stateful' if args.stateful else ''}"
-            f"{', all policies' if args.all_policies else ''}")
+            f"{', all policies' if args.all_policies else ''}"
+            f"{f' but {args.without}' if args.without else ''}")
     print(f"{os.getcwd()} ({mode}): {best * 1e6:.1f} us per call, {best_cpu * 1e6:.1f} us CPU, "
           f"{best_waits:.2f} loop waits (best of {args.rounds} x {args.calls})")
     if args.profile:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from proxy.auth.principal import Principal
@@ -21,14 +21,30 @@ from proxy.config import AccessConfig, Config
 from proxy.errors import Forbidden, HiddenTool
 from proxy.jsonrpc import McpMessage
 
+_REMEMBERED = 4096  # names (or group sets) whose verdict a profile (or rule set) keeps
+
 
 @dataclass(frozen=True)
 class Profile:
     allow: tuple[str, ...]
     deny: tuple[str, ...]
+    # name -> verdict: the same few tool names are asked about on every call, and a profile
+    # never changes (a changed rule set is a new Profile); emptied when it fills up
+    _verdicts: dict[str, str | None] = field(default_factory=dict, compare=False, repr=False)
 
     def denial(self, name: str) -> str | None:
         """None when `name` may be used, else the rule that hides it."""
+        verdicts = self._verdicts
+        try:
+            return verdicts[name]
+        except KeyError:
+            pass
+        if len(verdicts) >= _REMEMBERED:
+            verdicts.clear()
+        verdict = verdicts[name] = self._judge(name)
+        return verdict
+
+    def _judge(self, name: str) -> str | None:
         for pattern in self.deny:
             if fnmatch.fnmatchcase(name, pattern):
                 return f"matches deny pattern '{pattern}'"
@@ -47,13 +63,28 @@ class _Rules:
     group_tools: dict[str, Profile]
     prompts: Profile
     resources: Profile
+    # a caller's groups -> their tool profile, built once per distinct set of groups (so its
+    # verdicts are kept too); emptied when it fills up
+    _by_groups: dict[frozenset[str], Profile] = field(default_factory=dict, compare=False,
+                                                      repr=False)
 
     @property
     def restricts(self) -> bool:
         return bool(self.subjects or self.groups or self.scopes or self.keys)
 
     def tool_profile(self, principal: Principal) -> Profile:
-        extra = [self.group_tools[g] for g in principal.groups if g in self.group_tools]
+        if not self.group_tools or not principal.groups:
+            return self.tools
+        groups = principal.groups
+        profile = self._by_groups.get(groups)
+        if profile is None:
+            if len(self._by_groups) >= _REMEMBERED:
+                self._by_groups.clear()
+            profile = self._by_groups[groups] = self._combined(groups)
+        return profile
+
+    def _combined(self, groups: frozenset[str]) -> Profile:
+        extra = [self.group_tools[g] for g in sorted(groups) if g in self.group_tools]
         if not extra:
             return self.tools
         return Profile(self.tools.allow + tuple(p for e in extra for p in e.allow),

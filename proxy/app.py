@@ -305,7 +305,8 @@ class Serving:
         sqlite_file = (database.path if database.dialect == "sqlite" and not database.memory
                        else None)
         audit = given.audit_sink or DatabaseAuditSink(
-            database, journal=cfg.database.journal(sqlite_file))
+            database, journal=cfg.database.journal(sqlite_file),
+            commit_window_s=cfg.database.audit_commit_window_ms / 1000)
         metrics = parts.metrics
         parts.health.audit = audit
         if metrics is not None and isinstance(audit, DatabaseAuditSink):

@@ -172,6 +172,10 @@ class DatabaseConfig:
     # the journal's files are <this>.<pid>-<n>.<seq>.jsonl; default: beside a SQLite file,
     # else ./tollhouse.audit-journal. It must be on a volume that outlives the process.
     audit_journal_path: str = ""
+    # with the journal on: how long the audit writer lets records gather before it commits
+    # them together (0: each as soon as the writer is free); no answer waits for it, only how
+    # soon a record is readable through /api/v1/audit
+    audit_commit_window_ms: float = 20.0
 
     def journal(self, sqlite_path: str | None) -> str | None:
         """The journal's base path, or None when answers wait for a commit instead."""
@@ -588,6 +592,8 @@ def _check(cfg: Config, base_dir: Path) -> None:
     _positive(lock.lockout_s, "auth.lockout.lockout_s")
     _positive(lock.max_tracked, "auth.lockout.max_tracked")
     _positive(cfg.database.busy_timeout_s, "database.busy_timeout_s")
+    if not 0 <= cfg.database.audit_commit_window_ms <= 1000:
+        raise ConfigError("config: 'database.audit_commit_window_ms' must be between 0 and 1000")
     if cfg.database.audit_journal not in ("auto", "on", "off"):
         raise ConfigError("config: 'database.audit_journal' must be \"auto\", \"on\" or "
                           "\"off\"")

@@ -241,6 +241,9 @@ class Destinations:
         self._pin_ttl_s = pin_ttl_s
         self._pins: dict[str, _Pin] = {}
         self._destinations: dict[str, Destination] = {}
+        # a destination written as an address: its verdict cannot change, so it is reached once
+        # (the addresses it admitted) and not parsed and classified again on every call
+        self._literal: dict[str, Sequence[str]] = {}
         self._local: set[str] = set()
         for upstream in upstreams:
             self.add(upstream)
@@ -255,6 +258,7 @@ class Destinations:
         self._destinations[upstream.name] = Destination.of(
             upstream.host, upstream.port, upstream.zones, named_by_operator=True)
         self._pins.pop(upstream.name, None)
+        self._literal.pop(upstream.name, None)
 
     def add_resolved(self, key: str, host: str, port: int, zones: Collection[str]) -> None:
         """A per-caller upstream's URL, filled from caller data (proxy.upstream.tenants):
@@ -262,10 +266,12 @@ class Destinations:
         writing, so a metadata address is refused even written literally."""
         self._destinations[key] = Destination.of(host, port, zones)
         self._pins.pop(key, None)
+        self._literal.pop(key, None)
 
     def discard(self, name: str) -> None:
         self._destinations.pop(name, None)
         self._pins.pop(name, None)
+        self._literal.pop(name, None)
         self._local.discard(name)
 
     def pinned(self, name: str) -> list[str] | None:
@@ -289,15 +295,19 @@ class Destinations:
         self._pins.pop(name, None)  # a refused or failed check leaves nothing to dial
         if name in self._local:
             return ()
-        dest = self._destinations.get(name)
-        if dest is None:
-            raise _denied(name, "no egress entry for this upstream")
-        try:
-            addresses = await admit(dest, self._resolver, self._metadata)
-        except Refused as exc:
-            raise _denied(name, str(exc)) from None
-        except OSError:
-            raise UpstreamUnavailable() from None
+        addresses = self._literal.get(name)
+        if addresses is None:
+            dest = self._destinations.get(name)
+            if dest is None:
+                raise _denied(name, "no egress entry for this upstream")
+            try:
+                addresses = await admit(dest, self._resolver, self._metadata)
+            except Refused as exc:
+                raise _denied(name, str(exc)) from None
+            except OSError:
+                raise UpstreamUnavailable() from None
+            if dest.literal is not None and self._destinations.get(name) is dest:
+                self._literal[name] = addresses
         self._pins[name] = _Pin(addresses, self._clock() + self._pin_ttl_s)
         return addresses
 

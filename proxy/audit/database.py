@@ -7,7 +7,10 @@ before its call's answer leaves. `query` reads records back for `tollhouse audit
 
 Group commit: the writer takes every record queued when it is free and commits them in one
 transaction, then the next lot; a lone record commits at once (there is no waiting window),
-and records only share a commit when they arrive while the one before is being written.
+and records only share a commit when they arrive while the one before is being written. With
+the journal on (no answer waits for a commit) the writer waits `commit_window_s` after a
+record arrives before it commits whatever has gathered, so that a busy gateway makes one
+commit per window rather than one per call.
 """
 
 from __future__ import annotations
@@ -81,7 +84,8 @@ class DatabaseAuditSink:
                  on_outbox: Callable[[], None] | None = None,
                  fallback_path: str | None = None, tries: int = 5,
                  journal: str | Path | None = None,
-                 journal_rotate_bytes: int = journals.ROTATE_BYTES) -> None:
+                 journal_rotate_bytes: int = journals.ROTATE_BYTES,
+                 commit_window_s: float = 0.0) -> None:
         self._db = db.resolve(target)
         self._owns_db = self._db is not target
         if fallback_path is None:
@@ -112,12 +116,19 @@ class DatabaseAuditSink:
         self._journal = (journals.Journal(journal, journal_rotate_bytes)
                          if journal is not None else None)
         self._kept_only_in_journal = False  # a record of the live segment the database lacks
+        # with the journal on nobody waits for a commit, so the writer lets records gather for
+        # this long after the first before it commits them all (one commit, one wake-up and one
+        # statement run for the lot, instead of one each); a record someone does wait for (the
+        # journal could not take it) or a stop cuts the wait short
+        self._window = commit_window_s if self._journal is not None else 0.0
+        self._urgent = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tollhouse-audit", daemon=True)
         self._thread.start()
 
     def emit(self, record: AuditRecord) -> None:
         if not self._journaled(record):
             self._queue.put((record, None))
+            self._urgent.set()  # only in the database will it be kept: commit it at once
 
     def write(self, record: AuditRecord) -> Waiter:
         waiter: Waiter = asyncio.get_running_loop().create_future()
@@ -125,6 +136,7 @@ class DatabaseAuditSink:
             waiter.set_result(True)  # durable already: the journal holds it
         else:
             self._queue.put((record, waiter))
+            self._urgent.set()
         return waiter
 
     def _journaled(self, record: AuditRecord) -> bool:
@@ -146,6 +158,7 @@ class DatabaseAuditSink:
 
     async def close(self) -> None:
         self._queue.put(_STOP)
+        self._urgent.set()
         await asyncio.to_thread(self._thread.join)
 
     # -- the writer thread ---------------------------------------------------------------------
@@ -155,6 +168,9 @@ class DatabaseAuditSink:
         stop = False
         while not stop:
             item = self._queue.get()  # a lone record is written at once: no waiting window
+            if self._window and not self._urgent.is_set():  # unless the journal holds it
+                self._urgent.wait(self._window)
+            self._urgent.clear()
             batch: list[tuple[AuditRecord, Waiter | None]] = []
             retired: journals.Segment | None = None
             while True:  # and everything that queued up meanwhile shares its commit

@@ -14,11 +14,10 @@ clock: a caller's monotonic reading means nothing to another process, so a Redis
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
-
-from cachetools import TLRUCache
 
 if TYPE_CHECKING:
     from proxy.state.shared import Shared
@@ -66,25 +65,50 @@ class MemoryRateLimitStore:
             raise ValueError("max_keys must be at least 1")
         self._clock = clock
         self._now = 0
-        self._tats: TLRUCache[str, int, int] = TLRUCache(
-            maxsize=max_keys, ttu=lambda _key, tat, _now: tat, timer=lambda: self._now)
+        self._max_keys = max_keys
+        # key -> arrival time, least recently charged first (a charge moves a key to the end)
+        self._tats: dict[str, int] = {}
+        # (arrival time, key) of every charge, soonest first: what expires next. A pair whose
+        # key has moved on since is stale and skipped; compacted when stale pairs pile up.
+        self._expiries: list[tuple[int, str]] = []
 
     async def take(self, limits: Sequence[Limit]) -> Refused | None:
-        # the cache's clock never runs backwards
+        # the store's clock never runs backwards
         self._now = now_us = max(self._now, round(self._clock() * US))
+        tats = self._tats
         new_tats: list[int] = []
         refused: Refused | None = None
         for i, (key, interval_us, tolerance_us) in enumerate(limits):
-            tat = max(self._tats.get(key, now_us), now_us)
+            tat = tats.get(key, now_us)
+            tat = max(tat, now_us)
             wait_us = tat - tolerance_us - now_us
             if wait_us > 0 and (refused is None or wait_us / US > refused.retry_after_s):
                 refused = Refused(i, wait_us / US)
             new_tats.append(tat + interval_us)
         if refused is not None:
             return refused
+        expiries = self._expiries
         for (key, _, _), tat in zip(limits, new_tats, strict=True):
-            self._tats[key] = tat
+            tats.pop(key, None)
+            tats[key] = tat
+            heapq.heappush(expiries, (tat, key))
+        self._forget(now_us)
         return None
+
+    def _forget(self, now_us: int) -> None:
+        """Entries that no longer constrain (their arrival time has come: from now on they
+        admit like a missing entry) go first; then, past `max_keys`, the least recently
+        charged."""
+        tats, expiries = self._tats, self._expiries
+        while expiries and expiries[0][0] <= now_us:
+            tat, key = heapq.heappop(expiries)
+            if tats.get(key) == tat:
+                del tats[key]
+        while len(tats) > self._max_keys:
+            del tats[next(iter(tats))]
+        if len(expiries) > 2 * len(tats) + 1024:  # mostly stale pairs: rebuild, amortized O(1)
+            self._expiries = [(tat, key) for key, tat in tats.items()]
+            heapq.heapify(self._expiries)
 
     def __len__(self) -> int:
         return len(self._tats)

@@ -116,3 +116,35 @@ def test_a_list_filtered_per_caller_is_never_publicly_cacheable() -> None:
     rewrite = POLICY.rewriter(msg("tools/list"), ctx(who()))
     assert rewrite is not None and rewrite(result)
     assert result["cacheScope"] == "private" and result["ttlMs"] == 60000
+
+
+def test_remembered_verdicts_are_bounded_and_stay_right() -> None:
+    """A profile remembers each name's verdict (the same few names come on every call); a
+    flood of distinct names keeps at most a bound of them and every answer stays right."""
+    from policies.access import _REMEMBERED, Profile
+
+    profile = Profile(("read_*",), ("read_secret*",))
+    for i in range(_REMEMBERED + 500):
+        name = f"read_{i}" if i % 3 else f"write_{i}"
+        assert (profile.denial(name) is None) == bool(i % 3)
+        assert len(profile._verdicts) <= _REMEMBERED
+    assert profile.denial("read_secret_key") == "matches deny pattern 'read_secret*'"
+    assert profile.denial("read_secret_key") == "matches deny pattern 'read_secret*'"  # kept
+
+
+def test_a_callers_groups_get_one_combined_profile_per_distinct_set() -> None:
+    from policies.access import _compile
+    from proxy.config import AccessConfig
+
+    cfg = from_dict({"upstreams": [{"name": "e", "url": "http://127.0.0.1:1/mcp", "access": {
+        "tools_allow": ["a"], "group_tools": {"ops": {"tools_allow": ["b"]},
+                                              "dev": {"tools_deny": ["a"]}}}}]})
+    rules = _compile(cfg.upstreams[0].access)
+    assert isinstance(cfg.upstreams[0].access, AccessConfig)
+    ops = Principal(subject="s", groups=frozenset({"ops"}))
+    both = Principal(subject="t", groups=frozenset({"ops", "dev"}))
+    assert rules.tool_profile(ops).denial("b") is None
+    assert rules.tool_profile(both).denial("a") == "matches deny pattern 'a'"
+    assert rules.tool_profile(ops) is rules.tool_profile(Principal(subject="u",
+                                                                     groups=frozenset({"ops"})))
+    assert rules.tool_profile(Principal(subject="v")) is rules.tools

@@ -110,3 +110,24 @@ async def test_concurrent_takes_admit_exactly_the_burst() -> None:
 def test_max_keys_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_keys"):
         MemoryRateLimitStore(max_keys=0)
+
+
+async def test_memory_stays_bounded_when_one_key_is_charged_far_ahead() -> None:
+    """Each charge leaves an expiry behind; a key charged again and again, far ahead of now (a
+    large burst), must not pile them up: the store keeps a bound on them."""
+    store = Store()
+    generous = per_second("k", 1000, 1_000_000)  # arrival times run up to 1000 s ahead
+    assert await admitted(store, [generous], 0, 20_000) == 20_000
+    assert len(store) == 1
+    assert len(store.store._expiries) <= 2 * 1 + 1024 + 1
+
+
+async def test_a_key_charged_again_is_not_forgotten_by_its_earlier_expiry() -> None:
+    store = Store()
+    limit = per_second("k", 10, 2)
+    await store.take([limit], 0)  # arrival 0.1 s
+    await store.take([limit], SECOND // 20)  # arrival 0.2 s: the 0.1 s expiry is stale
+    await store.take([per_second("other", 10, 1)], SECOND // 10)  # past 0.1 s
+    # remembered (arrival 0.2 s): one more fits the burst now, not a fresh burst of two
+    assert await store.take([limit], SECOND // 10) is None
+    assert await store.take([limit], SECOND // 10) == Refused(0, 0.1)
