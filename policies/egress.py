@@ -10,6 +10,7 @@ refused upstream answers before anything is sent; the upstream client dials that
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
@@ -71,7 +72,15 @@ class Destinations(Protocol):
 def caller_zone(peer_ip: str | None, headers: Iterable[tuple[str, str]],
                 trusted_proxies: Sequence[IPNetwork]) -> CallerZone:
     """Where the answer goes: the caller, through trusted proxies (proxy.auth.peer)."""
+    if not trusted_proxies:  # the connection's peer: the same few on every call
+        return _peer_zone(peer_ip)
     address = client_ip(peer_ip, headers, trusted_proxies)
+    return "unknown" if address is None else classify(address)
+
+
+@functools.lru_cache(maxsize=4096)
+def _peer_zone(peer_ip: str | None) -> CallerZone:
+    address = client_ip(peer_ip, (), ())
     return "unknown" if address is None else classify(address)
 
 

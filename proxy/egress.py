@@ -18,6 +18,7 @@ config and the policies can use its zone rules.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import socket
 import time
@@ -61,6 +62,7 @@ def unwrap(ip: IPAddress) -> IPAddress:
     return ip
 
 
+@functools.lru_cache(maxsize=4096)  # ipaddress's properties are slow; an address's zone is fixed
 def classify(ip: IPAddress) -> Zone:
     """loopback: this host. lan: private, shared (CGNAT), link-local, unique-local, and every
     other address that is not globally routable (documentation, reserved, multicast), so an
@@ -210,7 +212,7 @@ async def admit(dest: Destination, resolver: Resolver,
             raise OSError(f"{dest.host} has no address")
     for text in addresses:
         try:
-            ip = ipaddress.ip_address(text)
+            ip = _address(text)
         except ValueError:
             raise Refused(f"{text!r} is not an address") from None
         zone = classify(ip)
@@ -219,6 +221,10 @@ async def admit(dest: Destination, resolver: Resolver,
         if unwrap(ip) in metadata and not (dest.named_by_operator and ip == literal):
             raise Refused(f"{text} is a metadata address")
     return addresses
+
+
+# a resolver's answer is parsed on every call's check: the same few addresses each time
+_address = functools.lru_cache(maxsize=4096)(ipaddress.ip_address)
 
 
 @dataclass(frozen=True, slots=True)
