@@ -174,7 +174,7 @@ class DatabaseConfig:
     audit_journal_path: str = ""
     # with the journal on: how long the audit writer lets records gather before it commits
     # them together (0: each as soon as the writer is free); no answer waits for it, only how
-    # soon a record is readable through /api/v1/audit
+    # soon another process reads a record (this one's audit queries commit what it holds)
     audit_commit_window_ms: float = 20.0
 
     def journal(self, sqlite_path: str | None) -> str | None:

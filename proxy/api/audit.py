@@ -31,6 +31,14 @@ def page(target: db.Target, *, status: str | None = None, endpoint: str | None =
                        with_id=True)
 
 
+async def settled(api: Api) -> None:
+    """Read your own writes: what this process accepted before the query is committed first
+    (with the audit journal on, records otherwise gather for the commit window). Other
+    replicas' records are read as their writers have committed them."""
+    if api.audit is not None:
+        await api.audit.settled()
+
+
 async def audit(who: Caller, api: Api) -> Response:
     args = request.args
     problems: query.Problems = []
@@ -44,6 +52,7 @@ async def audit(who: Caller, api: Api) -> Response:
     cursor = query.cursor(args.get("cursor"), problems)
     if problems:
         raise Invalid(problems)
+    await settled(api)
     rows = await asyncio.to_thread(
         page, api.database, status=status, endpoint=args.get("endpoint"),
         since=times["since"], until=times["until"], principal=args.get("principal"),

@@ -16,7 +16,7 @@ import orjson
 from quart import Response, request
 
 from proxy.api import query
-from proxy.api.audit import STATUSES, page
+from proxy.api.audit import STATUSES, page, settled
 from proxy.api.bodies import json_response
 from proxy.api.caller import Caller
 from proxy.api.context import Api
@@ -91,6 +91,7 @@ async def audit_export(who: Caller, api: Api) -> Response:
                          "type": "literal_error"})
     if problems:
         raise Invalid(problems)
+    await settled(api)
     response = Response(_rows(api, filters, form), 200, {
         "Content-Type": FORMATS[form], "Cache-Control": "no-store",
         "Content-Disposition": f'attachment; filename="audit.{form}"'})
@@ -131,6 +132,7 @@ def _cell(value: Any) -> Any:
 async def audit_record(who: Caller, api: Api, record_id: str) -> Response:
     found = None
     if re.fullmatch(r"[0-9]{1,18}", record_id):
+        await settled(api)
         found = await asyncio.to_thread(aggregates.record, api.database, int(record_id))
     if found is None:
         raise NotFound(f"audit record '{record_id}' not found")

@@ -52,6 +52,7 @@ _INSERT = (f"INSERT INTO audit ({', '.join(_COLUMNS)}) "
 _EXISTS = ("SELECT request_id FROM audit WHERE ts = ? AND endpoint = ? AND principal = ?")
 _STOP = object()
 _RETIRE = object()  # (_RETIRE, segment): every record before it is in; the segment may go
+_SETTLED = object()  # (_SETTLED, waiter): woken once every record before it is written
 Waiter = asyncio.Future[bool]
 
 
@@ -151,6 +152,18 @@ class DatabaseAuditSink:
             self._queue.put((_RETIRE, full))
         return True
 
+    async def settled(self) -> None:
+        """Return once every record this process accepted before the call is in the database
+        (or could be kept nowhere): what an audit query then reads includes them. Records
+        gathering for the commit window are committed at once; with nothing queued this is
+        one pass of the writer thread."""
+        if not self._thread.is_alive():  # closed: everything it took is written
+            return
+        waiter: Waiter = asyncio.get_running_loop().create_future()
+        self._queue.put((_SETTLED, waiter))
+        self._urgent.set()
+        await waiter
+
     @property
     def depth(self) -> int:
         """Records accepted and not yet written (approximately: another thread writes)."""
@@ -173,6 +186,7 @@ class DatabaseAuditSink:
             self._urgent.clear()
             batch: list[tuple[AuditRecord, Waiter | None]] = []
             retired: journals.Segment | None = None
+            settled: list[tuple[Any, Waiter | None]] = []  # woken once the batch is written
             while True:  # and everything that queued up meanwhile shares its commit
                 if item is _STOP:
                     stop = True
@@ -180,7 +194,10 @@ class DatabaseAuditSink:
                 if item[0] is _RETIRE:  # behind its segment's last record
                     retired = item[1]
                     break
-                batch.append(item)
+                if item[0] is _SETTLED:
+                    settled.append(item)
+                else:
+                    batch.append(item)
                 if len(batch) >= self._batch_size:
                     break
                 try:
@@ -192,6 +209,7 @@ class DatabaseAuditSink:
                 if lost and self._journal is not None:
                     self._kept_only_in_journal = True
                 _settle(batch, lost)
+            _settle(settled, _NOTHING)
             if retired is not None:
                 self._retire(retired)
         if self._journal is not None:  # everything before the stop is in: the last one goes

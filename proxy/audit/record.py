@@ -86,6 +86,9 @@ class AuditSink(Protocol):
         """Accept a record without blocking; the awaitable is True once the record is durable
         (a crash of the process no longer loses it), False if it could be kept nowhere."""
 
+    async def settled(self) -> None:
+        """Return once every record accepted before the call is where audit queries read."""
+
     async def close(self) -> None:
         """Write everything accepted, then stop."""
 
@@ -115,6 +118,9 @@ class MemoryAuditSink:
             self._waiters.append((count, fut))
             await asyncio.wait_for(fut, timeout)
         return self.records
+
+    async def settled(self) -> None:
+        return None  # a record is in the list once accepted
 
     async def close(self) -> None:
         return None

@@ -19,6 +19,7 @@ import orjson
 from tests import db_backends, state_backends
 from tests.e2e.test_metering import SECRET, Receiver
 from tests.e2e.upstreams import stateless_json_app
+from tests.helpers import until
 from tests.replicas.harness import Replica, _healthy, _start_replica, _stop, free_port
 from tests.servers import serve
 
@@ -102,10 +103,19 @@ async def test_a_killed_gateway_loses_no_answered_call(tmp_path: Path) -> None:
         assert len(answered) >= KILL_AFTER and load.failed > 0  # the kill cut calls short
         restarted = {**tables, "server": {**tables["server"], "listen": f"127.0.0.1:{free_port()}"}}
         async with gateway(tmp_path, "second", restarted):  # same database, a new process
-            rows = db_backends.rows(db_backends.url(), "SELECT request_id, call_id FROM audit "
-                                                       "WHERE method = 'tools/call'")
+            # the killed run's journal is replayed by the new writer thread, which the health
+            # check does not wait for: every answered call's one record is there once it is done
+            rows: list[tuple[Any, ...]] = []
+
+            def recorded() -> bool:
+                rows[:] = db_backends.rows(db_backends.url(), "SELECT request_id, call_id "
+                                                              "FROM audit WHERE method = "
+                                                              "'tools/call'")
+                return answered <= {request_id for request_id, _ in rows}
+
+            with contextlib.suppress(AssertionError):
+                await until(recorded, DEADLINE_S, "the replay of the killed run's journal")
             call_ids = {request_id: call_id for request_id, call_id in rows}
-            # every answered call's one record is there, with the call id its event carries
             missing = sorted(answered - set(call_ids))
             assert not missing, f"{len(missing)} answered calls have no audit record"
             assert len(rows) == len(call_ids), "a call is in the audit log twice"

@@ -187,3 +187,19 @@ def test_a_commit_window_without_the_journal_is_ignored() -> None:
         assert sink._window == 0.0
     finally:
         asyncio.run(sink.close())
+
+
+async def test_settled_commits_what_the_window_holds(tmp_path: Path) -> None:
+    """An audit query first awaits `settled()`: records gathering for the window are
+    committed then, not an hour later; with nothing queued it returns at once."""
+    db = db_backends.url()
+    sink = DatabaseAuditSink(db, journal=tmp_path / "t.audit-journal", commit_window_s=3600.0)
+    try:
+        await asyncio.wait_for(sink.settled(), DEADLINE_S)  # nothing queued
+        for i in range(3):
+            assert sink.write(record(i, call_id=f"c{i}")).result() is True
+        await asyncio.wait_for(sink.settled(), DEADLINE_S)
+        assert sorted(r["request_id"] for r in query(db)) == ["0", "1", "2"]
+        assert sink.commits == 1
+    finally:
+        await asyncio.wait_for(sink.close(), DEADLINE_S)
