@@ -126,13 +126,15 @@ def bearer(secret: str) -> str:
     return f"Bearer {token}"
 
 
-def start(procs: Processes, path: Path_, exe: str, tmpdir: Path, stub_port: int) -> Server | str:
-    """The started target `tollhouse{<path>}`, or a note why not."""
-    name = f"tollhouse{{{path.name}}}"
+def start(procs: Processes, path: Path_, exe: str, tmpdir: Path, stub_port: int,
+          prefix: str = "tollhouse") -> Server | str:
+    """The started target `<prefix>{<path>}` (`tollhouse-compare` for run.py's --compare
+    build), or a note why not."""
+    name = f"{prefix}{{{path.name}}}"
     found = shutil.which(exe)
     if found is None:
         return f"{name} skipped: `{exe}` is not installed."
-    own = tmpdir / f"path-{path.name}"
+    own = tmpdir / f"{prefix}-path-{path.name}"
     own.mkdir(exist_ok=True)
     secret = secrets.token_hex(32)
     port = free_port()
@@ -154,12 +156,20 @@ def start(procs: Processes, path: Path_, exe: str, tmpdir: Path, stub_port: int)
 
 
 def comparisons(started: list[str]) -> list[tuple[str, str, str]]:
-    """Each path against auth-off, when both ran."""
-    base = "tollhouse{auth-off}"
-    if base not in started:
-        return []
-    return [(f"{n.removeprefix('tollhouse{').rstrip('}')} vs auth-off", base, n)
-            for n in started if n.startswith("tollhouse{") and n != base]
+    """Each path against auth-off, when both ran; with a --compare build, each of its paths
+    against the same path of the first build too."""
+    pairs = []
+    for prefix in ("tollhouse", "tollhouse-compare"):
+        base = f"{prefix}{{auth-off}}"
+        if base in started:
+            pairs += [(f"{prefix}: {n.removeprefix(prefix + '{').rstrip('}')} vs auth-off",
+                       base, n)
+                      for n in started if n.startswith(prefix + "{") and n != base]
+    pairs += [(f"compare vs first build: {n.removeprefix('tollhouse-compare{').rstrip('}')}",
+               "tollhouse" + n.removeprefix("tollhouse-compare"), n)
+              for n in started if n.startswith("tollhouse-compare{")
+              and "tollhouse" + n.removeprefix("tollhouse-compare") in started]
+    return pairs
 
 
 if __name__ == "__main__":  # pragma: no cover - a listing for the README

@@ -293,12 +293,17 @@ def main() -> None:
                     notes.append(f"{passthrough_name(app, transport)} skipped: it did not start. {exc}")
             pairs: list[tuple[str, str, str]] = []
             if "tollhouse" in args.targets and args.paths:
+                builds = [("tollhouse", args.tollhouse)]
+                if args.compare:  # each path on the other build too, in the same rounds
+                    builds.append(("tollhouse-compare", args.compare))
                 for name in args.paths:
-                    got = paths.start(procs, paths.PATHS[name], args.tollhouse, tmpdir, stub.port)
-                    if isinstance(got, str):
-                        notes.append(got)
-                    else:
-                        targets.append(got)
+                    for prefix, exe in builds:
+                        got = paths.start(procs, paths.PATHS[name], exe, tmpdir, stub.port,
+                                          prefix)
+                        if isinstance(got, str):
+                            notes.append(got)
+                        else:
+                            targets.append(got)
                 pairs = paths.comparisons([t.name for t in targets])
             elif "tollhouse" in args.targets and args.variants:
                 started_variants, pairs, more = start_variants(procs, stub, args, tmpdir, prefix)
@@ -311,7 +316,7 @@ def main() -> None:
                     notes.append(started)
                 else:
                     targets.append(started)
-            if args.compare:  # another build, measured in the same interleaved rounds
+            if args.compare and not args.paths:  # another build, in the same rounds
                 started = start_tollhouse(procs, stub, args.compare, tmpdir, pin, "tollhouse-compare",
                                           metered=args.metered)
                 if isinstance(started, str):
