@@ -244,7 +244,13 @@ class OutboxWorker:
                     await self._sleep(pause)
                     continue
                 failures = 0
+                if due >= self.CLAIM:  # more are likely due now: claim again at once
+                    continue
                 if due:
+                    # under steady load events keep landing: let a batch gather before the
+                    # next claim instead of claiming the few that landed while this one was
+                    # sent (a claim and its mark are two commits, whatever their size)
+                    await asyncio.sleep(self.GATHER_S)
                     continue
                 self._caught_up = round_
                 self._progress.set()
@@ -314,11 +320,15 @@ class OutboxWorker:
     def _mark(self, marks: tuple[list[tuple[float, str]], list[tuple[float, str]]]) -> None:
         """A claim's outcomes in one transaction: delivered, or due again later."""
         done, retry = marks
-        with self._transaction() as conn:
-            for args in done:
-                conn.execute(self._sql_done, args)
-            for args in retry:
-                conn.execute(self._sql_retry, args)
+        with self._transaction() as conn:  # each statement prepared once for all its rows
+            cur = conn.cursor()
+            try:
+                if done:
+                    cur.executemany(self._sql_done, done)
+                if retry:
+                    cur.executemany(self._sql_retry, retry)
+            finally:
+                cur.close()
 
 
 class _Marks:

@@ -49,6 +49,13 @@ _INSERT = (f"INSERT INTO audit ({', '.join(_COLUMNS)}) "
            f"VALUES ({', '.join('?' for _ in _COLUMNS)}) ON CONFLICT DO NOTHING")
 # a record without a call id has no key of its own: before a retry or a replay writes it, is
 # it there already? (ts has microseconds: with endpoint, principal and request id, one record)
+# SQLite: a batch goes in as a few multi-row INSERTs (VALUES (...), (...), ...) of these many
+# rows each, largest first, rather than one executemany step per row: sqlite3 lets the GIL go
+# around every step, and with the event loop busy each step then waits to get it back, so a
+# row cost the writer ~3 times the CPU it costs on an idle loop (bench/README.md, 2026-12-02)
+_CHUNKS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
+# the default most `?` a statement may hold (SQLITE_MAX_VARIABLE_NUMBER; 999 before 3.32)
+_MAX_VARIABLES = 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
 _EXISTS = ("SELECT request_id FROM audit WHERE ts = ? AND endpoint = ? AND principal = ?")
 _STOP = object()
 _RETIRE = object()  # (_RETIRE, segment): every record before it is in; the segment may go
@@ -103,6 +110,8 @@ class DatabaseAuditSink:
         self._sql_insert = self._db.sql(_INSERT)
         self._sql_exists = self._db.sql(_EXISTS)
         self._sql_outbox = self._db.insert_ignore("usage_outbox", _OUTBOX_COLUMNS)
+        self._many_insert = _multi_row("audit", _COLUMNS)
+        self._many_outbox = _multi_row("usage_outbox", _OUTBOX_COLUMNS)
         self._conn: db.Connection | None = connect(self._db)
         self._checkpoints: _Checkpointer | None = None
         if self._db.dialect == "sqlite" and not self._db.memory:
@@ -313,10 +322,8 @@ class DatabaseAuditSink:
             return
         cur = conn.cursor()
         try:
-            if rows:
-                cur.executemany(self._sql_insert, rows)
-            if usage:
-                cur.executemany(self._sql_outbox, usage)
+            _insert_rows(cur, self._many_insert, rows)
+            _insert_rows(cur, self._many_outbox, usage)
         finally:
             cur.close()
         conn.commit()
@@ -462,6 +469,27 @@ class _Checkpointer:
 
 _NOTHING: set[int] = set()
 _FIELDS = frozenset(AuditRecord.__dataclass_fields__) - {"accepted"}
+
+
+def _multi_row(table: str, columns: tuple[str, ...]) -> dict[int, str]:
+    """The INSERT of each of `_CHUNKS`' row counts (SQLite's `?` placeholders), each doing
+    nothing for a row that collides with a unique key."""
+    row = f"({', '.join('?' for _ in columns)})"
+    return {n: f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
+               f"{', '.join([row] * n)} ON CONFLICT DO NOTHING"
+            for n in _CHUNKS if n * len(columns) <= _MAX_VARIABLES}
+
+
+def _insert_rows(cur: db.Cursor, statements: dict[int, str], rows: list[tuple[Any, ...]]
+                 ) -> None:
+    """`rows` in as few statements as `_CHUNKS` allow (each prepared once: sqlite3 keeps them
+    in its statement cache)."""
+    at, left = 0, len(rows)
+    for size, statement in statements.items():  # largest first
+        while left >= size:
+            cur.execute(statement, [v for row in rows[at:at + size] for v in row])
+            at += size
+            left -= size
 
 
 def _settle(batch: list[tuple[AuditRecord, Waiter | None]], lost: set[int]) -> None:
