@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -20,6 +21,7 @@ from proxy.errors import Invalid
 
 STATUSES = ("ok", "denied", "error", "cancelled")
 DAY_S = 86400  # the usage period when `since` is not given: the last day
+SETTLE_S = 2.0  # how long a query waits for this process's writer to commit what it holds
 
 
 def page(target: db.Target, *, status: str | None = None, endpoint: str | None = None,
@@ -36,7 +38,9 @@ async def settled(api: Api) -> None:
     (with the audit journal on, records otherwise gather for the commit window). Other
     replicas' records are read as their writers have committed them."""
     if api.audit is not None:
-        await api.audit.settled()
+        # bounded: a writer retrying an unreachable database does not hold the query longer
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(api.audit.settled(), SETTLE_S)
 
 
 async def audit(who: Caller, api: Api) -> Response:
