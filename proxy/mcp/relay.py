@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from proxy.audit import AuditRecord, AuditSink
+from proxy.chain import Notice
 from proxy.errors import (
     Cancelled,
     GatewayError,
@@ -62,6 +63,7 @@ class StreamRelay:
         refuse_requests: bool = False,
         on_answer: Callable[[StreamRelay], Awaitable[bool]] | None = None,
         hold_limit: int | None = None,
+        notice: Notice | None = None,
     ) -> None:
         self._close = close
         self.request_id = request_id
@@ -76,6 +78,7 @@ class StreamRelay:
         self._answer_due = False
         self._spawn = spawn
         self._rewrite = rewrite
+        self._notice = notice  # None: notifications pass unread (no rule reads them)
         self._refuse_requests = refuse_requests
         self.refused: str | None = None  # why the gateway ended the call itself
         self._chunks = chunks  # errors already mapped at the upstream boundary
@@ -205,15 +208,26 @@ class StreamRelay:
             and self._rewrite(obj["result"])
 
     def _inspect(self, events: list[bytes]) -> bytes:
-        if self.request_id is not NO_REQUEST and not self.answered:
-            for i, event in enumerate(events):
-                data = event_data(event)
-                if not data:
-                    continue
-                try:
-                    obj = orjson.loads(data)
-                except orjson.JSONDecodeError:
+        """Whole events as they go out: each read, until the answer, to see it (and rewrite
+        it); each notification read, when a policy inspects them (`notice`), to keep, rewrite
+        or leave it out. After the answer, an event that is not JSON cannot be inspected:
+        with `notice` it is left out; before it, it fails the call."""
+        watching = self.request_id is not NO_REQUEST and not self.answered
+        if not watching and self._notice is None:
+            return self._counted(b"".join(events))
+        out: list[bytes] = []
+        for event in events:
+            data = event_data(event)
+            if not data:
+                out.append(event)
+                continue
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                if watching:
                     return self._fail(UpstreamProtocolError())
+                continue
+            if watching:
                 if self._refuse_requests and isinstance(obj, dict) and "method" in obj \
                         and "id" in obj:
                     # a legacy upstream asking a 2026-07-28 caller for sampling, elicitation or
@@ -222,9 +236,20 @@ class StreamRelay:
                     self.refused = f"upstream sent {method}, which cannot reach this client"
                     return self._fail(UpstreamFailure(self.refused))
                 outcome = response_outcome(obj, self.request_id)
-                if outcome is not None and self._answer_seen(outcome, obj):
-                    events[i] = with_data(event, orjson.dumps(obj))
-        return self._counted(b"".join(events))
+                if outcome is not None:
+                    if self._answer_seen(outcome, obj):
+                        event = with_data(event, orjson.dumps(obj))
+                    out.append(event)
+                    continue
+            if self._notice is not None and isinstance(obj, dict) and "method" in obj \
+                    and "id" not in obj:
+                verdict = self._notice(obj)
+                if verdict == "dropped":
+                    continue
+                if verdict == "changed":
+                    event = with_data(event, orjson.dumps(obj))
+            out.append(event)
+        return self._counted(b"".join(out))
 
     def _end_of_stream(self) -> bytes:
         if self.request_id is NO_REQUEST or self.answered:
