@@ -212,11 +212,14 @@ class StreamRelay:
         it); each notification read, when a policy inspects them (`notice`), to keep, rewrite
         or leave it out. After the answer, an event that is not JSON cannot be inspected:
         with `notice` it is left out; before it, it fails the call."""
-        watching = self.request_id is not NO_REQUEST and not self.answered
-        if not watching and self._notice is None:
+        if (self.request_id is NO_REQUEST or self.answered) and self._notice is None:
             return self._counted(b"".join(events))
         out: list[bytes] = []
         for event in events:
+            watching = self.request_id is not NO_REQUEST and not self.answered
+            if not watching and self._notice is None:  # the answer was in this batch
+                out.append(event)
+                continue
             data = event_data(event)
             if not data:
                 out.append(event)
