@@ -40,6 +40,7 @@ DEFAULT_SCREENING = ScreeningConfig()
 _LISTS = {"tools/list": ("tools", "name", "tool"), "prompts/list": ("prompts", "name", "prompt"),
           "resources/list": ("resources", "uri", "resource"),
           "resources/templates/list": ("resourceTemplates", "uriTemplate", "resource")}
+_RESULT_KIND = ("resultType",)  # what a denied tool result keeps of the upstream's
 # a notification a call's stream may carry -> the param holding what it says
 _NOTICES = {"notifications/message": "data", "notifications/progress": "message"}
 # a call -> (param naming what it uses, kind)
@@ -269,8 +270,10 @@ def _deny(result: dict[str, Any], method: str | None, rule: _Rule, found: str) -
     reason = f"guardrail {rule.cfg.name}: {found} in result"
     if method != "tools/call":
         raise GuardrailResultBlocked(reason, message)
+    # a 2026-07-28 result says what kind it is: the error replacing it is still a whole one
+    kind = {k: result[k] for k in _RESULT_KIND if k in result}
     result.clear()
-    result.update(tool_error_result(ToolResultDenial(reason, message, BLOCKED)))
+    result.update(tool_error_result(ToolResultDenial(reason, message, BLOCKED)), **kind)
 
 
 def _with_arguments(call: McpMessage, arguments: dict[str, Any]) -> McpMessage:
