@@ -21,6 +21,9 @@ Rewrite = Callable[[dict[str, Any]], bool]
 Verdict = Literal["kept", "changed", "dropped"]
 # a notification on a call's stream (the whole JSON-RPC message), edited in place
 Notice = Callable[[dict[str, Any]], Verdict]
+# the notifications a `Notice` is given: those that carry what an upstream says (a log entry's
+# data, a progress message); the relay passes any other on unread
+NOTICED = frozenset({"notifications/message", "notifications/progress"})
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from proxy.audit import AuditRecord, AuditSink
-from proxy.chain import Notice
+from proxy.chain import NOTICED, Notice
 from proxy.errors import (
     Cancelled,
     GatewayError,
@@ -84,7 +84,9 @@ class StreamRelay:
         self._chunks = chunks  # errors already mapped at the upstream boundary
         # None: no event is held past HEAD_BYTES; else each is held whole, up to this size
         self._hold_limit = hold_limit
-        self._splitter = EventSplitter(hold_limit or UNHELD)
+        # the held bound is kept per event by `_take`: only what must be held is bounded by it
+        self._splitter = EventSplitter(UNHELD)
+        self._judged = False  # the pending event of a held stream was judged (`_unheld`)
         self._large: LargeEvent | None = None  # the event being passed on as it arrives
         self._large_answer = False  # the answer was such an event (and is partly sent)
         self._finished = False
@@ -160,19 +162,58 @@ class StreamRelay:
                 return out
         events = self._splitter.feed(chunk)
         if events:
+            self._judged = False
             out += self._inspect(events)
             if self._finished:
                 return out
-        if self._hold_limit is None and len(self._splitter.pending) > HEAD_BYTES:
-            scan = AnswerScan() if self.request_id is not NO_REQUEST and not self.answered \
-                else None
-            self._large = LargeEvent(scan)
-            head = self._splitter.take()
+        pending = len(self._splitter.pending)
+        if self._hold_limit is None:
+            if pending > HEAD_BYTES:
+                scan = AnswerScan() if self.request_id is not NO_REQUEST and not self.answered \
+                    else None
+                out += self._pass_on(LargeEvent(scan))
+        elif pending > min(HEAD_BYTES, self._hold_limit):
+            large = self._unheld()
+            if large is not None:
+                out += self._pass_on(large, fed=True)
+            elif pending > self._hold_limit:
+                raise ValueError("SSE event exceeds the size limit")
+        return out
+
+    def _pass_on(self, large: LargeEvent, fed: bool = False) -> bytes:
+        """The pending event's start goes out; `large` passes the rest on as it arrives."""
+        self._large, self._judged = large, False
+        head = self._splitter.take()
+        if not fed:
             # no event ends in what the splitter kept; a line end it begins with is the rest
             # of the last event's (or an empty line): no part of this event
-            self._large.feed(head.lstrip(b"\r\n"))
-            out += self._counted(head)
-        return out
+            large.feed(head.lstrip(b"\r\n"))
+        return self._counted(head)
+
+    def _unheld(self) -> LargeEvent | None:
+        """On a held stream, only the answer and what a policy reads whole are held: a large
+        event whose head shows a `method` (so not the answer) is passed on as it arrives,
+        unless it is a notification `notice` reads or requests are refused (both read it
+        whole). Judged once per event, from its head; None: it stays held, bounded."""
+        if self._judged:
+            return None
+        self._judged = True
+        watching = self.request_id is not NO_REQUEST and not self.answered
+        if watching and self._refuse_requests:
+            return None
+        if not watching and self._notice is None:
+            large = LargeEvent(None)  # after the answer, nothing reads an event
+        else:
+            large = LargeEvent(AnswerScan())
+        large.feed(self._splitter.pending.lstrip(b"\r\n"))
+        if large.scan is None:
+            return large
+        method = large.scan.method()
+        if large.scan.bad or method is None or self._notice is not None and method in NOTICED:
+            return None  # maybe the answer, or what a policy reads whole
+        if not watching:
+            large.scan = None
+        return large
 
     def _large_ended(self) -> bytes:
         """A passed-on event has ended: was it the answer? (its data, scanned, says so)"""
@@ -244,8 +285,8 @@ class StreamRelay:
                         event = with_data(event, orjson.dumps(obj))
                     out.append(event)
                     continue
-            if self._notice is not None and isinstance(obj, dict) and "method" in obj \
-                    and "id" not in obj:
+            if self._notice is not None and isinstance(obj, dict) and "id" not in obj \
+                    and obj.get("method") in NOTICED:
                 verdict = self._notice(obj)
                 if verdict == "dropped":
                     continue
