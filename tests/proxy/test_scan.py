@@ -74,6 +74,20 @@ def test_a_value_too_large_to_keep_is_not_kept() -> None:
     assert scan.message() == {"jsonrpc": True, "id": {}, "error": {"code": -1}}
 
 
+def test_the_method_is_known_as_soon_as_its_value_has_passed() -> None:
+    data = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/x", "params": {
+        "method": "inner", "data": "y" * 1000}})
+    scan = AnswerScan()
+    scan.feed(data[:data.index(b"params")])
+    assert scan.method() == "notifications/x" and not scan.done
+    scan.feed(data[data.index(b"params"):])
+    assert scan.method() == "notifications/x" and scan.message() == {
+        "jsonrpc": True, "method": True}
+    answer = AnswerScan()
+    answer.feed(big_answer(1, 10))
+    assert answer.method() is None
+
+
 def sse_pieces(event: bytes, rng: random.Random) -> list[bytes]:
     return pieces(event, rng)
 
@@ -337,3 +351,55 @@ async def test_notifications_before_a_held_answer_reach_the_client_before_it() -
     gate.set()
     last = await drain(relay)
     assert relay.answered and b"[REDACTED:secret]" in last and SECRET.encode() not in last
+
+
+# -- a held stream holds only the answer ------------------------------------------------------
+
+def big_notice(method: str, size: int, text: str = "") -> bytes:
+    key = "data" if method == "notifications/message" else "message"
+    return sse({"jsonrpc": "2.0", "method": method,
+                "params": {"level": "info", key: text + "z" * size}})
+
+
+@pytest.mark.parametrize("guarded_call", [False, True], ids=["held", "guardrail"])
+async def test_a_large_event_that_is_not_the_answer_passes_on_as_it_arrives(
+        guarded_call: bool) -> None:
+    rewrite, notice = (guarded("redact")[:2] if guarded_call
+                       else (lambda result: False, None))
+    # over the held bound: a held event this large would end the call
+    large = big_notice("notifications/resources/updated", 2 * HEAD_BYTES)
+    gate = asyncio.Event()
+
+    async def upstream() -> AsyncIterator[bytes]:
+        yield large[:HEAD_BYTES + 100]
+        await gate.wait()  # the rest of the event only once its start has reached the client
+        for part in split(large[HEAD_BYTES + 100:]):
+            yield part
+        yield answer_event(1, "ok")
+
+    record = AuditRecord(endpoint="e")
+    relay = StreamRelay(upstream(), closed, request_id=1, rewrite=rewrite, notice=notice,
+                        hold_limit=HEAD_BYTES, record=record)
+    head = await asyncio.wait_for(relay.__anext__(), DEADLINE_S)
+    assert head == large[:HEAD_BYTES + 100] and relay.mid_event
+    gate.set()
+    assert head + await drain(relay) == large + answer_event(1, "ok")
+    assert relay.answered and record.status == "ok"
+
+
+async def test_a_large_notification_a_rule_reads_is_held_whole_and_bounded() -> None:
+    rewrite, notice, _ = guarded("redact")
+    within = big_notice("notifications/message", HEAD_BYTES // 2, f"key {SECRET} ")
+    relay = StreamRelay(chunks_of(split(within + answer_event(1, "ok"))), closed,
+                        request_id=1, rewrite=rewrite, notice=notice, hold_limit=HEAD_BYTES)
+    out = await drain(relay)
+    assert SECRET not in out.decode() and b"[REDACTED:secret]" in out and relay.answered
+    over = big_notice("notifications/progress", 2 * HEAD_BYTES, f"key {SECRET} ")
+    record = AuditRecord(endpoint="e")
+    relay = StreamRelay(chunks_of(split(over + answer_event(1, "ok"))), closed, request_id=1,
+                        rewrite=rewrite, notice=notice, hold_limit=HEAD_BYTES, record=record)
+    out = await drain(relay)
+    assert SECRET not in out.decode() and not relay.answered
+    error = orjson.loads(out.rpartition(b"data: ")[2])
+    assert error["id"] == 1 and "server.max_response_bytes" in error["error"]["message"]
+    assert record.status == "error"
