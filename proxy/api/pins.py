@@ -1,9 +1,9 @@
 """/api/v1/pins: the guardrails' tool definitions changed since they were pinned (README,
 "Guardrails"). GET lists the changes waiting, each with a diff of the definition; approving one
 makes it the pin (the tool is shown again), rejecting one keeps that definition hidden. Each
-approval and rejection is one audit record: the change's own (`endpoint.audited`), named here
-(method `pins/approve` or `pins/reject`, the server, the tool, the hash decided); a refused
-one keeps the generic `POST <path>` method."""
+approval and rejection is one audit record: the change's own (`endpoint.audited`, endpoint
+`/api/v1`), named here (method `pins/approve` or `pins/reject`, the tool; the hash decided and
+the server in its note); a refused one keeps the generic `POST <path>` method."""
 
 from __future__ import annotations
 
@@ -75,8 +75,9 @@ async def _decide(api: Api, record: AuditRecord, server: str, tool: str, decisio
         raise Conflict(f"tool '{tool}' on server '{server}' was decided or changed "
                        "meanwhile; list the pins again")
     verb = "approved" if decision == "approve" else "rejected"
-    # the change's record (its principal the administrator) says which decision it was
-    record.endpoint, record.method, record.tool = server, f"pins/{decision}", tool
-    record.note = f"{verb} definition sha256:{digest}"
+    # the change's record (a management change, its principal the administrator) says which
+    # decision it was, on which tool of which server
+    record.method, record.tool = f"pins/{decision}", tool
+    record.note = f"{verb} definition sha256:{digest} of server {server}"
     return json_response({"server": server, "tool": tool, "approved": decided.approved,
                           "rejected": decided.rejected})

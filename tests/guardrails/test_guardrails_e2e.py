@@ -179,10 +179,10 @@ async def test_a_changed_definition_waits_for_approval(tmp_path: Path) -> None:
     decisions = sorted((r for r in records if r["tool"] == "remember"
                         and r["method"] != "tools/call"), key=lambda r: r["ts"])
     assert [(r["method"], r["endpoint"], r["status"]) for r in decisions] == [
-        ("pins/approve", "up", "ok"), ("pins/reject", "up", "ok")]
+        ("pins/approve", "/api/v1", "ok"), ("pins/reject", "/api/v1", "ok")]
     assert [r["note"] for r in decisions] == [
-        f"approved definition sha256:{pending[0]['pending']}",
-        f"rejected definition sha256:{changed}"]
+        f"approved definition sha256:{pending[0]['pending']} of server up",
+        f"rejected definition sha256:{changed} of server up"]
     changes = [r for r in records if r["method"].startswith("POST /api/v1/pins")]
     # a refused decision is no decision: the generic change record, only it
     assert [(r["method"], r["status"], r["note"]) for r in changes] == [
