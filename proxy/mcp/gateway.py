@@ -34,6 +34,7 @@ from proxy.errors import (
     MethodNotAllowed,
     SessionNotFound,
     StoreUnavailable,
+    ToolResultDenial,
     render,
 )
 from proxy.jsonrpc import McpMessage, upstream_error_type
@@ -432,6 +433,8 @@ class Gateway:
 
     async def _refuse(self, exc: GatewayError, record: AuditRecord, started: float,
                       request_id: Any) -> EdgeResponse:
+        if isinstance(exc, ToolResultDenial) and record.era == "modern":
+            exc.result_type = "complete"  # a 2026-07-28 client reads no result without it
         status, headers, body = render(exc, request_id)
         answer = EdgeResponse(status, headers, body)
         if record.accepted:

@@ -117,13 +117,15 @@ async def test_screened_redacted_and_audited(tmp_path: Path, mode: str,
     assert AWS_KEY not in everything and EMAIL not in everything and "4111" not in everything
 
 
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
 @pytest.mark.parametrize("json_response", [True, False], ids=["json", "sse"])
-async def test_denied_result_and_arguments(tmp_path: Path, json_response: bool) -> None:
+async def test_denied_result_and_arguments(tmp_path: Path, json_response: bool,
+                                           mode: str) -> None:
     _, make = upstream_of(json_response)
     deny = {"guardrails": [{"name": "strict", "tools": ["config", "remember"],
                             "detect": ["secrets"], "action": "deny"}]}
     async with open_stack(tmp_path, make, config=deny, screening={"mode": "off"}) as stack:
-        async with Client(stack.endpoint, mode="legacy") as client:
+        async with Client(stack.endpoint, mode=mode) as client:
             result = await client.call_tool("config", {})
             assert result.is_error
             assert result.structured_content is not None
