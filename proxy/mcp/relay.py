@@ -4,9 +4,11 @@ A `StreamRelay` is the body of a streamed response. It follows the call it carri
 each event's data to see the response to the client's request (for the audit record), turns an
 upstream failure or a deliberate cancellation into one last JSON-RPC error event, and on a
 client disconnect closes the upstream request and tells the upstream the call is cancelled.
-An event larger than `HEAD_BYTES` is held only when the call's answer is held (`hold_limit`,
-see `Forwarder.must_hold`); otherwise it goes on as it arrives, so memory per stream stays
-bounded and a slow client slows the upstream read (nothing queues here).
+An event larger than `HEAD_BYTES` is held only when it may be the answer of a call whose answer
+is held (`hold_limit`, see `Forwarder.must_hold`), or a notification a policy reads (`notice`,
+the guardrails), each event bounded by `hold_limit`; any other goes on as it arrives, so
+memory per stream stays bounded and a slow client slows the upstream read (nothing queues
+here). Every whole event goes out as soon as it is read: nothing waits for the answer.
 """
 
 from __future__ import annotations
