@@ -10,7 +10,7 @@ import itertools
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from proxy.auth.principal import Principal
 from proxy.errors import GatewayError, InternalError
@@ -18,6 +18,12 @@ from proxy.jsonrpc import McpMessage
 from proxy.traced import CURRENT
 
 Rewrite = Callable[[dict[str, Any]], bool]
+Verdict = Literal["kept", "changed", "dropped"]
+# a notification on a call's stream (the whole JSON-RPC message), edited in place
+Notice = Callable[[dict[str, Any]], Verdict]
+# the notifications a `Notice` is given: those that carry what an upstream says (a log entry's
+# data, a progress message); the relay passes any other on unread
+NOTICED = frozenset({"notifications/message", "notifications/progress"})
 
 
 @dataclass(slots=True)
@@ -60,6 +66,7 @@ class Chain:
                 raise ValueError(f"policies {a.name!r} and {b.name!r} share order {a.order}")
         self.policies: tuple[Policy, ...] = tuple(ordered)
         self._rewriters = tuple(p for p in ordered if hasattr(p, "rewriter"))
+        self._noticers = tuple(p for p in ordered if hasattr(p, "noticer"))
 
     @property
     def names(self) -> list[str]:
@@ -78,6 +85,30 @@ class Chain:
 
         def all_of(result: dict[str, Any]) -> bool:
             return any([f(result) for f in found])  # noqa: C419 - every rewriter must run
+
+        return all_of
+
+    def noticer(self, call: McpMessage, ctx: CallContext) -> Notice | None:
+        """What inspects the notifications an upstream sends on this call's stream before (or
+        after) its answer: one function that edits one in place and says whether it is kept,
+        changed or dropped; None, the common case, when no policy reads them (the relay then
+        parses nothing more than it did)."""
+        found: list[Notice] = [f for p in self._noticers
+                               if (f := p.noticer(call, ctx)) is not None]
+        if not found:
+            return None
+        if len(found) == 1:
+            return found[0]
+
+        def all_of(message: dict[str, Any]) -> Verdict:
+            verdict: Verdict = "kept"
+            for f in found:
+                seen = f(message)
+                if seen == "dropped":
+                    return seen
+                if seen == "changed":
+                    verdict = seen
+            return verdict
 
         return all_of
 

@@ -8,6 +8,10 @@ egress and before metering, so a call it denies is never billed.
   tools/call, prompts/get or resources/read result is inspected by the rules that look there.
   A call no guardrail reads the answer of gets no rewriter from here (None, checked once per
   call), so its answer may stream straight through.
+- `noticer`: the notifications an upstream sends on such a call's stream (`notifications/
+  message`, whose `data` is any JSON, and `notifications/progress`, whose `message` is free
+  text) are inspected by the same rules, one by one as they arrive: redacted, dropped (deny:
+  the call goes on) or only audited.
 Every decision goes in the call's audit note: the rule and the kinds found, never a value.
 """
 
@@ -24,7 +28,7 @@ from policies.guardrails.detect import Detector
 from policies.guardrails.inspect import scan
 from policies.guardrails.pinning import Pins
 from policies.guardrails.screen import Limits, screen
-from proxy.chain import CallContext
+from proxy.chain import CallContext, Notice, Verdict
 from proxy.config import Config, GuardrailRule, ScreeningConfig
 from proxy.errors import GuardrailBlocked, GuardrailResultBlocked, HiddenTool, ToolResultDenial
 from proxy.errors.render import tool_error_result
@@ -36,6 +40,9 @@ DEFAULT_SCREENING = ScreeningConfig()
 _LISTS = {"tools/list": ("tools", "name", "tool"), "prompts/list": ("prompts", "name", "prompt"),
           "resources/list": ("resources", "uri", "resource"),
           "resources/templates/list": ("resourceTemplates", "uriTemplate", "resource")}
+_RESULT_KIND = ("resultType",)  # what a denied tool result keeps of the upstream's
+# a notification a call's stream may carry -> the param holding what it says
+_NOTICES = {"notifications/message": "data", "notifications/progress": "message"}
 # a call -> (param naming what it uses, kind)
 _USES = {"tools/call": ("name", "tool"), "prompts/get": ("name", "prompt"),
          "resources/read": ("uri", "resource")}
@@ -53,13 +60,16 @@ class _Rule:
 
     def inspect(self, node: Any, ctx: CallContext, where: str) -> tuple[Any, str | None]:
         """`node` scanned (redacted in place when the action is redact) and the kinds found,
-        comma-separated, noted for the audit record; None when nothing was found."""
+        comma-separated, noted for the audit record; None when nothing was found. A note
+        already there is not repeated (a stream may carry many alike notifications)."""
         action = self.cfg.action
         node, kinds = scan(node, self.detector, redact=action == "redact")
         if not kinds:
             return node, None
         found = ",".join(sorted(kinds))
-        _note(ctx, f"guardrail {self.cfg.name}: {action} {found} in {where}")
+        text = f"guardrail {self.cfg.name}: {action} {found} in {where}"
+        if text not in (ctx.audit_note or "").split("; "):
+            _note(ctx, text)
         return node, found
 
     def blocked(self, found: str, where: str) -> str:
@@ -166,6 +176,33 @@ class Guardrails:
 
         return rewrite
 
+    def noticer(self, call: McpMessage, ctx: CallContext) -> Notice | None:
+        """The rules that read this call's results read its stream's notifications too (a
+        value a rule keeps out of the result must not reach the client beside it); None when
+        no rule reads the results, so that call's events are not parsed for this."""
+        rules = self._result_rules(call, ctx)
+        if not rules:
+            return None
+
+        def notice(message: dict[str, Any]) -> Verdict:
+            method = message.get("method")
+            params = message.get("params")
+            field = _NOTICES.get(method) if isinstance(method, str) else None
+            if field is None or not isinstance(params, dict) or field not in params:
+                return "kept"
+            verdict: Verdict = "kept"
+            for rule in rules:
+                params[field], found = rule.inspect(params[field], ctx, str(method))
+                if found is None:
+                    continue
+                if rule.cfg.action == "deny":
+                    return "dropped"
+                if rule.cfg.action == "redact":
+                    verdict = "changed"
+            return verdict
+
+        return notice
+
     def _result_rules(self, call: McpMessage, ctx: CallContext) -> tuple[_Rule, ...]:
         use = _USES.get(call.method or "")
         if use is None or not self._rules or call.params is None:
@@ -233,8 +270,10 @@ def _deny(result: dict[str, Any], method: str | None, rule: _Rule, found: str) -
     reason = f"guardrail {rule.cfg.name}: {found} in result"
     if method != "tools/call":
         raise GuardrailResultBlocked(reason, message)
+    # a 2026-07-28 result says what kind it is: the error replacing it is still a whole one
+    kind = {k: result[k] for k in _RESULT_KIND if k in result}
     result.clear()
-    result.update(tool_error_result(ToolResultDenial(reason, message, BLOCKED)))
+    result.update(tool_error_result(ToolResultDenial(reason, message, BLOCKED)), **kind)
 
 
 def _with_arguments(call: McpMessage, arguments: dict[str, Any]) -> McpMessage:

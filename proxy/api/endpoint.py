@@ -34,6 +34,9 @@ class Route:
     handler: Handler
     admin: bool = True  # administrators only
     query: bool = False  # the route reads its query string (the others ignore theirs)
+    # the handler names what it changed on the change's one record (given as `record`): a
+    # pin decision is that record, not a second one
+    names_change: bool = False
 
     @property
     def endpoint(self) -> str:
@@ -63,6 +66,8 @@ async def _serve(route: Route, api: Api, path: dict[str, Any]) -> Response:
         if route.admin and not who.admin:
             raise NotPermitted("administrators only")
         await refuse_nul(path, route.query)
+        if route.names_change:
+            return await route.handler(who, api, record=record, **path)
         return await route.handler(who, api, **path)
 
     return await audited(api.audit, change)
@@ -71,7 +76,8 @@ async def _serve(route: Route, api: Api, path: dict[str, Any]) -> Response:
 async def audited(sink: AuditSink | None, change: Callable[[AuditRecord], Awaitable[Response]]
                   ) -> Response:
     """A change through /api/v1, and its one audit record (`change` names the principal on
-    it once known), durable before the answer, as at the MCP edge."""
+    it once known, and a handler may name what it changed), durable before the answer, as at
+    the MCP edge."""
     record = AuditRecord(endpoint=AUDIT_ENDPOINT,
                          method=f"{request.method} {request.path}"[:300])
     try:
@@ -90,7 +96,8 @@ async def audited(sink: AuditSink | None, change: Callable[[AuditRecord], Awaita
         record.http_status = response.status_code
         return response
     finally:
-        record.note = f"HTTP {record.http_status}"
+        if record.note is None:  # a handler that named its change said what it did
+            record.note = f"HTTP {record.http_status}"
         if sink is not None:
             await sink.write(record)
 

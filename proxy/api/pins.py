@@ -1,7 +1,9 @@
 """/api/v1/pins: the guardrails' tool definitions changed since they were pinned (README,
 "Guardrails"). GET lists the changes waiting, each with a diff of the definition; approving one
 makes it the pin (the tool is shown again), rejecting one keeps that definition hidden. Each
-approval and rejection is an audit record (method `pins/approve` or `pins/reject`)."""
+approval and rejection is one audit record: the change's own (`endpoint.audited`, endpoint
+`/api/v1`), named here (method `pins/approve` or `pins/reject`, the tool; the hash decided and
+the server in its note); a refused one keeps the generic `POST <path>` method."""
 
 from __future__ import annotations
 
@@ -39,12 +41,14 @@ async def pending(who: Caller, api: Api) -> Response:
     return json_response({"items": [_item(p) for p in pins]})
 
 
-async def approve(who: Caller, api: Api, server: str, tool: str) -> Response:
-    return await _decide(who, api, server, tool, "approve")
+async def approve(who: Caller, api: Api, record: AuditRecord, server: str, tool: str
+                  ) -> Response:
+    return await _decide(api, record, server, tool, "approve")
 
 
-async def reject(who: Caller, api: Api, server: str, tool: str) -> Response:
-    return await _decide(who, api, server, tool, "reject")
+async def reject(who: Caller, api: Api, record: AuditRecord, server: str, tool: str
+                 ) -> Response:
+    return await _decide(api, record, server, tool, "reject")
 
 
 async def _sync(api: Api) -> None:
@@ -53,7 +57,8 @@ async def _sync(api: Api) -> None:
         await api.pin_store.sync(api.pins)
 
 
-async def _decide(who: Caller, api: Api, server: str, tool: str, decision: str) -> Response:
+async def _decide(api: Api, record: AuditRecord, server: str, tool: str, decision: str
+                  ) -> Response:
     await _sync(api)
     pin = api.pins.get(server, tool) if api.pins is not None else None
     digest = pin.pending if pin is not None else None
@@ -69,10 +74,10 @@ async def _decide(who: Caller, api: Api, server: str, tool: str, decision: str) 
             now.approved if decision == "approve" else now.rejected)):
         raise Conflict(f"tool '{tool}' on server '{server}' was decided or changed "
                        "meanwhile; list the pins again")
-    if api.audit is not None:
-        verb = "approved" if decision == "approve" else "rejected"
-        await api.audit.write(AuditRecord(
-            endpoint=server, method=f"pins/{decision}", principal=who.subject, tool=tool,
-            note=f"{verb} definition sha256:{digest}"))
+    verb = "approved" if decision == "approve" else "rejected"
+    # the change's record (a management change, its principal the administrator) says which
+    # decision it was, on which tool of which server
+    record.method, record.tool = f"pins/{decision}", tool
+    record.note = f"{verb} definition sha256:{digest} of server {server}"
     return json_response({"server": server, "tool": tool, "approved": decided.approved,
                           "rejected": decided.rejected})

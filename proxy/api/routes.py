@@ -58,8 +58,8 @@ ROUTES: tuple[Route, ...] = (
     Route("/audit", "GET", audit.audit, query=True),
     Route("/usage", "GET", audit.usage_totals, query=True),
     Route("/pins", "GET", pins.pending),
-    Route("/pins/<server>/<tool>/approve", "POST", pins.approve),
-    Route("/pins/<server>/<tool>/reject", "POST", pins.reject),
+    Route("/pins/<server>/<tool>/approve", "POST", pins.approve, names_change=True),
+    Route("/pins/<server>/<tool>/reject", "POST", pins.reject, names_change=True),
     # -- the web console's (proxy.console), for scripts as much: a person's own keys, the
     # aggregates its charts read, and the audit export
     Route("/me/keys", "GET", mine.my_keys, admin=False),

@@ -183,6 +183,8 @@ class ToolResultDenial(PolicyDenied):
         super().__init__(reason, user_message[:500])
         self.tool_code = code
         self.retry_after_ms = retry_after_ms
+        # a 2026-07-28 result names its kind ("complete"): the gateway sets it for such a call
+        self.result_type: str | None = None
 
 
 class GuardrailBlocked(PolicyDenied):

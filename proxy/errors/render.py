@@ -92,8 +92,11 @@ def tool_error_result(exc: ToolResultDenial) -> dict[str, Any]:
     }
     if exc.retry_after_ms is not None:
         structured["retry_after_ms"] = exc.retry_after_ms
-    return {"content": [{"type": "text", "text": exc.wire_message}], "isError": True,
-            "structuredContent": structured}
+    result = {"content": [{"type": "text", "text": exc.wire_message}], "isError": True,
+              "structuredContent": structured}
+    if exc.result_type is not None:
+        result["resultType"] = exc.result_type
+    return result
 
 
 def sse_event(body: bytes) -> bytes:

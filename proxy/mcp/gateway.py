@@ -21,7 +21,7 @@ import orjson
 from proxy.audit import AuditRecord, AuditSink
 from proxy.auth.authenticator import Authenticator
 from proxy.auth.principal import Principal
-from proxy.chain import CallContext, Chain, Rewrite
+from proxy.chain import CallContext, Chain, Notice, Rewrite, Verdict
 from proxy.connect.manager import Connections
 from proxy.egress import IPNetwork
 from proxy.errors import (
@@ -34,6 +34,7 @@ from proxy.errors import (
     MethodNotAllowed,
     SessionNotFound,
     StoreUnavailable,
+    ToolResultDenial,
     render,
 )
 from proxy.jsonrpc import McpMessage, upstream_error_type
@@ -234,7 +235,8 @@ class Gateway:
                                     spawn=self.spawn, rewrite=rewrite,
                                     refuse_requests=forwarded.leg.bridged,
                                     on_done=end, on_answer=end.answered,
-                                    hold_limit=self.max_response_bytes if held else None)
+                                    hold_limit=self.max_response_bytes if held else None,
+                                    notice=_heard(chain.noticer(msg, ctx), ctx, record))
                 handed_over = True  # the relay owns the response and the registration now
                 return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
             data, rest = await self.forward.json_body(forwarded, held=held, head=HEAD_BYTES,
@@ -431,6 +433,8 @@ class Gateway:
 
     async def _refuse(self, exc: GatewayError, record: AuditRecord, started: float,
                       request_id: Any) -> EdgeResponse:
+        if isinstance(exc, ToolResultDenial) and record.era == "modern":
+            exc.result_type = "complete"  # a 2026-07-28 client reads no result without it
         status, headers, body = render(exc, request_id)
         answer = EdgeResponse(status, headers, body)
         if record.accepted:
@@ -519,6 +523,21 @@ def _noting(rewrite: Rewrite | None, ctx: CallContext, record: AuditRecord) -> R
             return rewrite(result)
         finally:  # a refused result (raised) is noted too
             record.note = ctx.audit_note
+
+    return noted
+
+
+def _heard(notice: Notice | None, ctx: CallContext, record: AuditRecord) -> Notice | None:
+    """The policies' notification inspection, and what it notes into the record (until the
+    record is written with the answer)."""
+    if notice is None:
+        return None
+
+    def noted(message: dict[str, Any]) -> Verdict:
+        verdict = notice(message)
+        if not record.accepted:
+            record.note = ctx.audit_note
+        return verdict
 
     return noted
 

@@ -4,9 +4,11 @@ A `StreamRelay` is the body of a streamed response. It follows the call it carri
 each event's data to see the response to the client's request (for the audit record), turns an
 upstream failure or a deliberate cancellation into one last JSON-RPC error event, and on a
 client disconnect closes the upstream request and tells the upstream the call is cancelled.
-An event larger than `HEAD_BYTES` is held only when the call's answer is held (`hold_limit`,
-see `Forwarder.must_hold`); otherwise it goes on as it arrives, so memory per stream stays
-bounded and a slow client slows the upstream read (nothing queues here).
+An event larger than `HEAD_BYTES` is held only when it may be the answer of a call whose answer
+is held (`hold_limit`, see `Forwarder.must_hold`), or a notification a policy reads (`notice`,
+the guardrails), each event bounded by `hold_limit`; any other goes on as it arrives, so
+memory per stream stays bounded and a slow client slows the upstream read (nothing queues
+here). Every whole event goes out as soon as it is read: nothing waits for the answer.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import orjson
 
 from proxy.audit import AuditRecord, AuditSink
+from proxy.chain import NOTICED, Notice
 from proxy.errors import (
     Cancelled,
     GatewayError,
@@ -62,6 +65,7 @@ class StreamRelay:
         refuse_requests: bool = False,
         on_answer: Callable[[StreamRelay], Awaitable[bool]] | None = None,
         hold_limit: int | None = None,
+        notice: Notice | None = None,
     ) -> None:
         self._close = close
         self.request_id = request_id
@@ -76,12 +80,15 @@ class StreamRelay:
         self._answer_due = False
         self._spawn = spawn
         self._rewrite = rewrite
+        self._notice = notice  # None: notifications pass unread (no rule reads them)
         self._refuse_requests = refuse_requests
         self.refused: str | None = None  # why the gateway ended the call itself
         self._chunks = chunks  # errors already mapped at the upstream boundary
         # None: no event is held past HEAD_BYTES; else each is held whole, up to this size
         self._hold_limit = hold_limit
-        self._splitter = EventSplitter(hold_limit or UNHELD)
+        # the held bound is kept per event by `_take`: only what must be held is bounded by it
+        self._splitter = EventSplitter(UNHELD)
+        self._judged = False  # the pending event of a held stream was judged (`_unheld`)
         self._large: LargeEvent | None = None  # the event being passed on as it arrives
         self._large_answer = False  # the answer was such an event (and is partly sent)
         self._finished = False
@@ -157,19 +164,58 @@ class StreamRelay:
                 return out
         events = self._splitter.feed(chunk)
         if events:
+            self._judged = False
             out += self._inspect(events)
             if self._finished:
                 return out
-        if self._hold_limit is None and len(self._splitter.pending) > HEAD_BYTES:
-            scan = AnswerScan() if self.request_id is not NO_REQUEST and not self.answered \
-                else None
-            self._large = LargeEvent(scan)
-            head = self._splitter.take()
+        pending = len(self._splitter.pending)
+        if self._hold_limit is None:
+            if pending > HEAD_BYTES:
+                scan = AnswerScan() if self.request_id is not NO_REQUEST and not self.answered \
+                    else None
+                out += self._pass_on(LargeEvent(scan))
+        elif pending > min(HEAD_BYTES, self._hold_limit):
+            large = self._unheld()
+            if large is not None:
+                out += self._pass_on(large, fed=True)
+            elif pending > self._hold_limit:
+                raise ValueError("SSE event exceeds the size limit")
+        return out
+
+    def _pass_on(self, large: LargeEvent, fed: bool = False) -> bytes:
+        """The pending event's start goes out; `large` passes the rest on as it arrives."""
+        self._large, self._judged = large, False
+        head = self._splitter.take()
+        if not fed:
             # no event ends in what the splitter kept; a line end it begins with is the rest
             # of the last event's (or an empty line): no part of this event
-            self._large.feed(head.lstrip(b"\r\n"))
-            out += self._counted(head)
-        return out
+            large.feed(head.lstrip(b"\r\n"))
+        return self._counted(head)
+
+    def _unheld(self) -> LargeEvent | None:
+        """On a held stream, only the answer and what a policy reads whole are held: a large
+        event whose head shows a `method` (so not the answer) is passed on as it arrives,
+        unless it is a notification `notice` reads or requests are refused (both read it
+        whole). Judged once per event, from its head; None: it stays held, bounded."""
+        if self._judged:
+            return None
+        self._judged = True
+        watching = self.request_id is not NO_REQUEST and not self.answered
+        if watching and self._refuse_requests:
+            return None
+        if not watching and self._notice is None:
+            large = LargeEvent(None)  # after the answer, nothing reads an event
+        else:
+            large = LargeEvent(AnswerScan())
+        large.feed(self._splitter.pending.lstrip(b"\r\n"))
+        if large.scan is None:
+            return large
+        method = large.scan.method()
+        if large.scan.bad or method is None or self._notice is not None and method in NOTICED:
+            return None  # maybe the answer, or what a policy reads whole
+        if not watching:
+            large.scan = None
+        return large
 
     def _large_ended(self) -> bytes:
         """A passed-on event has ended: was it the answer? (its data, scanned, says so)"""
@@ -205,15 +251,29 @@ class StreamRelay:
             and self._rewrite(obj["result"])
 
     def _inspect(self, events: list[bytes]) -> bytes:
-        if self.request_id is not NO_REQUEST and not self.answered:
-            for i, event in enumerate(events):
-                data = event_data(event)
-                if not data:
-                    continue
-                try:
-                    obj = orjson.loads(data)
-                except orjson.JSONDecodeError:
+        """Whole events as they go out: each read, until the answer, to see it (and rewrite
+        it); each notification read, when a policy inspects them (`notice`), to keep, rewrite
+        or leave it out. After the answer, an event that is not JSON cannot be inspected:
+        with `notice` it is left out; before it, it fails the call."""
+        if (self.request_id is NO_REQUEST or self.answered) and self._notice is None:
+            return self._counted(b"".join(events))
+        out: list[bytes] = []
+        for event in events:
+            watching = self.request_id is not NO_REQUEST and not self.answered
+            if not watching and self._notice is None:  # the answer was in this batch
+                out.append(event)
+                continue
+            data = event_data(event)
+            if not data:
+                out.append(event)
+                continue
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                if watching:
                     return self._fail(UpstreamProtocolError())
+                continue
+            if watching:
                 if self._refuse_requests and isinstance(obj, dict) and "method" in obj \
                         and "id" in obj:
                     # a legacy upstream asking a 2026-07-28 caller for sampling, elicitation or
@@ -222,9 +282,20 @@ class StreamRelay:
                     self.refused = f"upstream sent {method}, which cannot reach this client"
                     return self._fail(UpstreamFailure(self.refused))
                 outcome = response_outcome(obj, self.request_id)
-                if outcome is not None and self._answer_seen(outcome, obj):
-                    events[i] = with_data(event, orjson.dumps(obj))
-        return self._counted(b"".join(events))
+                if outcome is not None:
+                    if self._answer_seen(outcome, obj):
+                        event = with_data(event, orjson.dumps(obj))
+                    out.append(event)
+                    continue
+            if self._notice is not None and isinstance(obj, dict) and "id" not in obj \
+                    and obj.get("method") in NOTICED:
+                verdict = self._notice(obj)
+                if verdict == "dropped":
+                    continue
+                if verdict == "changed":
+                    event = with_data(event, orjson.dumps(obj))
+            out.append(event)
+        return self._counted(b"".join(out))
 
     def _end_of_stream(self) -> bytes:
         if self.request_id is NO_REQUEST or self.answered:

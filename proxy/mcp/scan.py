@@ -22,7 +22,8 @@ _STRING_BODY = re.compile(rb'(?:[^"\\]++|\\.)*+', re.DOTALL)  # up to the closin
 _SPACE = b" \t\r\n"
 CAPTURE_BYTES = 4096  # past this a value is not kept (an error's data, an absurd id)
 _KEY_BYTES = 64  # a key longer than this is none that is looked for
-_KEPT = {(1, b"", b"id"), (2, b"result", b"isError"), (2, b"error", b"code")}
+_KEPT = {(1, b"", b"id"), (1, b"", b"method"), (2, b"result", b"isError"),
+         (2, b"error", b"code")}
 _INSIDE = {b"result": b"isError", b"error": b"code"}  # what is kept from inside each
 
 
@@ -30,7 +31,8 @@ class AnswerScan:
     """Feed it a message's bytes in order; `message()` at the end is a stand-in for it with
     what was learned (`jsonrpc`, `id`, `result` or `error`, `method`, `result.isError`,
     `error.code`), for
-    `response_outcome` to judge as it judges a whole message."""
+    `response_outcome` to judge as it judges a whole message; `method()` is the method's
+    name as soon as it has passed."""
 
     __slots__ = ("_cap", "_cap_depth", "_cap_name", "_cap_over", "_escape", "_in_string",
                  "_key", "_key_wanted", "_reading_key", "_stack", "_sub_key", "_top_key",
@@ -185,6 +187,13 @@ class AnswerScan:
             is_error = self.values.get(b"isError")
             out["result"] = {} if is_error is None else {"isError": _loads(is_error)}
         return out
+
+    def method(self) -> str | None:
+        """The message's `method`, once its value has passed (even before the message ends):
+        what a relay judges a large event by before it is whole."""
+        raw = self.values.get(b"method")
+        value = _loads(raw) if raw is not None else None
+        return value if isinstance(value, str) else None
 
 
 def _loads(raw: bytes | None) -> Any:

@@ -266,3 +266,89 @@ def test_argument_guardrails_run_after_egress_and_before_metering() -> None:
     from policies.metering import Metering
 
     assert Egress.order < Guardrails.order < Metering.order  # a denied call is never billed
+
+
+# -- notifications on a call's stream --------------------------------------------------------
+
+def log_notice(data: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": "notifications/message",
+            "params": {"level": "info", "logger": "up", "data": data}}
+
+
+def progress_notice(message: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": "notifications/progress",
+            "params": {"progressToken": 1, "progress": 1, "total": 2, "message": message}}
+
+
+NOTICES = {
+    "message-string": (log_notice(f"key {SECRET}"), ("data",)),
+    "message-json": (log_notice({"step": "auth", "creds": [{"key": SECRET}]}),
+                     ("data", "creds", 0, "key")),
+    "progress": (progress_notice(f"using {SECRET}"), ("message",)),
+}
+
+
+def at(notice: dict[str, Any], path: tuple[Any, ...]) -> Any:
+    node = notice["params"]
+    for step in path:
+        node = node[step]
+    return node
+
+
+@pytest.mark.parametrize("kind", list(NOTICES))
+def test_a_notification_is_redacted_with_the_result_s_rules(kind: str) -> None:
+    notice, path = copy.deepcopy(NOTICES[kind][0]), NOTICES[kind][1]
+    p = policy(screening="off", guardrails=rule("redact", on=["results"]))
+    c = ctx()
+    noticer = p.noticer(msg("tools/call", name="t", arguments={}), c)
+    assert noticer is not None
+    assert noticer(notice) == "changed"
+    assert SECRET not in orjson.dumps(notice).decode()
+    assert "[REDACTED:secret]" in str(at(notice, path))
+    assert c.audit_note == f"guardrail no-secrets: redact secret in {notice['method']}"
+    assert noticer(notice) == "kept"  # already redacted: nothing found again
+
+
+@pytest.mark.parametrize("kind", list(NOTICES))
+def test_a_denied_notification_is_dropped_and_noted_once(kind: str) -> None:
+    notice = NOTICES[kind][0]
+    p = policy(screening="off", guardrails=rule("deny"))
+    c = ctx()
+    noticer = p.noticer(msg("prompts/get", name="p"), c)
+    assert noticer is not None
+    assert noticer(copy.deepcopy(notice)) == "dropped"
+    assert noticer(copy.deepcopy(notice)) == "dropped"
+    assert c.audit_note == f"guardrail no-secrets: deny secret in {notice['method']}"
+    assert SECRET not in (c.audit_note or "")
+
+
+@pytest.mark.parametrize("kind", list(NOTICES))
+def test_an_audited_notification_is_only_recorded(kind: str) -> None:
+    notice = copy.deepcopy(NOTICES[kind][0])
+    p = policy(screening="off", guardrails=rule("audit"))
+    c = ctx()
+    noticer = p.noticer(msg("resources/read", uri="file:///a"), c)
+    assert noticer is not None
+    assert noticer(notice) == "kept" and notice == NOTICES[kind][0]
+    assert c.audit_note == f"guardrail no-secrets: audit secret in {notice['method']}"
+
+
+def test_other_notifications_and_clean_ones_are_kept() -> None:
+    p = policy(screening="off", guardrails=rule("deny"))
+    noticer = p.noticer(msg("tools/call", name="t", arguments={}), ctx())
+    assert noticer is not None
+    other = {"jsonrpc": "2.0", "method": "notifications/resources/updated",
+             "params": {"uri": f"x://{SECRET}"}}
+    assert noticer(other) == "kept"
+    assert noticer(log_notice("all fine")) == "kept"
+    assert noticer(progress_notice("half way")) == "kept"
+    assert noticer({"jsonrpc": "2.0", "method": "notifications/message"}) == "kept"
+
+
+def test_a_call_no_result_rule_matches_gets_no_noticer() -> None:
+    p = policy(screening="off", guardrails=rule("deny", tools=["send_*"]))
+    assert p.noticer(msg("tools/call", name="other", arguments={}), ctx()) is None
+    assert p.noticer(msg("tools/list"), ctx()) is None
+    only_arguments = policy(screening="off", guardrails=rule("deny", on=["arguments"]))
+    assert only_arguments.noticer(msg("tools/call", name="t", arguments={}), ctx()) is None
+    assert policy(screening="off").noticer(msg("tools/call", name="t"), ctx()) is None

@@ -4,6 +4,7 @@ message gives, and the bytes unchanged."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,6 +17,7 @@ from proxy.errors import UpstreamStreamCut
 from proxy.mcp.relay import JsonRelay, StreamRelay
 from proxy.mcp.scan import CAPTURE_BYTES, AnswerScan
 from proxy.mcp.sse import HEAD_BYTES, LargeEvent
+from tests.helpers import DEADLINE_S
 
 MESSAGES: list[dict[str, Any]] = [
     {"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": 'a"b\\,}{'}],
@@ -70,6 +72,20 @@ def test_a_value_too_large_to_keep_is_not_kept() -> None:
     scan.feed(orjson.dumps({"jsonrpc": "2.0", "error": {"data": "x", "code": -1}, "id": {
         "not": "x" * (2 * CAPTURE_BYTES)}}))
     assert scan.message() == {"jsonrpc": True, "id": {}, "error": {"code": -1}}
+
+
+def test_the_method_is_known_as_soon_as_its_value_has_passed() -> None:
+    data = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/x", "params": {
+        "method": "inner", "data": "y" * 1000}})
+    scan = AnswerScan()
+    scan.feed(data[:data.index(b"params")])
+    assert scan.method() == "notifications/x" and not scan.done
+    scan.feed(data[data.index(b"params"):])
+    assert scan.method() == "notifications/x" and scan.message() == {
+        "jsonrpc": True, "method": True}
+    answer = AnswerScan()
+    answer.feed(big_answer(1, 10))
+    assert answer.method() is None
 
 
 def sse_pieces(event: bytes, rng: random.Random) -> list[bytes]:
@@ -210,3 +226,180 @@ async def test_a_json_answer_kept_nowhere_is_withheld() -> None:
                       record=AuditRecord(endpoint="e"), on_answer=kept_nowhere)
     out = await drain(relay)
     assert data.startswith(out) and len(out) < len(data)
+
+
+# -- notifications on a call's stream (guardrails, README "Guardrails") ----------------------
+
+SECRET = "AKIAIOSFODNN7EXAMPLE"
+
+
+def sse(obj: dict[str, Any], nl: bytes = b"\n", head: bytes = b"event: message") -> bytes:
+    return head + nl + b"data: " + orjson.dumps(obj) + nl + nl
+
+
+def log_event(text: str, nl: bytes = b"\n") -> bytes:
+    return sse({"jsonrpc": "2.0", "method": "notifications/message",
+                "params": {"level": "info", "data": {"said": text}}}, nl)
+
+
+def progress_event(text: str, nl: bytes = b"\n") -> bytes:
+    return sse({"jsonrpc": "2.0", "method": "notifications/progress",
+                "params": {"progressToken": "p", "progress": 1, "message": text}}, nl)
+
+
+def answer_event(rid: Any, text: str) -> bytes:
+    return sse({"jsonrpc": "2.0", "id": rid,
+                "result": {"content": [{"type": "text", "text": text}]}})
+
+
+def guarded(action: str) -> tuple[Any, Any, Any]:
+    """A guardrails policy with one results rule, and what it gives a tools/call of `t`."""
+    from tests.policies.test_guardrails import ctx, msg, policy
+
+    p = policy(screening="off", guardrails=[{"name": "g", "action": action, "on": ["results"]}])
+    c = ctx()
+    call = msg("tools/call", name="t", arguments={})
+    return p.rewriter(call, c), p.noticer(call, c), c
+
+
+@pytest.mark.parametrize("nl", [b"\n", b"\r\n", b"\r"])
+async def test_an_unmatched_call_s_stream_is_relayed_byte_for_byte(nl: bytes) -> None:
+    from tests.policies.test_guardrails import ctx, msg, policy
+
+    p = policy(screening="off", guardrails=[{"name": "g", "tools": ["other"]}])
+    call = msg("tools/call", name="t", arguments={})
+    rewrite, notice = p.rewriter(call, ctx()), p.noticer(call, ctx())
+    assert rewrite is None and notice is None  # nothing reads this call's events
+    body = (b": comment" + nl + nl + log_event(f"key {SECRET}", nl)
+            + b"id: 4" + nl + progress_event(f"key {SECRET}", nl)
+            + sse({"jsonrpc": "2.0", "id": 1, "result": {"note": SECRET}}, nl))
+    rng = random.Random(3)
+    for _ in range(20):
+        relay = StreamRelay(chunks_of(pieces(body, rng)), closed, request_id=1,
+                            rewrite=rewrite, notice=notice)
+        assert await drain(relay) == body
+
+
+async def test_notifications_are_redacted_as_they_arrive_and_others_pass_unchanged() -> None:
+    rewrite, notice, c = guarded("redact")
+    other = sse({"jsonrpc": "2.0", "method": "notifications/resources/updated",
+                 "params": {"uri": "x://a"}})
+    clean = progress_event("half way")
+    body = log_event(f"key {SECRET}") + other + clean + progress_event(f"with {SECRET}") \
+        + answer_event(1, f"and {SECRET}")
+    relay = StreamRelay(chunks_of(split(body, 7)), closed, request_id=1, rewrite=rewrite,
+                        notice=notice, hold_limit=1 << 20)
+    out = await drain(relay)
+    assert SECRET not in out.decode()
+    events = [orjson.loads(e.partition(b"data: ")[2]) for e in out.split(b"\n\n") if e]
+    assert [e.get("method") for e in events] == [
+        "notifications/message", "notifications/resources/updated", "notifications/progress",
+        "notifications/progress", None]
+    assert events[0]["params"]["data"] == {"said": "key [REDACTED:secret]"}
+    assert events[3]["params"]["message"] == "with [REDACTED:secret]"
+    assert other in out and clean in out  # what no rule changes goes on as it came
+    assert c.audit_note == ("guardrail g: redact secret in notifications/message; "
+                            "guardrail g: redact secret in notifications/progress; "
+                            "guardrail g: redact secret in result")
+
+
+async def test_a_denied_notification_is_dropped_and_the_call_goes_on() -> None:
+    rewrite, notice, c = guarded("deny")
+    clean = log_event("starting")
+    body = clean + log_event(f"key {SECRET}") + progress_event(SECRET) + answer_event(1, "ok")
+    record = AuditRecord(endpoint="e")
+    relay = StreamRelay(chunks_of([body]), closed, request_id=1, rewrite=rewrite,
+                        notice=notice, hold_limit=1 << 20, record=record)
+    out = await drain(relay)
+    assert out == clean + answer_event(1, "ok")
+    assert relay.answered and record.status == "ok"
+    assert c.audit_note == ("guardrail g: deny secret in notifications/message; "
+                            "guardrail g: deny secret in notifications/progress")
+
+
+async def test_after_the_answer_notifications_are_still_inspected() -> None:
+    _, notice, _ = guarded("redact")
+    body = answer_event(1, "ok") + log_event(SECRET) + b"data: not json\n\n"
+    relay = StreamRelay(chunks_of([body]), closed, request_id=1, notice=notice,
+                        hold_limit=1 << 20)
+    out = await drain(relay)
+    redacted = orjson.loads(out.split(b"\n\n")[1].partition(b"data: ")[2])
+    assert out.startswith(answer_event(1, "ok")) and out.count(b"\n\n") == 2
+    assert redacted["params"]["data"] == {"said": "[REDACTED:secret]"}
+    assert SECRET not in out.decode() and b"not json" not in out
+
+
+async def test_notifications_before_a_held_answer_reach_the_client_before_it() -> None:
+    rewrite, notice, _ = guarded("redact")
+    sent_answer = asyncio.Event()
+    gate = asyncio.Event()
+
+    async def upstream() -> AsyncIterator[bytes]:
+        yield log_event(f"key {SECRET}")
+        yield progress_event("half way")
+        await gate.wait()  # the answer comes only once the client has read the notices
+        sent_answer.set()
+        yield answer_event(1, SECRET)
+
+    relay = StreamRelay(upstream(), closed, request_id=1, rewrite=rewrite, notice=notice,
+                        hold_limit=1 << 20)
+    first = await asyncio.wait_for(relay.__anext__(), DEADLINE_S)
+    second = await asyncio.wait_for(relay.__anext__(), DEADLINE_S)
+    assert not sent_answer.is_set() and not relay.answered
+    assert b"[REDACTED:secret]" in first and b"notifications/message" in first
+    assert second == progress_event("half way")
+    gate.set()
+    last = await drain(relay)
+    assert relay.answered and b"[REDACTED:secret]" in last and SECRET.encode() not in last
+
+
+# -- a held stream holds only the answer ------------------------------------------------------
+
+def big_notice(method: str, size: int, text: str = "") -> bytes:
+    key = "data" if method == "notifications/message" else "message"
+    return sse({"jsonrpc": "2.0", "method": method,
+                "params": {"level": "info", key: text + "z" * size}})
+
+
+@pytest.mark.parametrize("guarded_call", [False, True], ids=["held", "guardrail"])
+async def test_a_large_event_that_is_not_the_answer_passes_on_as_it_arrives(
+        guarded_call: bool) -> None:
+    rewrite, notice = (guarded("redact")[:2] if guarded_call
+                       else (lambda result: False, None))
+    # over the held bound: a held event this large would end the call
+    large = big_notice("notifications/resources/updated", 2 * HEAD_BYTES)
+    gate = asyncio.Event()
+
+    async def upstream() -> AsyncIterator[bytes]:
+        yield large[:HEAD_BYTES + 100]
+        await gate.wait()  # the rest of the event only once its start has reached the client
+        for part in split(large[HEAD_BYTES + 100:]):
+            yield part
+        yield answer_event(1, "ok")
+
+    record = AuditRecord(endpoint="e")
+    relay = StreamRelay(upstream(), closed, request_id=1, rewrite=rewrite, notice=notice,
+                        hold_limit=HEAD_BYTES, record=record)
+    head = await asyncio.wait_for(relay.__anext__(), DEADLINE_S)
+    assert head == large[:HEAD_BYTES + 100] and relay.mid_event
+    gate.set()
+    assert head + await drain(relay) == large + answer_event(1, "ok")
+    assert relay.answered and record.status == "ok"
+
+
+async def test_a_large_notification_a_rule_reads_is_held_whole_and_bounded() -> None:
+    rewrite, notice, _ = guarded("redact")
+    within = big_notice("notifications/message", HEAD_BYTES // 2, f"key {SECRET} ")
+    relay = StreamRelay(chunks_of(split(within + answer_event(1, "ok"))), closed,
+                        request_id=1, rewrite=rewrite, notice=notice, hold_limit=HEAD_BYTES)
+    out = await drain(relay)
+    assert SECRET not in out.decode() and b"[REDACTED:secret]" in out and relay.answered
+    over = big_notice("notifications/progress", 2 * HEAD_BYTES, f"key {SECRET} ")
+    record = AuditRecord(endpoint="e")
+    relay = StreamRelay(chunks_of(split(over + answer_event(1, "ok"))), closed, request_id=1,
+                        rewrite=rewrite, notice=notice, hold_limit=HEAD_BYTES, record=record)
+    out = await drain(relay)
+    assert SECRET not in out.decode() and not relay.answered
+    error = orjson.loads(out.rpartition(b"data: ")[2])
+    assert error["id"] == 1 and "server.max_response_bytes" in error["error"]["message"]
+    assert record.status == "error"
