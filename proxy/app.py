@@ -62,8 +62,10 @@ from proxy.people.signin import Web
 from proxy.pins import DatabasePins
 from proxy.registry import POLL_S as REGISTRY_POLL_S
 from proxy.registry import Registry
+from proxy.seen import LastSeen
 from proxy.state import Stores, open_stores
 from proxy.state.inflight import Later
+from proxy.state.sessions import RedisSessionStore
 from proxy.upstream import UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
 from proxy.upstream.stdio import LocalUpstreams
@@ -331,7 +333,10 @@ class Serving:
                         else Accounts(parts.database),
                         forget_person=getattr(parts.connections, "forget", None),
                         trusted_proxies=parts.trusted, pins=pins, pin_store=pin_store,
-                        audit=audit, endpoints=endpoints)
+                        audit=audit, endpoints=endpoints, seen=LastSeen(
+                            parts.database, parts.routes.__contains__),
+                        sessions=parts.stores.sessions, sessions_scope="cluster"
+                        if isinstance(parts.stores.sessions, RedisSessionStore) else "process")
         provide(app, state.api)
         if cfg.observability.otlp_endpoint:  # the extra is there: the config check saw to it
             from proxy.observability.tracing import Tracing
@@ -344,7 +349,7 @@ class Serving:
             allowed_origins=parts.origins, identity=parts.identity,
             connections=parts.connections, trusted_proxies=parts.trusted,
             bridged=parts.stores.bridge, later=given.later,
-            observer=_observer(parts.request_log, metrics, state.tracing),
+            observer=_observer(parts.request_log, metrics, state.tracing, state.api.seen),
             session_ended=metrics.session_ended if metrics is not None else None,
             endpoints=virtual, cursor_key=_cursor_key(given),
             max_response_bytes=cfg.server.max_response_bytes)
@@ -355,6 +360,8 @@ class Serving:
         watch = asyncio.get_running_loop().create_task(registry.watch())
         endpoints.start()
         pin_store.start(pins, given.registry_poll_s)  # decisions of other processes, polled
+        assert state.api.seen is not None
+        await state.api.seen.start()
         await parts.stores.start()
         sampler = None
         if metrics is not None and metrics.multiproc_dir is not None:
@@ -422,6 +429,8 @@ class Serving:
             await parts.state.gateway.drain(grace)
         if self.pin_store is not None:
             await self.pin_store.aclose()
+        if parts.state.api is not None and parts.state.api.seen is not None:
+            await parts.state.api.seen.aclose()
         await self.audit.close()  # every accepted record and usage event is on disk now
         if self.worker_task is not None:
             assert parts.state.outbox is not None
@@ -450,11 +459,12 @@ class Serving:
         parts.database.close()
 
 
-def _observer(request_log: RequestLog, metrics: Metrics | None, tracing: Observer | None
-              ) -> Observer:
-    """What watches each MCP message: metrics (when on), the request log line and the
-    tracer (when on; last, so the log line's trace id is the span's)."""
-    observers: list[Observer] = [request_log]
+def _observer(request_log: RequestLog, metrics: Metrics | None, tracing: Observer | None,
+              seen: Observer | None = None) -> Observer:
+    """What watches each MCP message: metrics (when on), the request log line, the tracer
+    (when on; last, so the log line's trace id is the span's) and what the servers' status
+    keeps of their tools lists (proxy.seen)."""
+    observers: list[Observer] = [request_log] if seen is None else [request_log, seen]
     if metrics is not None:
         observers.insert(0, metrics)
     if tracing is not None:

@@ -295,6 +295,19 @@ MIGRATIONS: tuple[Migration, ...] = (
         AddColumn("users", "attributes", "TEXT NOT NULL DEFAULT '{}'"),
         AddColumn("audit", "upstream", "TEXT"),
     )),
+    # what the gateway last saw of each upstream server (proxy.seen): the tools of the last
+    # tools/list it relayed (trimmed, JSON, with their hash: a list unchanged is not written
+    # again) and the protocol version last negotiated; the console's servers pages read it
+    Migration(18, "upstream servers: the tools and protocol version last seen", (
+        Sql("""CREATE TABLE IF NOT EXISTS server_tools (
+            server TEXT PRIMARY KEY,
+            tools TEXT,
+            tools_hash TEXT,
+            tools_seen_at {real},
+            era TEXT,
+            era_seen_at {real}
+        )"""),
+    )),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -21,7 +21,9 @@ from proxy.people.accounts import Accounts
 from proxy.people.signin import Web
 from proxy.pins import DatabasePins
 from proxy.registry import Registry
+from proxy.seen import LastSeen
 from proxy.state.lockouts import LockoutStore
+from proxy.state.sessions import SessionStore
 
 if TYPE_CHECKING:
     from proxy.virtual.registry import Endpoints
@@ -47,6 +49,11 @@ class Api:
     pin_store: DatabasePins | None = None
     audit: AuditSink | None = None
     endpoints: Endpoints | None = None  # the virtual endpoints (proxy.virtual.registry)
+    # what the gateway last saw of each server (proxy.seen) and the live sessions, with
+    # whether the store is this process's ("process") or every replica's ("cluster")
+    seen: LastSeen | None = None
+    sessions: SessionStore | None = None
+    sessions_scope: str = "process"
     # the audit aggregates (/usage, /usage/series, /usage/summary) by query, for AGGREGATES_S:
     # a chart or the overview reloaded within that time reads no table again
     aggregates: TTLCache[Any, Any] = field(

@@ -335,13 +335,56 @@ def _console() -> dict[str, Any]:
     }
 
 
+def _status() -> dict[str, Any]:
+    """A server's status (proxy.api.status) and the live sessions."""
+    when = {"type": ["number", "null"], "description": "a Unix time, or null: never"}
+    text = {"type": ["string", "null"]}
+    window = {"type": "object", "required": ["calls", "errors", "error_rate"], "properties": {
+        "calls": {"type": "integer", "description": "audit records, denials left out"},
+        "errors": {"type": "integer"}, "error_rate": {"type": "number"}}}
+    tool = {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string"}, "title": text,
+        "description": {**text, "description": "cut to 300 characters"}}}
+    status = {"type": "object", "required": ["name", "state", "era", "health", "tools"],
+              "properties": {
+        "name": {"type": "string"},
+        "state": {"type": "string", "enum": ["ok", "failing", "idle"], "description":
+                  "idle: no call in the last 5 minutes; failing: half or more of them "
+                  "errors, or the latest call of the hour an error; ok: otherwise"},
+        "era": {**text, "description": "the protocol version last negotiated with the "
+                                       "server (initialize, server/discover)"},
+        "era_seen_at": when,
+        "health": {"type": "object", "properties": {
+            "last_5m": window, "last_hour": window, "last_ok_at": when,
+            "last_error_at": when, "last_error": {**text, "description": "the last error's "
+                                                  "audited message (of the hour)"}}},
+        "tools": {"type": ["array", "null"], "items": tool, "description":
+                  "the last tools/list the gateway relayed for the server, null: none yet"},
+        "tools_seen_at": {**when, "description": "when the gateway first relayed the list "
+                                                 "as it stands"},
+        "at": {"type": "number"}}}
+    sessions = {"type": "object", "required": ["total", "scope", "endpoints"], "properties": {
+        "total": {"type": "integer"},
+        "scope": {"type": "string", "enum": ["cluster", "process"], "description":
+                  "cluster: every replica's (the Redis store); process: this process's"},
+        "endpoints": {"type": "array", "items": {"type": "object", "properties": {
+            "endpoint": {"type": "string"}, "sessions": {"type": "integer"}}}}}}
+    return {
+        "/api/v1/servers/{name}/status": {"get": _op(
+            "A server's era, health (from the audit log) and tools as last seen", "200",
+            status, params=["name"])},
+        "/api/v1/sessions": {"get": _op("The live gateway sessions, in all and per endpoint",
+                                        "200", sessions)},
+    }
+
+
 @cache
 def document(*, connections: bool = False) -> dict[str, Any]:
     """The document of the routes served: `connections` when the app serves
     /api/v1/me/connections (proxy.connect, with a per_user upstream)."""
     schemas = _schemas()
     paths = {**_roles_and_me(), **_servers_and_keys(), **_users(), **_audit_and_usage(),
-             **_pins(), **_console()}
+             **_pins(), **_console(), **_status()}
     if connections:
         paths.update(_connections())
     return {"openapi": "3.1.0",

@@ -16,6 +16,7 @@ from proxy.api import (
     pins,
     roles,
     servers,
+    status,
     summary,
     users,
 )
@@ -31,6 +32,8 @@ ROUTES: tuple[Route, ...] = (
     Route("/servers/<name>", "PUT", servers.put_server),
     Route("/servers/<name>", "PATCH", servers.patch_server),
     Route("/servers/<name>", "DELETE", servers.delete_server),
+    Route("/servers/<name>/status", "GET", status.server_status),
+    Route("/sessions", "GET", status.sessions),
     Route("/endpoints", "GET", endpoints.endpoints),
     Route("/endpoints", "POST", endpoints.create_endpoint),
     Route("/endpoints/<name>", "GET", endpoints.endpoint),

@@ -97,6 +97,40 @@ def summary(target: db.Target, *, since: float, until: float | None = None,
             "outbox_backlog": int(backlog[0][0])}
 
 
+MAX_ERROR_MESSAGE = 300  # of the last error's message in a server's health
+
+
+def health(target: db.Target, *, endpoint: str, now: float, recent_s: float,
+           hour_s: float) -> dict[str, Any]:
+    """One upstream server's calls, errors and error rate over the last `recent_s` and the
+    last `hour_s` (a denial never reached it: not a call here), and its last ok and last
+    error of the hour with that error's message (audit messages hold no secrets). Two reads
+    along audit_ts."""
+    hour, recent = now - hour_s, now - recent_s
+    rows = _read(target, "SELECT status, count(*), sum(CASE WHEN ts >= ? THEN 1 ELSE 0 END), "
+                         "max(ts) FROM audit WHERE ts >= ? AND endpoint = ? AND "
+                         "status <> 'denied' GROUP BY status", (recent, hour, endpoint)) or []
+    windows: dict[str, dict[str, Any]] = {"last_5m": {"calls": 0, "errors": 0},
+                                          "last_hour": {"calls": 0, "errors": 0}}
+    latest: dict[str, float] = {}
+    for status, n, n_recent, at in rows:
+        for key, count in (("last_hour", int(n)), ("last_5m", int(n_recent or 0))):
+            windows[key]["calls"] += count
+            if status == "error":
+                windows[key]["errors"] += count
+        latest[status] = float(at)
+    for w in windows.values():
+        w["error_rate"] = round(w["errors"] / w["calls"], 4) if w["calls"] else 0.0
+    message = None
+    if "error" in latest:
+        found = _read(target, "SELECT error_message FROM audit WHERE ts >= ? AND endpoint = ? "
+                              "AND status = 'error' ORDER BY ts DESC LIMIT 1",
+                      (hour, endpoint)) or []
+        message = found[0][0][:MAX_ERROR_MESSAGE] if found and found[0][0] else None
+    return {**windows, "last_ok_at": latest.get("ok"), "last_error_at": latest.get("error"),
+            "last_error": message}
+
+
 def record(target: db.Target, record_id: int) -> dict[str, Any] | None:
     """One audit record by its id (as /api/v1/audit gives it)."""
     columns = ("id", *_COLUMNS)

@@ -3,6 +3,7 @@ Every figure comes from /api/v1 (proxy.console.api), every change goes to it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,6 +22,7 @@ AUDIT_FILTERS = ("status", "endpoint", "principal", "tool", "since", "until")
 PERIODS = {"hour": 3600, "day": 86400, "week": 7 * 86400}
 KEYS_PAGE = 100
 OVERVIEW_ROWS = 50  # the busiest endpoints of the day; the usage page has the rest
+STATUS_ROWS = 50  # servers whose state the servers page shows (each one is an API call)
 ACCESS_LISTS = ("allow_subjects", "allow_groups", "allow_scopes", "allow_keys",
                 "tools_allow", "tools_deny")
 
@@ -37,6 +39,7 @@ async def overview(web: Web, user: User) -> Response:
     day = await call(web, "GET", "/usage/summary", params={"since": f"{now - 86400:.3f}"})
     series = await call(web, "GET", "/usage/series", params={
         "since": f"{now - 3600:.3f}", "until": f"{now:.3f}", "bucket_s": "60"})
+    sessions = await call(web, "GET", "/sessions")
     if not (hour.ok and day.ok and series.ok):
         bad = next(a for a in (hour, day, series) if not a.ok)
         return await render("message.html", user, bad.status, title="Overview unavailable",
@@ -44,14 +47,25 @@ async def overview(web: Web, user: User) -> Response:
     by_hour = {e["endpoint"]: e for e in hour.body["endpoints"]}
     rows = [(e, by_hour.get(e["endpoint"])) for e in day.body["endpoints"][:OVERVIEW_ROWS]]
     return await render("overview.html", user, day=day.body, rows=rows,
+                        sessions=sessions.body if sessions.ok else None,
                         more=max(0, len(day.body["endpoints"]) - OVERVIEW_ROWS),
                         chart=charts.stacked(series.body["items"], series.body["bucket_s"]))
 
 
 async def servers(web: Web, user: User) -> Response:
     answer = await call(web, "GET", "/servers")
-    return await render("servers.html", user, servers=answer.body.get("items", [])
-                        if answer.ok else [], error=None if answer.ok else answer.detail)
+    items = answer.body.get("items", []) if answer.ok else []
+    return await render("servers.html", user, servers=items,
+                        states=await _states(web, [s["name"] for s in items[:STATUS_ROWS]]),
+                        error=None if answer.ok else answer.detail)
+
+
+async def _states(web: Web, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each server's status (its state, era, error rate), asked side by side; a server
+    whose status is not to be had is left out (the page shows a dash)."""
+    answers = await asyncio.gather(*(call(web, "GET", f"/servers/{n}/status")
+                                     for n in names))
+    return {n: a.body for n, a in zip(names, answers, strict=True) if a.ok}
 
 
 async def server(web: Web, user: User, name: str) -> Response:
@@ -59,8 +73,10 @@ async def server(web: Web, user: User, name: str) -> Response:
     if not answer.ok:
         return await render("message.html", user, answer.status, title="No such server",
                             message=answer.detail, back="/console/servers")
+    status = await call(web, "GET", f"/servers/{name}/status")
     access = answer.body["access"]
     return await render("server.html", user, server=answer.body, lists=ACCESS_LISTS,
+                        live=status.body if status.ok else None,
                         group_tools=orjson.dumps(access.get("group_tools", {}),
                                                  option=orjson.OPT_INDENT_2).decode())
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -69,6 +70,9 @@ class SessionStore(Protocol):
         the caller is authenticated, so a shared store's round trip overlaps that work."""
 
     async def delete(self, session_id: str) -> None: ...
+
+    async def by_endpoint(self) -> dict[str, int]:
+        """Live sessions per endpoint (every process's on a shared store)."""
 
 
 class Fetched(Protocol):
@@ -130,6 +134,11 @@ class MemorySessionStore:
         self._sessions.expire()
         return len(self._sessions)
 
+    async def by_endpoint(self) -> dict[str, int]:
+        """Live sessions per endpoint (for /api/v1/sessions): this process's."""
+        self._sessions.expire()
+        return dict(Counter(s.endpoint for s in list(self._sessions.values())))
+
 
 class RedisSessionStore:
     """Sessions shared by every gateway process on one Redis: any replica continues a session
@@ -164,6 +173,16 @@ class RedisSessionStore:
     async def count(self) -> int:
         """Live sessions of every process (for metrics)."""
         return await self._shared.count("session", self._prefix)
+
+    async def by_endpoint(self) -> dict[str, int]:
+        """Live sessions per endpoint, of every process (for /api/v1/sessions): SCAN, then
+        the sessions read a batch at a time (an administrator's question, never a call's)."""
+        found: Counter[str] = Counter()
+        for keys in [k async for k in self._shared.scan("session", self._prefix)]:
+            for raw in await self._shared.command("session", "MGET", *keys):
+                if raw is not None:  # expired between the SCAN and the read
+                    found[orjson.loads(raw)[0]] += 1
+        return dict(found)
 
 
 class _Asked:

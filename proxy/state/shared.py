@@ -18,7 +18,7 @@ import contextlib
 import hashlib
 import logging
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -142,14 +142,22 @@ class Shared:
     async def count(self, store: str, prefix: str) -> int:
         """How many keys start with `prefix` (SCAN, never KEYS: Redis stays responsive).
         For metrics, which sample it at most every few seconds."""
+        found = 0
+        async for keys in self.scan(store, prefix):
+            found += len(keys)
+        return found
+
+    async def scan(self, store: str, prefix: str) -> AsyncIterator[list[bytes]]:
+        """The keys that start with `prefix`, a SCAN batch at a time (empty ones left out)."""
         match = "".join("\\" + c if c in "\\*?[]" else c for c in prefix) + "*"
-        cursor, found = b"0", 0
+        cursor = b"0"
         while True:
             cursor, keys = await self.command(store, "SCAN", cursor, "MATCH", match,
                                               "COUNT", 1000)
-            found += len(keys)
+            if keys:
+                yield list(keys)
             if cursor == b"0":
-                return found
+                return
 
     async def aclose(self) -> None:
         for task in self._listeners:

@@ -10,7 +10,7 @@ import re
 import secrets
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,8 @@ from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from proxy.demo import demo_app
 from proxy.oauth.server import s256
-from proxy.people.accounts import Accounts
-from tests import db_backends
+from proxy.people.accounts import Accounts, UserExists
+from tests import db_backends, state_backends
 from tests.conftest import MCP_HEADERS
 from tests.servers import bound_socket, serve
 
@@ -47,14 +47,18 @@ class Env:
 
 @asynccontextmanager
 async def env(tmp_path: Path, per_user: bool = False, trusted_proxies: list[str] | None = None,
-              database: dict[str, Any] | None = None) -> AsyncIterator[Env]:
+              database: dict[str, Any] | None = None, shared_state: bool = False
+              ) -> AsyncIterator[Env]:
     """A gateway with one upstream (cfgd), a root and a pat, and an admin API key; with
     `per_user`, a per_user upstream (gh) too, whose routes include /api/v1/me/connections
-    (on a database of its own: a test may build both)."""
+    (on a database of its own: a test may build both). With `shared_state`, on this run's
+    state store (Redis when the run is on it). A second one in the same test is a restart on
+    the same database."""
     db = db_backends.url("per_user" if per_user else "main")
     accounts = Accounts(db)
-    accounts.create_local("root", "root-password", admin=True)
-    accounts.create_local("pat", "pat-password")
+    with suppress(UserExists):
+        accounts.create_local("root", "root-password", admin=True)
+        accounts.create_local("pat", "pat-password")
     accounts.close()
     _, secret = api_keys.create(db, "ci", [], role="admin")
     async with serve(demo_app(), graceful_timeout=1) as upstream:
@@ -71,6 +75,7 @@ async def env(tmp_path: Path, per_user: bool = False, trusted_proxies: list[str]
             "auth": {"mode": "jwt", "lockout": {"max_failures": 3}},
             "oauth_server": {"enabled": True},
             "database": {"url": db, **(database or {})},
+            **({"state": state_backends.state()} if shared_state else {}),
             "upstreams": upstreams}, env={})
         app = create_app(cfg, secret_key="k", vault_keys={"k1": b"\x01" * 32})
         async with serve(app, sock=sock, graceful_timeout=1), \

@@ -1,0 +1,225 @@
+"""What the gateway last saw of each upstream server: the tools of the last tools/list answer
+it relayed and the protocol version last negotiated with it (`server_tools`, migration 18),
+for /api/v1/servers/{name}/status and the console's servers pages.
+
+It is an `Observer` (proxy.observability): the gateway hands it the results it relays, so no
+forwarding code knows of it, and a call that is neither a tools/list, an initialize nor a
+server/discover pays one set lookup. The database holds it so that it survives a restart and
+reads the same on every replica. A list is written only when it changed: its hash is compared
+with the one this process last wrote or read (loaded at start-up), so a tools/list that lists
+what it listed before costs no write. Writes go to one writer task and run off the event loop,
+in the order they were seen; one that fails is logged and retried with the next sighting.
+Tools are kept trimmed (`MAX_TOOLS`, names, titles and descriptions cut) before hashing:
+what an upstream may send is unbounded, what is stored is not. A per-caller upstream's list is
+the last caller's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.audit.record import AuditRecord
+from proxy.chain import Rewrite
+from proxy.db import Database
+from proxy.jsonrpc import McpMessage
+from proxy.mcp import eras
+
+log = logging.getLogger("tollhouse.seen")
+
+MAX_TOOLS = 500  # of one server's list: the rest is not kept
+MAX_NAME = 128
+MAX_TITLE = 200
+MAX_DESCRIPTION = 300
+MAX_VERSION = 32
+WATCHED = frozenset({"tools/list", "initialize", "server/discover"})
+_TOOLS = ("server", "tools", "tools_hash", "tools_seen_at")
+_ERA = ("server", "era", "era_seen_at")
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    server: str
+    columns: tuple[str, ...]
+    values: tuple[Any, ...]
+
+
+def _cut(value: Any, most: int) -> str | None:
+    if not isinstance(value, str):
+        return None
+    return value if len(value) <= most else value[:most - 1] + "…"
+
+
+def trimmed(tools: list[Any]) -> list[dict[str, Any]]:
+    """The tools as kept: name, title and description (cut), the first `MAX_TOOLS` named."""
+    kept: list[dict[str, Any]] = []
+    for tool in tools:
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            continue
+        title = tool.get("title")
+        if title is None and isinstance(tool.get("annotations"), dict):
+            title = tool["annotations"].get("title")
+        kept.append({"name": _cut(tool["name"], MAX_NAME), "title": _cut(title, MAX_TITLE),
+                     "description": _cut(tool.get("description"), MAX_DESCRIPTION)})
+        if len(kept) == MAX_TOOLS:
+            break
+    return kept
+
+
+def _version(msg: McpMessage, result: Mapping[str, Any]) -> str | None:
+    """The protocol version an answer settles: initialize's negotiated one; for
+    server/discover, the newest both the upstream and the gateway speak."""
+    if msg.method == "initialize":
+        return _cut(result.get("protocolVersion"), MAX_VERSION)
+    offered = result.get("supportedVersions")
+    if isinstance(offered, list):
+        both = [v for v in offered if isinstance(v, str) and v in eras.MODERN_VERSIONS]
+        return max(both) if both else None
+    return None
+
+
+class LastSeen:
+    """The observer and its store. `known(name)` says whether an endpoint is an upstream
+    server (a virtual endpoint's lists are its members', not a server's)."""
+
+    def __init__(self, database: Database, known: Callable[[str], bool]) -> None:
+        self._db = database
+        self._known = known
+        self._hashes: dict[str, str] = {}  # server -> the hash of its list as stored
+        self._eras: dict[str, str] = {}
+        self._queue: asyncio.Queue[_Write | None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._tools_sql = database.upsert("server_tools", _TOOLS, ("server",))
+        self._era_sql = database.upsert("server_tools", _ERA, ("server",))
+        self.writes = 0  # rows written by this process (tests read it)
+
+    # -- the observer ----------------------------------------------------------------------
+
+    def begin(self, record: AuditRecord) -> None:
+        pass
+
+    def end(self, record: AuditRecord) -> None:
+        pass
+
+    def parsed(self, record: AuditRecord, msg: McpMessage, headers: Mapping[str, str],
+               peer: str | None) -> None:
+        pass
+
+    def results(self, msg: McpMessage, record: AuditRecord, rewrite: Rewrite | None
+                ) -> Rewrite | None:
+        if msg.method not in WATCHED or not self._known(record.endpoint):
+            return rewrite
+        server = record.endpoint
+
+        def seen(result: dict[str, Any]) -> bool:
+            # before the policies' rewrite: the list as the upstream gave it
+            with contextlib.suppress(Exception):  # never the reason a call fails
+                self._saw(server, msg, result)
+            return rewrite(result) if rewrite is not None else False
+
+        return seen
+
+    def _saw(self, server: str, msg: McpMessage, result: dict[str, Any]) -> None:
+        now = time.time()
+        if msg.method == "tools/list":
+            tools = result.get("tools")
+            if not isinstance(tools, list) or result.get("nextCursor") \
+                    or (msg.params or {}).get("cursor"):
+                return  # one page of several is not the list
+            text = orjson.dumps(trimmed(tools))
+            digest = hashlib.sha256(text).hexdigest()
+            if self._hashes.get(server) != digest:
+                self._hashes[server] = digest
+                self._put(_Write(server, _TOOLS, (server, text.decode(), digest, now)))
+            return
+        version = _version(msg, result)
+        if version is not None and self._eras.get(server) != version:
+            self._eras[server] = version
+            self._put(_Write(server, _ERA, (server, version, now)))
+
+    # -- the store -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Read what is stored (so an unchanged list is not written again after a restart),
+        then start the writer."""
+        for server, digest, era in await asyncio.to_thread(self._load):
+            if digest is not None:
+                self._hashes[server] = digest
+            if era is not None:
+                self._eras[server] = era
+        self._queue = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._writer())
+
+    def _load(self) -> list[tuple[Any, ...]]:
+        with self._db.transaction() as conn:
+            return list(conn.execute("SELECT server, tools_hash, era FROM server_tools"
+                                     ).fetchall())
+
+    def _put(self, write: _Write) -> None:
+        if self._queue is not None:
+            self._queue.put_nowait(write)
+
+    async def _writer(self) -> None:
+        assert self._queue is not None
+        while True:
+            write = await self._queue.get()
+            try:
+                if write is None:
+                    return
+                await asyncio.to_thread(self._write, write)
+                self.writes += 1
+            except self._db.errors as exc:  # the next sighting tries again
+                log.warning("last seen of server %r not stored: %s", write and write.server,
+                            type(exc).__name__)
+                if write is not None:
+                    (self._hashes if write.columns is _TOOLS else self._eras).pop(
+                        write.server, None)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, write: _Write) -> None:
+        with self._db.transaction() as conn:
+            conn.execute(self._tools_sql if write.columns is _TOOLS else self._era_sql,
+                         write.values)
+
+    async def flush(self) -> None:
+        """Read your own sightings: every one this process made so far is stored."""
+        if self._queue is not None:
+            await self._queue.join()
+
+    async def get(self, server: str) -> dict[str, Any]:
+        """The server's last seen era and tools, as stored (by whichever replica)."""
+        await self.flush()
+        rows = await asyncio.to_thread(self._read, server)
+        if not rows:
+            return {"era": None, "era_seen_at": None, "tools": None, "tools_seen_at": None}
+        tools, digest, tools_at, era, era_at = rows[0]
+        if digest is not None:  # another replica's list: compare with that one from now on
+            self._hashes[server] = digest
+        return {"era": era, "era_seen_at": era_at,
+                "tools": orjson.loads(tools) if tools is not None else None,
+                "tools_seen_at": tools_at}
+
+    def _read(self, server: str) -> list[tuple[Any, ...]]:
+        with self._db.transaction() as conn:
+            return list(conn.execute(self._db.sql(
+                "SELECT tools, tools_hash, tools_seen_at, era, era_seen_at FROM server_tools "
+                "WHERE server = ?"), (server,)).fetchall())
+
+    async def aclose(self) -> None:
+        """What was seen is written, then the writer stops."""
+        if self._queue is None or self._task is None:
+            return
+        self._queue.put_nowait(None)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._task), timeout=5)
+        self._task.cancel()
+        self._queue = None

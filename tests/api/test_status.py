@@ -1,0 +1,169 @@
+"""/api/v1/servers/{name}/status and /api/v1/sessions against a real gateway, the demo
+upstream and the official SDK client: health from the audit log, the era and tools last
+seen (kept in the database across a restart, written only when the list changed), the live
+sessions and their scope."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from mcp import MCPError
+
+from proxy.app import State
+from proxy.audit.record import AuditRecord
+from proxy.db import Database
+from proxy.demo import TOOLS
+from proxy.jsonrpc import McpMessage
+from proxy.seen import MAX_DESCRIPTION, LastSeen
+from tests import db_backends, state_backends
+from tests.api.test_api import Env, detail, env, signed_in
+from tests.e2e.sdk_client import connect
+
+
+def seen_of(e: Env) -> LastSeen:
+    state: State = e.app.extensions["tollhouse"]
+    assert state.api is not None and state.api.seen is not None
+    return state.api.seen
+
+
+def auth(e: Env) -> dict[str, str]:
+    return {"Authorization": f"Bearer {e.admin_key}"}
+
+
+async def status(e: Env, name: str = "cfgd") -> dict[str, Any]:
+    response = await e.admin.get(e.api(f"/servers/{name}/status"))
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def test_status_health_era_and_tools(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        idle = await status(e)
+        assert idle["state"] == "idle" and idle["era"] is None and idle["tools"] is None
+        assert idle["health"]["last_5m"] == {"calls": 0, "errors": 0, "error_rate": 0.0}
+        async with connect(f"{e.url}/mcp/cfgd", headers=auth(e)) as client:
+            listed = await client.list_tools()
+            assert [t.name for t in listed.tools] == [t["name"] for t in TOOLS]
+            for _ in range(3):
+                await client.call_tool("echo", {"text": "hi"})
+            with pytest.raises(MCPError):
+                await client.call_tool("nope", {})
+        body = await status(e)
+        assert body["name"] == "cfgd" and body["era"] == "2025-11-25"
+        assert [t["name"] for t in body["tools"]] == ["echo", "add", "count"]
+        assert body["tools"][0] == {"name": "echo", "title": None,
+                                    "description": "Echo the text back."}
+        assert body["tools_seen_at"] <= body["at"]
+        recent, hour = body["health"]["last_5m"], body["health"]["last_hour"]
+        # initialize, tools/list, three echoes and the failing call (the DELETE too)
+        assert recent["errors"] == hour["errors"] == 1
+        assert recent["calls"] == hour["calls"] >= 6
+        assert recent["error_rate"] == round(1 / recent["calls"], 4)
+        assert body["health"]["last_error"] == "upstream error -32602"  # as audited
+        assert body["health"]["last_error_at"] is not None
+        # the latest call was ok (the DELETE), and one error in six or more is not failing
+        assert body["state"] == "ok"
+
+
+async def test_failing_when_the_latest_call_failed(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        async with connect(f"{e.url}/mcp/cfgd", headers=auth(e),
+                           terminate_on_close=False) as client:
+            await client.call_tool("echo", {"text": "hi"})
+            with pytest.raises(MCPError):
+                await client.call_tool("nope", {})
+        body = await status(e)
+        assert body["state"] == "failing"
+        assert body["health"]["last_error_at"] > body["health"]["last_ok_at"]
+
+
+async def test_tools_last_seen_survive_a_restart_and_cost_no_write_unchanged(
+        tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        async with connect(f"{e.url}/mcp/cfgd", headers=auth(e)) as client:
+            await client.list_tools()
+            first = await status(e)  # flushes this process's sightings
+            writes = seen_of(e).writes
+            assert writes == 2  # the era at initialize, the list
+            await client.list_tools()
+            await client.list_tools()
+        again = await status(e)
+        assert seen_of(e).writes == writes  # the same list: nothing written
+        assert again["tools_seen_at"] == first["tools_seen_at"]
+    async with env(tmp_path) as restarted:  # the same database, a new process's view
+        after = await status(restarted)
+        assert after["tools"] == first["tools"] and after["era"] == "2025-11-25"
+        assert after["tools_seen_at"] == first["tools_seen_at"]
+        async with connect(f"{restarted.url}/mcp/cfgd", headers=auth(restarted)) as client:
+            await client.list_tools()
+        await status(restarted)
+        assert seen_of(restarted).writes == 0  # what it loaded at start-up is what it saw
+
+
+def _list(tools: list[dict[str, Any]], *, cursor: str | None = None) -> tuple[
+        McpMessage, dict[str, Any]]:
+    params = {"cursor": cursor} if cursor else {}
+    msg = McpMessage("request", 1, "tools/list", params, b"")
+    return msg, {"tools": tools}
+
+
+async def test_a_changed_list_is_written_trimmed(tmp_path: Path) -> None:
+    database = Database(db_backends.url())
+    seen = LastSeen(database, {"s"}.__contains__)
+    await seen.start()
+    try:
+        record = AuditRecord(endpoint="s")
+        for tools in ([{"name": "a"}], [{"name": "a"}], [{"name": "a"}, {"name": "b",
+                      "description": "x" * 5000, "annotations": {"title": "B"}}]):
+            msg, result = _list(tools)
+            rewrite = seen.results(msg, record, None)
+            assert rewrite is not None and rewrite(result) is False
+        # a later page, a virtual endpoint's list and another method are not a server's list
+        msg, result = _list([{"name": "zz"}], cursor="2")
+        later_page = seen.results(msg, record, None)
+        assert later_page is not None and later_page(result) is False
+        assert seen.results(msg, AuditRecord(endpoint="virtual"), None) is None
+        assert seen.results(McpMessage("request", 2, "tools/call", {}, b""), record,
+                            None) is None
+        stored = await seen.get("s")
+        assert seen.writes == 2
+        assert [t["name"] for t in stored["tools"]] == ["a", "b"]
+        b = stored["tools"][1]
+        assert b["title"] == "B" and len(b["description"]) == MAX_DESCRIPTION
+        with database.transaction() as conn:
+            text = conn.execute("SELECT tools FROM server_tools WHERE server = 's'").fetchone()
+        assert orjson.loads(text[0]) == stored["tools"]
+    finally:
+        await seen.aclose()
+        database.close()
+
+
+async def test_status_unknown_server_and_non_admin(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        missing = await e.admin.get(e.api("/servers/nope/status"))
+        assert missing.status_code == 404 and isinstance(detail(missing), str)
+        assert "nope" in detail(missing)
+        pat = await signed_in(e, "pat", "pat-password")
+        for path in ("/servers/cfgd/status", "/sessions"):
+            forbidden = await pat.get(e.api(path))
+            assert forbidden.status_code == 403 and detail(forbidden) == "administrators only"
+        await pat.aclose()
+
+
+async def test_sessions_with_a_real_session_open(tmp_path: Path) -> None:
+    async with env(tmp_path, shared_state=True) as e:
+        scope = "cluster" if state_backends.on_redis() else "process"
+        none = (await e.admin.get(e.api("/sessions"))).json()
+        assert none == {"total": 0, "scope": scope, "endpoints": []}
+        async with connect(f"{e.url}/mcp/cfgd", headers=auth(e)) as client:
+            await client.list_tools()
+            one = (await e.admin.get(e.api("/sessions"))).json()
+            assert one == {"total": 1, "scope": scope,
+                           "endpoints": [{"endpoint": "cfgd", "sessions": 1}]}
+        # the client's DELETE on close ended it
+        gone = (await e.admin.get(e.api("/sessions"))).json()
+        assert gone["total"] == 0
