@@ -229,12 +229,16 @@ class Gateway:
                 end = StreamEnd(self.inflight, self.audit, key, partial(
                     forward.notify_cancelled, route, forwarded.leg, msg.id),
                     forwarded.leg.bridged, observer=self.observer)
+                refuse, outgoing = forwarded.leg.bridged, None
+                if isinstance(route, VirtualRoute):  # a member's requests reach the client
+                    refuse = self.virtual.refuses_requests(forwarded.leg, ctx)
+                    outgoing = self.virtual.outgoing(route, forwarded.leg, session, ctx)
                 relay = StreamRelay(BodyChunks(response), response.aclose, request_id=msg.id,
                                     handle=handle, record=record, started=started,
-                                    spawn=self.spawn, rewrite=rewrite,
-                                    refuse_requests=forwarded.leg.bridged,
+                                    spawn=self.spawn, rewrite=rewrite, refuse_requests=refuse,
                                     on_done=end, on_answer=end.answered,
-                                    hold_limit=self.max_response_bytes if held else None)
+                                    hold_limit=self.max_response_bytes if held else None,
+                                    outgoing=outgoing)
                 handed_over = True  # the relay owns the response and the registration now
                 return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
             data, rest = await self.forward.json_body(forwarded, held=held, head=HEAD_BYTES,
@@ -303,6 +307,9 @@ class Gateway:
                                                 session.id if session else "", target),
                                        EndReason.CANCELLED)
         headers = {"Mcp-Session-Id": session.id} if session is not None else {}
+        if isinstance(route, VirtualRoute) and msg.kind == "response":
+            await self.virtual.respond(route, msg, session, ctx)  # to the member that asked
+            return EdgeResponse(202, headers)
         if ctx.era == "modern" or (session is not None and session.bridged_envelope is not None) \
                 or isinstance(route, VirtualRoute):  # its members are told nothing one-way
             return EdgeResponse(202, headers)

@@ -62,6 +62,7 @@ class StreamRelay:
         refuse_requests: bool = False,
         on_answer: Callable[[StreamRelay], Awaitable[bool]] | None = None,
         hold_limit: int | None = None,
+        outgoing: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
         self._close = close
         self.request_id = request_id
@@ -77,6 +78,9 @@ class StreamRelay:
         self._spawn = spawn
         self._rewrite = rewrite
         self._refuse_requests = refuse_requests
+        # a virtual endpoint's view of each upstream request or notification (proxy/virtual:
+        # the member named, a request's id sealed); True when it changed the message
+        self._outgoing = outgoing
         self.refused: str | None = None  # why the gateway ended the call itself
         self._chunks = chunks  # errors already mapped at the upstream boundary
         # None: no event is held past HEAD_BYTES; else each is held whole, up to this size
@@ -205,7 +209,8 @@ class StreamRelay:
             and self._rewrite(obj["result"])
 
     def _inspect(self, events: list[bytes]) -> bytes:
-        if self.request_id is not NO_REQUEST and not self.answered:
+        watching = self.request_id is not NO_REQUEST and not self.answered
+        if watching or self._outgoing is not None:
             for i, event in enumerate(events):
                 data = event_data(event)
                 if not data:
@@ -213,14 +218,22 @@ class StreamRelay:
                 try:
                     obj = orjson.loads(data)
                 except orjson.JSONDecodeError:
+                    if not watching:
+                        continue
                     return self._fail(UpstreamProtocolError())
-                if self._refuse_requests and isinstance(obj, dict) and "method" in obj \
-                        and "id" in obj:
+                if watching and self._refuse_requests and isinstance(obj, dict) \
+                        and "method" in obj and "id" in obj:
                     # a legacy upstream asking a 2026-07-28 caller for sampling, elicitation or
                     # roots: nothing can carry the question, so the call ends, rather than hang
                     method = str(obj["method"])[:64]
                     self.refused = f"upstream sent {method}, which cannot reach this client"
                     return self._fail(UpstreamFailure(self.refused))
+                if self._outgoing is not None and isinstance(obj, dict) and "method" in obj:
+                    if self._outgoing(obj):
+                        events[i] = with_data(event, orjson.dumps(obj))
+                    continue
+                if not watching:
+                    continue
                 outcome = response_outcome(obj, self.request_id)
                 if outcome is not None and self._answer_seen(outcome, obj):
                     events[i] = with_data(event, orjson.dumps(obj))

@@ -10,6 +10,12 @@ out; a call goes to the one member that owns the name, with the member's origina
 `initialize` and `server/discover` are answered here with the members' merged capabilities.
 Member sessions are opened by the Forwarder's bridge when first needed, held per endpoint and
 caller, and reopened when a member forgets one.
+
+What a member sends the client on a call's stream goes through `outgoing`: a server-to-client
+request (sampling, elicitation, roots) gets an id sealed to the member and the client's
+session (`Cursors.seal_id`), which `respond` opens when the client answers, to send the answer
+on to that member's session with the member's own id; a log message or a progress notice
+names the member; a member's `list_changed` is the endpoint's own.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -29,6 +35,7 @@ from proxy.errors import (
     HiddenTool,
     InvalidParams,
     MethodNotFound,
+    UpstreamBadGateway,
     UpstreamFailure,
     UpstreamProtocolError,
     UpstreamUnavailable,
@@ -162,6 +169,75 @@ class VirtualForwarder:
             into.leg.route = member
         else:
             raise MethodNotFound(data={"method": method})
+
+    # -- what a member sends the client, and the client's answers --------------------------
+
+    def outgoing(self, route: VirtualRoute, leg: Leg, session: Session | None,
+                 ctx: CallContext) -> Callable[[dict[str, Any]], bool] | None:
+        """The relay's view of a member's requests and notifications on a call's stream (None
+        for a call answered without a member)."""
+        if leg.route is None:
+            return None
+        bound = _bound(session, ctx.principal.key)
+        member = leg.route.name
+        return lambda obj: self._outgoing(route.name, member, bound, obj)
+
+    def refuses_requests(self, leg: Leg, ctx: CallContext) -> bool:
+        """A legacy member's request to a 2026-07-28 client ends the call, as on a plain
+        endpoint's era bridge: nothing can carry the question (a legacy client's can)."""
+        return leg.bridged and ctx.era == "modern"
+
+    def _outgoing(self, endpoint: str, member: str, bound: str, obj: dict[str, Any]) -> bool:
+        method = obj.get("method")
+        if "id" in obj:  # a request to the client: answered under an id only we can open
+            obj["id"] = self.cursors.seal_id(endpoint, bound, member, obj["id"])
+            return True
+        params = obj.get("params")
+        if not isinstance(params, dict):
+            return False
+        if method == "notifications/message":
+            logger = params.get("logger")
+            params["logger"] = f"{member}/{logger}" if isinstance(logger, str) and logger \
+                else member
+            return True
+        if method == "notifications/progress":  # its progressToken is the client's own
+            text = params.get("message")
+            params["message"] = f"{member}: {text}" if isinstance(text, str) else member
+            return True
+        return False  # list_changed and the rest: as the endpoint's own, unchanged
+
+    async def respond(self, route: VirtualRoute, msg: McpMessage, session: Session | None,
+                      ctx: CallContext) -> None:
+        """A client's answer to a member's request, sent on to that member's session with the
+        member's own id. One under an id this endpoint did not give this session (forged,
+        altered, another caller's) reaches no member: accepted and dropped, as a plain
+        endpoint's upstream drops an answer to no request of its own."""
+        opened = self.cursors.open_id(msg.id, route.name, _bound(session, ctx.principal.key))
+        if opened is None or opened[0] not in route.members or opened[0] not in self.routes:
+            log.info("/mcp/%s: an answer to no member's request: dropped", route.name)
+            return
+        name, original = opened
+        member = await self._member(route, name, session)
+        held = await self.forward.bridge.store.session(member.state_key, ctx.principal.key)
+        if held is None:  # the member session is gone, and the request with it
+            log.info("/mcp/%s: an answer for member %s, whose session is gone: dropped",
+                     route.name, name)
+            return
+        body = orjson.loads(msg.body)
+        body["id"] = original
+        extra = [*(self.forward.identity.headers(member, ctx.principal) or []),
+                 ("mcp-protocol-version", bridge.LEGACY_VERSION)]
+        headers = self.forward.upstream.headers(member, {"content-type": "application/json"},
+                                                held.upstream_session_id, extra=extra)
+        try:
+            response = await self.forward.upstream.open(member, "POST", headers,
+                                                        orjson.dumps(body))
+            await response.aclose()
+        except UpstreamFailure as exc:
+            raise UpstreamBadGateway(exc.wire_message) from None
+        if response.status_code >= 300:
+            log.info("/mcp/%s: member %s refused an answer: HTTP %d", route.name, name,
+                     response.status_code)
 
     def notify_cancelled(self, route: VirtualRoute, leg: Leg, request_id: Any,
                          reason: str) -> None:
@@ -391,6 +467,11 @@ class VirtualForwarder:
         return {"supportedVersions": list(eras.MODERN_VERSIONS), "capabilities": caps,
                 "resultType": "complete", "ttlMs": 0, "cacheScope": "private",
                 "_meta": {eras.SERVER_INFO: info}}
+
+
+def _bound(session: Session | None, caller: str) -> str:
+    """What a sealed request id is bound to: the client's gateway session, else the caller."""
+    return f"session {session.id}" if session is not None else f"caller {caller}"
 
 
 def _request(msg: McpMessage, method: str, cursor: str | None = None) -> McpMessage:
