@@ -65,6 +65,7 @@ ROUTED = {"tools/call": ("name", "tool"), "prompts/get": ("name", "prompt"),
 LOCAL = ("initialize", "server/discover", "ping", "logging/setLevel")
 PER_MEMBER = ("access", "egress")  # what a list asks of each member it reaches
 CAPABILITIES = ("tools", "prompts", "resources", "logging", "completions")
+LIST_CHANGED = ("tools", "prompts", "resources")  # relayed as the endpoint's own
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -450,7 +451,8 @@ class VirtualForwarder:
     async def _opening(self, route: VirtualRoute, msg: McpMessage, ctx: CallContext,
                        session: Session | None) -> dict[str, Any]:
         """initialize or server/discover, answered with the members' merged capabilities
-        (only what the endpoint can deliver: no list_changed, no subscribe)."""
+        (only what the endpoint can deliver: no subscribe; to a legacy client, list_changed,
+        which any member's notice and a change of the members is relayed as)."""
         discover = McpMessage("request", "tollhouse-virtual", "server/discover", {}, b"")
         results = await self._fan_out(route, dict.fromkeys(route.members, discover), ctx,
                                       _NO_POLICIES, session)
@@ -461,6 +463,9 @@ class VirtualForwarder:
                     caps.setdefault(key, {})
         info = {"name": route.name, "version": __version__}
         if msg.method == "initialize":
+            for key in LIST_CHANGED:
+                if key in caps:
+                    caps[key] = {"listChanged": True}
             requested = (msg.params or {}).get("protocolVersion")
             version = requested if requested in eras.LEGACY_VERSIONS else bridge.LEGACY_VERSION
             return {"protocolVersion": version, "capabilities": caps, "serverInfo": info}
