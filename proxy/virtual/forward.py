@@ -24,11 +24,13 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import orjson
 
 from proxy import __version__
+from proxy.auth.principal import Principal
 from proxy.chain import CallContext, Chain, Rewrite
 from proxy.errors import (
     GatewayError,
@@ -50,6 +52,7 @@ from proxy.upstream import UpstreamRoute
 from proxy.upstream.client import read_head
 from proxy.virtual import naming
 from proxy.virtual.cursor import Cursors
+from proxy.virtual.listen import Merged
 from proxy.virtual.route import VirtualRoute
 
 log = logging.getLogger("tollhouse.virtual")
@@ -87,6 +90,7 @@ class VirtualForwarder:
         # exposed name -> (member, member's name), per endpoint and kind: learned from lists
         self._names: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         self._stragglers: set[asyncio.Task[Any]] = set()
+        self._listening: set[Merged] = set()  # the merged GET streams open now
 
     # -- policies ------------------------------------------------------------------------
 
@@ -239,6 +243,62 @@ class VirtualForwarder:
         if response.status_code >= 300:
             log.info("/mcp/%s: member %s refused an answer: HTTP %d", route.name, name,
                      response.status_code)
+
+    # -- the GET stream --------------------------------------------------------------------
+
+    async def listen(self, route: VirtualRoute, session: Session, principal: Principal
+                     ) -> Merged:
+        """The merged GET stream of the legacy members, each on the member session held for
+        this gateway session (opened now if there is none). A member that offers no GET
+        stream, or fails to open one, is left out (logged); a 2026-07-28 member has none."""
+        merged = Merged(route.name, route.members)
+        opened = await asyncio.gather(*(self._member_stream(route, name, session, principal)
+                                        for name in route.members if name in self.routes))
+        bound = _bound(session, session.principal_key)
+        for name, response in opened:
+            if response is not None:
+                merged.add(name, response, partial(self._outgoing, route.name, name, bound))
+        self._listening.add(merged)
+        return merged
+
+    def stopped_listening(self, merged: Merged) -> None:
+        self._listening.discard(merged)
+
+    def members_changed(self, endpoints: Mapping[str, VirtualRoute]) -> None:
+        """The registry changed the endpoints (/api/v1, a reload, another gateway's write):
+        each GET stream on an endpoint whose members changed is told its lists changed."""
+        for merged in list(self._listening):
+            now = endpoints.get(merged.endpoint)
+            members = now.members if now is not None else ()
+            if members != merged.members:
+                merged.members = members
+                merged.announce()
+
+    async def _member_stream(self, route: VirtualRoute, name: str, session: Session,
+                             principal: Principal) -> tuple[str, Any]:
+        try:
+            member = await self._member(route, name, session)
+            if member.era != "legacy":
+                return name, None
+            identity = self.forward.identity.headers(member, principal)
+            held = await self.forward.bridge.session(member, session.principal_key, identity)
+            if held.upstream_session_id is None:  # stateless: no stream to listen on
+                return name, None
+            headers = self.forward.upstream.headers(
+                member, {}, held.upstream_session_id, get=True,
+                extra=[*(identity or []), ("mcp-protocol-version", bridge.LEGACY_VERSION)])
+            response = await self.forward.upstream.open(member, "GET", headers,
+                                                        stream_timeout=True)
+        except GatewayError as exc:
+            log.info("/mcp/%s: no GET stream from member %s: %s", route.name, name, exc)
+            return name, None
+        if response.status_code >= 300 or not response.headers.get(
+                "content-type", "").startswith("text/event-stream"):
+            log.info("/mcp/%s: member %s offers no GET stream (HTTP %d)", route.name, name,
+                     response.status_code)
+            await response.aclose()
+            return name, None
+        return name, response
 
     def notify_cancelled(self, route: VirtualRoute, leg: Leg, request_id: Any,
                          reason: str) -> None:

@@ -19,6 +19,7 @@ from mcp.server.mcpserver import Context, MCPServer
 
 from proxy.app import State, create_app
 from proxy.config import from_dict
+from proxy.virtual.schema import EndpointIn
 from tests import db_backends, state_backends
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import ASGIApp, UpstreamProbe, stateful_sse_app, stateless_json_app
@@ -34,12 +35,14 @@ def talker_app() -> ASGIApp:
     server = MCPServer("talker", version="1.0.0")
 
     @server.tool()
-    async def chatter(text: str, ctx: Context) -> str:
-        """Log `text`, report progress, announce a tools list change; return `text`."""
+    async def chatter(text: str, ctx: Context, standalone: bool = False) -> str:
+        """Log `text` (on the GET stream when `standalone`), report progress, announce a
+        tools list change; return `text`."""
         session, rid = ctx.request_context.session, ctx.request_id
         await session.send_notification(types.LoggingMessageNotification(
             params=types.LoggingMessageNotificationParams(level="info", logger="db",
-                                                          data=text)), related_request_id=rid)
+                                                          data=text)),
+            related_request_id=None if standalone else rid)
         await ctx.report_progress(1, 2, "half")
         await session.send_notification(types.ToolListChangedNotification(),
                                         related_request_id=rid)
@@ -53,6 +56,9 @@ class Team:
     url: str
     alpha: UpstreamProbe
     state: State
+
+    def get_open(self) -> bool:
+        return any(x.method == "GET" and x.status == 200 for x in self.alpha.exchanges)
 
 
 @asynccontextmanager
@@ -183,3 +189,52 @@ async def test_a_modern_client_is_refused_a_legacy_members_request() -> None:
             await client.call_tool("alpha__ask_sampling", {"prompt": "x"})
         assert refused.value.error.code == -32000
     assert not answers_posted(t.alpha)
+
+
+async def test_the_get_stream_merges_the_members_streams() -> None:
+    logs: list[types.LoggingMessageNotificationParams] = []
+
+    async def on_sampling(ctx: Any, params: types.CreateMessageRequestParams
+                          ) -> types.CreateMessageResult:
+        return types.CreateMessageResult(role="assistant", model="test", content=types.TextContent(
+            type="text", text=f"sampled: {params.messages[0].content.text}"))
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logs.append(params)
+
+    async with team() as t, connect(t.url, sampling_callback=on_sampling,
+                                    logging_callback=on_log) as client:
+        await until(t.get_open, what="the member's GET stream to open")
+        # alpha asks on its GET stream (no call to relate the request to), talker logs there
+        result = await client.call_tool("alpha__ask_sampling", {"prompt": "aside",
+                                                                "standalone": True})
+        assert result.content[0].text == "sampled: aside"
+        result = await client.call_tool("talker__chatter", {"text": "aside",
+                                                            "standalone": True})
+        await until(lambda: logs, what="the log on the GET stream")
+    assert [(x.logger, x.data) for x in logs] == [("talker/db", "aside")]
+    gets = [x for x in t.alpha.exchanges if x.method == "GET"]
+    (call,) = t.alpha.tool_calls("ask_sampling")  # the GET was on the call's member session
+    assert {x.request_header("mcp-session-id") for x in gets} == \
+        {call.headers["mcp-session-id"]}
+
+
+async def test_a_change_of_members_is_announced_on_the_get_stream() -> None:
+    changed: list[Any] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.append(message)
+
+    async with team() as t:
+        endpoints = t.state.api.endpoints
+        assert endpoints is not None
+        await endpoints.create(EndpointIn(name="crew", members=["alpha", "talker"]))
+        crew = t.url.replace("/mcp/team", "/mcp/crew")
+        async with connect(crew, message_handler=on_message) as client:
+            await until(t.get_open, what="the member's GET stream to open")
+            assert "talker__chatter" in {x.name for x in (await client.list_tools()).tools}
+            assert not changed
+            await endpoints.patch("crew", {"members": ["alpha"]})  # as PATCH /api/v1 does
+            await until(lambda: changed, what="list_changed on the GET stream")
+            assert "talker__chatter" not in {x.name for x in (await client.list_tools()).tools}
