@@ -227,6 +227,9 @@ async def test_a_change_of_members_is_announced_on_the_get_stream() -> None:
             changed.append(message)
 
     async with team() as t:
+        async with connect(t.url):  # the gateway is serving: its management API is built
+            pass
+        assert t.state.api is not None
         endpoints = t.state.api.endpoints
         assert endpoints is not None
         await endpoints.create(EndpointIn(name="crew", members=["alpha", "talker"]))
