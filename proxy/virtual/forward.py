@@ -251,7 +251,7 @@ class VirtualForwarder:
         """The merged GET stream of the legacy members, each on the member session held for
         this gateway session (opened now if there is none). A member that offers no GET
         stream, or fails to open one, is left out (logged); a 2026-07-28 member has none."""
-        merged = Merged(route.name, route.members)
+        merged = Merged(route.name, self._present(route.members))
         opened = await asyncio.gather(*(self._member_stream(route, name, session, principal)
                                         for name in route.members if name in self.routes))
         bound = _bound(session, session.principal_key)
@@ -265,14 +265,20 @@ class VirtualForwarder:
         self._listening.discard(merged)
 
     def members_changed(self, endpoints: Mapping[str, VirtualRoute]) -> None:
-        """The registry changed the endpoints (/api/v1, a reload, another gateway's write):
-        each GET stream on an endpoint whose members changed is told its lists changed."""
+        """The registry changed the endpoints or the servers (/api/v1, a reload, another
+        gateway's write): each GET stream on an endpoint whose members served changed is
+        told its lists changed. Cheap: nothing to do without a GET stream open."""
         for merged in list(self._listening):
             now = endpoints.get(merged.endpoint)
-            members = now.members if now is not None else ()
+            members = self._present(now.members if now is not None else ())
             if members != merged.members:
                 merged.members = members
                 merged.announce()
+
+    def _present(self, members: tuple[str, ...]) -> tuple[str, ...]:
+        """The members served now (one registered or removed through /api/v1/servers joins
+        or leaves the endpoint)."""
+        return tuple(name for name in members if name in self.routes)
 
     async def _member_stream(self, route: VirtualRoute, name: str, session: Session,
                              principal: Principal) -> tuple[str, Any]:
