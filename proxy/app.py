@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -353,6 +354,8 @@ class Serving:
             session_ended=metrics.session_ended if metrics is not None else None,
             endpoints=virtual, cursor_key=_cursor_key(given),
             max_response_bytes=cfg.server.max_response_bytes)
+        endpoints.changed = registry.changed = partial(state.gateway.virtual.members_changed,
+                                                       virtual)
         state.gateway.tenants = Tenants(destinations, upstream.pool, state.gateway.spawn,
                                         _people_attributes(parts, state.api.accounts))
         if parts.connections is not None:  # per_user with a per-caller URL: whose server

@@ -57,6 +57,7 @@ class Registry:
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-registry")
         self._api: dict[str, ServerIn] = {}
         self.reserved: Callable[[str], bool] = lambda name: False  # names served otherwise
+        self.changed: Callable[[], None] | None = None  # told after each change is applied
         self._lock = asyncio.Lock()
         self._version = -1
         self._apply(*self._read_all())
@@ -85,6 +86,8 @@ class Registry:
                 log.error("server %r cannot be served here (%s)", name, exc)
                 self._uninstall(name)
         self._version = -1
+        if self.changed is not None:
+            self.changed()
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -106,6 +109,8 @@ class Registry:
                     log.error("server %r cannot be served here (%s)", name, exc)
                     self._uninstall(name)
         self._version = version
+        if self.changed is not None:  # a virtual endpoint's member may have come or gone
+            self.changed()
 
     async def sync(self) -> None:
         """Catch up with changes other gateways (or processes) made, if any."""

@@ -58,7 +58,7 @@ from proxy.virtual import VirtualForwarder, VirtualRoute
 log = logging.getLogger("tollhouse.gateway")
 
 Route = UpstreamRoute | VirtualRoute  # an upstream's own endpoint, or a virtual one
-Bodyless = Callable[[Route, EdgeRequest, "Session | None", AuditRecord],
+Bodyless = Callable[[Route, EdgeRequest, "Session | None", AuditRecord, Principal],
                     Awaitable[EdgeResponse]]
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
@@ -230,13 +230,17 @@ class Gateway:
                 end = StreamEnd(self.inflight, self.audit, key, partial(
                     forward.notify_cancelled, route, forwarded.leg, msg.id),
                     forwarded.leg.bridged, observer=self.observer)
+                refuse, outgoing = forwarded.leg.bridged, None
+                if isinstance(route, VirtualRoute):  # a member's requests reach the client
+                    refuse = self.virtual.refuses_requests(forwarded.leg, ctx)
+                    outgoing = self.virtual.outgoing(route, forwarded.leg, session, ctx)
                 relay = StreamRelay(BodyChunks(response), response.aclose, request_id=msg.id,
                                     handle=handle, record=record, started=started,
-                                    spawn=self.spawn, rewrite=rewrite,
-                                    refuse_requests=forwarded.leg.bridged,
+                                    spawn=self.spawn, rewrite=rewrite, refuse_requests=refuse,
                                     on_done=end, on_answer=end.answered,
                                     hold_limit=self.max_response_bytes if held else None,
-                                    notice=_heard(chain.noticer(msg, ctx), ctx, record))
+                                    notice=_heard(chain.noticer(msg, ctx), ctx, record),
+                                    outgoing=outgoing)
                 handed_over = True  # the relay owns the response and the registration now
                 return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
             data, rest = await self.forward.json_body(forwarded, held=held, head=HEAD_BYTES,
@@ -305,6 +309,9 @@ class Gateway:
                                                 session.id if session else "", target),
                                        EndReason.CANCELLED)
         headers = {"Mcp-Session-Id": session.id} if session is not None else {}
+        if isinstance(route, VirtualRoute) and msg.kind == "response":
+            await self.virtual.respond(route, msg, session, ctx)  # to the member that asked
+            return EdgeResponse(202, headers)
         if ctx.era == "modern" or (session is not None and session.bridged_envelope is not None) \
                 or isinstance(route, VirtualRoute):  # its members are told nothing one-way
             return EdgeResponse(202, headers)
@@ -335,12 +342,11 @@ class Gateway:
         return await self._bodyless(route, req, "DELETE", self._end)
 
     async def _listen(self, route: Route, req: EdgeRequest, session: Session | None,
-                      record: AuditRecord) -> EdgeResponse:
+                      record: AuditRecord, principal: Principal) -> EdgeResponse:
+        if isinstance(route, VirtualRoute):
+            return await self._listen_virtual(route, session, record, principal)
         if session is not None and session.bridged_envelope is not None:
             record.note = "no GET stream on a 2026-07-28 upstream"
-            return EdgeResponse(405, {"Allow": "POST, DELETE"})
-        if isinstance(route, VirtualRoute):
-            record.note = "no GET stream on a virtual endpoint"
             return EdgeResponse(405, {"Allow": "POST, DELETE"})
         if self.draining:
             raise Draining()
@@ -356,11 +362,31 @@ class Gateway:
             relay.end()
         return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
 
+    async def _listen_virtual(self, route: VirtualRoute, session: Session | None,
+                              record: AuditRecord, principal: Principal) -> EdgeResponse:
+        """The members' GET streams merged (proxy/virtual/listen.py), for a gateway session."""
+        if session is None:
+            record.note = "no GET stream without a session on a virtual endpoint"
+            return EdgeResponse(405, {"Allow": "POST, DELETE"})
+        if self.draining:
+            raise Draining()
+        merged = await self.virtual.listen(route, session, principal)
+
+        async def stopped(relay: StreamRelay) -> None:
+            self.virtual.stopped_listening(merged)
+            await self._stopped_listening(relay)
+
+        relay = StreamRelay(merged, merged.aclose, spawn=self.spawn, on_done=stopped)
+        self._listening.add(relay)
+        if self.draining:
+            relay.end()
+        return EdgeResponse(200, {**SSE_HEADERS, "Mcp-Session-Id": session.id}, stream=relay)
+
     async def _stopped_listening(self, relay: StreamRelay) -> None:
         self._listening.discard(relay)
 
     async def _end(self, route: Route, req: EdgeRequest, session: Session | None,
-                   record: AuditRecord) -> EdgeResponse:
+                   record: AuditRecord, principal: Principal) -> EdgeResponse:
         if session is None:
             raise InvalidRequest("Invalid Request: Mcp-Session-Id header required")
         refused = await self._forwarder(route).end(route, req, session)
@@ -398,8 +424,8 @@ class Gateway:
                 self.sessions.fetch(session_id), route, principal)
             if session is not None:
                 record.session_hash = session.id_hash
-            return await self._answer(record, started, await step(route, req, session, record),
-                                      None)
+            return await self._answer(record, started,
+                                      await step(route, req, session, record, principal), None)
         except asyncio.CancelledError:  # the client went away before the answer
             self._disconnected(record, started)
             raise

@@ -66,6 +66,7 @@ class StreamRelay:
         on_answer: Callable[[StreamRelay], Awaitable[bool]] | None = None,
         hold_limit: int | None = None,
         notice: Notice | None = None,
+        outgoing: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
         self._close = close
         self.request_id = request_id
@@ -82,6 +83,9 @@ class StreamRelay:
         self._rewrite = rewrite
         self._notice = notice  # None: notifications pass unread (no rule reads them)
         self._refuse_requests = refuse_requests
+        # a virtual endpoint's view of each upstream request or notification (proxy/virtual:
+        # the member named, a request's id sealed); True when it changed the message
+        self._outgoing = outgoing
         self.refused: str | None = None  # why the gateway ended the call itself
         self._chunks = chunks  # errors already mapped at the upstream boundary
         # None: no event is held past HEAD_BYTES; else each is held whole, up to this size
@@ -253,15 +257,18 @@ class StreamRelay:
     def _inspect(self, events: list[bytes]) -> bytes:
         """Whole events as they go out: each read, until the answer, to see it (and rewrite
         it); each notification read, when a policy inspects them (`notice`), to keep, rewrite
-        or leave it out. After the answer, an event that is not JSON cannot be inspected:
-        with `notice` it is left out; before it, it fails the call."""
-        if (self.request_id is NO_REQUEST or self.answered) and self._notice is None:
+        or leave it out; each upstream request or notification shown to a virtual endpoint's
+        `outgoing` (the member named, a request's id sealed). After the answer, an event that
+        is not JSON cannot be inspected: with `notice` it is left out; before it, it fails the
+        call."""
+        if (self.request_id is NO_REQUEST or self.answered) and self._notice is None \
+                and self._outgoing is None:
             return self._counted(b"".join(events))
         out: list[bytes] = []
         for event in events:
             watching = self.request_id is not NO_REQUEST and not self.answered
-            if not watching and self._notice is None:  # the answer was in this batch
-                out.append(event)
+            if not watching and self._notice is None and self._outgoing is None:
+                out.append(event)  # the answer was in this batch
                 continue
             data = event_data(event)
             if not data:
@@ -272,6 +279,8 @@ class StreamRelay:
             except orjson.JSONDecodeError:
                 if watching:
                     return self._fail(UpstreamProtocolError())
+                if self._notice is None:
+                    out.append(event)
                 continue
             if watching:
                 if self._refuse_requests and isinstance(obj, dict) and "method" in obj \
@@ -287,13 +296,17 @@ class StreamRelay:
                         event = with_data(event, orjson.dumps(obj))
                     out.append(event)
                     continue
+            changed = False
             if self._notice is not None and isinstance(obj, dict) and "id" not in obj \
                     and obj.get("method") in NOTICED:
-                verdict = self._notice(obj)
+                verdict = self._notice(obj)  # on the member's own message, before naming
                 if verdict == "dropped":
                     continue
-                if verdict == "changed":
-                    event = with_data(event, orjson.dumps(obj))
+                changed = verdict == "changed"
+            if self._outgoing is not None and isinstance(obj, dict) and "method" in obj:
+                changed = self._outgoing(obj) or changed
+            if changed:
+                event = with_data(event, orjson.dumps(obj))
             out.append(event)
         return self._counted(b"".join(out))
 

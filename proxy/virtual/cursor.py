@@ -1,6 +1,9 @@
 """One opaque pagination cursor for a merged list: the members' own cursors, sealed (HMAC) and
 bound to the endpoint, the list method and the caller, so a cursor forged, altered or replayed
-by another caller reaches no page at all."""
+by another caller reaches no page at all. A member's server-to-client request goes out under
+an id sealed the same way (`seal_id`): the member and its own id, bound to the endpoint and
+the client's gateway session (or the caller), so the client's answer finds its member on any
+replica with nothing stored, and no client can reach another member's or caller's request."""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ import orjson
 from proxy.errors import InvalidParams
 
 MAC_BYTES = 16
+ID_PREFIX = "tv1."  # a sealed server-to-client request id
+SERVER_REQUEST = "server-request"  # in place of a list method: an id is never a cursor
 
 
 class Cursors:
@@ -42,6 +47,29 @@ class Cursors:
                                                     pending.values()):
             raise InvalidParams("Invalid cursor")
         return pending
+
+    def seal_id(self, endpoint: str, bound: str, member: str, request_id: object) -> str:
+        payload = orjson.dumps([member, request_id])
+        mac = self._mac(endpoint, SERVER_REQUEST, bound, payload)
+        return ID_PREFIX + _b64(payload) + "." + _b64(mac)
+
+    def open_id(self, sealed: object, endpoint: str, bound: str) -> tuple[str, object] | None:
+        """(member, the member's own id) of an id `seal_id` gave this endpoint and binding;
+        None for anything else (forged, altered, another session's or caller's)."""
+        if not isinstance(sealed, str) or not sealed.startswith(ID_PREFIX) or len(sealed) > 4096:
+            return None
+        body, dot, mac = sealed[len(ID_PREFIX):].partition(".")
+        try:
+            payload, given = _unb64(body), _unb64(mac)
+        except ValueError:
+            return None
+        if not dot or not hmac.compare_digest(given, self._mac(endpoint, SERVER_REQUEST, bound,
+                                                               payload)):
+            return None
+        opened = orjson.loads(payload)
+        if not (isinstance(opened, list) and len(opened) == 2 and isinstance(opened[0], str)):
+            return None
+        return opened[0], opened[1]
 
     def _mac(self, endpoint: str, method: str, caller: str, payload: bytes) -> bytes:
         bound = f"{endpoint}\0{method}\0{caller}\0".encode() + payload

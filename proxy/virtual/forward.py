@@ -10,6 +10,12 @@ out; a call goes to the one member that owns the name, with the member's origina
 `initialize` and `server/discover` are answered here with the members' merged capabilities.
 Member sessions are opened by the Forwarder's bridge when first needed, held per endpoint and
 caller, and reopened when a member forgets one.
+
+What a member sends the client on a call's stream goes through `outgoing`: a server-to-client
+request (sampling, elicitation, roots) gets an id sealed to the member and the client's
+session (`Cursors.seal_id`), which `respond` opens when the client answers, to send the answer
+on to that member's session with the member's own id; a log message or a progress notice
+names the member; a member's `list_changed` is the endpoint's own.
 """
 
 from __future__ import annotations
@@ -17,18 +23,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import orjson
 
 from proxy import __version__
+from proxy.auth.principal import Principal
 from proxy.chain import CallContext, Chain, Rewrite
 from proxy.errors import (
     GatewayError,
     HiddenTool,
     InvalidParams,
     MethodNotFound,
+    UpstreamBadGateway,
     UpstreamFailure,
     UpstreamProtocolError,
     UpstreamUnavailable,
@@ -43,6 +52,7 @@ from proxy.upstream import UpstreamRoute
 from proxy.upstream.client import read_head
 from proxy.virtual import naming
 from proxy.virtual.cursor import Cursors
+from proxy.virtual.listen import Merged
 from proxy.virtual.route import VirtualRoute
 
 log = logging.getLogger("tollhouse.virtual")
@@ -58,6 +68,7 @@ ROUTED = {"tools/call": ("name", "tool"), "prompts/get": ("name", "prompt"),
 LOCAL = ("initialize", "server/discover", "ping", "logging/setLevel")
 PER_MEMBER = ("access", "egress")  # what a list asks of each member it reaches
 CAPABILITIES = ("tools", "prompts", "resources", "logging", "completions")
+LIST_CHANGED = ("tools", "prompts", "resources")  # relayed as the endpoint's own
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,6 +90,7 @@ class VirtualForwarder:
         # exposed name -> (member, member's name), per endpoint and kind: learned from lists
         self._names: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         self._stragglers: set[asyncio.Task[Any]] = set()
+        self._listening: set[Merged] = set()  # the merged GET streams open now
 
     # -- policies ------------------------------------------------------------------------
 
@@ -162,6 +174,137 @@ class VirtualForwarder:
             into.leg.route = member
         else:
             raise MethodNotFound(data={"method": method})
+
+    # -- what a member sends the client, and the client's answers --------------------------
+
+    def outgoing(self, route: VirtualRoute, leg: Leg, session: Session | None,
+                 ctx: CallContext) -> Callable[[dict[str, Any]], bool] | None:
+        """The relay's view of a member's requests and notifications on a call's stream (None
+        for a call answered without a member)."""
+        if leg.route is None:
+            return None
+        bound = _bound(session, ctx.principal.key)
+        member = leg.route.name
+        return lambda obj: self._outgoing(route.name, member, bound, obj)
+
+    def refuses_requests(self, leg: Leg, ctx: CallContext) -> bool:
+        """A legacy member's request to a 2026-07-28 client ends the call, as on a plain
+        endpoint's era bridge: nothing can carry the question (a legacy client's can)."""
+        return leg.bridged and ctx.era == "modern"
+
+    def _outgoing(self, endpoint: str, member: str, bound: str, obj: dict[str, Any]) -> bool:
+        method = obj.get("method")
+        if "id" in obj:  # a request to the client: answered under an id only we can open
+            obj["id"] = self.cursors.seal_id(endpoint, bound, member, obj["id"])
+            return True
+        params = obj.get("params")
+        if not isinstance(params, dict):
+            return False
+        if method == "notifications/message":
+            logger = params.get("logger")
+            params["logger"] = f"{member}/{logger}" if isinstance(logger, str) and logger \
+                else member
+            return True
+        if method == "notifications/progress":  # its progressToken is the client's own
+            text = params.get("message")
+            params["message"] = f"{member}: {text}" if isinstance(text, str) else member
+            return True
+        return False  # list_changed and the rest: as the endpoint's own, unchanged
+
+    async def respond(self, route: VirtualRoute, msg: McpMessage, session: Session | None,
+                      ctx: CallContext) -> None:
+        """A client's answer to a member's request, sent on to that member's session with the
+        member's own id. One under an id this endpoint did not give this session (forged,
+        altered, another caller's) reaches no member: accepted and dropped, as a plain
+        endpoint's upstream drops an answer to no request of its own."""
+        opened = self.cursors.open_id(msg.id, route.name, _bound(session, ctx.principal.key))
+        if opened is None or opened[0] not in route.members or opened[0] not in self.routes:
+            log.info("/mcp/%s: an answer to no member's request: dropped", route.name)
+            return
+        name, original = opened
+        member = await self._member(route, name, session)
+        held = await self.forward.bridge.store.session(member.state_key, ctx.principal.key)
+        if held is None:  # the member session is gone, and the request with it
+            log.info("/mcp/%s: an answer for member %s, whose session is gone: dropped",
+                     route.name, name)
+            return
+        body = orjson.loads(msg.body)
+        body["id"] = original
+        extra = [*(self.forward.identity.headers(member, ctx.principal) or []),
+                 ("mcp-protocol-version", bridge.LEGACY_VERSION)]
+        headers = self.forward.upstream.headers(member, {"content-type": "application/json"},
+                                                held.upstream_session_id, extra=extra)
+        try:
+            response = await self.forward.upstream.open(member, "POST", headers,
+                                                        orjson.dumps(body))
+            await response.aclose()
+        except UpstreamFailure as exc:
+            raise UpstreamBadGateway(exc.wire_message) from None
+        if response.status_code >= 300:
+            log.info("/mcp/%s: member %s refused an answer: HTTP %d", route.name, name,
+                     response.status_code)
+
+    # -- the GET stream --------------------------------------------------------------------
+
+    async def listen(self, route: VirtualRoute, session: Session, principal: Principal
+                     ) -> Merged:
+        """The merged GET stream of the legacy members, each on the member session held for
+        this gateway session (opened now if there is none). A member that offers no GET
+        stream, or fails to open one, is left out (logged); a 2026-07-28 member has none."""
+        merged = Merged(route.name, self._present(route.members))
+        opened = await asyncio.gather(*(self._member_stream(route, name, session, principal)
+                                        for name in route.members if name in self.routes))
+        bound = _bound(session, session.principal_key)
+        for name, response in opened:
+            if response is not None:
+                merged.add(name, response, partial(self._outgoing, route.name, name, bound))
+        self._listening.add(merged)
+        return merged
+
+    def stopped_listening(self, merged: Merged) -> None:
+        self._listening.discard(merged)
+
+    def members_changed(self, endpoints: Mapping[str, VirtualRoute]) -> None:
+        """The registry changed the endpoints or the servers (/api/v1, a reload, another
+        gateway's write): each GET stream on an endpoint whose members served changed is
+        told its lists changed. Cheap: nothing to do without a GET stream open."""
+        for merged in list(self._listening):
+            now = endpoints.get(merged.endpoint)
+            members = self._present(now.members if now is not None else ())
+            if members != merged.members:
+                merged.members = members
+                merged.announce()
+
+    def _present(self, members: tuple[str, ...]) -> tuple[str, ...]:
+        """The members served now (one registered or removed through /api/v1/servers joins
+        or leaves the endpoint)."""
+        return tuple(name for name in members if name in self.routes)
+
+    async def _member_stream(self, route: VirtualRoute, name: str, session: Session,
+                             principal: Principal) -> tuple[str, Any]:
+        try:
+            member = await self._member(route, name, session)
+            if member.era != "legacy":
+                return name, None
+            identity = self.forward.identity.headers(member, principal)
+            held = await self.forward.bridge.session(member, session.principal_key, identity)
+            if held.upstream_session_id is None:  # stateless: no stream to listen on
+                return name, None
+            headers = self.forward.upstream.headers(
+                member, {}, held.upstream_session_id, get=True,
+                extra=[*(identity or []), ("mcp-protocol-version", bridge.LEGACY_VERSION)])
+            response = await self.forward.upstream.open(member, "GET", headers,
+                                                        stream_timeout=True)
+        except GatewayError as exc:
+            log.info("/mcp/%s: no GET stream from member %s: %s", route.name, name, exc)
+            return name, None
+        if response.status_code >= 300 or not response.headers.get(
+                "content-type", "").startswith("text/event-stream"):
+            log.info("/mcp/%s: member %s offers no GET stream (HTTP %d)", route.name, name,
+                     response.status_code)
+            await response.aclose()
+            return name, None
+        return name, response
 
     def notify_cancelled(self, route: VirtualRoute, leg: Leg, request_id: Any,
                          reason: str) -> None:
@@ -374,7 +517,8 @@ class VirtualForwarder:
     async def _opening(self, route: VirtualRoute, msg: McpMessage, ctx: CallContext,
                        session: Session | None) -> dict[str, Any]:
         """initialize or server/discover, answered with the members' merged capabilities
-        (only what the endpoint can deliver: no list_changed, no subscribe)."""
+        (only what the endpoint can deliver: no subscribe; to a legacy client, list_changed,
+        which any member's notice and a change of the members is relayed as)."""
         discover = McpMessage("request", "tollhouse-virtual", "server/discover", {}, b"")
         results = await self._fan_out(route, dict.fromkeys(route.members, discover), ctx,
                                       _NO_POLICIES, session)
@@ -385,12 +529,20 @@ class VirtualForwarder:
                     caps.setdefault(key, {})
         info = {"name": route.name, "version": __version__}
         if msg.method == "initialize":
+            for key in LIST_CHANGED:
+                if key in caps:
+                    caps[key] = {"listChanged": True}
             requested = (msg.params or {}).get("protocolVersion")
             version = requested if requested in eras.LEGACY_VERSIONS else bridge.LEGACY_VERSION
             return {"protocolVersion": version, "capabilities": caps, "serverInfo": info}
         return {"supportedVersions": list(eras.MODERN_VERSIONS), "capabilities": caps,
                 "resultType": "complete", "ttlMs": 0, "cacheScope": "private",
                 "_meta": {eras.SERVER_INFO: info}}
+
+
+def _bound(session: Session | None, caller: str) -> str:
+    """What a sealed request id is bound to: the client's gateway session, else the caller."""
+    return f"session {session.id}" if session is not None else f"caller {caller}"
 
 
 def _request(msg: McpMessage, method: str, cursor: str | None = None) -> McpMessage:

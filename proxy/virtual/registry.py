@@ -49,6 +49,7 @@ class Endpoints:
         self._lock = asyncio.Lock()
         self._version = -1
         self._watch: asyncio.Task[None] | None = None
+        self.changed: Callable[[], None] | None = None  # told after each change is applied
         self._apply(*self._read_all())
 
     # -- reading and applying ------------------------------------------------------------------
@@ -69,6 +70,13 @@ class Endpoints:
             if self._api.get(name) != endpoint:
                 self._install(endpoint)
         self._version = version
+        self._changed()
+
+    def _changed(self) -> None:
+        """The live table changed: whoever follows the members (the merged GET streams,
+        which tell their clients the lists changed) looks again."""
+        if self.changed is not None:
+            self.changed()
 
     def _install(self, endpoint: EndpointIn) -> None:
         cfg = _config(endpoint)
@@ -91,6 +99,7 @@ class Endpoints:
             if name not in self._config:
                 self._install(endpoint)
         self._version = -1
+        self._changed()
 
     async def sync(self) -> None:
         async with self._lock:
