@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from proxy.config import from_dict
 from proxy.upstream.stdio import StdioTransport
@@ -63,5 +64,39 @@ def children() -> set[int]:
     return out
 
 
-def descriptors() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def descriptors(redis_url: str | None = None) -> int:
+    """The process's open descriptors; with `redis_url`, less its TCP connections to that
+    Redis (the state store's pool, which opens connections as concurrency first needs them:
+    how many depends on the machine's timing, and none of them is a leak)."""
+    fds = os.listdir("/proc/self/fd")
+    if redis_url is None:
+        return len(fds)
+    return len(fds) - len(_sockets_to(redis_url) & _socket_inodes(fds))
+
+
+def _socket_inodes(fds: list[str]) -> set[str]:
+    inodes = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def _sockets_to(redis_url: str) -> set[str]:
+    """Inodes of this process's TCP sockets whose remote port is the Redis's."""
+    port = urlsplit(redis_url).port or 6379
+    inodes = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if int(fields[2].rpartition(":")[2], 16) == port:
+                inodes.add(fields[9])
+    return inodes

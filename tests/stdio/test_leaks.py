@@ -65,7 +65,9 @@ async def test_sessions_and_processes_leave_nothing_behind() -> None:
         with contextlib.ExitStack() as held:
             for _ in range(database._max_idle):
                 held.enter_context(database.lease())
-        before_children, before_fds = children(), descriptors()
+        url = raw["state"].get("url") or ""
+        redis = url if url.startswith("redis") else None  # its connections: the pool's
+        before_children, before_fds = children(), descriptors(redis)
 
         async def batch(jobs: list[Any]) -> None:
             for i in range(0, len(jobs), AT_ONCE):
@@ -81,4 +83,4 @@ async def test_sessions_and_processes_leave_nothing_behind() -> None:
         await until(lambda: not any(p.running() for p in pools), 30.0, "every process idle-stopped")
         assert transport_of(gw, "local")._sessions == {}
         await until(lambda: children() == before_children, 30.0, "no child left")
-        assert descriptors() <= before_fds
+        assert descriptors(redis) <= before_fds
