@@ -176,7 +176,8 @@ class LastSeen:
                     return
                 await asyncio.to_thread(self._write, write)
                 self.writes += 1
-            except self._db.errors as exc:  # the next sighting tries again
+            except Exception as exc:  # noqa: BLE001 - the next sighting tries again; the
+                # writer lives on, or flush() (every status read) would wait for ever
                 log.warning("last seen of server %r not stored: %s", write and write.server,
                             type(exc).__name__)
                 if write is not None:
