@@ -381,11 +381,13 @@ class Serving:
         state = self.parts.state
         if backend is None or not isinstance(self.audit, DatabaseAuditSink):
             return
+        metering = self.parts.cfg.metering
         if state.outbox is not None:
             state.outbox.backend = backend
+            state.outbox.keep_delivered_s = metering.keep_delivered_h * 3600
             return
-        state.outbox = OutboxWorker(self.parts.database, backend,
-                                    self.parts.cfg.metering.retry_max_s)
+        state.outbox = OutboxWorker(self.parts.database, backend, metering.retry_max_s,
+                                    keep_delivered_s=metering.keep_delivered_h * 3600)
         self.audit.on_outbox = state.outbox.wake_threadsafe
         self.worker_task = asyncio.get_running_loop().create_task(state.outbox.run())
 

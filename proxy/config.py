@@ -334,6 +334,8 @@ class MeteringConfig:
     on_error: str = "deny"
     methods: list[str] = field(default_factory=lambda: ["tools/call"])
     retry_max_s: float = 300.0
+    # a delivered usage event stays in the outbox this long (to see what was sent), then goes
+    keep_delivered_h: float = 24.0
 
     @property
     def enabled(self) -> bool:
@@ -794,6 +796,7 @@ def _check_metering(m: MeteringConfig) -> None:
         raise ConfigError("config: 'metering.on_error' must be deny or allow")
     _positive(m.timeout_ms, "metering.timeout_ms")
     _positive(m.retry_max_s, "metering.retry_max_s")
+    _positive(m.keep_delivered_h, "metering.keep_delivered_h")
     if not m.methods:
         raise ConfigError("config: 'metering.methods' must name at least one method")
 

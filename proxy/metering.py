@@ -107,12 +107,20 @@ class OutboxWorker:
     LEASE_S = 15.0
     RENEW_S = 11.0  # > a delivery's 10 s timeout
     GATHER_S = 0.05  # how long a wake-up waits for more events before it claims
+    # Delivered events older than `keep_delivered_s` are deleted, at most this often, this many
+    # a transaction (so a sweep never holds the write lock long).
+    PRUNE_EVERY_S = 60.0
+    PRUNE_BATCH = 5000
 
     def __init__(self, target: db.Target, backend: MeteringBackend, retry_max_s: float,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *,
+                 keep_delivered_s: float = 24 * 3600.0) -> None:
         self._database = db.resolve(target)
         self._owns_db = self._database is not target
         self.backend = backend  # a reload may point it at a new one
+        self.keep_delivered_s = keep_delivered_s  # and change this
+        self._pruned_at: float | None = None  # the last sweep (None: not yet)
+        self.pruned = 0  # delivered events deleted
         self._retry_max_s = retry_max_s
         self._clock = clock
         self._wake = asyncio.Event()
@@ -134,6 +142,10 @@ class OutboxWorker:
             "WHERE call_id = ?")
         self._sql_done = self._database.sql(
             "UPDATE usage_outbox SET delivered_at = ? WHERE call_id = ?")
+        # the due index (delivered_at, next_attempt_at) is the range this walks
+        self._sql_prune = self._database.sql(
+            "DELETE FROM usage_outbox WHERE call_id IN (SELECT call_id FROM usage_outbox "
+            f"WHERE delivered_at < ? LIMIT {self.PRUNE_BATCH})")
         self._conn: db.Connection | None = None  # the worker's own, used on its thread only
         self.delivered = 0
         self._rounds = 0  # claims begun
@@ -234,6 +246,7 @@ class OutboxWorker:
                         claimed.pop(0)
                     await self._in_db(self._mark, marks.take())  # one commit per claim
                     self.delivered += marks.sent
+                    await self._prune_due()
                 except self._database.errors as exc:
                     # the database is out of reach (a restart, say): the events wait in it;
                     # those sent and not marked go again (the receiver settles a call once)
@@ -277,6 +290,29 @@ class OutboxWorker:
             if self._owns_db:
                 self._db.submit(self._database.close)
             self._db.shutdown(wait=False)
+
+    async def _prune_due(self) -> None:
+        """Delete the delivered events older than `keep_delivered_s`, when the last sweep is
+        PRUNE_EVERY_S old (or there was none): the outbox holds what is still to be sent and
+        a day or so of what was, not every event ever made. Usage totals come from the audit
+        log, not from here. A database error here is the next sweep's to retry."""
+        now = self._clock()
+        if self._pruned_at is not None and now - self._pruned_at < self.PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        try:
+            while True:
+                gone = await self._in_db(self._prune, now - self.keep_delivered_s)
+                self.pruned += gone
+                if gone < self.PRUNE_BATCH:
+                    return
+        except self._database.errors as exc:
+            log.warning("usage outbox: pruning delivered events failed (%s)", exc)
+
+    def _prune(self, before: float) -> int:
+        with self._transaction() as conn:
+            cur = conn.execute(self._sql_prune, (before,))
+            return max(0, int(cur.rowcount or 0))
 
     async def _sleep(self, timeout: float) -> bool:
         """Until woken (True) or `timeout` (False). Not asyncio.wait_for: before Python 3.12 it can swallow

@@ -88,7 +88,8 @@ def summary(target: db.Target, *, since: float, until: float | None = None,
     denials = _read(target, f"SELECT denied_reason, count(*) FROM audit WHERE {where} AND "
                             "status = 'denied' GROUP BY denied_reason ORDER BY count(*) DESC "
                             "LIMIT ?", (*args, top)) or []
-    backlog = _read(target, "SELECT count(*) FROM usage_outbox", ()) or [(0,)]
+    backlog = _read(target, "SELECT count(*) FROM usage_outbox WHERE delivered_at IS NULL",
+                    ()) or [(0,)]
     return {"since": since, "until": until,
             "endpoints": sorted(endpoints.values(), key=lambda e: -e["calls"]),
             "tools": [{"endpoint": e, "tool": t, "calls": int(n)} for e, t, n in tools],

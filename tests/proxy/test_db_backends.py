@@ -18,6 +18,7 @@ import pytest
 
 from proxy import db, migrations
 from proxy.audit import AuditRecord
+from proxy.audit import summary as audit_summary
 from proxy.audit.database import DatabaseAuditSink, query, usage
 from proxy.auth import keys as api_keys
 from proxy.connect.vault import Vault
@@ -366,6 +367,41 @@ async def test_a_drain_flushes_the_usage_outbox(database: Database) -> None:
         await asyncio.wait({task}, timeout=5)
     assert rows(database, "SELECT count(*) FROM usage_outbox WHERE delivered_at IS NULL") \
         == [(0,)]
+
+
+async def test_delivered_usage_events_are_pruned_after_their_keep(database: Database) -> None:
+    """A delivered event stays `keep_delivered_s`, then the worker deletes it; one still to be
+    delivered stays however old it is, and the summary's backlog counts only those."""
+    now = [2_000_000.0]
+
+    class Receiver:
+        async def authorize(self, request: dict[str, Any]) -> dict[str, Any]:
+            return {"allow": True}
+
+        async def record(self, event: dict[str, Any]) -> None:
+            if event["call_id"] == "stuck":
+                raise ValueError("receiver refuses this one")
+
+    sink = DatabaseAuditSink(database)
+    for i, call_id in enumerate(("p1", "p2", "p3", "stuck")):
+        sink.emit(record(i, call_id=call_id))
+    await sink.close()
+    worker = OutboxWorker(database, Receiver(), retry_max_s=10_000, clock=lambda: now[0],
+                          keep_delivered_s=3600)
+    task = asyncio.get_running_loop().create_task(worker.run())
+    try:
+        assert await worker.flush(DEADLINE_S)
+        assert worker.delivered == 3 and worker.pruned == 0  # delivered just now: kept
+        assert audit_summary.summary(database, since=0)["outbox_backlog"] == 1
+        now[0] += 3600 + OutboxWorker.PRUNE_EVERY_S + 1  # past the keep and the sweep's pause
+        assert await worker.flush(DEADLINE_S)
+        assert worker.pruned == 3
+    finally:
+        task.cancel()
+        await asyncio.wait({task}, timeout=5)
+    assert rows(database, "SELECT call_id, delivered_at IS NULL FROM usage_outbox") \
+        == [("stuck", True)]
+    assert audit_summary.summary(database, since=0)["outbox_backlog"] == 1
 
 
 class CountingReceiver:
