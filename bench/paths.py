@@ -10,8 +10,11 @@ upstream called directly).
 | `bridged` | 2026-07-28 | legacy | the era bridge: one held upstream session for the caller |
 | `sse` | 2025-11-25 | legacy, answering as `text/event-stream` | the SSE relay |
 | `64k` | 2025-11-25 | legacy, a 64 KiB text result | a large answer |
+| `no-metering` | as all-policies | legacy | every policy of all-policies but the metering hook (no usage events): what the rest of the chain costs |
+| `metered` | as auth-off | legacy | auth-off plus the metering hook (authorize, usage events through the outbox): what metering costs alone |
+| `auth-off-uvloop`, `all-policies-uvloop` | | | the same two paths with `server.event_loop = "uvloop"`, each also set against its asyncio twin |
 
-Every path but `all-policies` runs the `auth-off` config with its own upstream era, tool and
+Every path but the policy ones runs the `auth-off` config with its own upstream era, tool and
 request; each gets its own config file and SQLite database.
 """
 
@@ -42,6 +45,12 @@ class Path_:
     tool: str  # what the stub answers: echo (JSON), sse (one SSE event), big (64 KiB)
     modern_client: bool
     policies: bool = False
+    metered: bool | None = None  # the metering hook on; None: with the policies
+    loop: str = "asyncio"  # server.event_loop
+
+    @property
+    def metering(self) -> bool:
+        return self.policies if self.metered is None else self.metered
 
     def body(self) -> bytes:
         params: dict[str, object] = {"name": self.tool, "arguments": {"text": "hello"}}
@@ -66,12 +75,17 @@ PATHS = {p.name: p for p in (
     Path_("bridged", "legacy", "echo", True),
     Path_("sse", "legacy", "sse", False),
     Path_("64k", "legacy", "big", False),
+    Path_("no-metering", "legacy", "echo", False, policies=True, metered=False),
+    Path_("metered", "legacy", "echo", False, metered=True),
+    Path_("auth-off-uvloop", "legacy", "echo", False, loop="uvloop"),
+    Path_("all-policies-uvloop", "legacy", "echo", False, policies=True, loop="uvloop"),
 )}
 
 BASE = """\
 [server]
 listen = "127.0.0.1:{port}"
 public_url = "http://127.0.0.1:{port}"
+event_loop = "{loop}"
 [database]
 url = "sqlite:///{dbdir}/bench.db"
 [[upstreams]]
@@ -103,6 +117,8 @@ rate = "1000000/s"
 burst = 1000000000
 [egress.collections]
 bench-data = "local_only"
+"""
+METERING = """\
 [metering]
 hook = "meter_hook:HOOK"
 methods = ["tools/call"]
@@ -110,11 +126,14 @@ methods = ["tools/call"]
 
 
 def config_text(path: Path_, port: int, stub_port: int, dbdir: Path, secret: str) -> str:
-    text = BASE.format(port=port, dbdir=dbdir, stub_port=stub_port, era=path.era)
-    if not path.policies:
-        return text + AUTH_OFF
-    return text + ALL_POLICIES.format(subject=SUBJECT, issuer=ISSUER, secret=secret,
-                                      audience=AUDIENCE)
+    text = BASE.format(port=port, dbdir=dbdir, stub_port=stub_port, era=path.era,
+                       loop=path.loop)
+    if path.policies:
+        text += ALL_POLICIES.format(subject=SUBJECT, issuer=ISSUER, secret=secret,
+                                    audience=AUDIENCE)
+    else:
+        text += AUTH_OFF
+    return text + METERING if path.metering else text
 
 
 def bearer(secret: str) -> str:
@@ -165,6 +184,10 @@ def comparisons(started: list[str]) -> list[tuple[str, str, str]]:
             pairs += [(f"{prefix}: {n.removeprefix(prefix + '{').rstrip('}')} vs auth-off",
                        base, n)
                       for n in started if n.startswith(prefix + "{") and n != base]
+    pairs += [(f"{n.removeprefix('tollhouse{').rstrip('}')} vs asyncio",
+               n.replace("-uvloop}", "}"), n)
+              for n in started if n.startswith("tollhouse{") and n.endswith("-uvloop}")
+              and n.replace("-uvloop}", "}") in started]
     pairs += [(f"compare vs first build: {n.removeprefix('tollhouse-compare{').rstrip('}')}",
                "tollhouse" + n.removeprefix("tollhouse-compare"), n)
               for n in started if n.startswith("tollhouse-compare{")

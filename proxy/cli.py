@@ -12,13 +12,15 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from proxy.config import Config, ConfigError, load
+
+T = TypeVar("T")
 
 log = logging.getLogger("tollhouse")
 
@@ -133,8 +135,9 @@ def _serve(args: argparse.Namespace) -> int:
     app = create_app(cfg, base_dir=base_dir)
     log.info("tollhouse listening on %s, endpoints: %s", cfg.server.listen, _endpoints(cfg))
     try:
-        asyncio.run(_run_hypercorn(app, [cfg.server.listen], cfg.server.shutdown_grace_s,
-                                   config_path=Path(args.config).resolve()))
+        run_loop(_run_hypercorn(app, [cfg.server.listen], cfg.server.shutdown_grace_s,
+                                config_path=Path(args.config).resolve()),
+                 cfg.server.event_loop)
     except OSError as exc:
         print(f"tollhouse: cannot listen on {cfg.server.listen}: {exc.strerror}",
               file=sys.stderr)
@@ -222,6 +225,17 @@ def _check_pem(value: str, key: str, base_dir: Path, *, private: bool) -> None:
                           "or as a file next to the config")
 
 
+def run_loop(main: Coroutine[Any, Any, T], event_loop: str = "asyncio") -> T:
+    """Run `main` to its end on a new event loop of the kind `server.event_loop` names."""
+    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    if event_loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
+
+
 async def _run_hypercorn(app: Any, binds: list[str], grace_s: float,
                          stop: asyncio.Event | None = None,
                          on_signal: Callable[[int], None] | None = None,
@@ -245,6 +259,7 @@ async def _run_hypercorn(app: Any, binds: list[str], grace_s: float,
     hc.keep_alive_timeout = 75
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    log.info("event loop: %s.%s", type(loop).__module__, type(loop).__qualname__)
     tasks: set[asyncio.Task[Any]] = set()
     reloading = asyncio.Lock()
 

@@ -11,6 +11,7 @@ policies/ read their config from this module, and nothing here imports a policy.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import ipaddress
 import os
 import re
@@ -62,6 +63,9 @@ class ServerConfig:
     # worker processes sharing the listen address (one socket, bound once by `tollhouse
     # serve`); more than one needs a shared [state] url (Redis)
     workers: int = 1
+    # the event loop `tollhouse serve` runs on: "asyncio" (the standard library's) or
+    # "uvloop" (libuv's; Linux and macOS, installed with Tollhouse there)
+    event_loop: str = "asyncio"
 
     @property
     def host(self) -> str:
@@ -527,6 +531,11 @@ def _check_state(cfg: Config) -> None:
         raise ConfigError("config: 'state.timeout_s' must be between 0.05 and 30 seconds")
     if not 1 <= cfg.server.workers <= 64:
         raise ConfigError("config: 'server.workers' must be between 1 and 64")
+    if cfg.server.event_loop not in ("asyncio", "uvloop"):
+        raise ConfigError("config: 'server.event_loop' must be asyncio or uvloop")
+    if cfg.server.event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        raise ConfigError("config: 'server.event_loop' = uvloop needs the uvloop package, "
+                          "which is not installed here (pip install uvloop)")
     if cfg.server.workers > 1 and not state.shared:
         raise ConfigError(f"config: 'server.workers' = {cfg.server.workers} needs a shared "
                           "'state.url' (redis://...): with \"memory\" each worker would keep "

@@ -45,7 +45,6 @@ environment), marks a dead worker's live gauges gone, and removes the directory 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import ctypes
 import logging
@@ -479,8 +478,9 @@ def worker_main(argv: list[str] | None = None) -> int:
         log.info("worker %d (pid %d): %s: draining", index, os.getpid(),
                  signal.Signals(signum).name)
 
-    asyncio.run(cli._run_hypercorn(app, [f"fd://{args.fd}"], cfg.server.shutdown_grace_s,
-                                   on_signal=stopping, config_path=config_path))
+    cli.run_loop(cli._run_hypercorn(app, [f"fd://{args.fd}"], cfg.server.shutdown_grace_s,
+                                    on_signal=stopping, config_path=config_path),
+                 cfg.server.event_loop)
     log.info("worker %d (pid %d) stopped", index, os.getpid())
     return 0
 
