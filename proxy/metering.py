@@ -120,6 +120,7 @@ class OutboxWorker:
         self.backend = backend  # a reload may point it at a new one
         self.keep_delivered_s = keep_delivered_s  # and change this
         self._pruned_at: float | None = None  # the last sweep (None: not yet)
+        self._stopping = False  # cancelled: the claim being sent stops after its current event
         self.pruned = 0  # delivered events deleted
         self._retry_max_s = retry_max_s
         self._clock = clock
@@ -213,7 +214,7 @@ class OutboxWorker:
 
     async def run(self) -> None:
         failures = 0
-        delivery: asyncio.Task[tuple[str, float | None]] | None = None
+        sending: asyncio.Task[None] | None = None
         claimed: list[tuple[str, str, int]] = []
         marks = _Marks()
         try:
@@ -229,21 +230,14 @@ class OutboxWorker:
                         with suppress(Exception):   # what it took, to hand it back below
                             claimed, _ = await claim
                         raise
-                    lease_until = self._clock() + self.LEASE_S
                     due = len(claimed)
-                    while claimed:
-                        if self._clock() > lease_until - self.RENEW_S:
-                            lease_until = self._clock() + self.LEASE_S
-                            await self._in_db(self._release, [c[0] for c in claimed],
-                                              lease_until)
-                        call_id, event, attempts = claimed[0]
-                        # cancelled mid-delivery, the delivery still finishes and is marked
-                        # (below): an event the receiver took is not sent again next start
-                        delivery = self._loop.create_task(
-                            self._deliver(call_id, event, attempts))
-                        marks.add(await asyncio.shield(delivery), self._clock())
-                        delivery = None
-                        claimed.pop(0)
+                    if claimed:
+                        # one task sends the whole claim (not one per event: the loop's cost
+                        # of a task and a shield each would be paid by every metered call);
+                        # cancelled, the worker lets the delivery under way finish (below)
+                        sending = self._loop.create_task(self._send(claimed, marks))
+                        await asyncio.shield(sending)
+                        sending = None
                     await self._in_db(self._mark, marks.take())  # one commit per claim
                     self.delivered += marks.sent
                     await self._prune_due()
@@ -274,10 +268,10 @@ class OutboxWorker:
                     # a write the audit writer's commits would queue behind)
                     await asyncio.sleep(self.GATHER_S)
         finally:
-            if delivery is not None:
+            if sending is not None:  # the delivery under way ends and is marked, then it stops
+                self._stopping = True
                 with suppress(Exception):
-                    marks.add(await delivery, self._clock())
-                claimed = claimed[1:]
+                    await sending
             if marks.pending:  # what was sent is marked, what was not is handed back
                 with suppress(Exception):
                     await self._in_db(self._mark, marks.take())
@@ -290,6 +284,20 @@ class OutboxWorker:
             if self._owns_db:
                 self._db.submit(self._database.close)
             self._db.shutdown(wait=False)
+
+    async def _send(self, claimed: list[tuple[str, str, int]], marks: _Marks) -> None:
+        """Deliver a claim's events in order, each added to `marks` and taken off `claimed`
+        as it ends (what is left is the worker's to hand back), renewing the claim's lease
+        while less than RENEW_S of it is left; it stops early once the worker is stopping. An
+        event the receiver took is marked, not sent again next start."""
+        lease_until = self._clock() + self.LEASE_S
+        while claimed and not self._stopping:
+            if self._clock() > lease_until - self.RENEW_S:
+                lease_until = self._clock() + self.LEASE_S
+                await self._in_db(self._release, [c[0] for c in claimed], lease_until)
+            call_id, event, attempts = claimed[0]
+            marks.add(await self._deliver(call_id, event, attempts), self._clock())
+            claimed.pop(0)
 
     async def _prune_due(self) -> None:
         """Delete the delivered events older than `keep_delivered_s`, when the last sweep is
