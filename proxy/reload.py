@@ -72,6 +72,7 @@ async def _apply(serving: Serving, cfg: Config) -> None:
         backend = timed(build_backend(cfg.metering, serving.upstream.http), parts.metrics) \
             if cfg.metering.enabled else None
     parts.identity.prepare(cfg)
+    gateway.auth.keep_claims(cfg)  # a per-caller URL added or changed may name a new claim
     routes = {u.name: UpstreamRoute.from_config(u, parts.local.transport(u))
               for u in cfg.upstreams}
     parts.local.keep_only({u.name for u in cfg.upstreams if u.stdio})

@@ -33,6 +33,9 @@ class Authenticator(Protocol):
     async def authenticate(self, authorization: str | None, endpoint: str,
                            peer: str | None = None) -> Principal: ...
 
+    def keep_claims(self, cfg: Config) -> None:
+        """A reload: keep the claims `cfg`'s per-caller upstream URLs are filled from."""
+
 
 class NoAuth:
     """`auth.mode = "none"`: every caller is one anonymous principal (loopback only)."""
@@ -40,6 +43,9 @@ class NoAuth:
     async def authenticate(self, authorization: str | None, endpoint: str,
                            peer: str | None = None) -> Principal:
         return ANONYMOUS
+
+    def keep_claims(self, cfg: Config) -> None:
+        return None  # an anonymous caller has no claims
 
 
 @dataclass(frozen=True)
@@ -94,9 +100,16 @@ class BearerAuth:
             maxsize=50_000, ttl=300)
         self._token_issuers: LRUCache[str, object] = LRUCache(maxsize=50_000)
         self._challenges = {u.name: self._challenge(u.name) for u in cfg.upstreams}
-        # the claims per-caller upstream URLs are filled from (proxy.upstream.template)
-        self._kept_claims = tuple(sorted({p.claim or name for u in cfg.upstreams
-                                          for name, p in u.placeholders.items()}))
+        self._kept_claims = _claims_of(cfg)
+
+    def keep_claims(self, cfg: Config) -> None:
+        """A reload: the claims kept are those `cfg`'s per-caller URLs name. When they change,
+        the verified tokens cached forget theirs, so that the next call of each caller carries
+        the claims the new routes are filled from (and none they no longer use)."""
+        kept = _claims_of(cfg)
+        if kept != self._kept_claims:
+            self._kept_claims = kept
+            self._cache.clear()
 
     def _challenge(self, endpoint: str) -> str:
         meta = f"{self._public_url}/.well-known/oauth-protected-resource/mcp/{endpoint}"
@@ -263,6 +276,12 @@ def _static_key(iss: IssuerConfig, base_dir: Path) -> Any:
             pem = (base_dir / pem).read_text(encoding="utf-8")
         return load_pem_public_key(pem.encode())  # parsed once, not on every verification
     return None
+
+
+def _claims_of(cfg: Config) -> tuple[str, ...]:
+    """The claims per-caller upstream URLs are filled from (proxy.upstream.template)."""
+    return tuple(sorted({p.claim or name for u in cfg.upstreams
+                         for name, p in u.placeholders.items()}))
 
 
 def _kept(claims: Mapping[str, Any], names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:

@@ -10,6 +10,7 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -74,6 +75,7 @@ class Tenants:
     dns: Dns
     db: str
     port: int
+    app: Any = None
 
 
 def _config(port: int, db: str, **upstream: Any) -> dict[str, Any]:
@@ -98,10 +100,11 @@ async def tenants(**upstream: Any) -> AsyncIterator[Tenants]:
     db = db_backends.url()
     dns = Dns()
     cfg = from_dict(_config(port, db, **upstream), env={})
+    app = create_app(cfg, resolver=dns)
     async with serve(acme_app, graceful_timeout=1, sock=first), \
             serve(globex_app, graceful_timeout=1, sock=second), \
-            serve(create_app(cfg, resolver=dns), graceful_timeout=1) as url:
-        yield Tenants(f"{url}/mcp/workspace", acme, globex, dns, db, port)
+            serve(app, graceful_timeout=1) as url:
+        yield Tenants(f"{url}/mcp/workspace", acme, globex, dns, db, port, app)
 
 
 def bearer(sub: str, **claims: Any) -> dict[str, str]:
@@ -199,6 +202,36 @@ async def test_a_caller_without_a_valid_value_reaches_nothing(claims: dict[str, 
     assert record["status"] == "error"
     assert record["error_message"] == f"no_upstream_for_caller: {why} tenant"
     assert record["upstream"] is None
+
+
+async def test_a_reload_that_fills_the_url_from_another_claim_reads_it_from_the_next_call(
+        tmp_path: Path) -> None:
+    """A reload points the URL's {tenant} at the `org` claim: the very token that reached
+    nothing before (verified and cached without `org`) reaches its server on the next call,
+    and one that only has the old claim now reaches nothing."""
+    async with tenants() as t, httpx.AsyncClient(timeout=DEADLINE_S) as http:
+        body, h = modern_request("tools/call", {"name": "echo", "arguments": {"text": "x"}})
+        dora = bearer("dora", org="acme")
+        before = await http.post(t.endpoint, content=body, headers={**h, **dora})
+        assert before.json()["error"] == NO_UPSTREAM
+        config = tmp_path / "reloaded.toml"
+        config.write_text(f"""
+[[upstreams]]
+name = "workspace"
+url = "http://{{tenant}}.tenants.test:{t.port}/mcp"
+zones = ["loopback"]
+total_timeout_s = 10
+[upstreams.placeholders.tenant]
+claim = "org"
+""")
+        assert await t.app.extensions["tollhouse"].serving.reload(config)
+        answer = await call_modern(http, t.endpoint, dora, "dora after the reload")
+        assert answer["result"]["content"][0]["text"] == "dora after the reload"
+        old_claim = await http.post(t.endpoint, content=body,
+                                    headers={**h, **bearer("erin", tenant="globex")})
+        assert old_claim.json()["error"] == NO_UPSTREAM
+    assert [c.arguments["text"] for c in t.acme.tool_calls("echo")] == ["dora after the reload"]
+    assert t.globex.calls == []
 
 
 async def test_a_numeric_claim_is_its_text_and_a_host_without_an_address_is_unreachable(
