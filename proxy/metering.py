@@ -99,7 +99,7 @@ class OutboxWorker:
     delivery the receiver took but whose mark was lost with the worker is sent again: the
     receiver's idempotency on `call_id` absorbs that."""
 
-    CLAIM = 25  # events claimed at a time
+    CLAIM = 100  # events claimed at a time (the fixed cost of a claim and its mark, shared)
     # A claim holds its events this long, and is renewed while it is being sent whenever less
     # than one delivery's time (RENEW_S) is left: events a dead worker held are due again
     # soon after (a gateway killed and restarted delivers them within LEASE_S), never while a
@@ -128,14 +128,35 @@ class OutboxWorker:
         self._loop = asyncio.get_running_loop()
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-outbox")
         skip_locked = " FOR UPDATE SKIP LOCKED" if self._database.postgresql else ""
+        # Due events longest due first, in the due index's own order: a claim reads CLAIM rows
+        # of it, not the whole backlog (ordered by created_at, every claim sorted every event
+        # still to deliver, and under load, with deliveries behind, each claim cost more)
         self._sql_claim = self._database.sql(
             "UPDATE usage_outbox SET next_attempt_at = ? WHERE call_id IN (SELECT call_id FROM "
             "usage_outbox WHERE delivered_at IS NULL AND next_attempt_at <= ? ORDER BY "
-            f"created_at LIMIT {self.CLAIM}{skip_locked}) "
+            f"next_attempt_at LIMIT {self.CLAIM}{skip_locked}) "
             "RETURNING call_id, event, attempts, created_at")
         self._sql_release = self._database.sql(
             "UPDATE usage_outbox SET next_attempt_at = ? WHERE call_id = ? AND "
             "delivered_at IS NULL")
+        # SQLite: the claim and the mark each one step, whatever their size (sqlite3 lets the
+        # GIL go around every step, and the event loop then waits to get it back: a per-row
+        # step of this thread cost every call's socket writes their share of the wait)
+        self._sql_pick = self._database.sql(
+            "SELECT json_group_array(json_array(call_id, event, attempts, created_at)) FROM "
+            "(SELECT call_id, event, attempts, created_at FROM usage_outbox WHERE delivered_at "
+            f"IS NULL AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT {self.CLAIM})")
+        self._sql_lease = self._database.sql(
+            "UPDATE usage_outbox SET next_attempt_at = ? WHERE call_id IN "
+            "(SELECT value FROM json_each(?))")
+        # each a JSON array of [time, call_id] pairs
+        self._sql_done_all = (
+            "UPDATE usage_outbox SET delivered_at = json_extract(j.value, '$[0]') FROM "
+            "json_each(?) AS j WHERE usage_outbox.call_id = json_extract(j.value, '$[1]')")
+        self._sql_retry_all = (
+            "UPDATE usage_outbox SET attempts = attempts + 1, next_attempt_at = "
+            "json_extract(j.value, '$[0]') FROM json_each(?) AS j "
+            "WHERE usage_outbox.call_id = json_extract(j.value, '$[1]')")
         self._sql_next = self._database.sql(
             "SELECT min(next_attempt_at) FROM usage_outbox WHERE delivered_at IS NULL")
         self._sql_retry = self._database.sql(
@@ -336,7 +357,15 @@ class OutboxWorker:
     def _claim(self, now: float) -> tuple[list[tuple[str, str, int]], float | None]:
         """Take up to CLAIM due events, oldest first, out of every other worker's reach."""
         with self._transaction() as conn:
-            rows = conn.execute(self._sql_claim, (now + self.LEASE_S, now)).fetchall()
+            if self._database.postgresql:
+                rows = conn.execute(self._sql_claim, (now + self.LEASE_S, now)).fetchall()
+            else:  # under the write lock from the start: no other worker picks the same
+                if not getattr(conn, "in_transaction", False):  # (a shared memory one may be)
+                    conn.execute("BEGIN IMMEDIATE")
+                rows = orjson.loads(conn.execute(self._sql_pick, (now,)).fetchone()[0])
+                if rows:
+                    conn.execute(self._sql_lease, (now + self.LEASE_S,
+                                                   orjson.dumps([r[0] for r in rows]).decode()))
             nxt = conn.execute(self._sql_next, ()).fetchone()[0]
         rows.sort(key=lambda r: float(r[3]))
         return [(str(r[0]), str(r[1]), int(r[2])) for r in rows], nxt
@@ -367,6 +396,12 @@ class OutboxWorker:
         with self._transaction() as conn:  # each statement prepared once for all its rows
             cur = conn.cursor()
             try:
+                if not self._database.postgresql:
+                    if done:
+                        cur.execute(self._sql_done_all, (orjson.dumps(done).decode(),))
+                    if retry:
+                        cur.execute(self._sql_retry_all, (orjson.dumps(retry).decode(),))
+                    return
                 if done:
                     cur.executemany(self._sql_done, done)
                 if retry:
