@@ -4,6 +4,10 @@ client: the console and the /api/v1 requests it makes, no network), reporting it
 p50/p95 render time. A report, not a test (bench/README.md, "Web console at size").
 
     .venv/bin/python bench/console.py [--db postgresql://...] [--audit 1000000] [--runs 40]
+
+With `--reuse` the database named by `--db` is one an earlier run seeded: it is measured as
+it stands (after any migration this checkout adds), so one seeding serves a before and an
+after.
 """
 
 from __future__ import annotations
@@ -41,13 +45,14 @@ def seed(url: str, audit: int, servers: int, keys: int) -> None:
     now = time.time()
     rng = random.Random(7)
     with database.transaction() as conn:
+        cur = conn.cursor()  # (a psycopg connection has no executemany of its own)
         rows = []
         for i in range(servers):
             spec = ServerIn(name=f"s{i}", url=f"https://mcp{i}.example.com/mcp")
             rows.append((spec.name, spec.model_dump_json(), now, now))
-        conn.executemany(database.sql("INSERT INTO servers (name, spec, created_at, "
+        cur.executemany(database.sql("INSERT INTO servers (name, spec, created_at, "
                                       "updated_at) VALUES (?, ?, ?, ?)"), rows)
-        conn.executemany(database.sql(
+        cur.executemany(database.sql(
             "INSERT INTO api_keys (id, name, secret_sha256, endpoints, role, created_at, "
             "expires_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
             [(f"k{i:09d}", f"key {i}", secrets.token_hex(32), f'["s{i % servers}"]', "",
@@ -65,7 +70,7 @@ def seed(url: str, audit: int, servers: int, keys: int) -> None:
                          "upstream failed" if status == "error" else None,
                          rng.expovariate(1 / 40), 200, 800, "legacy"))
         with database.transaction() as conn:
-            conn.executemany(database.sql(
+            conn.cursor().executemany(database.sql(
                 "INSERT INTO audit (ts, request_id, principal, endpoint, method, tool, status, "
                 "denied_reason, error_message, duration_ms, bytes_in, bytes_out, era) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"), rows)
@@ -115,11 +120,20 @@ def main() -> int:
     parser.add_argument("--servers", type=int, default=500)
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--reuse", action="store_true", help="measure the database --db "
+                        "names as an earlier run seeded it (no seeding)")
     args = parser.parse_args()
+    if args.reuse and not args.db:
+        parser.error("--reuse needs --db")
     url = args.db or f"sqlite:///{tempfile.mkdtemp(prefix='tollhouse-console-')}/c.db"
     began = time.perf_counter()
-    seed(url, args.audit, args.servers, args.keys)
-    print(f"seeded in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    if not args.reuse:
+        seed(url, args.audit, args.servers, args.keys)
+        print(f"seeded in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    began = time.perf_counter()
+    with Database(url) as database:  # any migration this checkout adds, timed
+        database.ensure_schema()
+    print(f"schema up to date in {time.perf_counter() - began:.1f} s", file=sys.stderr)
     rows: list[Any] = asyncio.run(measure(url, args.runs))
     print(f"\n{args.audit:,} audit records, {args.servers} servers, {args.keys:,} keys; "
           f"{args.runs} renders per page\n")

@@ -308,6 +308,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             era_seen_at {real}
         )"""),
     )),
+    # Migration 13 left audit_ts alone; a filter on a rare endpoint (with or without a status)
+    # then walked audit_ts newest first over nearly every record to find one page (1M records:
+    # seconds). This index walks that endpoint's records newest first (id: the cursor's
+    # tie-break, in index order on both backends), stopping at a page, for one more index
+    # page per commit; a status, principal or tool filter alone still walks audit_ts and
+    # stops at a page, which a common value fills at once.
+    Migration(19, "audit: an index for filters on an endpoint", (
+        Sql("CREATE INDEX IF NOT EXISTS audit_endpoint_ts_id ON audit (endpoint, ts, id)"),
+    )),
 )
 
 LATEST = MIGRATIONS[-1].version
