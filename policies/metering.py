@@ -52,7 +52,7 @@ class Metering:
                 decision = await self._backend.authorize(request)
             allow = decision.get("allow")
             if not isinstance(allow, bool):
-                raise ValueError("the hook's answer has no boolean 'allow'")
+                raise ValueError("the hook's answer has no boolean 'allow'")  # noqa: TRY004
         except (Exception, TimeoutError) as exc:  # noqa: BLE001 - any hook failure is one case
             what = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
             if not self._fail_open:

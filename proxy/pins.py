@@ -166,7 +166,7 @@ class DatabasePins:
         item.pins.begin_reload()
         try:
             version, pins = await asyncio.to_thread(self._read_all)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the waiter gets it
             if not item.done.done():
                 item.done.set_exception(exc)
             return
