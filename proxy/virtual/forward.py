@@ -172,6 +172,8 @@ class VirtualForwarder:
             await self.forward.call(member, mreq, mmsg, None,
                                     self._context(ctx, member, leg=True), into)
             into.leg.route = member
+            if not modern and member.era == "modern":  # as the plain bridge does (Leg.rewrite)
+                into.leg.to_legacy_client = True
         else:
             raise MethodNotFound(data={"method": method})
 
