@@ -69,6 +69,7 @@ LOCAL = ("initialize", "server/discover", "ping", "logging/setLevel")
 PER_MEMBER = ("access", "egress")  # what a list asks of each member it reaches
 CAPABILITIES = ("tools", "prompts", "resources", "logging", "completions")
 LIST_CHANGED = ("tools", "prompts", "resources")  # relayed as the endpoint's own
+RELAYED = ("sampling", "elicitation", "roots")  # a client's capabilities a member may use
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -323,13 +324,17 @@ class VirtualForwarder:
                       ) -> UpstreamRoute:
         """The member's route as this endpoint uses it: its era settled (learned once per
         upstream), its held sessions its own, by state key: per endpoint and caller, and per
-        gateway session for a legacy client that has one."""
+        gateway session for a legacy client that has one, whose member sessions declare the
+        capabilities that client declared (`_relayed`)."""
         base = self.routes.get(name)
         if base is None:
             raise UpstreamUnavailable(f"member {name} is not registered")
         era = base.era if base.era != "auto" else await self.forward.bridge.era(base)
-        scope = f"@{route.name}" if session is None else f"@{route.name}/{session.id_hash}"
-        return dataclasses.replace(base, era=era, state_key=f"{base.state_key} {scope}")
+        if session is None:  # a 2026-07-28 caller is refused a member's requests: none declared
+            return dataclasses.replace(base, era=era, state_key=f"{base.state_key} @{route.name}")
+        return dataclasses.replace(base, era=era,
+                                   state_key=f"{base.state_key} @{route.name}/{session.id_hash}",
+                                   client_capabilities=_relayed(session.bridged_envelope))
 
     async def end(self, route: VirtualRoute, req: EdgeRequest, session: Session
                   ) -> dict[str, str] | None:
@@ -540,6 +545,19 @@ class VirtualForwarder:
         return {"supportedVersions": list(eras.MODERN_VERSIONS), "capabilities": caps,
                 "resultType": "complete", "ttlMs": 0, "cacheScope": "private",
                 "_meta": {eras.SERVER_INFO: info}}
+
+
+def _relayed(envelope: dict[str, Any] | None) -> dict[str, Any]:
+    """What a legacy client declared in its initialize (kept with its gateway session, in the
+    shared state), as far as the gateway relays it: the requests a member may send it, and
+    no notice from the client (roots' listChanged: a member is sent none)."""
+    declared = envelope.get(eras.CLIENT_CAPS) if envelope is not None else None
+    if not isinstance(declared, dict):
+        return {}
+    out = {key: declared[key] for key in RELAYED if isinstance(declared.get(key), dict)}
+    if "roots" in out:
+        out["roots"] = {k: v for k, v in out["roots"].items() if k != "listChanged"}
+    return out
 
 
 def _bound(session: Session | None, caller: str) -> str:
