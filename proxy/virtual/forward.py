@@ -91,7 +91,8 @@ class VirtualForwarder:
         # exposed name -> (member, member's name), per endpoint and kind: learned from lists
         self._names: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         self._stragglers: set[asyncio.Task[Any]] = set()
-        self._listening: set[Merged] = set()  # the merged GET streams open now
+        # the merged GET streams open now, with the gateway session and caller of each
+        self._listening: dict[Merged, tuple[Session, Principal]] = {}
 
     # -- policies ------------------------------------------------------------------------
 
@@ -255,28 +256,57 @@ class VirtualForwarder:
         this gateway session (opened now if there is none). A member that offers no GET
         stream, or fails to open one, is left out (logged); a 2026-07-28 member has none."""
         merged = Merged(route.name, self._present(route.members))
-        opened = await asyncio.gather(*(self._member_stream(route, name, session, principal)
-                                        for name in route.members if name in self.routes))
+        self._listening[merged] = (session, principal)  # a change meanwhile is followed too
+        try:
+            opened = await asyncio.gather(*(self._member_stream(route, name, session,
+                                                                principal)
+                                            for name in merged.members))
+        except BaseException:
+            self.stopped_listening(merged)
+            await merged.aclose()
+            raise
         bound = _bound(session, session.principal_key)
         for name, response in opened:
-            if response is not None:
-                merged.add(name, response, partial(self._outgoing, route.name, name, bound))
-        self._listening.add(merged)
+            if response is None:
+                continue
+            if name not in merged.members:  # it left while the streams opened
+                await response.aclose()
+                continue
+            merged.add(name, response, partial(self._outgoing, route.name, name, bound))
         return merged
 
     def stopped_listening(self, merged: Merged) -> None:
-        self._listening.discard(merged)
+        self._listening.pop(merged, None)
 
     def members_changed(self, endpoints: Mapping[str, VirtualRoute]) -> None:
         """The registry changed the endpoints or the servers (/api/v1, a reload, another
         gateway's write): each GET stream on an endpoint whose members served changed is
-        told its lists changed. Cheap: nothing to do without a GET stream open."""
-        for merged in list(self._listening):
+        told its lists changed, listens to the members that joined (each opened in the
+        stream's own task) and stops listening to those that left (their streams closed).
+        Cheap: nothing to do without a GET stream open."""
+        for merged, (session, principal) in list(self._listening.items()):
             now = endpoints.get(merged.endpoint)
             members = self._present(now.members if now is not None else ())
-            if members != merged.members:
-                merged.members = members
-                merged.announce()
+            if members == merged.members:
+                continue
+            before, merged.members = merged.members, members
+            for name in before:
+                if name not in members:
+                    merged.drop(name)
+            if now is not None:
+                for name in members:
+                    if name not in before:
+                        merged.join(name, partial(self._joined, now, name, session, principal))
+            merged.announce()
+
+    async def _joined(self, route: VirtualRoute, name: str, session: Session,
+                      principal: Principal) -> tuple[Any, Callable[[dict[str, Any]], bool]] | None:
+        """The GET stream of a member that joined while a client listens, and its view."""
+        _, response = await self._member_stream(route, name, session, principal)
+        if response is None:
+            return None
+        return response, partial(self._outgoing, route.name, name,
+                                 _bound(session, session.principal_key))
 
     def _present(self, members: tuple[str, ...]) -> tuple[str, ...]:
         """The members served now (one registered or removed through /api/v1/servers joins

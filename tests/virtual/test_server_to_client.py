@@ -18,6 +18,7 @@ from mcp import Client, MCPError
 from mcp.server.mcpserver import Context, MCPServer
 
 from proxy.app import State, create_app
+from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from proxy.virtual.schema import EndpointIn
 from tests import db_backends, state_backends
@@ -241,3 +242,67 @@ async def test_a_change_of_members_is_announced_on_the_get_stream() -> None:
             await endpoints.patch("crew", {"members": ["alpha"]})  # as PATCH /api/v1 does
             await until(lambda: changed, what="list_changed on the GET stream")
             assert "talker__chatter" not in {x.name for x in (await client.list_tools()).tools}
+
+
+async def test_members_that_join_or_leave_are_followed_by_an_open_get_stream() -> None:
+    alpha_app, alpha = stateful_sse_app()
+    beta_app, beta = stateful_sse_app()
+    db = db_backends.url()
+    _, secret = api_keys.create(db, "ci", [], role="admin")
+    auth = {"Authorization": f"Bearer {secret}"}
+    changed: list[Any] = []
+    answered: list[Any] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.append(message)
+
+    async def on_sampling(ctx: Any, params: types.CreateMessageRequestParams
+                          ) -> types.CreateMessageResult:
+        answered.append(ctx.request_id)
+        return types.CreateMessageResult(role="assistant", model="test", content=types.TextContent(
+            type="text", text=f"sampled: {params.messages[0].content.text}"))
+
+    def streams(probe: UpstreamProbe) -> list[Any]:
+        return [x for x in probe.exchanges if x.method == "GET" and x.status == 200]
+
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(serve(alpha_app, graceful_timeout=1))
+        b = await stack.enter_async_context(serve(beta_app, graceful_timeout=1))
+        cfg = from_dict({
+            "database": {"url": db}, "state": state_backends.state(), "auth": {"mode": "jwt"},
+            "upstreams": [{"name": "alpha", "url": f"{a}/mcp", "era": "legacy"},
+                          {"name": "beta", "url": f"{b}/mcp", "era": "legacy"}]}, env={})
+        gw = await stack.enter_async_context(serve(create_app(cfg), graceful_timeout=1))
+        admin = await stack.enter_async_context(httpx.AsyncClient(headers=auth,
+                                                                  timeout=DEADLINE_S))
+        created = await admin.post(f"{gw}/api/v1/endpoints",
+                                   json={"name": "crew", "members": ["alpha"]})
+        assert created.status_code == 201, created.text
+        client = await stack.enter_async_context(connect(
+            f"{gw}/mcp/crew", headers=auth, message_handler=on_message,
+            sampling_callback=on_sampling, read_timeout_seconds=DEADLINE_S))
+        await until(lambda: streams(alpha), what="alpha's GET stream to open")
+        assert not streams(beta)
+
+        joined = await admin.patch(f"{gw}/api/v1/endpoints/crew",
+                                   json={"members": ["alpha", "beta"]})
+        assert joined.status_code == 200, joined.text
+        await until(lambda: changed, what="list_changed on the GET stream")
+        await until(lambda: streams(beta), what="the joined member's GET stream to open")
+        # beta asks on its GET stream (no call to relate it to): it reaches the client there,
+        # and the client's answer reaches beta under beta's own id
+        result = await client.call_tool("beta__ask_sampling", {"prompt": "joined",
+                                                               "standalone": True})
+        assert result.content[0].text == "sampled: joined"
+        (listened,) = streams(beta)
+        (call,) = beta.tool_calls("ask_sampling")
+        assert listened.request_header("mcp-session-id") == call.headers["mcp-session-id"]
+        assert len(answered) == 1 and str(answered[0]).startswith("tv1.")
+        assert not any(str(x["id"]).startswith("tv1.") for x in answers_posted(beta))
+
+        left = await admin.patch(f"{gw}/api/v1/endpoints/crew", json={"members": ["alpha"]})
+        assert left.status_code == 200, left.text
+        await until(lambda: len(changed) >= 2, what="list_changed for the member that left")
+        await until(lambda: listened.done, what="the left member's GET stream to close")
+        assert not any(x.done for x in streams(alpha))  # the other member is still heard
