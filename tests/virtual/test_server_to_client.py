@@ -306,3 +306,86 @@ async def test_members_that_join_or_leave_are_followed_by_an_open_get_stream() -
         await until(lambda: len(changed) >= 2, what="list_changed for the member that left")
         await until(lambda: listened.done, what="the left member's GET stream to close")
         assert not any(x.done for x in streams(alpha))  # the other member is still heard
+
+
+# an event that outgrows the 256 KiB head it is judged by before it ends (the upstream transport
+# hands over at most ~192 KiB a read), in a call whose own request stays under 1 MiB (past it
+# aiohttp warns of a large raw body, which the suite's warnings-as-errors fails)
+BIG = 768 * 1024
+
+
+async def test_a_request_larger_than_the_head_is_viewed_and_answered() -> None:
+    asked: list[tuple[Any, int]] = []
+
+    async def on_sampling(ctx: Any, params: types.CreateMessageRequestParams
+                          ) -> types.CreateMessageResult:
+        asked.append((ctx.request_id, len(params.messages[0].content.text)))
+        return types.CreateMessageResult(role="assistant", model="test", content=types.TextContent(
+            type="text", text="short"))
+
+    async with team() as t, connect(t.url, sampling_callback=on_sampling,
+                                    read_timeout_seconds=DEADLINE_S) as client:
+        result = await client.call_tool("alpha__ask_sampling", {"prompt": "p" * BIG})
+        assert result.content[0].text == "short"
+    ((rid, size),) = asked
+    assert str(rid).startswith("tv1.") and size == BIG  # sealed: the whole event was viewed
+    (answer,) = answers_posted(t.alpha)
+    assert not str(answer["id"]).startswith("tv1.")
+
+
+async def test_a_notice_larger_than_the_head_names_its_member_on_an_unheld_stream() -> None:
+    logs: list[types.LoggingMessageNotificationParams] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logs.append(params)
+
+    server = MCPServer("loud", version="1.0.0")
+
+    @server.tool()
+    async def shout(size: int, ctx: Context) -> str:
+        """Log `size` characters on the call's stream, then answer."""
+        await ctx.request_context.session.send_notification(types.LoggingMessageNotification(
+            params=types.LoggingMessageNotificationParams(level="info", logger="db",
+                                                          data="l" * size)),
+            related_request_id=ctx.request_id)
+        return "done"
+
+    async with AsyncExitStack() as stack:
+        c = await stack.enter_async_context(serve(
+            server.streamable_http_app(streamable_http_path="/mcp"), graceful_timeout=1))
+        cfg = from_dict({
+            "database": {"url": db_backends.url()}, "state": state_backends.state(),
+            "upstreams": [{"name": "loud", "url": f"{c}/mcp", "era": "modern"}],
+            "endpoints": [{"name": "team", "members": ["loud"]}]}, env={})
+        gw = await stack.enter_async_context(serve(create_app(cfg), graceful_timeout=1))
+        # a 2026-07-28 client on a 2026-07-28 member, no policy rewriting: nothing holds the
+        # answer, and the member's log, past the head, is still held to be named
+        client = await stack.enter_async_context(Client(f"{gw}/mcp/team", mode=MODERN,
+                                                        logging_callback=on_log))
+        result = await client.call_tool("loud__shout", {"size": BIG})
+        assert result.content[0].text == "done"
+        await until(lambda: logs, what="the member's log")
+    assert [(x.logger, len(x.data)) for x in logs] == [("loud/db", BIG)]
+
+
+async def test_a_request_past_the_hold_limit_ends_the_call() -> None:
+    app, probe = stateful_sse_app()
+
+    async def on_sampling(ctx: Any, params: Any) -> types.CreateMessageResult:
+        raise AssertionError("no request this large reaches the client")
+
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(serve(app, graceful_timeout=1))
+        cfg = from_dict({
+            "server": {"max_response_bytes": BIG // 2},
+            "database": {"url": db_backends.url()}, "state": state_backends.state(),
+            "upstreams": [{"name": "alpha", "url": f"{a}/mcp", "era": "legacy"}],
+            "endpoints": [{"name": "team", "members": ["alpha"]}]}, env={})
+        gw = await stack.enter_async_context(serve(create_app(cfg), graceful_timeout=1))
+        client = await stack.enter_async_context(connect(
+            f"{gw}/mcp/team", sampling_callback=on_sampling, read_timeout_seconds=DEADLINE_S))
+        with pytest.raises(MCPError) as ended:
+            await client.call_tool("alpha__ask_sampling", {"prompt": "p" * BIG})
+    assert ended.value.error.code == -32000
+    assert "max_response_bytes" in ended.value.error.message
+    assert not answers_posted(probe)
