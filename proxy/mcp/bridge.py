@@ -122,7 +122,8 @@ class Bridge:
     async def _open(self, route: UpstreamRoute, extra: list[tuple[str, str]] | None
                     ) -> HeldSession:
         body = orjson.dumps({"jsonrpc": "2.0", "id": "tollhouse-bridge", "method": "initialize",
-                             "params": {"protocolVersion": LEGACY_VERSION, "capabilities": {},
+                             "params": {"protocolVersion": LEGACY_VERSION,
+                                        "capabilities": route.client_capabilities or {},
                                         "clientInfo": CLIENT_INFO}})
         headers = self._upstream.headers(route, {}, None, extra=[JSON_TYPES, *(extra or [])])
         response = await self._upstream.open(route, "POST", headers, body)

@@ -240,7 +240,7 @@ class Gateway:
                                     on_done=end, on_answer=end.answered,
                                     hold_limit=self.max_response_bytes if held else None,
                                     notice=_heard(chain.noticer(msg, ctx), ctx, record),
-                                    outgoing=outgoing)
+                                    outgoing=outgoing, view_limit=self.max_response_bytes)
                 handed_over = True  # the relay owns the response and the registration now
                 return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
             data, rest = await self.forward.json_body(forwarded, held=held, head=HEAD_BYTES,

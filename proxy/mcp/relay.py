@@ -5,8 +5,10 @@ each event's data to see the response to the client's request (for the audit rec
 upstream failure or a deliberate cancellation into one last JSON-RPC error event, and on a
 client disconnect closes the upstream request and tells the upstream the call is cancelled.
 An event larger than `HEAD_BYTES` is held only when it may be the answer of a call whose answer
-is held (`hold_limit`, see `Forwarder.must_hold`), or a notification a policy reads (`notice`,
-the guardrails), each event bounded by `hold_limit`; any other goes on as it arrives, so
+is held (`hold_limit`, see `Forwarder.must_hold`), a notification a policy reads (`notice`,
+the guardrails), or a request or notification a virtual endpoint views (`outgoing`, bounded by
+`view_limit` when the answer is not held), each event bounded by `hold_limit`; any other goes
+on as it arrives, so
 memory per stream stays bounded and a slow client slows the upstream read (nothing queues
 here). Every whole event goes out as soon as it is read: nothing waits for the answer.
 """
@@ -67,6 +69,7 @@ class StreamRelay:
         hold_limit: int | None = None,
         notice: Notice | None = None,
         outgoing: Callable[[dict[str, Any]], bool] | None = None,
+        view_limit: int | None = None,
     ) -> None:
         self._close = close
         self.request_id = request_id
@@ -90,6 +93,10 @@ class StreamRelay:
         self._chunks = chunks  # errors already mapped at the upstream boundary
         # None: no event is held past HEAD_BYTES; else each is held whole, up to this size
         self._hold_limit = hold_limit
+        # with `outgoing`, a request or notification is held whole to be viewed, up to the
+        # hold limit, or this when the answer is not held (None: `outgoing` sees none larger
+        # than HEAD_BYTES)
+        self._view_limit = view_limit if outgoing is not None else None
         # the held bound is kept per event by `_take`: only what must be held is bounded by it
         self._splitter = EventSplitter(UNHELD)
         self._judged = False  # the pending event of a held stream was judged (`_unheld`)
@@ -152,7 +159,7 @@ class StreamRelay:
                 raise StopAsyncIteration from None
             return self._fail(exc)
         except ValueError:
-            return self._fail(ResponseTooLarge(self._hold_limit))
+            return self._fail(ResponseTooLarge(self._hold_limit or self._view_limit))
 
     def _take(self, chunk: bytes) -> bytes:
         """What of `chunk` goes out now: the rest of an event being passed on, whole events,
@@ -173,16 +180,17 @@ class StreamRelay:
             if self._finished:
                 return out
         pending = len(self._splitter.pending)
-        if self._hold_limit is None:
+        limit = self._hold_limit if self._hold_limit is not None else self._view_limit
+        if limit is None:
             if pending > HEAD_BYTES:
                 scan = AnswerScan() if self.request_id is not NO_REQUEST and not self.answered \
                     else None
                 out += self._pass_on(LargeEvent(scan))
-        elif pending > min(HEAD_BYTES, self._hold_limit):
+        elif pending > min(HEAD_BYTES, limit):
             large = self._unheld()
             if large is not None:
                 out += self._pass_on(large, fed=True)
-            elif pending > self._hold_limit:
+            elif pending > limit:
                 raise ValueError("SSE event exceeds the size limit")
         return out
 
@@ -197,17 +205,19 @@ class StreamRelay:
         return self._counted(head)
 
     def _unheld(self) -> LargeEvent | None:
-        """On a held stream, only the answer and what a policy reads whole are held: a large
-        event whose head shows a `method` (so not the answer) is passed on as it arrives,
-        unless it is a notification `notice` reads or requests are refused (both read it
-        whole). Judged once per event, from its head; None: it stays held, bounded."""
+        """On a held stream, only the answer and what is read whole are held: a large event
+        whose head shows a `method` (so not the answer) is passed on as it arrives, unless it
+        is a notification `notice` reads, requests are refused, or a virtual endpoint views
+        it (`outgoing`: every request and notification). On a stream held only for that view,
+        an event with no `method` in its head (maybe the answer) is passed on too. Judged once
+        per event, from its head; None: it stays held, bounded."""
         if self._judged:
             return None
         self._judged = True
         watching = self.request_id is not NO_REQUEST and not self.answered
         if watching and self._refuse_requests:
             return None
-        if not watching and self._notice is None:
+        if not watching and self._notice is None and self._outgoing is None:
             large = LargeEvent(None)  # after the answer, nothing reads an event
         else:
             large = LargeEvent(AnswerScan())
@@ -215,8 +225,13 @@ class StreamRelay:
         if large.scan is None:
             return large
         method = large.scan.method()
-        if large.scan.bad or method is None or self._notice is not None and method in NOTICED:
-            return None  # maybe the answer, or what a policy reads whole
+        if large.scan.bad:
+            return None
+        if method is None:
+            if self._hold_limit is not None:
+                return None  # maybe the answer, held to be rewritten
+        elif self._outgoing is not None or self._notice is not None and method in NOTICED:
+            return None  # what is read whole
         if not watching:
             large.scan = None
         return large

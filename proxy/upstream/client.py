@@ -64,6 +64,9 @@ class UpstreamRoute:
     # own transport (`local`: proxy.upstream.stdio, nothing dialled, no egress pin)
     transport: httpx.AsyncBaseTransport | None = None
     local: bool = False
+    # the client capabilities a session the bridge opens here declares: none, except on a
+    # virtual endpoint's member for a legacy client (what it declared, as far as relayed)
+    client_capabilities: dict[str, Any] | None = None
 
     @property
     def dial_key(self) -> str:

@@ -69,6 +69,7 @@ LOCAL = ("initialize", "server/discover", "ping", "logging/setLevel")
 PER_MEMBER = ("access", "egress")  # what a list asks of each member it reaches
 CAPABILITIES = ("tools", "prompts", "resources", "logging", "completions")
 LIST_CHANGED = ("tools", "prompts", "resources")  # relayed as the endpoint's own
+RELAYED = ("sampling", "elicitation", "roots")  # a client's capabilities a member may use
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,7 +91,8 @@ class VirtualForwarder:
         # exposed name -> (member, member's name), per endpoint and kind: learned from lists
         self._names: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         self._stragglers: set[asyncio.Task[Any]] = set()
-        self._listening: set[Merged] = set()  # the merged GET streams open now
+        # the merged GET streams open now, with the gateway session and caller of each
+        self._listening: dict[Merged, tuple[Session, Principal]] = {}
 
     # -- policies ------------------------------------------------------------------------
 
@@ -172,6 +174,8 @@ class VirtualForwarder:
             await self.forward.call(member, mreq, mmsg, None,
                                     self._context(ctx, member, leg=True), into)
             into.leg.route = member
+            if not modern and member.era == "modern":  # as the plain bridge does (Leg.rewrite)
+                into.leg.to_legacy_client = True
         else:
             raise MethodNotFound(data={"method": method})
 
@@ -252,28 +256,57 @@ class VirtualForwarder:
         this gateway session (opened now if there is none). A member that offers no GET
         stream, or fails to open one, is left out (logged); a 2026-07-28 member has none."""
         merged = Merged(route.name, self._present(route.members))
-        opened = await asyncio.gather(*(self._member_stream(route, name, session, principal)
-                                        for name in route.members if name in self.routes))
+        self._listening[merged] = (session, principal)  # a change meanwhile is followed too
+        try:
+            opened = await asyncio.gather(*(self._member_stream(route, name, session,
+                                                                principal)
+                                            for name in merged.members))
+        except BaseException:
+            self.stopped_listening(merged)
+            await merged.aclose()
+            raise
         bound = _bound(session, session.principal_key)
         for name, response in opened:
-            if response is not None:
-                merged.add(name, response, partial(self._outgoing, route.name, name, bound))
-        self._listening.add(merged)
+            if response is None:
+                continue
+            if name not in merged.members:  # it left while the streams opened
+                await response.aclose()
+                continue
+            merged.add(name, response, partial(self._outgoing, route.name, name, bound))
         return merged
 
     def stopped_listening(self, merged: Merged) -> None:
-        self._listening.discard(merged)
+        self._listening.pop(merged, None)
 
     def members_changed(self, endpoints: Mapping[str, VirtualRoute]) -> None:
         """The registry changed the endpoints or the servers (/api/v1, a reload, another
         gateway's write): each GET stream on an endpoint whose members served changed is
-        told its lists changed. Cheap: nothing to do without a GET stream open."""
-        for merged in list(self._listening):
+        told its lists changed, listens to the members that joined (each opened in the
+        stream's own task) and stops listening to those that left (their streams closed).
+        Cheap: nothing to do without a GET stream open."""
+        for merged, (session, principal) in list(self._listening.items()):
             now = endpoints.get(merged.endpoint)
             members = self._present(now.members if now is not None else ())
-            if members != merged.members:
-                merged.members = members
-                merged.announce()
+            if members == merged.members:
+                continue
+            before, merged.members = merged.members, members
+            for name in before:
+                if name not in members:
+                    merged.drop(name)
+            if now is not None:
+                for name in members:
+                    if name not in before:
+                        merged.join(name, partial(self._joined, now, name, session, principal))
+            merged.announce()
+
+    async def _joined(self, route: VirtualRoute, name: str, session: Session,
+                      principal: Principal) -> tuple[Any, Callable[[dict[str, Any]], bool]] | None:
+        """The GET stream of a member that joined while a client listens, and its view."""
+        _, response = await self._member_stream(route, name, session, principal)
+        if response is None:
+            return None
+        return response, partial(self._outgoing, route.name, name,
+                                 _bound(session, session.principal_key))
 
     def _present(self, members: tuple[str, ...]) -> tuple[str, ...]:
         """The members served now (one registered or removed through /api/v1/servers joins
@@ -321,13 +354,17 @@ class VirtualForwarder:
                       ) -> UpstreamRoute:
         """The member's route as this endpoint uses it: its era settled (learned once per
         upstream), its held sessions its own, by state key: per endpoint and caller, and per
-        gateway session for a legacy client that has one."""
+        gateway session for a legacy client that has one, whose member sessions declare the
+        capabilities that client declared (`_relayed`)."""
         base = self.routes.get(name)
         if base is None:
             raise UpstreamUnavailable(f"member {name} is not registered")
         era = base.era if base.era != "auto" else await self.forward.bridge.era(base)
-        scope = f"@{route.name}" if session is None else f"@{route.name}/{session.id_hash}"
-        return dataclasses.replace(base, era=era, state_key=f"{base.state_key} {scope}")
+        if session is None:  # a 2026-07-28 caller is refused a member's requests: none declared
+            return dataclasses.replace(base, era=era, state_key=f"{base.state_key} @{route.name}")
+        return dataclasses.replace(base, era=era,
+                                   state_key=f"{base.state_key} @{route.name}/{session.id_hash}",
+                                   client_capabilities=_relayed(session.bridged_envelope))
 
     async def end(self, route: VirtualRoute, req: EdgeRequest, session: Session
                   ) -> dict[str, str] | None:
@@ -538,6 +575,19 @@ class VirtualForwarder:
         return {"supportedVersions": list(eras.MODERN_VERSIONS), "capabilities": caps,
                 "resultType": "complete", "ttlMs": 0, "cacheScope": "private",
                 "_meta": {eras.SERVER_INFO: info}}
+
+
+def _relayed(envelope: dict[str, Any] | None) -> dict[str, Any]:
+    """What a legacy client declared in its initialize (kept with its gateway session, in the
+    shared state), as far as the gateway relays it: the requests a member may send it, and
+    no notice from the client (roots' listChanged: a member is sent none)."""
+    declared = envelope.get(eras.CLIENT_CAPS) if envelope is not None else None
+    if not isinstance(declared, dict):
+        return {}
+    out = {key: declared[key] for key in RELAYED if isinstance(declared.get(key), dict)}
+    if "roots" in out:
+        out["roots"] = {k: v for k, v in out["roots"].items() if k != "listChanged"}
+    return out
 
 
 def _bound(session: Session | None, caller: str) -> str:

@@ -6,14 +6,16 @@ stream (`VirtualForwarder.outgoing`: a request's id sealed, the member named) an
 for the client as a plain `data` event. A member's event ids are dropped: they name a
 position in that member's stream alone, which a merged stream cannot resume. A member whose
 stream fails or ends is left out; the merged stream lasts until the client leaves, so that a
-change to the endpoint's members (`announce`) still reaches it.
+change to the endpoint's members still reaches it: told (`announce`), a member that joined
+listened to (`join`), one that left no more (`drop`, its stream closed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import httpx
@@ -26,6 +28,7 @@ from proxy.upstream import BodyChunks
 log = logging.getLogger("tollhouse.virtual")
 
 Outgoing = Callable[[dict[str, Any]], bool]
+Opening = Callable[[], Awaitable["tuple[httpx.Response, Outgoing] | None"]]
 LIST_CHANGED = ("notifications/tools/list_changed", "notifications/prompts/list_changed",
                 "notifications/resources/list_changed")
 _END = b""
@@ -36,15 +39,41 @@ class Merged:
 
     def __init__(self, endpoint: str, members: tuple[str, ...]) -> None:
         self.endpoint = endpoint
-        self.members = members  # the endpoint's members when the stream opened
+        self.members = members  # the endpoint's members served now
         self._queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=256)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._closed = False
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # member -> the task reading it
+        self.closed = False
 
     def add(self, member: str, response: httpx.Response, outgoing: Outgoing) -> None:
-        task = asyncio.get_running_loop().create_task(self._pump(member, response, outgoing))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        """A member's stream, open (when the merged stream opens)."""
+        self._start(member, self._pump(member, response, outgoing))
+
+    def join(self, member: str, opening: Opening) -> None:
+        """A member that joined the endpoint: its stream opened (`opening`, None when it has
+        none) and read by one task, which `drop` and `aclose` end wherever it is."""
+        if not self.closed:
+            self._start(member, self._opened(member, opening))
+
+    def drop(self, member: str) -> None:
+        """A member that left the endpoint: its stream closed, nothing more read from it."""
+        task = self._tasks.pop(member, None)
+        if task is not None:
+            task.cancel()
+
+    def _start(self, member: str, work: Any) -> None:
+        self.drop(member)  # one task per member
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks[member] = task
+        task.add_done_callback(partial(self._ended, member))
+
+    def _ended(self, member: str, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(member) is task:
+            del self._tasks[member]
+
+    async def _opened(self, member: str, opening: Opening) -> None:
+        opened = await opening()
+        if opened is not None:
+            await self._pump(member, *opened)
 
     def announce(self, methods: tuple[str, ...] = LIST_CHANGED) -> None:
         """The gateway's own notices (the members changed): queued, never waited for; a
@@ -72,18 +101,19 @@ class Merged:
         return self
 
     async def __anext__(self) -> bytes:
-        if self._closed:
+        if self.closed:
             raise StopAsyncIteration
         out = await self._queue.get()
-        if out is _END or self._closed:
+        if out is _END or self.closed:
             raise StopAsyncIteration
         return out
 
     async def aclose(self) -> None:
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
-        tasks = list(self._tasks)
+        self.closed = True
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
         for task in tasks:
             task.cancel()
         if tasks:

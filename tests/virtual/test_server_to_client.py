@@ -18,6 +18,7 @@ from mcp import Client, MCPError
 from mcp.server.mcpserver import Context, MCPServer
 
 from proxy.app import State, create_app
+from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from proxy.virtual.schema import EndpointIn
 from tests import db_backends, state_backends
@@ -241,3 +242,150 @@ async def test_a_change_of_members_is_announced_on_the_get_stream() -> None:
             await endpoints.patch("crew", {"members": ["alpha"]})  # as PATCH /api/v1 does
             await until(lambda: changed, what="list_changed on the GET stream")
             assert "talker__chatter" not in {x.name for x in (await client.list_tools()).tools}
+
+
+async def test_members_that_join_or_leave_are_followed_by_an_open_get_stream() -> None:
+    alpha_app, alpha = stateful_sse_app()
+    beta_app, beta = stateful_sse_app()
+    db = db_backends.url()
+    _, secret = api_keys.create(db, "ci", [], role="admin")
+    auth = {"Authorization": f"Bearer {secret}"}
+    changed: list[Any] = []
+    answered: list[Any] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.append(message)
+
+    async def on_sampling(ctx: Any, params: types.CreateMessageRequestParams
+                          ) -> types.CreateMessageResult:
+        answered.append(ctx.request_id)
+        return types.CreateMessageResult(role="assistant", model="test", content=types.TextContent(
+            type="text", text=f"sampled: {params.messages[0].content.text}"))
+
+    def streams(probe: UpstreamProbe) -> list[Any]:
+        return [x for x in probe.exchanges if x.method == "GET" and x.status == 200]
+
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(serve(alpha_app, graceful_timeout=1))
+        b = await stack.enter_async_context(serve(beta_app, graceful_timeout=1))
+        cfg = from_dict({
+            "database": {"url": db}, "state": state_backends.state(), "auth": {"mode": "jwt"},
+            "upstreams": [{"name": "alpha", "url": f"{a}/mcp", "era": "legacy"},
+                          {"name": "beta", "url": f"{b}/mcp", "era": "legacy"}]}, env={})
+        gw = await stack.enter_async_context(serve(create_app(cfg), graceful_timeout=1))
+        admin = await stack.enter_async_context(httpx.AsyncClient(headers=auth,
+                                                                  timeout=DEADLINE_S))
+        created = await admin.post(f"{gw}/api/v1/endpoints",
+                                   json={"name": "crew", "members": ["alpha"]})
+        assert created.status_code == 201, created.text
+        client = await stack.enter_async_context(connect(
+            f"{gw}/mcp/crew", headers=auth, message_handler=on_message,
+            sampling_callback=on_sampling, read_timeout_seconds=DEADLINE_S))
+        await until(lambda: streams(alpha), what="alpha's GET stream to open")
+        assert not streams(beta)
+
+        joined = await admin.patch(f"{gw}/api/v1/endpoints/crew",
+                                   json={"members": ["alpha", "beta"]})
+        assert joined.status_code == 200, joined.text
+        await until(lambda: changed, what="list_changed on the GET stream")
+        await until(lambda: streams(beta), what="the joined member's GET stream to open")
+        # beta asks on its GET stream (no call to relate it to): it reaches the client there,
+        # and the client's answer reaches beta under beta's own id
+        result = await client.call_tool("beta__ask_sampling", {"prompt": "joined",
+                                                               "standalone": True})
+        assert result.content[0].text == "sampled: joined"
+        (listened,) = streams(beta)
+        (call,) = beta.tool_calls("ask_sampling")
+        assert listened.request_header("mcp-session-id") == call.headers["mcp-session-id"]
+        assert len(answered) == 1 and str(answered[0]).startswith("tv1.")
+        assert not any(str(x["id"]).startswith("tv1.") for x in answers_posted(beta))
+
+        left = await admin.patch(f"{gw}/api/v1/endpoints/crew", json={"members": ["alpha"]})
+        assert left.status_code == 200, left.text
+        await until(lambda: len(changed) >= 2, what="list_changed for the member that left")
+        await until(lambda: listened.done, what="the left member's GET stream to close")
+        assert not any(x.done for x in streams(alpha))  # the other member is still heard
+
+
+# an event that outgrows the 256 KiB head it is judged by before it ends (the upstream transport
+# hands over at most ~192 KiB a read), in a call whose own request stays under 1 MiB (past it
+# aiohttp warns of a large raw body, which the suite's warnings-as-errors fails)
+BIG = 768 * 1024
+
+
+async def test_a_request_larger_than_the_head_is_viewed_and_answered() -> None:
+    asked: list[tuple[Any, int]] = []
+
+    async def on_sampling(ctx: Any, params: types.CreateMessageRequestParams
+                          ) -> types.CreateMessageResult:
+        asked.append((ctx.request_id, len(params.messages[0].content.text)))
+        return types.CreateMessageResult(role="assistant", model="test", content=types.TextContent(
+            type="text", text="short"))
+
+    async with team() as t, connect(t.url, sampling_callback=on_sampling,
+                                    read_timeout_seconds=DEADLINE_S) as client:
+        result = await client.call_tool("alpha__ask_sampling", {"prompt": "p" * BIG})
+        assert result.content[0].text == "short"
+    ((rid, size),) = asked
+    assert str(rid).startswith("tv1.") and size == BIG  # sealed: the whole event was viewed
+    (answer,) = answers_posted(t.alpha)
+    assert not str(answer["id"]).startswith("tv1.")
+
+
+async def test_a_notice_larger_than_the_head_names_its_member_on_an_unheld_stream() -> None:
+    logs: list[types.LoggingMessageNotificationParams] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logs.append(params)
+
+    server = MCPServer("loud", version="1.0.0")
+
+    @server.tool()
+    async def shout(size: int, ctx: Context) -> str:
+        """Log `size` characters on the call's stream, then answer."""
+        await ctx.request_context.session.send_notification(types.LoggingMessageNotification(
+            params=types.LoggingMessageNotificationParams(level="info", logger="db",
+                                                          data="l" * size)),
+            related_request_id=ctx.request_id)
+        return "done"
+
+    async with AsyncExitStack() as stack:
+        c = await stack.enter_async_context(serve(
+            server.streamable_http_app(streamable_http_path="/mcp"), graceful_timeout=1))
+        cfg = from_dict({
+            "database": {"url": db_backends.url()}, "state": state_backends.state(),
+            "upstreams": [{"name": "loud", "url": f"{c}/mcp", "era": "modern"}],
+            "endpoints": [{"name": "team", "members": ["loud"]}]}, env={})
+        gw = await stack.enter_async_context(serve(create_app(cfg), graceful_timeout=1))
+        # a 2026-07-28 client on a 2026-07-28 member, no policy rewriting: nothing holds the
+        # answer, and the member's log, past the head, is still held to be named
+        client = await stack.enter_async_context(Client(f"{gw}/mcp/team", mode=MODERN,
+                                                        logging_callback=on_log))
+        result = await client.call_tool("loud__shout", {"size": BIG})
+        assert result.content[0].text == "done"
+        await until(lambda: logs, what="the member's log")
+    assert [(x.logger, len(x.data)) for x in logs] == [("loud/db", BIG)]
+
+
+async def test_a_request_past_the_hold_limit_ends_the_call() -> None:
+    app, probe = stateful_sse_app()
+
+    async def on_sampling(ctx: Any, params: Any) -> types.CreateMessageResult:
+        raise AssertionError("no request this large reaches the client")
+
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(serve(app, graceful_timeout=1))
+        cfg = from_dict({
+            "server": {"max_response_bytes": BIG // 2},
+            "database": {"url": db_backends.url()}, "state": state_backends.state(),
+            "upstreams": [{"name": "alpha", "url": f"{a}/mcp", "era": "legacy"}],
+            "endpoints": [{"name": "team", "members": ["alpha"]}]}, env={})
+        gw = await stack.enter_async_context(serve(create_app(cfg), graceful_timeout=1))
+        client = await stack.enter_async_context(connect(
+            f"{gw}/mcp/team", sampling_callback=on_sampling, read_timeout_seconds=DEADLINE_S))
+        with pytest.raises(MCPError) as ended:
+            await client.call_tool("alpha__ask_sampling", {"prompt": "p" * BIG})
+    assert ended.value.error.code == -32000
+    assert "max_response_bytes" in ended.value.error.message
+    assert not answers_posted(probe)
