@@ -64,12 +64,15 @@ class Leg:
     local: dict[str, Any] | None = None  # a result the gateway answers itself
     body: bytes | None = None  # the request as the upstream needs it, when not as sent
     to_legacy_client: bool = False  # a legacy client bridged onto a 2026-07-28-only upstream
+    # a bridged leg whose result goes to a legacy client after all (a virtual endpoint speaks
+    # to a legacy member as a 2026-07-28 caller would, for a client of either era): as it is
+    legacy_result: bool = False
     bearer: str | None = None  # this person's own upstream token (per_user upstreams)
     route: UpstreamRoute | None = None  # where it went (a virtual endpoint's member)
 
     def rewrite(self, rewrite: Rewrite | None, method: str | None) -> Rewrite | None:
         """The policies' result rewrite, plus what this leg's bridge does to a result."""
-        if self.bridged:
+        if self.bridged and not self.legacy_result:
             return _with_completion(rewrite, method)
         if self.to_legacy_client:
             return _refusing_input(rewrite)

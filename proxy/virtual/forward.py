@@ -174,8 +174,11 @@ class VirtualForwarder:
             await self.forward.call(member, mreq, mmsg, None,
                                     self._context(ctx, member, leg=True), into)
             into.leg.route = member
-            if not modern and member.era == "modern":  # as the plain bridge does (Leg.rewrite)
-                into.leg.to_legacy_client = True
+            if not modern:  # a member is spoken to as a 2026-07-28 caller would
+                if into.leg.bridged:  # a legacy member's result, for a legacy client: as it is
+                    into.leg.legacy_result = True
+                else:  # a 2026-07-28 member's, as the plain bridge does (Leg.rewrite)
+                    into.leg.to_legacy_client = True
         else:
             raise MethodNotFound(data={"method": method})
 

@@ -304,3 +304,49 @@ async def test_pages_merge_into_one_cursor_and_rules_apply_per_member_then_endpo
         read = (await modern_post(raw, paged, "resources/read",
                                   {"uri": resource["uri"]})).json()["result"]
         assert read["contents"][0]["text"] == "read file:///notes/a.txt"
+
+
+async def legacy_post(raw: httpx.AsyncClient, url: str, body: dict[str, Any],
+                      session_id: str | None = None) -> httpx.Response:
+    headers = {"content-type": "application/json", "accept": "application/json, "
+               "text/event-stream", "mcp-protocol-version": "2025-11-25"}
+    if session_id is not None:
+        headers["mcp-session-id"] = session_id
+    return await raw.post(url, content=orjson.dumps(body), headers=headers)
+
+
+def answer_of(response: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC answer of a JSON or SSE response."""
+    if response.headers["content-type"].startswith("application/json"):
+        found: dict[str, Any] = response.json()
+        return found
+    for line in response.text.splitlines():
+        if line.startswith("data:") and line[5:].strip():
+            event = orjson.loads(line[5:])
+            if "id" in event and ("result" in event or "error" in event):
+                found = event
+                return found
+    raise AssertionError(f"no answer in {response.text[:300]}")
+
+
+async def test_a_legacy_client_gets_legacy_results_from_legacy_members() -> None:
+    """A legacy member's result reaches a legacy client as the member gave it: nothing of
+    2026-07-28 (resultType, ttlMs, cacheScope) is added on the way."""
+    async with team() as t, httpx.AsyncClient(timeout=DEADLINE_S) as raw:
+        opened = await legacy_post(raw, t.url, {
+            "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "1"}}})
+        sid = opened.headers["mcp-session-id"]
+        await legacy_post(raw, t.url, {"jsonrpc": "2.0",
+                                       "method": "notifications/initialized"}, sid)
+        for name in ("alpha__echo", long_name("echo")):
+            called = answer_of(await legacy_post(raw, t.url, {
+                "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": name, "arguments": {"text": "plain"}}}, sid))
+            result = called["result"]
+            assert result["content"][0]["text"] == "plain", called
+            assert not {"resultType", "ttlMs", "cacheScope"} & set(result), (name, result)
+        listed = answer_of(await legacy_post(raw, t.url, {
+            "jsonrpc": "2.0", "id": 3, "method": "tools/list"}, sid))["result"]
+        assert not {"resultType", "ttlMs", "cacheScope"} & set(listed), listed
