@@ -30,6 +30,16 @@ class MeteringBackend(Protocol):
         """Deliver one usage event; raise to have it retried."""
 
 
+def new_call_id() -> str:
+    """A usage event's idempotency key: 24 hex digits, the time in milliseconds (48 bits) then
+    48 random bits. Keys made later sort later, so each lands at the right edge of the unique
+    indexes on it (the audit log's audit_call_id, the outbox's primary key) and a commit of a
+    batch writes a leaf page or two of each, not one per record at a random place (on SQLite
+    the writer spent about twice the time on a metered record with random keys). Unguessable
+    all the same: two calls of one millisecond differ in 48 random bits."""
+    return f"{time.time_ns() // 1_000_000 & 0xFFFF_FFFF_FFFF:012x}{secrets.token_hex(6)}"
+
+
 class Metering:
     name: ClassVar[str] = "metering"
     order: ClassVar[int] = 500
@@ -43,7 +53,7 @@ class Metering:
     async def check(self, call: McpMessage, ctx: CallContext) -> None:
         if call.method not in self._methods or call.kind != "request":
             return
-        call_id = secrets.token_hex(12)
+        call_id = new_call_id()
         request = {"call_id": call_id, "principal": ctx.principal.subject,
                    "endpoint": ctx.endpoint, "tool": call.tool,
                    "arguments_bytes": ctx.arguments_size, "at": time.time()}

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
 
-from policies.metering import Metering
+from policies.metering import Metering, new_call_id
 from proxy.auth.principal import Principal
 from proxy.chain import CallContext
 from proxy.config import MeteringConfig
@@ -53,6 +54,16 @@ async def test_allowed_call_gets_a_call_id_and_the_hook_sees_the_call() -> None:
     assert request["call_id"] == c.call_id and len(request["call_id"]) == 24
     assert (request["principal"], request["endpoint"], request["tool"],
             request["arguments_bytes"]) == ("alice", "e", "t", 42)
+
+
+def test_call_ids_sort_by_time_and_differ_within_a_millisecond() -> None:
+    made = [new_call_id() for _ in range(2000)]  # many share a millisecond
+    assert len(set(made)) == len(made)
+    assert all(len(c) == 24 and int(c, 16) >= 0 for c in made)
+    heads = [c[:12] for c in made]
+    assert heads == sorted(heads)  # the time part never goes back
+    assert int(heads[-1], 16) - int(heads[0], 16) < 60_000  # and it is milliseconds
+    assert abs(int(heads[0], 16) - time.time_ns() // 1_000_000) < 60_000
 
 
 async def test_methods_not_metered_pass_without_asking() -> None:
