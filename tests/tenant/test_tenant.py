@@ -6,6 +6,7 @@ pinned dialling run on its answers exactly as on a configured upstream's."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -89,7 +90,8 @@ def _config(port: int, db: str, **upstream: Any) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def tenants(**upstream: Any) -> AsyncIterator[Tenants]:
+async def tenants(extra: dict[str, Any] | None = None, **upstream: Any
+                  ) -> AsyncIterator[Tenants]:
     """acme's server speaks only the legacy era (it refuses 2026-07-28), globex's both: with
     era = auto, each resolved upstream's era is learned on its own."""
     acme_app, acme = build_app(stateless=False, json_response=False, name="acme-server",
@@ -99,7 +101,7 @@ async def tenants(**upstream: Any) -> AsyncIterator[Tenants]:
     first, second, port = _pair_of_sockets()
     db = db_backends.url()
     dns = Dns()
-    cfg = from_dict(_config(port, db, **upstream), env={})
+    cfg = from_dict({**_config(port, db, **upstream), **(extra or {})}, env={})
     app = create_app(cfg, resolver=dns)
     async with serve(acme_app, graceful_timeout=1, sock=first), \
             serve(globex_app, graceful_timeout=1, sock=second), \
@@ -353,3 +355,61 @@ async def test_per_user_on_a_per_caller_url_gets_each_person_a_token_for_their_o
     (record,) = [r for r in query(w.outer_db, limit=50)
                  if r["method"] == "tools/call" and r["status"] == "ok"]
     assert record["upstream"] == w.inner
+
+
+class Meter:
+    """The metering hook of the test below (`metering.hook` names METER): allows every call,
+    keeps each authorize request and usage event."""
+
+    def __init__(self) -> None:
+        self.authorized: list[dict[str, Any]] = []
+        self.recorded: list[dict[str, Any]] = []
+
+    async def authorize(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.authorized.append(request)
+        return {"allow": True}
+
+    async def record(self, event: dict[str, Any]) -> None:
+        self.recorded.append(event)
+
+
+METER = Meter()
+
+
+async def test_rate_limits_and_metering_count_each_caller_of_a_templated_endpoint() -> None:
+    """One rule and one hook on the endpoint, whichever server each caller resolves to: each
+    caller has their own bucket (a caller over the limit reaches no server, the other caller
+    still does), and each metered call's usage event names the endpoint, the caller and the
+    call id of its audit record."""
+    METER.authorized.clear()
+    METER.recorded.clear()
+    extra = {"rate_limits": [{"name": "per-caller", "key": "principal", "rate": "2/h"}],
+             "metering": {"hook": f"{__name__}:METER", "timeout_ms": 2000}}
+    async with tenants(extra=extra) as t, httpx.AsyncClient(timeout=DEADLINE_S) as http:
+        body, h = modern_request("tools/call", {"name": "echo", "arguments": {"text": "x"}})
+        for sub, tenant in (("alice", "acme"), ("bob", "globex")):
+            for _ in range(2):
+                answer = await call_modern(http, t.endpoint, bearer(sub, tenant=tenant), sub)
+                assert answer["result"]["content"][0]["text"] == sub
+            refused = await http.post(t.endpoint, content=body,
+                                      headers={**h, **bearer(sub, tenant=tenant)})
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"]["code"] == -32000
+        assert [c.arguments["text"] for c in t.acme.tool_calls("echo")] == ["alice"] * 2
+        assert [c.arguments["text"] for c in t.globex.tool_calls("echo")] == ["bob"] * 2
+        deadline = asyncio.get_running_loop().time() + DEADLINE_S
+        while len(METER.recorded) < 4 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)  # the outbox worker delivers them: poll to a deadline
+    assert sorted(r["principal"] for r in METER.authorized) == ["alice"] * 2 + ["bob"] * 2
+    assert {r["endpoint"] for r in METER.authorized} == {"workspace"}
+    assert sorted((e["principal"], e["endpoint"], e["status"]) for e in METER.recorded) == [
+        ("alice", "workspace", "ok")] * 2 + [("bob", "workspace", "ok")] * 2
+    for sub, host in (("alice", "acme"), ("bob", "globex")):
+        records = [r for r in _records(t.db, sub) if r["method"] == "tools/call"]
+        assert sorted(r["status"] for r in records) == ["denied", "ok", "ok"]
+        (denied,) = [r for r in records if r["status"] == "denied"]
+        assert denied["denied_reason"] == "rate_limit: per-caller"
+        ok = {r["call_id"] for r in records if r["status"] == "ok"}
+        assert ok == {e["call_id"] for e in METER.recorded if e["principal"] == sub}
+        # the origin the caller resolves to, named on the refusal too (not dialled: above)
+        assert {r["upstream"] for r in records} == {f"http://{host}.tenants.test:{t.port}"}
