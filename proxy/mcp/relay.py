@@ -179,7 +179,7 @@ class StreamRelay:
             out += self._inspect(events)
             if self._finished:
                 return out
-        pending = len(self._splitter.pending)
+        pending = self._splitter.pending_size
         limit = self._hold_limit if self._hold_limit is not None else self._view_limit
         if limit is None:
             if pending > HEAD_BYTES:

@@ -25,32 +25,52 @@ _BOUNDARY = re.compile(rb"(?:\r\n|\n|\r(?!\n))(?:\r\n|\n|\r)")
 
 
 class EventSplitter:
+    """Whole events out of chunks. The unfinished event's bytes grow in place and each chunk
+    is searched only from where a boundary could begin (a boundary is at most 4 bytes): an
+    event that arrives in many chunks costs its size once, not its size times its chunks."""
+
     __slots__ = ("_buf", "max_event_bytes")
 
     def __init__(self, max_event_bytes: int = 16 * 1024 * 1024) -> None:
-        self._buf = b""
+        self._buf = bytearray()
         self.max_event_bytes = max_event_bytes
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """Whole events (each with its terminating blank line) completed by `chunk`."""
-        buf = self._buf + chunk if self._buf else chunk
         events: list[bytes] = []
-        start = 0
-        for match in _BOUNDARY.finditer(buf):
-            events.append(buf[start:match.end()])
-            start = match.end()
-        self._buf = buf[start:]
+        if not self._buf:  # the common case: events cut from the chunk itself
+            start = 0
+            for match in _BOUNDARY.finditer(chunk):
+                events.append(chunk[start:match.end()])
+                start = match.end()
+            if start < len(chunk):
+                self._buf += memoryview(chunk)[start:]
+        else:
+            buf = self._buf
+            searched = max(0, len(buf) - 3)  # no boundary ends in what came before
+            buf += chunk
+            start = 0
+            for match in _BOUNDARY.finditer(buf, searched):
+                events.append(bytes(buf[start:match.end()]))
+                start = match.end()
+            if start:
+                del buf[:start]
         if len(self._buf) > self.max_event_bytes:
             raise ValueError("SSE event exceeds the size limit")
         return events
 
     @property
     def pending(self) -> bytes:
-        return self._buf
+        """A copy of the unfinished event's bytes so far (`pending_size` for its length)."""
+        return bytes(self._buf)
+
+    @property
+    def pending_size(self) -> int:
+        return len(self._buf)
 
     def take(self) -> bytes:
         """The unfinished event's bytes so far, handed to a `LargeEvent`."""
-        buf, self._buf = self._buf, b""
+        buf, self._buf = bytes(self._buf), bytearray()
         return buf
 
 

@@ -1,6 +1,8 @@
+import random
+
 import pytest
 
-from proxy.mcp.sse import EventSplitter, event_data, with_data
+from proxy.mcp.sse import _BOUNDARY, EventSplitter, event_data, with_data
 
 
 def test_whole_events_across_chunk_boundaries() -> None:
@@ -58,3 +60,42 @@ def test_a_bare_data_line_is_a_data_field_with_an_empty_value() -> None:
     event = b'data\ndata: {"a":1}\n\n'
     assert event_data(event) == b'\n{"a":1}'
     assert with_data(event, b'{"b":2}') == b'data: {"b":2}\n\n'
+
+
+class Reference:
+    """The plain splitter: every chunk joined to what is pending, the whole searched again."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        buf, events, start = self.pending + chunk, [], 0
+        for match in _BOUNDARY.finditer(buf):
+            events.append(buf[start:match.end()])
+            start = match.end()
+        self.pending = buf[start:]
+        return events
+
+
+def test_every_chunking_splits_as_the_plain_splitter_does() -> None:
+    """However the bytes are cut (one at a time, in large pieces while an event is pending),
+    the events and the bytes left are the plain splitter's, which searches everything pending
+    again on every chunk; this one searches only the new bytes and the 3 before them."""
+    rng = random.Random(21)
+    ends = [b"\n", b"\r\n", b"\r"]
+    blanks = [b"\n\n", b"\r\n\r\n", b"\r\r", b"\n\r\n", b"\r\n\n", b"\n\r"]
+    stream = b"".join(
+        b"id: %d%sdata: %s%s" % (i, rng.choice(ends), b"x" * rng.choice((0, 3, 20_000)),
+                                rng.choice(blanks))
+        for i in range(40)) + b"data: unfinished\r"
+    for trial in range(30):
+        splitter, reference, got, want, at = EventSplitter(), Reference(), [], [], 0
+        while at < len(stream):
+            size = rng.choice((1, 2, 3, 5, 64, 4096, 50_000))
+            got += splitter.feed(stream[at:at + size])
+            want += reference.feed(stream[at:at + size])
+            at += size
+        assert got == want and len(got) >= 40, trial
+        assert splitter.pending == reference.pending == b"data: unfinished\r"
+        assert splitter.pending_size == len(reference.pending)
+        assert splitter.take() == reference.pending and splitter.pending == b""
