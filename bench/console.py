@@ -57,13 +57,16 @@ def seed(url: str, audit: int, servers: int, keys: int) -> None:
             "expires_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
             [(f"k{i:09d}", f"key {i}", secrets.token_hex(32), f'["s{i % servers}"]', "",
               now - i, None, None) for i in range(keys)])
+    # a week of records, a tenth of them in the last day, in time order (ids rising with ts),
+    # as the gateway's writer appends them: a period is then a run of neighbouring rows
+    times = sorted(now - (rng.random() * 86400 if i % 10 == 0 else rng.random() * 7 * 86400)
+                   for i in range(audit))
     batch = 50_000
     for start in range(0, audit, batch):
         rows = []
         for i in range(start, min(audit, start + batch)):
             status = rng.choice(STATUSES)
-            # a week of records, newest last; a tenth of them in the last day
-            ts = now - (rng.random() * 86400 if i % 10 == 0 else rng.random() * 7 * 86400)
+            ts = times[i]
             rows.append((ts, str(i), f"user{i % 300}", f"s{i % servers}", "tools/call",
                          rng.choice(TOOLS), status,
                          "access: tool hidden" if status == "denied" else None,
