@@ -698,17 +698,18 @@ def usage(target: db.Target, *, since: float, until: float | None = None,
     union, union_args = rollup.union(
         rollup.plan(since, until, time.time()),
         "SELECT principal, endpoint, kind, tool, n, ok, denied, error, cancelled, bytes_in, "
-        f"bytes_out, duration_us FROM rollup_usage WHERE {{at}} AND kind > 0{where}", args,
+        "bytes_out, duration_us, {sign} AS sg FROM rollup_usage WHERE {at} AND kind > 0"
+        f"{where}", args,
         "SELECT principal, endpoint, CASE WHEN tool IS NULL THEN 2 ELSE 1 END AS kind, "
         f"coalesce(tool, '') AS tool, 1 AS n, {statuses}, bytes_in, bytes_out, "
-        f"CAST(round(duration_ms * 1000) AS {bigint}) AS duration_us FROM audit "
-        f"WHERE {{at}} AND method = 'tools/call'{where}", args)
-    sums = ", ".join(f"sum({c})" for c in (*rollup.STATUSES, "bytes_in", "bytes_out",
-                                            "duration_us"))
-    rows = _read(target, f"SELECT principal, endpoint, kind, tool, sum(n) AS calls, {sums} "
-                         f"FROM ({union}) AS u GROUP BY principal, endpoint, kind, tool "
-                         "ORDER BY calls DESC, principal, endpoint, kind, tool",
-                 tuple(union_args))
+        f"CAST(round(duration_ms * 1000) AS {bigint}) AS duration_us, {{sign}} AS sg FROM "
+        f"audit WHERE {{at}} AND method = 'tools/call'{where}", args)
+    sums = ", ".join(f"sum(sg * {c})" for c in (*rollup.STATUSES, "bytes_in", "bytes_out",
+                                                 "duration_us"))
+    rows = _read(target, f"SELECT principal, endpoint, kind, tool, sum(sg * n) AS calls, "
+                         f"{sums} FROM ({union}) AS u GROUP BY principal, endpoint, kind, tool "
+                         "HAVING sum(sg * n) > 0 ORDER BY calls DESC, principal, endpoint, "
+                         "kind, tool", tuple(union_args))
     out = []
     for row in rows or ():
         # PostgreSQL sums integers as numeric (Decimal here): every total is an int again

@@ -238,20 +238,30 @@ def backfill(conn: db.Connection, dialect: db.Dialect) -> None:
 
 # -- reading ---------------------------------------------------------------------------------
 
-Segment = tuple[int, float, float | None]  # (span, 0 for raw records; from; to, None: open)
+# (span, 0 for raw records; from; to, None: open; +1 to add, -1 to take away)
+Segment = tuple[int, float, float | None, int]
 
 
-def plan(since: float, until: float | None, now: float,
+def plan(since: float, until: float | None, now: float | None = None,
          spans: Sequence[int] = SPANS) -> list[Segment]:
     """[since, until) as whole buckets of the coarsest span that fits, the ragged ends in
     finer ones, and raw records for what no whole minute covers. An open end (`until` None)
-    is read from the raw records from the start of `now`'s minute on."""
+    is whole days from the first after `since` on. With `now` given, a period ending at or
+    after it is read as one ending on the next whole day, less what lies between its end and
+    that day's end (records from the future, next to none): today is one day bucket, not its
+    hours, minutes and seconds so far."""
+    if not spans:
+        return [(0, since, until, 1)]
+    top = spans[0]
     if until is None:
-        split = now - now % 60
-        if split <= since:
-            return [(0, since, None)]
-        return [*_plan(since, split, spans), (0, split, None)]
-    return _plan(since, until, spans) or [(0, since, until)]  # (empty: a range of nothing)
+        first = -(-since // top) * top
+        return [*_plan(since, first, spans[1:]), (top, first, None, 1)]
+    if now is not None and until >= now and until % top:
+        end = -(-until // top) * top
+        return [*_plan(since, end, spans),
+                *((span, lo, hi, -sign) for span, lo, hi, sign in _plan(max(since, until), end,
+                                                                        spans))]
+    return _plan(since, until, spans) or [(0, since, until, 1)]  # (empty: a range of nothing)
 
 
 def _plan(lo: float, hi: float, spans: Sequence[int]) -> list[Segment]:
@@ -262,8 +272,8 @@ def _plan(lo: float, hi: float, spans: Sequence[int]) -> list[Segment]:
         last = hi - hi % span
         if first < last:
             finer = spans[i + 1:]
-            return [*_plan(lo, first, finer), (span, first, last), *_plan(last, hi, finer)]
-    return [(0, lo, hi)]
+            return [*_plan(lo, first, finer), (span, first, last, 1), *_plan(last, hi, finer)]
+    return [(0, lo, hi, 1)]
 
 
 def union(segments: list[Segment], tier: str, tier_args: Sequence[Any], raw: str,
@@ -272,17 +282,21 @@ def union(segments: list[Segment], tier: str, tier_args: Sequence[Any], raw: str
     """The UNION ALL of `tier` (a SELECT of a rollup with `{at}` where its span and bucket
     range go) over each rollup segment and `raw` (one of the audit table, `{at}` for its ts
     range) over each raw one, and the arguments: each SELECT's `head` ones (of `?` before
-    `{at}`), the range's, then its `args` (of `?` after)."""
+    `{at}`), the range's, then its `args` (of `?` after). `{sign}` in a SELECT is its
+    segment's sign (1 or -1): a SELECT without one takes no segment away."""
     parts: list[str] = []
     args: list[Any] = []
-    for span, lo, hi in segments:
+    for span, lo, hi, sign in segments:
+        template = tier if span else raw
+        if sign < 0 and "{sign}" not in template:
+            raise ValueError("a segment to take away, and no {sign} to take it away with")
         if span:
-            parts.append(tier.format(at="span = ? AND bucket >= ? AND bucket < ?"))
-            args += [*tier_head, span, int(lo), int(hi or 0), *tier_args]
-        elif hi is None:
-            parts.append(raw.format(at="ts >= ?"))
-            args += [*raw_head, lo, *raw_args]
+            at = "span = ? AND bucket >= ?" + ("" if hi is None else " AND bucket < ?")
+            bounds: list[Any] = [span, int(lo)] if hi is None else [span, int(lo), int(hi)]
+            args += [*tier_head, *bounds, *tier_args]
         else:
-            parts.append(raw.format(at="ts >= ? AND ts < ?"))
-            args += [*raw_head, lo, hi, *raw_args]
+            at = "ts >= ?" + ("" if hi is None else " AND ts < ?")
+            bounds = [lo] if hi is None else [lo, hi]
+            args += [*raw_head, *bounds, *raw_args]
+        parts.append(template.format(at=at, sign=sign))
     return " UNION ALL ".join(parts), args

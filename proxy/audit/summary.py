@@ -63,8 +63,9 @@ def series(target: db.Target, *, since: float, until: float, bucket_s: int,
     tier = (f"SELECT (bucket - ?) / ? AS k, {', '.join(rollup.STATUSES)} FROM {table} "
             f"WHERE {{at}}{tier_where}")
     aligned = next((s for s in rollup.SPANS if since % s == 0 and bucket_s % s == 0), 0)
-    segments: list[rollup.Segment] = (rollup.plan(since, end, time.time(), [s for s in rollup.SPANS if s <= aligned])
-                if aligned else [(0, since, end)])
+    segments: list[rollup.Segment] = (
+        rollup.plan(since, end, spans=[s for s in rollup.SPANS if s <= aligned]) if aligned
+        else [(0, since, end, 1)])
     union, union_args = rollup.union(segments, tier, tier_args, raw, args,
                                      tier_head=[int(since), bucket_s],
                                      raw_head=[since, bucket_s])
@@ -97,6 +98,11 @@ _CLASSES = ", ".join(f"CASE WHEN c = {i} THEN 1 ELSE 0 END AS {h}"
                      for i, h in enumerate(rollup.HISTOGRAM))
 
 
+def _net(columns: tuple[str, ...]) -> str:
+    """The sums over a union of signed segments (each row's `sg`: 1, or -1 taken away)."""
+    return ", ".join(f"sum(sg * {c})" for c in columns)
+
+
 def summary(target: db.Target, *, since: float, until: float | None = None,
             top: int = 10) -> dict[str, Any]:
     """Per endpoint: calls, errors, denials and p95 (ms, a histogram bound); the `top` busiest
@@ -105,14 +111,14 @@ def summary(target: db.Target, *, since: float, until: float | None = None,
     segments = rollup.plan(since, until, time.time())
     mcp = [MANAGEMENT]
     union, args = rollup.union(
-        segments, f"SELECT endpoint, n, {', '.join(rollup.STATUSES)}, {_HISTOGRAM} "
-                  "FROM rollup_endpoints WHERE {at} AND endpoint <> ?", mcp,
-        f"SELECT endpoint, 1 AS n, {', '.join(rollup.STATUSES)}, {_CLASSES} FROM (SELECT "
-        f"endpoint, {_COUNTS}, {rollup.histogram_class('duration_ms')} AS c FROM audit "
-        "WHERE {at} AND endpoint <> ?) AS r", mcp)
-    rows = _read(target, f"SELECT endpoint, sum(n), {_SUMS}, "
-                         f"{', '.join(f'sum({h})' for h in rollup.HISTOGRAM)} "
-                         f"FROM ({union}) AS u GROUP BY endpoint", tuple(args)) or []
+        segments, f"SELECT endpoint, n, {', '.join(rollup.STATUSES)}, {_HISTOGRAM}, {{sign}} "
+                  "AS sg FROM rollup_endpoints WHERE {at} AND endpoint <> ?", mcp,
+        f"SELECT endpoint, 1 AS n, {', '.join(rollup.STATUSES)}, {_CLASSES}, {{sign}} AS sg "
+        f"FROM (SELECT endpoint, {_COUNTS}, {rollup.histogram_class('duration_ms')} AS c "
+        "FROM audit WHERE {at} AND endpoint <> ?) AS r", mcp)
+    rows = _read(target, f"SELECT endpoint, "
+                         f"{_net(('n', *rollup.STATUSES, *rollup.HISTOGRAM))} FROM ({union}) "
+                         "AS u GROUP BY endpoint HAVING sum(sg * n) > 0", tuple(args)) or []
     endpoints: list[dict[str, Any]] = []
     for endpoint, n, *counts in rows:
         e: dict[str, Any] = {"endpoint": endpoint, "calls": int(n)}
@@ -121,22 +127,23 @@ def summary(target: db.Target, *, since: float, until: float | None = None,
         e["p95_ms"] = _p95([int(h) for h in counts[len(rollup.STATUSES):]])
         endpoints.append(e)
     union, args = rollup.union(
-        segments, "SELECT endpoint, kind, tool, n FROM rollup_tools WHERE {at} AND "
-                  "endpoint <> ?", mcp,
-        "SELECT endpoint, CASE WHEN tool IS NULL THEN 2 ELSE 1 END AS kind, "
-        "coalesce(tool, '') AS tool, 1 AS n FROM audit WHERE {at} AND endpoint <> ? AND "
+        segments, "SELECT endpoint, kind, tool, n, {sign} AS sg FROM rollup_tools WHERE {at} "
+                  "AND endpoint <> ?", mcp,
+        "SELECT endpoint, CASE WHEN tool IS NULL THEN 2 ELSE 1 END AS kind, coalesce(tool, '') "
+        "AS tool, 1 AS n, {sign} AS sg FROM audit WHERE {at} AND endpoint <> ? AND "
         "method = 'tools/call'", mcp)
-    tools = _read(target, f"SELECT endpoint, kind, tool, sum(n) AS calls FROM ({union}) AS u "
-                          "GROUP BY endpoint, kind, tool ORDER BY calls DESC, endpoint, kind, "
-                          "tool LIMIT ?", (*args, top)) or []
+    tools = _read(target, "SELECT endpoint, kind, tool, sum(sg * n) AS calls FROM "
+                          f"({union}) AS u GROUP BY endpoint, kind, tool HAVING sum(sg * n) > 0 "
+                          "ORDER BY calls DESC, endpoint, kind, tool LIMIT ?",
+                  (*args, top)) or []
     union, args = rollup.union(
-        segments, "SELECT kind, reason, n FROM rollup_denials WHERE {at}", [],
+        segments, "SELECT kind, reason, n, {sign} AS sg FROM rollup_denials WHERE {at}", [],
         "SELECT CASE WHEN denied_reason IS NULL THEN 2 ELSE 1 END AS kind, "
-        "coalesce(denied_reason, '') AS reason, 1 AS n FROM audit WHERE {at} AND "
-        "endpoint <> ? AND status = 'denied'", mcp)
-    denials = _read(target, f"SELECT kind, reason, sum(n) AS calls FROM ({union}) AS u "
-                            "GROUP BY kind, reason ORDER BY calls DESC, reason, kind LIMIT ?",
-                    (*args, top)) or []
+        "coalesce(denied_reason, '') AS reason, 1 AS n, {sign} AS sg FROM audit WHERE {at} "
+        "AND endpoint <> ? AND status = 'denied'", mcp)
+    denials = _read(target, f"SELECT kind, reason, sum(sg * n) AS calls FROM ({union}) AS u "
+                            "GROUP BY kind, reason HAVING sum(sg * n) > 0 ORDER BY calls DESC, "
+                            "reason, kind LIMIT ?", (*args, top)) or []
     backlog = _read(target, "SELECT count(*) FROM usage_outbox WHERE delivered_at IS NULL",
                     ()) or [(0,)]
     return {"since": since, "until": until,

@@ -8,6 +8,7 @@ there."""
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,10 @@ DURATIONS = (0.0, 4.999, 5.0, 9.5, 10.0, 25.0, 49.9, 100.0, 250.0, 999.999, 1000
              5000.0, 10000.0, 29999.9, 30000.0, 61000.123)
 
 
-def records(n: int, seed: int, call_ids: str = "c") -> list[AuditRecord]:
-    """Traffic of every shape over three days around DAY: MCP endpoints and the management
-    API's, tools named, empty and missing, denials with and without a reason, durations on
-    the histogram's bounds, times on and off minute, hour and day bounds."""
+def records(n: int, seed: int, call_ids: str = "c", day: float = DAY) -> list[AuditRecord]:
+    """Traffic of every shape over three days around midnight `day`: MCP endpoints and the
+    management API's, tools named, empty and missing, denials with and without a reason,
+    durations on the histogram's bounds, times on and off minute, hour and day bounds."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -39,11 +40,11 @@ def records(n: int, seed: int, call_ids: str = "c") -> list[AuditRecord]:
         if endpoint == rollup.MANAGEMENT and rng.random() < 0.8:
             method = "PATCH /api/v1/servers/x"
         status = rng.choice(STATUSES)
-        ts = rng.choice((DAY - 1.5 * 86400 + rng.random() * 3 * 86400,
-                         DAY + rng.randrange(-36, 36) * 3600.0,  # on an hour
-                         DAY + rng.randrange(-2000, 2000) * 60.0,  # on a minute
-                         DAY + rng.randrange(-90, 90) * 60.0 - 1e-6,  # just before one
-                         DAY + rng.random() * 7200))
+        ts = rng.choice((day - 1.5 * 86400 + rng.random() * 3 * 86400,
+                         day + rng.randrange(-36, 36) * 3600.0,  # on an hour
+                         day + rng.randrange(-2000, 2000) * 60.0,  # on a minute
+                         day + rng.randrange(-90, 90) * 60.0 - 1e-6,  # just before one
+                         day + rng.random() * 7200))
         out.append(AuditRecord(
             endpoint=endpoint, method=method, request_id=f"{seed}-{i}",
             principal=rng.choice(("p0", "p1", "p2", "")),
@@ -177,15 +178,28 @@ FILTERS: list[dict[str, str]] = [{}, {"endpoint": "e2"}, {"principal": "p1"},
                                  {"endpoint": "nowhere"}]
 
 
+def near_now() -> tuple[list[tuple[float, float | None]], list[tuple[float, float, int]]]:
+    """Periods ending now or later (the console's: since a minute bound an hour, a day, a
+    week ago, to the end of this minute or open), read as whole days less the future."""
+    now = time.time()
+    end = now - now % 60 + 60
+    return ([(end - 3600, None), (end - 86400, None), (end - 7 * 86400, None),
+             (now - 86400 + 0.25, None), (now - 3600, now + 1.5), (end - 86400, end),
+             (now - 2 * 86400, now + 5 * 3600 + 0.5), (now + 10, now + 7200)],
+            [(end - 3600, end, 60), (end - 86400, end, 1440), (end - 7 * 86400, end, 10080),
+             (end - 3600, now + 1, 60)])
+
+
 def assert_rollups_answer_as_the_records(database: Database) -> None:
-    for since, until_ in PERIODS:
+    periods, series = near_now()
+    for since, until_ in [*PERIODS, *periods]:
         for top in (3, 100):
             assert aggregates.summary(database, since=since, until=until_, top=top) == \
                 raw_summary(database, since=since, until=until_, top=top), (since, until_, top)
         for filters in FILTERS:
             assert usage(database, since=since, until=until_, **filters) == raw_usage(
                 database, since=since, until=until_, **filters), (since, until_, filters)
-    for since, until_, bucket_s in SERIES:
+    for since, until_, bucket_s in [*SERIES, *series]:
         for filters in FILTERS:
             assert aggregates.series(database, since=since, until=until_, bucket_s=bucket_s,
                                      **filters) == raw_series(
@@ -238,7 +252,8 @@ async def test_the_rollups_answer_as_the_raw_records_do(database: Database,
     fallback = tmp_path / "fallback.jsonl"
     sink = DatabaseAuditSink(database, batch_size=37, retry_backoff_s=0.001,
                              fallback_path=str(fallback))
-    for r in records(1500, seed=1):
+    today = time.time() // 86400 * 86400  # and around today's midnight: some from the future
+    for r in [*records(1000, seed=1), *records(500, seed=9, day=today)]:
         sink.emit(r)
     # a batch of twenty whose COMMIT lands but whose answer is lost: tried again, the records
     # already in (with a call id and without) are neither inserted nor counted again
