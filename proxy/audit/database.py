@@ -118,7 +118,7 @@ class DatabaseAuditSink:
         self._sql_outbox = self._db.insert_ignore("usage_outbox", _OUTBOX_COLUMNS)
         self._many_insert_new = _multi_row("audit", _COLUMNS, ignore=False)
         self._many_outbox = _multi_row("usage_outbox", _OUTBOX_COLUMNS)
-        self._rollups = rollup.statements(self._db.dialect)
+        self._rollups = rollup.Writer(self._db.dialect)
         self._conn: db.Connection | None = connect(self._db)
         self._checkpoints: _Checkpointer | None = None
         if self._db.dialect == "sqlite" and not self._db.memory:
@@ -335,14 +335,14 @@ class DatabaseAuditSink:
                     cur.executemany(self._sql_insert_new, rows)
                 if usage:
                     cur.executemany(self._sql_outbox, usage)
-                rollup.add(cur, self._rollups, rows)
+                self._rollups.add(cur, rows)
                 raw.commit()
             return bool(usage)
         cur = conn.cursor()
         try:
             _insert_rows(cur, self._many_insert_new, rows)
             _insert_rows(cur, self._many_outbox, usage)
-            rollup.add(cur, self._rollups, rows)
+            self._rollups.add(cur, rows)
         finally:
             cur.close()
         conn.commit()
@@ -366,7 +366,7 @@ class DatabaseAuditSink:
                      for record, row in landed if row[15]]
             for event in usage:
                 cur.execute(self._sql_outbox, event)
-            rollup.add(cur, self._rollups, rows)
+            self._rollups.add(cur, rows)
         finally:
             cur.close()
         conn.commit()

@@ -54,13 +54,13 @@ SOURCE = ("m", "principal", "endpoint", "kind", "tool", "status", "cls", "rkind"
           "n", "bytes_in", "bytes_out", "us")
 _TEXT = frozenset({"principal", "endpoint", "tool", "status", "reason"})
 
-_STATUS_SUMS = tuple((s, f"sum(CASE WHEN v.status = '{s}' THEN v.n ELSE 0 END)")
-                     for s in STATUSES)
+_STATUS_COUNTS = tuple((s, f"CASE WHEN v.status = '{s}' THEN v.n ELSE 0 END")
+                       for s in STATUSES)
 
 
 class Table:
     """One rollup table: its key beyond (span, bucket), its values, and the projection of
-    the folded rows onto them."""
+    a folded row onto them (each value what one folded row adds)."""
 
     def __init__(self, name: str, keys: Sequence[tuple[str, str]],
                  values: Sequence[tuple[str, str]], where: str = "1 = 1") -> None:
@@ -83,20 +83,24 @@ class Table:
                       f"PRIMARY KEY ({', '.join(('span', 'bucket', *self.keys))})){rowid}",
                       dialect)
 
-    def _upsert(self, select: str, group: str) -> str:
+    def _upsert(self, select: str, group: str | None) -> str:
         updates = ", ".join(f"{v} = {self.name}.{v} + excluded.{v}" for v in self.values)
         return (f"INSERT INTO {self.name} ({', '.join(self.columns())}) {select} "
-                f"GROUP BY {group} ON CONFLICT ({', '.join(('span', 'bucket', *self.keys))}) "
-                f"DO UPDATE SET {updates}")
+                f"{f'GROUP BY {group} ' if group else ''}ON CONFLICT "
+                f"({', '.join(('span', 'bucket', *self.keys))}) DO UPDATE SET {updates}")
 
-    def fold(self, source: str, spans: str) -> str:
+    def fold(self, source: str, spans: str, grouped: bool = True) -> str:
         """INSERT the folded rows of `source` (a subquery named v with the SOURCE columns, per
         minute `m`) into every span of `spans` (a subquery named s with one column, span),
-        adding to the counts there."""
-        exprs = ", ".join((*self.key_exprs, *self.value_exprs))
+        adding to the counts there. Not `grouped`, each row is an upsert of its own, adding
+        to what an earlier row of the statement inserted (SQLite's way; PostgreSQL refuses
+        to touch a row twice in one statement)."""
+        values = self.value_exprs if not grouped else (f"sum({e})" for e in self.value_exprs)
+        exprs = ", ".join((*self.key_exprs, *values))
         select = (f"SELECT s.span, v.m - ((v.m % s.span) + s.span) % s.span, {exprs} "
                   f"FROM {source} CROSS JOIN {spans} WHERE {self.where}")
-        return self._upsert(select, ", ".join(str(i) for i in range(1, len(self.keys) + 3)))
+        return self._upsert(select, ", ".join(str(i) for i in range(1, len(self.keys) + 3))
+                            if grouped else None)
 
     def coarser(self, span: int, finer: int) -> str:
         """INSERT the rows of span `finer` summed into span `span` (the backfill's way)."""
@@ -106,20 +110,20 @@ class Table:
         return self._upsert(select, ", ".join((bucket, *self.keys)))
 
 
-_COUNTS = (("n", "sum(v.n)"), *_STATUS_SUMS)
+_COUNTS = (("n", "v.n"), *_STATUS_COUNTS)
 TABLES = (
     Table("rollup_calls", (), _COUNTS, where=f"v.endpoint <> '{MANAGEMENT}'"),
     Table("rollup_endpoints", (("endpoint", "v.endpoint"),),
-          (*_COUNTS, *((h, f"sum(CASE WHEN v.cls = {i} THEN v.n ELSE 0 END)")
+          (*_COUNTS, *((h, f"CASE WHEN v.cls = {i} THEN v.n ELSE 0 END")
                        for i, h in enumerate(HISTOGRAM)))),
     Table("rollup_tools", (("endpoint", "v.endpoint"), ("kind", "v.kind"), ("tool", "v.tool")),
-          (("n", "sum(v.n)"),), where="v.kind > 0"),
+          (("n", "v.n"),), where="v.kind > 0"),
     Table("rollup_denials", (("kind", "v.rkind"), ("reason", "v.reason")),
-          (("n", "sum(v.n)"),), where=f"v.rkind > 0 AND v.endpoint <> '{MANAGEMENT}'"),
+          (("n", "v.n"),), where=f"v.rkind > 0 AND v.endpoint <> '{MANAGEMENT}'"),
     Table("rollup_usage", (("principal", "v.principal"), ("endpoint", "v.endpoint"),
                            ("kind", "v.kind"), ("tool", "v.tool")),
-          (*_COUNTS, ("bytes_in", "sum(v.bytes_in)"), ("bytes_out", "sum(v.bytes_out)"),
-           ("duration_us", "sum(v.us)"))),
+          (*_COUNTS, ("bytes_in", "v.bytes_in"), ("bytes_out", "v.bytes_out"),
+           ("duration_us", "v.us"))),
 )
 _ALL_SPANS = " UNION ALL ".join(f"SELECT {s} AS span" for s in reversed(SPANS))
 SPANS_SQL = f"({_ALL_SPANS}) AS s"
@@ -153,23 +157,51 @@ def audit_source(dialect: db.Dialect) -> str:
             "FROM audit) AS v")
 
 
-def _json_source(dialect: db.Dialect) -> str:
-    """The writer's folded rows, one JSON array of arrays (one `?`), as a subquery."""
-    if dialect == "sqlite":
-        cols = ", ".join(f"json_extract(j.value, '$[{i}]') AS {c}" for i, c in enumerate(SOURCE))
-        return f"(SELECT {cols} FROM json_each(?) AS j) AS v"
-    cols = ", ".join(f"(j.value ->> {i}){'' if c in _TEXT else '::bigint'} AS {c}"
-                     for i, c in enumerate(SOURCE))
-    return f"(SELECT {cols} FROM jsonb_array_elements(CAST(? AS jsonb)) AS j(value)) AS v"
+class Writer:
+    """The audit writer's statements on one dialect, each given the batch's folded rows as
+    one JSON parameter. PostgreSQL: one statement, the rows parsed once (a WITH) and one
+    INSERT ... ON CONFLICT DO UPDATE a rollup in it. SQLite (no INSERT in a WITH): the rows
+    into a temporary table of the writer's connection, which each rollup's upsert reads, a
+    row at a time (SQLite adds a row of the statement to one an earlier row inserted, where
+    PostgreSQL refuses to touch a row twice and groups them first)."""
 
+    TEMP = "rollup_batch"
 
-def statements(dialect: db.Dialect) -> tuple[tuple[str, int], ...]:
-    """The writer's upserts: (statement, which folded rows it needs: 0 all, 1 tools/call
-    ones, 2 denied ones), each with one parameter, the folded rows as JSON."""
-    source = _json_source(dialect)
-    need = {"rollup_tools": 1, "rollup_denials": 2}
-    return tuple((db.sql(t.fold(source, SPANS_SQL), dialect), need.get(t.name, 0))
-                 for t in TABLES)
+    def __init__(self, dialect: db.Dialect) -> None:
+        self.dialect = dialect
+        if dialect == "postgresql":
+            cols = ", ".join(f"(j.value ->> {i}){'' if c in _TEXT else '::bigint'} AS {c}"
+                             for i, c in enumerate(SOURCE))
+            upserts = ", ".join(f"u{i} AS ({t.fold('v', SPANS_SQL)})"
+                                for i, t in enumerate(TABLES))
+            self.statement = db.sql(f"WITH v AS (SELECT {cols} FROM jsonb_array_elements("
+                                    f"CAST(? AS jsonb)) AS j(value)), {upserts} SELECT 1",
+                                    dialect)
+            return
+        columns = ", ".join(f"{c} {'TEXT' if c in _TEXT else 'INTEGER'}" for c in SOURCE)
+        self.create = f"CREATE TEMP TABLE IF NOT EXISTS {self.TEMP} ({columns})"
+        cols = ", ".join(f"json_extract(j.value, '$[{i}]')" for i in range(len(SOURCE)))
+        self.load = (f"INSERT INTO {self.TEMP} ({', '.join(SOURCE)}) SELECT {cols} "
+                     "FROM json_each(?) AS j")
+        need = {"rollup_tools": 1, "rollup_denials": 2}  # 0: every batch; 1, 2: see `add`
+        self.upserts = tuple((t.fold(f"{self.TEMP} AS v", SPANS_SQL, grouped=False),
+                              need.get(t.name, 0)) for t in TABLES)
+        self.clear = f"DELETE FROM {self.TEMP}"
+
+    def add(self, cur: db.Cursor, rows: list[tuple[Any, ...]]) -> None:
+        """Add a batch's rows to every rollup (inside the batch's transaction)."""
+        if not rows:
+            return
+        folded, calls, denials = fold(rows)
+        if self.dialect == "postgresql":
+            cur.execute(self.statement, (folded.decode(),))
+            return
+        cur.execute(self.create)  # (kept for the connection's life; cheap when there)
+        cur.execute(self.load, (folded.decode(),))
+        for statement, need in self.upserts:
+            if need == 0 or (need == 1 and calls) or (need == 2 and denials):
+                cur.execute(statement)
+        cur.execute(self.clear)
 
 
 def fold(rows: list[tuple[Any, ...]]) -> tuple[bytes, bool, bool]:
@@ -204,18 +236,6 @@ def fold(rows: list[tuple[Any, ...]]) -> tuple[bytes, bool, bool]:
             found[2] += row[11]
             found[3] += us
     return orjson.dumps([(*k, *v) for k, v in acc.items()]), calls, denials
-
-
-def add(cur: db.Cursor, upserts: tuple[tuple[str, int], ...], rows: list[tuple[Any, ...]]
-        ) -> None:
-    """Add a batch's rows to every rollup (inside the batch's transaction)."""
-    if not rows:
-        return
-    folded, calls, denials = fold(rows)
-    text = folded.decode()
-    for statement, need in upserts:
-        if need == 0 or (need == 1 and calls) or (need == 2 and denials):
-            cur.execute(statement, (text,))
 
 
 def backfill_statements(dialect: db.Dialect) -> list[str]:
