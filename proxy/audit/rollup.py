@@ -84,9 +84,13 @@ class Table:
                       dialect)
 
     def _upsert(self, select: str, group: str | None) -> str:
+        """INSERT ... `select` ... ON CONFLICT DO UPDATE, adding. Grouped rows go in key
+        order: PostgreSQL's heap then holds a span's buckets together (the backfill's rows
+        would otherwise lie in hash order, a page read a row for a range of them), and two
+        writers lock the rows they share in one order (no deadlock between replicas)."""
         updates = ", ".join(f"{v} = {self.name}.{v} + excluded.{v}" for v in self.values)
         return (f"INSERT INTO {self.name} ({', '.join(self.columns())}) {select} "
-                f"{f'GROUP BY {group} ' if group else ''}ON CONFLICT "
+                f"{f'GROUP BY {group} ORDER BY {group} ' if group else ''}ON CONFLICT "
                 f"({', '.join(('span', 'bucket', *self.keys))}) DO UPDATE SET {updates}")
 
     def fold(self, source: str, spans: str, grouped: bool = True) -> str:
@@ -258,6 +262,22 @@ def backfill(conn: db.Connection, dialect: db.Dialect) -> None:
     writer into empty rollups (bench/console.py's seed). The caller commits."""
     for statement in backfill_statements(dialect):
         conn.execute(statement)
+
+
+def rebuild(database: db.Database) -> None:
+    """Empty the rollups and fill them again from the audit records as they stand
+    (`tollhouse db rollups`): after records went in or out of the audit table other than
+    through the writer (an import, a deletion, a release without rollups still writing during
+    a rolling upgrade). One transaction; the audit writers wait for it (on PostgreSQL a SHARE
+    lock on the audit table; on SQLite the write lock), so none of their records is counted
+    twice or left out."""
+    with database.transaction() as conn:
+        if database.postgresql:
+            conn.execute("SET LOCAL lock_timeout = 0")  # (behind the writers' commits)
+            conn.execute("LOCK TABLE audit IN SHARE MODE")
+        for table in TABLES:
+            conn.execute(f"DELETE FROM {table.name}")
+        backfill(conn, database.dialect)
 
 
 # -- reading ---------------------------------------------------------------------------------
