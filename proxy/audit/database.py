@@ -114,6 +114,7 @@ class DatabaseAuditSink:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._sql_insert = self._db.sql(_INSERT)
         self._sql_insert_new = self._db.sql(_INSERT_NEW)
+        self._sql_insert_returning = self._db.sql(f"{_INSERT} RETURNING 1")
         self._sql_exists = self._db.sql(_EXISTS)
         self._sql_outbox = self._db.insert_ignore("usage_outbox", _OUTBOX_COLUMNS)
         self._many_insert_new = _multi_row("audit", _COLUMNS, ignore=False)
@@ -322,8 +323,8 @@ class DatabaseAuditSink:
                 ) -> bool:
         """A batch's first try, one transaction: its rows (any of them there already fails
         it), usage events and rollup counts, each statement prepared once and run for every
-        row (SQLite steps it in C; psycopg pipelines the rows, the rollups' five upserts and
-        the COMMIT into one round trip). Whether it held usage events."""
+        row (SQLite steps it in C; psycopg pipelines the rows, the rollups' statement and the
+        COMMIT into one round trip). Whether it held usage events."""
         rows = [row for _, row in pairs]
         usage = [(row[15], _event(record), record.ts, record.ts)
                  for record, row in pairs if row[15]]
@@ -357,10 +358,17 @@ class DatabaseAuditSink:
         cur = conn.cursor()
         try:
             landed = []
-            for record, row in pairs:
-                cur.execute(self._sql_insert, row)
-                if cur.rowcount == 1:
-                    landed.append((record, row))
+            if self._db.postgresql and pairs:  # each row's answer, in one round trip
+                raw: Any = cur
+                raw.executemany(self._sql_insert_returning, [row for _, row in pairs],
+                                returning=True)
+                landed = [pair for pair, _ in zip(pairs, raw.results(), strict=True)
+                          if raw.fetchone() is not None]
+            else:
+                for record, row in pairs:
+                    cur.execute(self._sql_insert, row)
+                    if cur.rowcount == 1:
+                        landed.append((record, row))
             rows = [row for _, row in landed]
             usage = [(row[15], _event(record), record.ts, record.ts)
                      for record, row in landed if row[15]]

@@ -20,15 +20,17 @@ Unix time its span starts at, a multiple of the span) and by what its query grou
 a reason, 1 a reason, 2 none (NULL; reason '').
 
 A period is read exactly (`plan`): whole days, whole hours at the ends, whole minutes at
-theirs, and the raw records only for the parts of a minute at either edge; a series reads
-the rollup when its buckets start on minutes (`since` and `bucket_s` multiples of 60), else
-its raw records.
+theirs, and the raw records only for the parts of a minute at either edge; one that ends now
+or later takes today's day bucket whole and takes away what lies after its end (signed rows,
+`union`). A series reads the rollup when its buckets start on minutes (`since` and
+`bucket_s` multiples of 60), else its raw records.
 
-The writer folds a batch in Python first, one tuple key and a few integer adds a record, and
-sends the folded rows (JSON, one parameter) to one INSERT ... SELECT ... ON CONFLICT DO UPDATE
-a table, which spreads them over the three spans; a batch costs five statements, whatever its
-size. The migration fills the tables from the records already there with the same projection
-(`backfill`).
+The writer folds a batch in Python first, one tuple key and four integer adds a record
+(`fold`), and sends the folded rows as one JSON parameter to an INSERT ... SELECT ... ON
+CONFLICT DO UPDATE a table, which spreads them over the three spans (`Writer`): a handful of
+statements a batch, whatever its size, in the batch's transaction; a retried or replayed
+batch adds only the records that went in (`proxy.audit.database`). The migration fills the
+tables from the records already there with the same projections (`backfill`).
 """
 
 from __future__ import annotations
@@ -230,7 +232,10 @@ def fold(rows: list[tuple[Any, ...]]) -> tuple[bytes, bool, bool]:
             reason, rkind = "", 0
         key = (int(ts - ts % 60), row[2], row[3], kind, tool or "", status,
                bisect_right(BOUNDS_MS, ms), rkind, reason or "")
-        us = round(ms * 1000)
+        try:
+            us = round(ms * 1000)
+        except (ValueError, OverflowError):  # a NaN or infinite duration (PostgreSQL keeps one)
+            us = 0
         found = acc.get(key)
         if found is None:
             acc[key] = [1, row[10], row[11], us]
