@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     database_sub = database.add_subparsers(dest="db_command", required=True)
     upgrade = database_sub.add_parser("upgrade", help="apply pending schema migrations")
     _config_arg(upgrade)
+    rollups = database_sub.add_parser(
+        "rollups", help="rebuild the audit rollups (what the usage aggregates read) from the "
+                        "audit records, after records were added or removed by other means")
+    _config_arg(rollups)
 
     users = sub.add_parser("users", help="local user accounts")
     users_sub = users.add_subparsers(dest="users_command", required=True)
@@ -376,6 +381,19 @@ def _db(args: argparse.Namespace) -> int:
     from proxy import migrations
 
     cfg, _ = _load(args)
+    if args.db_command == "rollups":
+        from proxy.audit import rollup
+        from proxy.db import Database
+
+        with Database(cfg.database.url) as database:
+            began = time.monotonic()
+            try:
+                rollup.rebuild(database)
+            except database.errors as exc:
+                print(f"tollhouse: db rollups: {database!r}: {exc}", file=sys.stderr)
+                return 1
+        print(f"audit rollups rebuilt in {time.monotonic() - began:.1f} s")
+        return 0
     return migrations.command(cfg.database.url)
 
 

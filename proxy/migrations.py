@@ -91,6 +91,17 @@ def _change_counter(table: str, each: Literal["ROW", "STATEMENT"]) -> tuple[Step
     )
 
 
+def _rollups() -> tuple[Step, ...]:
+    """Migration 20: the rollup tables and their backfill, for each dialect."""
+    from proxy.audit import rollup
+
+    steps: list[Step] = []
+    for dialect in ("sqlite", "postgresql"):
+        steps += [Only(dialect, table.ddl(dialect)) for table in rollup.TABLES]
+        steps += [Only(dialect, text) for text in rollup.backfill_statements(dialect)]
+    return tuple(steps)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "audit log", (
         Sql("""CREATE TABLE IF NOT EXISTS audit (
@@ -317,6 +328,13 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(19, "audit: an index for filters on an endpoint", (
         Sql("CREATE INDEX IF NOT EXISTS audit_endpoint_ts_id ON audit (endpoint, ts, id)"),
     )),
+    # The aggregates (/api/v1/usage, /usage/series, /usage/summary) grouped every raw record
+    # of their period (a week of a million: tens of seconds). The audit writer now keeps
+    # per-minute, hour and day counts (proxy.audit.rollup) in the transaction of each batch;
+    # these are their tables, filled here from the records already there (one pass over the
+    # audit table per rollup, then each coarser span from the finer). The statements come
+    # from proxy.audit.rollup: a later change to those tables is a new migration there.
+    Migration(20, "audit rollups per minute, hour and day", _rollups()),
 )
 
 LATEST = MIGRATIONS[-1].version

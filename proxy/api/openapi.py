@@ -291,8 +291,7 @@ def _console() -> dict[str, Any]:
               "properties": {"items": {"type": "array", "items": {
                   "type": "object", "properties": {"start": {"type": "number"}, **counts}}},
                   "since": {"type": "number"}, "until": {"type": "number"},
-                  "offset": {"type": "integer", "minimum": 0, "default": 0},
-    "bucket_s": {"type": "integer"}}}
+                  "bucket_s": {"type": "integer"}}}
     endpoint = {"type": "object", "properties": {
         "endpoint": {"type": "string"}, "calls": {"type": "integer"}, **counts,
         "error_rate": {"type": "number"},

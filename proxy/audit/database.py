@@ -34,6 +34,7 @@ import orjson
 
 from proxy import db
 from proxy.audit import journal as journals
+from proxy.audit import rollup
 from proxy.audit.record import AuditRecord
 
 log = logging.getLogger("tollhouse.audit")
@@ -44,9 +45,13 @@ _COLUMNS = ("ts", "request_id", "principal", "endpoint", "method", "tool", "stat
 
 _OUTBOX_COLUMNS = ("call_id", "event", "created_at", "next_attempt_at")
 # a call id is the record's idempotency key (a unique index): a retried batch, or a replayed
-# fallback line, whose first try did land adds nothing
-_INSERT = (f"INSERT INTO audit ({', '.join(_COLUMNS)}) "
-           f"VALUES ({', '.join('?' for _ in _COLUMNS)}) ON CONFLICT DO NOTHING")
+# fallback line, whose first try did land adds nothing. A batch's first try inserts without
+# that clause: the rollups (proxy.audit.rollup) count every row it sends, so a row already
+# there must fail the batch (which is then written row by row, counting what lands) rather
+# than be passed over silently
+_INSERT_NEW = (f"INSERT INTO audit ({', '.join(_COLUMNS)}) "
+               f"VALUES ({', '.join('?' for _ in _COLUMNS)})")
+_INSERT = f"{_INSERT_NEW} ON CONFLICT DO NOTHING"
 # a record without a call id has no key of its own: before a retry or a replay writes it, is
 # it there already? (ts has microseconds: with endpoint, principal and request id, one record)
 # SQLite: a batch goes in as a few multi-row INSERTs (VALUES (...), (...), ...) of these many
@@ -108,10 +113,13 @@ class DatabaseAuditSink:
         self._tries = tries
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._sql_insert = self._db.sql(_INSERT)
+        self._sql_insert_new = self._db.sql(_INSERT_NEW)
+        self._sql_insert_returning = self._db.sql(f"{_INSERT} RETURNING 1")
         self._sql_exists = self._db.sql(_EXISTS)
         self._sql_outbox = self._db.insert_ignore("usage_outbox", _OUTBOX_COLUMNS)
-        self._many_insert = _multi_row("audit", _COLUMNS)
+        self._many_insert_new = _multi_row("audit", _COLUMNS, ignore=False)
         self._many_outbox = _multi_row("usage_outbox", _OUTBOX_COLUMNS)
+        self._rollups = rollup.Writer(self._db.dialect)
         self._conn: db.Connection | None = connect(self._db)
         self._checkpoints: _Checkpointer | None = None
         if self._db.dialect == "sqlite" and not self._db.memory:
@@ -269,29 +277,34 @@ class DatabaseAuditSink:
 
     def _attempt(self, batch: list[AuditRecord], tries: int, replay: bool = False
                  ) -> Exception | None:
-        """Write the batch (its audit rows and usage events in one transaction), retrying a
-        database error with backoff; None when written, else the last failure. A retry (and
-        a replay) leaves out what is there already: a commit whose answer was lost may have
-        landed."""
+        """Write the batch (its audit rows, usage events and rollup counts in one
+        transaction), retrying a database error with backoff; None when written, else the
+        last failure. A retry (and a replay) leaves out what is there already: a commit whose
+        answer was lost may have landed."""
         failure: Exception | None = None
         try:
             pairs = [(r, _row(r)) for r in batch]
         except Exception as exc:  # noqa: BLE001 - a value no driver could send either
             return exc
         for attempt in range(tries):
+            exact = bool(attempt or replay)
             try:
                 if self._conn is None:  # the last one was lost (a database restart, say)
                     self._conn = connect(self._db)
-                todo = self._missing(self._conn, pairs) if attempt or replay else pairs
-                rows = [row for _, row in todo]
-                usage = [(row[15], _event(record), record.ts, record.ts)
-                         for record, row in todo if row[15]]
-                self._commit(self._conn, rows, usage)
+                if exact:
+                    usage = self._commit_exact(self._conn, self._missing(self._conn, pairs))
+                else:
+                    usage = self._commit(self._conn, pairs)
             except Exception as exc:  # noqa: BLE001 - a database error, or a value no driver sends
                 failure = exc
+                self._reset()
+                if not exact and isinstance(exc, self._db.integrity_errors):
+                    # a row there already (its call id): at once, row by row
+                    log.info("audit: a batch holds a record written before: writing it row "
+                             "by row (%s)", exc)
+                    continue
                 log.warning("audit write failed (attempt %d): %s", attempt + 1,
                             type(exc).__name__ if not isinstance(exc, self._db.errors) else exc)
-                self._reset()
                 if not isinstance(exc, self._db.errors):
                     return failure  # the same rows would fail the same way
                 if attempt + 1 < tries:
@@ -306,27 +319,66 @@ class DatabaseAuditSink:
             return None
         return failure
 
-    def _commit(self, conn: db.Connection, rows: list[tuple[Any, ...]],
-                usage: list[tuple[Any, ...]]) -> None:
-        """One transaction: each statement prepared once and run for every row (SQLite steps
-        it in C; psycopg pipelines the rows and the COMMIT into one round trip)."""
+    def _commit(self, conn: db.Connection, pairs: list[tuple[AuditRecord, tuple[Any, ...]]]
+                ) -> bool:
+        """A batch's first try, one transaction: its rows (any of them there already fails
+        it), usage events and rollup counts, each statement prepared once and run for every
+        row (SQLite steps it in C; psycopg pipelines the rows, the rollups' statement and the
+        COMMIT into one round trip). Whether it held usage events."""
+        rows = [row for _, row in pairs]
+        usage = [(row[15], _event(record), record.ts, record.ts)
+                 for record, row in pairs if row[15]]
         if self._db.postgresql:
             raw: Any = conn
             with raw.pipeline():
                 cur = raw.cursor()
                 if rows:
-                    cur.executemany(self._sql_insert, rows)
+                    cur.executemany(self._sql_insert_new, rows)
                 if usage:
                     cur.executemany(self._sql_outbox, usage)
+                self._rollups.add(cur, rows)
                 raw.commit()
-            return
+            return bool(usage)
         cur = conn.cursor()
         try:
-            _insert_rows(cur, self._many_insert, rows)
+            _insert_rows(cur, self._many_insert_new, rows)
             _insert_rows(cur, self._many_outbox, usage)
+            self._rollups.add(cur, rows)
         finally:
             cur.close()
         conn.commit()
+        return bool(usage)
+
+    def _commit_exact(self, conn: db.Connection,
+                      pairs: list[tuple[AuditRecord, tuple[Any, ...]]]) -> bool:
+        """A retry's or a replay's transaction: each row on its own (one already there, by its
+        call id, inserts nothing), then the usage events and rollup counts of the rows that
+        did go in: a record is counted once however often its batch is tried. Whether it held
+        usage events."""
+        cur = conn.cursor()
+        try:
+            landed = []
+            if self._db.postgresql and pairs:  # each row's answer, in one round trip
+                raw: Any = cur
+                raw.executemany(self._sql_insert_returning, [row for _, row in pairs],
+                                returning=True)
+                landed = [pair for pair, _ in zip(pairs, raw.results(), strict=True)
+                          if raw.fetchone() is not None]
+            else:
+                for record, row in pairs:
+                    cur.execute(self._sql_insert, row)
+                    if cur.rowcount == 1:
+                        landed.append((record, row))
+            rows = [row for _, row in landed]
+            usage = [(row[15], _event(record), record.ts, record.ts)
+                     for record, row in landed if row[15]]
+            for event in usage:
+                cur.execute(self._sql_outbox, event)
+            self._rollups.add(cur, rows)
+        finally:
+            cur.close()
+        conn.commit()
+        return bool(usage)
 
     def _missing(self, conn: db.Connection, pairs: list[tuple[AuditRecord, tuple[Any, ...]]]
                  ) -> list[tuple[AuditRecord, tuple[Any, ...]]]:
@@ -471,12 +523,12 @@ _NOTHING: set[int] = set()
 _FIELDS = frozenset(AuditRecord.__dataclass_fields__) - {"accepted"}
 
 
-def _multi_row(table: str, columns: tuple[str, ...]) -> dict[int, str]:
+def _multi_row(table: str, columns: tuple[str, ...], ignore: bool = True) -> dict[int, str]:
     """The INSERT of each of `_CHUNKS`' row counts (SQLite's `?` placeholders), each doing
-    nothing for a row that collides with a unique key."""
+    nothing for a row that collides with a unique key (unless not `ignore`: then it fails)."""
     row = f"({', '.join('?' for _ in columns)})"
     return {n: f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
-               f"{', '.join([row] * n)} ON CONFLICT DO NOTHING"
+               f"{', '.join([row] * n)}{' ON CONFLICT DO NOTHING' if ignore else ''}"
             for n in _CHUNKS if n * len(columns) <= _MAX_VARIABLES}
 
 
@@ -640,24 +692,36 @@ _USAGE_NAMES = ("principal", "endpoint", "tool", "calls", "ok", "denied", "error
 def usage(target: db.Target, *, since: float, until: float | None = None,
           endpoint: str | None = None, principal: str | None = None) -> list[dict[str, Any]]:
     """tools/call totals per principal, endpoint and tool from `since` to before `until`
-    (default: now), of one endpoint or principal if given, busiest first."""
-    counts = ", ".join(f"sum(CASE WHEN status = '{s}' THEN 1 ELSE 0 END)"
-                       for s in ("ok", "denied", "error", "cancelled"))
-    where = ["method = 'tools/call'", "ts >= ?"]
-    args: list[float | str] = [since]
-    for clause, value in (("ts < ?", until), ("endpoint = ?", endpoint),
-                          ("principal = ?", principal)):
-        if value is not None:
-            where.append(clause)
-            args.append(value)
-    rows = _read(target,
-                 f"SELECT principal, endpoint, tool, count(*), {counts}, sum(bytes_in), "
-                 f"sum(bytes_out), sum(duration_ms) FROM audit WHERE {' AND '.join(where)} "
-                 "GROUP BY principal, endpoint, tool ORDER BY count(*) DESC, principal",
-                 tuple(args))
+    (default: now), of one endpoint or principal if given, busiest first. The whole minutes
+    of the period are read from the usage rollup (proxy.audit.rollup), the rest (parts of a
+    minute at either edge) from the records, in one statement."""
+    where = "".join(f" AND {column} = ?" for column, value in (("endpoint", endpoint),
+                                                                ("principal", principal))
+                    if value is not None)
+    args = [v for v in (endpoint, principal) if v is not None]
+    with db.using(target) as database:
+        bigint = database.ddl("{bigint}")
+    statuses = ", ".join(f"CASE WHEN status = '{s}' THEN 1 ELSE 0 END AS {s}"
+                         for s in rollup.STATUSES)
+    union, union_args = rollup.union(
+        rollup.plan(since, until, time.time()),
+        "SELECT principal, endpoint, kind, tool, n, ok, denied, error, cancelled, bytes_in, "
+        "bytes_out, duration_us, {sign} AS sg FROM rollup_usage WHERE {at} AND kind > 0"
+        f"{where}", args,
+        "SELECT principal, endpoint, CASE WHEN tool IS NULL THEN 2 ELSE 1 END AS kind, "
+        f"coalesce(tool, '') AS tool, 1 AS n, {statuses}, bytes_in, bytes_out, "
+        f"CAST(round(duration_ms * 1000) AS {bigint}) AS duration_us, {{sign}} AS sg FROM "
+        f"audit WHERE {{at}} AND method = 'tools/call'{where}", args)
+    sums = ", ".join(f"sum(sg * {c})" for c in (*rollup.STATUSES, "bytes_in", "bytes_out",
+                                                 "duration_us"))
+    rows = _read(target, f"SELECT principal, endpoint, kind, tool, sum(sg * n) AS calls, "
+                         f"{sums} FROM ({union}) AS u GROUP BY principal, endpoint, kind, tool "
+                         "HAVING sum(sg * n) > 0 ORDER BY calls DESC, principal, endpoint, "
+                         "kind, tool", tuple(union_args))
     out = []
     for row in rows or ():
         # PostgreSQL sums integers as numeric (Decimal here): every total is an int again
-        values = [*row[:3], *(int(v or 0) for v in row[3:10]), round(float(row[10] or 0), 3)]
-        out.append(dict(zip(_USAGE_NAMES, values)))
+        values = [row[0], row[1], None if row[2] == 2 else row[3],
+                  *(int(v or 0) for v in row[4:11]), round(int(row[11] or 0) / 1000, 3)]
+        out.append(dict(zip(_USAGE_NAMES, values, strict=True)))
     return out

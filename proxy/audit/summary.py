@@ -1,51 +1,83 @@
 """Aggregates of the audit log for charts and the console's overview: calls per time bucket
 and status, and per endpoint the calls, error rate and an estimated p95 latency, the busiest
-tools and the denials by reason. Each is one GROUP BY over the `ts` range (the audit_ts index),
-never rows; the p95 comes from a fixed latency histogram counted in the same scan."""
+tools and the denials by reason. Each reads the rollups the audit writer keeps
+(proxy.audit.rollup: per minute, hour and day) for the whole minutes of its period and the raw
+records (the audit_ts index) only for the parts of a minute at its edges, in one statement
+(one snapshot); never rows. The p95 comes from a fixed latency histogram."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from proxy import db
+from proxy.audit import rollup
 from proxy.audit.database import _COLUMNS, _read
+from proxy.audit.rollup import BOUNDS_MS, MANAGEMENT
 
-# latency histogram bounds in ms: a p95 is reported as the bound its bucket ends at
-BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
+__all__ = ["BOUNDS_MS", "MANAGEMENT", "MAX_BUCKETS", "health", "record", "series", "summary"]
+
 MAX_BUCKETS = 1000  # of a series
-MANAGEMENT = "/api/v1"  # the endpoint of the management API's own audit records
+_COUNTS = ", ".join(f"CASE WHEN status = '{s}' THEN 1 ELSE 0 END AS {s}"
+                    for s in rollup.STATUSES)
+_SUMS = ", ".join(f"sum({s})" for s in rollup.STATUSES)
 
 
-def _where(since: float, until: float | None, endpoint: str | None,
-           principal: str | None) -> tuple[str, list[Any]]:
-    clauses: list[str] = ["ts >= ?"]
-    args: list[Any] = [since]
-    for clause, value in (("ts < ?", until), ("endpoint = ?", endpoint),
-                          ("principal = ?", principal)):
+def _filters(endpoint: str | None, principal: str | None) -> tuple[str, list[Any]]:
+    """The clauses (each after an AND) of one endpoint and/or principal; without an
+    endpoint, MCP traffic: the management API's changes only when asked for by name."""
+    clauses: list[str] = []
+    args: list[Any] = []
+    for clause, value in (("endpoint = ?", endpoint), ("principal = ?", principal)):
         if value is not None:
             clauses.append(clause)
             args.append(value)
-    if endpoint is None:  # MCP traffic: the management API's changes only when asked for
+    if endpoint is None:
         clauses.append("endpoint <> ?")
         args.append(MANAGEMENT)
-    return " AND ".join(clauses), args
+    return "".join(f" AND {c}" for c in clauses), args
+
+
+def _dialect(target: db.Target) -> db.Dialect:
+    with db.using(target) as database:
+        return database.dialect
 
 
 def series(target: db.Target, *, since: float, until: float, bucket_s: int,
            endpoint: str | None = None, principal: str | None = None) -> list[dict[str, Any]]:
-    """Calls per `bucket_s` from `since` to `until`, by status: every bucket, empty ones too."""
-    where, args = _where(since, until, endpoint, principal)
-    with db.using(target) as database:
-        index = ("CAST((ts - ?) / ? AS INTEGER)" if database.dialect == "sqlite"
-                 else "CAST(floor((ts - ?) / ?) AS BIGINT)")
-    rows = _read(target, f"SELECT {index} AS b, status, count(*) FROM audit WHERE {where} "
-                         "GROUP BY b, status", (since, bucket_s, *args)) or []
+    """Calls per `bucket_s` from `since` to `until`, by status: every bucket, empty ones too.
+    Buckets that start on minutes (`since` and `bucket_s` multiples of 60) read the rollups,
+    of the coarsest span both are multiples of; others the raw records."""
     count = max(1, min(MAX_BUCKETS, int(-(-(until - since) // bucket_s))))
+    end = min(until, since + count * bucket_s)
+    where, args = _filters(endpoint, principal)
+    dialect = _dialect(target)
+    index = ("CAST((ts - ?) / ? AS INTEGER)" if dialect == "sqlite"
+             else "CAST(floor((ts - ?) / ?) AS BIGINT)")
+    raw = f"SELECT {index} AS k, {_COUNTS} FROM audit WHERE {{at}}{where}"
+    # of one principal: the usage rollup (every method); of one endpoint: the endpoints';
+    # else MCP traffic (the management API's records are not in rollup_calls)
+    table, tier_where, tier_args = (("rollup_usage", where, args) if principal is not None
+                                    else ("rollup_endpoints", where, args)
+                                    if endpoint is not None else ("rollup_calls", "", []))
+    tier = (f"SELECT (bucket - ?) / ? AS k, {', '.join(rollup.STATUSES)} FROM {table} "
+            f"WHERE {{at}}{tier_where}")
+    aligned = next((s for s in rollup.SPANS if since % s == 0 and bucket_s % s == 0), 0)
+    segments: list[rollup.Segment] = (
+        rollup.plan(since, end, spans=[s for s in rollup.SPANS if s <= aligned]) if aligned
+        else [(0, since, end, 1)])
+    union, union_args = rollup.union(segments, tier, tier_args, raw, args,
+                                     tier_head=[int(since), bucket_s],
+                                     raw_head=[since, bucket_s])
+    rows = _read(target, f"SELECT k, {_SUMS} FROM ({union}) AS u GROUP BY k",
+                 tuple(union_args)) or []
     buckets = [{"start": since + i * bucket_s, "ok": 0, "denied": 0, "error": 0,
                 "cancelled": 0} for i in range(count)]
-    for b, status, n in rows:
-        if 0 <= int(b) < count and status in buckets[0]:
-            buckets[int(b)][status] += int(n)
+    for b, *counts in rows:
+        if 0 <= int(b) < count:
+            bucket = buckets[int(b)]
+            for status, n in zip(rollup.STATUSES, counts, strict=True):
+                bucket[status] += int(n or 0)
     return buckets
 
 
@@ -61,40 +93,65 @@ def _p95(histogram: list[int]) -> float | None:
     return None
 
 
+_HISTOGRAM = ", ".join(rollup.HISTOGRAM)
+_CLASSES = ", ".join(f"CASE WHEN c = {i} THEN 1 ELSE 0 END AS {h}"
+                     for i, h in enumerate(rollup.HISTOGRAM))
+
+
+def _net(columns: tuple[str, ...]) -> str:
+    """The sums over a union of signed segments (each row's `sg`: 1, or -1 taken away)."""
+    return ", ".join(f"sum(sg * {c})" for c in columns)
+
+
 def summary(target: db.Target, *, since: float, until: float | None = None,
             top: int = 10) -> dict[str, Any]:
     """Per endpoint: calls, errors, denials and p95 (ms, a histogram bound); the `top` busiest
-    tools; denials by reason; the usage outbox's backlog."""
-    where, args = _where(since, until, None, None)
-    classes = " ".join(f"WHEN duration_ms < {b} THEN {i}" for i, b in enumerate(BOUNDS_MS))
-    rows = _read(target, f"SELECT endpoint, status, CASE {classes} ELSE {len(BOUNDS_MS)} END "
-                         f"AS c, count(*) FROM audit WHERE {where} GROUP BY endpoint, status, c",
-                 tuple(args)) or []
-    endpoints: dict[str, dict[str, Any]] = {}
-    histograms: dict[str, list[int]] = {}
-    for endpoint, status, cls, n in rows:
-        e = endpoints.setdefault(endpoint, {"endpoint": endpoint, "calls": 0, "ok": 0,
-                                            "denied": 0, "error": 0, "cancelled": 0})
-        e["calls"] += int(n)
-        if status in e:
-            e[status] += int(n)
-        histograms.setdefault(endpoint, [0] * (len(BOUNDS_MS) + 1))[int(cls)] += int(n)
-    for name, e in endpoints.items():
+    tools; denials by reason; the usage outbox's backlog. MCP traffic only: never the
+    management API's own records."""
+    segments = rollup.plan(since, until, time.time())
+    mcp = [MANAGEMENT]
+    union, args = rollup.union(
+        segments, f"SELECT endpoint, n, {', '.join(rollup.STATUSES)}, {_HISTOGRAM}, {{sign}} "
+                  "AS sg FROM rollup_endpoints WHERE {at} AND endpoint <> ?", mcp,
+        f"SELECT endpoint, 1 AS n, {', '.join(rollup.STATUSES)}, {_CLASSES}, {{sign}} AS sg "
+        f"FROM (SELECT endpoint, {_COUNTS}, {rollup.histogram_class('duration_ms')} AS c "
+        "FROM audit WHERE {at} AND endpoint <> ?) AS r", mcp)
+    rows = _read(target, f"SELECT endpoint, "
+                         f"{_net(('n', *rollup.STATUSES, *rollup.HISTOGRAM))} FROM ({union}) "
+                         "AS u GROUP BY endpoint HAVING sum(sg * n) > 0", tuple(args)) or []
+    endpoints: list[dict[str, Any]] = []
+    for endpoint, n, *counts in rows:
+        e: dict[str, Any] = {"endpoint": endpoint, "calls": int(n)}
+        e.update((s, int(c)) for s, c in zip(rollup.STATUSES, counts, strict=False))
         e["error_rate"] = round(e["error"] / e["calls"], 4) if e["calls"] else 0.0
-        e["p95_ms"] = _p95(histograms[name])
-    tools = _read(target, f"SELECT endpoint, tool, count(*) FROM audit WHERE {where} AND "
-                          "method = 'tools/call' GROUP BY endpoint, tool "
-                          "ORDER BY count(*) DESC LIMIT ?", (*args, top)) or []
-    denials = _read(target, f"SELECT denied_reason, count(*) FROM audit WHERE {where} AND "
-                            "status = 'denied' GROUP BY denied_reason ORDER BY count(*) DESC "
-                            "LIMIT ?", (*args, top)) or []
+        e["p95_ms"] = _p95([int(h) for h in counts[len(rollup.STATUSES):]])
+        endpoints.append(e)
+    union, args = rollup.union(
+        segments, "SELECT endpoint, kind, tool, n, {sign} AS sg FROM rollup_tools WHERE {at} "
+                  "AND endpoint <> ?", mcp,
+        "SELECT endpoint, CASE WHEN tool IS NULL THEN 2 ELSE 1 END AS kind, coalesce(tool, '') "
+        "AS tool, 1 AS n, {sign} AS sg FROM audit WHERE {at} AND endpoint <> ? AND "
+        "method = 'tools/call'", mcp)
+    tools = _read(target, "SELECT endpoint, kind, tool, sum(sg * n) AS calls FROM "
+                          f"({union}) AS u GROUP BY endpoint, kind, tool HAVING sum(sg * n) > 0 "
+                          "ORDER BY calls DESC, endpoint, kind, tool LIMIT ?",
+                  (*args, top)) or []
+    union, args = rollup.union(
+        segments, "SELECT kind, reason, n, {sign} AS sg FROM rollup_denials WHERE {at}", [],
+        "SELECT CASE WHEN denied_reason IS NULL THEN 2 ELSE 1 END AS kind, "
+        "coalesce(denied_reason, '') AS reason, 1 AS n, {sign} AS sg FROM audit WHERE {at} "
+        "AND endpoint <> ? AND status = 'denied'", mcp)
+    denials = _read(target, f"SELECT kind, reason, sum(sg * n) AS calls FROM ({union}) AS u "
+                            "GROUP BY kind, reason HAVING sum(sg * n) > 0 ORDER BY calls DESC, "
+                            "reason, kind LIMIT ?", (*args, top)) or []
     backlog = _read(target, "SELECT count(*) FROM usage_outbox WHERE delivered_at IS NULL",
                     ()) or [(0,)]
     return {"since": since, "until": until,
-            "endpoints": sorted(endpoints.values(), key=lambda e: -e["calls"]),
-            "tools": [{"endpoint": e, "tool": t, "calls": int(n)} for e, t, n in tools],
-            "denials": [{"policy": (r or "").split(":", 1)[0], "reason": r or "", "calls": int(n)}
-                        for r, n in denials],
+            "endpoints": sorted(endpoints, key=lambda e: (-e["calls"], e["endpoint"])),
+            "tools": [{"endpoint": e, "tool": None if k == 2 else t, "calls": int(n)}
+                      for e, k, t, n in tools],
+            "denials": [{"policy": r.split(":", 1)[0], "reason": r, "calls": int(n)}
+                        for _, r, n in denials],
             "outbox_backlog": int(backlog[0][0])}
 
 

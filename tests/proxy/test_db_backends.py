@@ -49,7 +49,8 @@ def terminated(conn: Any, sessions: str, params: tuple[Any, ...] = ()) -> bool:
 TABLES = {"audit", "usage_outbox", "api_keys", "api_keys_version", "users", "oauth_keys",
           "oauth_clients", "oauth_refresh", "upstream_tokens", "servers", "servers_version",
           "roles", "user_roles", "upstream_clients", "schema_migrations", "endpoints",
-          "endpoints_version"}
+          "endpoints_version", "rollup_calls", "rollup_endpoints", "rollup_tools",
+          "rollup_denials", "rollup_usage"}
 
 
 def rows(database: Database, text: str, *args: Any) -> list[tuple[Any, ...]]:
