@@ -64,14 +64,17 @@ def children() -> set[int]:
     return out
 
 
-def descriptors(redis_url: str | None = None) -> int:
-    """The process's open descriptors; with `redis_url`, less its TCP connections to that
-    Redis (the state store's pool, which opens connections as concurrency first needs them:
-    how many depends on the machine's timing, and none of them is a leak)."""
+def descriptors(*service_urls: str | None) -> int:
+    """The process's open descriptors, less its TCP connections to each service named (the
+    Redis state store's pool and the PostgreSQL database's connections, which open as
+    concurrency first needs them: how many depends on the machine's timing, and none of them
+    is a leak)."""
     fds = os.listdir("/proc/self/fd")
-    if redis_url is None:
+    urls = [u for u in service_urls if u]
+    if not urls:
         return len(fds)
-    return len(fds) - len(_sockets_to(redis_url) & _socket_inodes(fds))
+    inodes = _socket_inodes(fds)
+    return len(fds) - len(set().union(*(_sockets_to(u) for u in urls)) & inodes)
 
 
 def _socket_inodes(fds: list[str]) -> set[str]:
@@ -86,9 +89,9 @@ def _socket_inodes(fds: list[str]) -> set[str]:
     return inodes
 
 
-def _sockets_to(redis_url: str) -> set[str]:
-    """Inodes of this process's TCP sockets whose remote port is the Redis's."""
-    port = urlsplit(redis_url).port or 6379
+def _sockets_to(url: str) -> set[str]:
+    """Inodes of this process's TCP sockets whose remote port is the service's."""
+    port = urlsplit(url).port or (5432 if url.startswith("postgres") else 6379)
     inodes = set()
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         try:

@@ -67,7 +67,9 @@ async def test_sessions_and_processes_leave_nothing_behind() -> None:
                 held.enter_context(database.lease())
         url = raw["state"].get("url") or ""
         redis = url if url.startswith("redis") else None  # its connections: the pool's
-        before_children, before_fds = children(), descriptors(redis)
+        pg: str | None = raw["database"]["url"]  # and the database's (opened as first needed)
+        pg = pg if pg and pg.startswith("postgres") else None
+        before_children, before_fds = children(), descriptors(redis, pg)
 
         async def batch(jobs: list[Any]) -> None:
             for i in range(0, len(jobs), AT_ONCE):
@@ -83,4 +85,4 @@ async def test_sessions_and_processes_leave_nothing_behind() -> None:
         await until(lambda: not any(p.running() for p in pools), 30.0, "every process idle-stopped")
         assert transport_of(gw, "local")._sessions == {}
         await until(lambda: children() == before_children, 30.0, "no child left")
-        assert descriptors(redis) <= before_fds
+        assert descriptors(redis, pg) <= before_fds
