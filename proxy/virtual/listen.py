@@ -71,7 +71,12 @@ class Merged:
             del self._tasks[member]
 
     async def _opened(self, member: str, opening: Opening) -> None:
-        opened = await opening()
+        try:
+            opened = await opening()
+        except Exception as exc:  # noqa: BLE001 - a member that cannot be listened to is left out
+            log.warning("virtual endpoint %s: member %s joined but its GET stream could not "
+                        "be opened (%s)", self.endpoint, member, type(exc).__name__)
+            return
         if opened is not None:
             await self._pump(member, *opened)
 
