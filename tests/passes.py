@@ -32,9 +32,11 @@ def run_pass(database: str, state: str, pytest_args: list[str], stream: bool
     name = f"{database}-{state}"
     log = LOGS / f"{name}.log"
     env = {**os.environ, "TOLLHOUSE_TEST_DATABASE": database, "TOLLHOUSE_TEST_STATE": state}
-    # the slowest tests of each pass in its log: where the time of a pass near CI's 30-minute
+    # the slowest tests of each pass in its log, and every test's time in its JUnit XML
+    # (build/test-logs/<database>-<state>.xml): where the time of a pass near CI's 30-minute
     # bound goes (a later --durations in pytest_args wins)
-    cmd = [sys.executable, "-m", "pytest", "--durations=25", *pytest_args]
+    cmd = [sys.executable, "-m", "pytest", "--durations=25",
+           f"--junitxml={LOGS / f'{name}.xml'}", *pytest_args]
     began = time.monotonic()
     print(f"== the test suite on {database}, {state} state", flush=True)
     if stream:
