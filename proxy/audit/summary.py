@@ -202,10 +202,11 @@ MAX_HEALTHS = 100  # servers in one `healths` read
 def healths(target: db.Target, *, endpoints: list[str], now: float, recent_s: float,
             hour_s: float) -> dict[str, dict[str, Any]]:
     """`health` of each of `endpoints` (at most MAX_HEALTHS), in one statement whatever
-    their number: the hour's records of each, along audit_endpoint_ts_id (one range of the
-    index an endpoint), counted per endpoint and status; an endpoint's last error message
-    read, as `health` reads it, only for an endpoint that has an error that hour. Equal to
-    `health` of each, endpoint by endpoint."""
+    their number: the hour's records of each, counted per endpoint and status, along
+    audit_endpoint_ts_id (a range an endpoint; SQLite's plan) or audit_ts over the hour
+    (PostgreSQL's, for a page of a few hundred servers whose hour is small); an endpoint's
+    last error message read, as `health` reads it, only for an endpoint that has an error
+    that hour. Equal to `health` of each, endpoint by endpoint."""
     if not endpoints:
         return {}
     if len(endpoints) > MAX_HEALTHS:
