@@ -182,8 +182,8 @@ async def test_several_servers_status_in_one_request(tmp_path: Path) -> None:
             await client.call_tool("echo", {"text": "hi"})
             with pytest.raises(MCPError):
                 await client.call_tool("nope", {})
-        answer = await e.admin.get(e.api("/server-status"), params=[
-            ("name", "quiet"), ("name", "nope"), ("name", "cfgd"), ("name", "quiet")])
+        answer = await e.admin.get(e.api("/server-status"), params={
+            "name": ["quiet", "nope", "cfgd", "quiet"]})
         assert answer.status_code == 200, answer.text
         body = answer.json()
         assert set(body) == {"items", "not_found"} and body["not_found"] == ["nope"]
@@ -201,14 +201,14 @@ async def test_several_servers_status_in_one_request(tmp_path: Path) -> None:
 
 async def test_several_servers_status_refuses_bad_requests(tmp_path: Path) -> None:
     async with env(tmp_path) as e:
-        for params, msg in (([], "name a server (name=...)"),
-                            ([("other", "cfgd")], "name a server (name=...)"),
-                            ([("name", "cfgd")] * 101, "at most 100 names in one request")):
+        for params, msg in (({}, "name a server (name=...)"),
+                            ({"other": "cfgd"}, "name a server (name=...)"),
+                            ({"name": ["cfgd"] * 101}, "at most 100 names in one request")):
             refused = await e.admin.get(e.api("/server-status"), params=params)
             assert refused.status_code == 422, refused.text
             assert detail(refused) == [{"loc": ["query", "name"], "msg": msg,
                                         "type": "value_error"}]
-        most = await e.admin.get(e.api("/server-status"), params=[("name", "cfgd")] * 100)
+        most = await e.admin.get(e.api("/server-status"), params={"name": ["cfgd"] * 100})
         assert most.status_code == 200 and len(most.json()["items"]) == 1
         nul = await e.admin.get(e.api("/server-status"), params={"name": "cf\x00gd"})
         assert nul.status_code == 422

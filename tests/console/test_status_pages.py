@@ -13,6 +13,7 @@ import pytest
 from mcp import MCPError
 
 from proxy.console import admin
+from proxy.console.api import call as api_call
 from proxy.console.guard import CSP
 from tests.api.test_api import env, signed_in
 from tests.e2e.sdk_client import connect
@@ -58,11 +59,10 @@ async def test_the_servers_page_pages_and_asks_states_once(
     is not a whole number is the first page."""
     monkeypatch.setattr(admin, "SERVERS_PAGE", 2)
     asked: list[tuple[str, Any]] = []
-    call = admin.call
 
     async def counted(web: Any, method: str, path: str, **kw: Any) -> Any:
         asked.append((path, kw.get("params")))
-        return await call(web, method, path, **kw)
+        return await api_call(web, method, path, **kw)
 
     monkeypatch.setattr(admin, "call", counted)
     async with env(tmp_path) as e:

@@ -13,7 +13,7 @@ import pytest
 
 from proxy.audit import AuditRecord, rollup
 from proxy.audit import summary as aggregates
-from proxy.audit.database import DatabaseAuditSink
+from proxy.audit.database import DatabaseAuditSink, _read
 from proxy.db import Database
 from proxy.jsonrpc import McpMessage
 from proxy.seen import LastSeen
@@ -112,17 +112,16 @@ async def test_a_page_of_servers_is_one_statement(migrated: Database,
     names = [f"s{i}" for i in range(aggregates.MAX_HEALTHS)]
     await write(migrated, traffic(2, tuple(names)))
     statements: list[str] = []
-    read = aggregates._read
 
     def counted(target: Any, text: str, args: tuple[Any, ...]) -> Any:
         statements.append(text)
-        return read(target, text, args)
+        return _read(target, text, args)
 
     monkeypatch.setattr(aggregates, "_read", counted)
     got = bulk(migrated, names)
     assert len(statements) == 1
     assert sum(h["last_hour"]["calls"] for h in got.values()) > 0
-    monkeypatch.setattr(aggregates, "_read", read)
+    monkeypatch.setattr(aggregates, "_read", _read)
     assert got == each(migrated, names)
     with pytest.raises(ValueError):
         bulk(migrated, [*names, "one more"])
