@@ -61,7 +61,7 @@ QUERY: dict[str, dict[str, Any]] = {
     "since": TIME,
     "until": TIME,
     "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
-    "offset": {"type": "integer", "minimum": 0, "default": 0},
+    "offset": {"type": "integer", "minimum": 0, "maximum": 999_999_999, "default": 0},
     "bucket_s": {"type": "integer", "minimum": 1, "maximum": 86400, "default": 60},
     "format": {"type": "string", "enum": ["csv", "jsonl"], "default": "csv"},
 }
