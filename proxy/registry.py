@@ -164,9 +164,11 @@ class Registry:
         server = self._api.get(name)
         return None if server is None else list(server.access.allow_scopes)
 
-    async def list(self) -> list[ServerOut]:
+    async def list(self, limit: int | None = None, offset: int = 0) -> list[ServerOut]:
+        """Every server by name, or the `limit` from the `offset`-th on."""
         await self.sync()
-        return [self._out(n) for n in sorted({*self._config, *self._api})]
+        names = sorted({*self._config, *self._api})[offset:]
+        return [self._out(n) for n in (names if limit is None else names[:limit])]
 
     async def get(self, name: str) -> ServerOut:
         await self.sync()

@@ -1,6 +1,7 @@
 """What the gateway last saw of each upstream server: the tools of the last tools/list answer
 it relayed and the protocol version last negotiated with it (`server_tools`, migration 18),
-for /api/v1/servers/{name}/status and the console's servers pages.
+for /api/v1/servers/{name}/status, /api/v1/server-status and the console's servers
+pages.
 
 It is an `Observer` (proxy.observability): the gateway hands it the results it relays, so no
 forwarding code knows of it, and a call that is neither a tools/list, an initialize nor a
@@ -198,22 +199,29 @@ class LastSeen:
 
     async def get(self, server: str) -> dict[str, Any]:
         """The server's last seen era and tools, as stored (by whichever replica)."""
-        await self.flush()
-        rows = await asyncio.to_thread(self._read, server)
-        if not rows:
-            return {"era": None, "era_seen_at": None, "tools": None, "tools_seen_at": None}
-        tools, digest, tools_at, era, era_at = rows[0]
-        if digest is not None:  # another replica's list: compare with that one from now on
-            self._hashes[server] = digest
-        return {"era": era, "era_seen_at": era_at,
-                "tools": orjson.loads(tools) if tools is not None else None,
-                "tools_seen_at": tools_at}
+        return (await self.get_many([server]))[server]
 
-    def _read(self, server: str) -> list[tuple[Any, ...]]:
+    async def get_many(self, servers: list[str]) -> dict[str, dict[str, Any]]:
+        """`get` of each of `servers`, in one read."""
+        await self.flush()
+        names = list(dict.fromkeys(servers))
+        rows = await asyncio.to_thread(self._read, names) if names else []
+        out = {name: {"era": None, "era_seen_at": None, "tools": None, "tools_seen_at": None}
+               for name in names}
+        for server, tools, digest, tools_at, era, era_at in rows:
+            if digest is not None:  # another replica's list: compare with that one from now on
+                self._hashes[server] = digest
+            out[server] = {"era": era, "era_seen_at": era_at,
+                           "tools": orjson.loads(tools) if tools is not None else None,
+                           "tools_seen_at": tools_at}
+        return out
+
+    def _read(self, servers: list[str]) -> list[tuple[Any, ...]]:
         with self._db.transaction() as conn:
             return list(conn.execute(self._db.sql(
-                "SELECT tools, tools_hash, tools_seen_at, era, era_seen_at FROM server_tools "
-                "WHERE server = ?"), (server,)).fetchall())
+                "SELECT server, tools, tools_hash, tools_seen_at, era, era_seen_at FROM "
+                f"server_tools WHERE server IN ({', '.join('?' * len(servers))})"),
+                tuple(servers)).fetchall())
 
     async def aclose(self) -> None:
         """What was seen is written, then the writer stops."""

@@ -56,14 +56,11 @@ async def keys(who: Caller, api: Api) -> Response:
     """Every key, or with `limit` (and `offset`) a page of them, oldest first."""
     problems: Problems = []
     size = query.limit(request.args["limit"], problems) if "limit" in request.args else None
-    offset = request.args.get("offset", "0")
-    if not re.fullmatch(r"[0-9]{1,9}", offset):
-        problems.append({"loc": ["query", "offset"], "msg": "must be a whole number from 0",
-                         "type": "value_error"})
+    skip = query.offset(request.args.get("offset"), problems)
     if problems:
         raise Invalid(problems)
     found = await asyncio.to_thread(lambda: api_keys.list_keys(api.database, limit=size,
-                                                               offset=int(offset)))
+                                                               offset=skip))
     return json_response({"items": [KeyOut(**k.public()) for k in found]})
 
 

@@ -30,6 +30,7 @@ from proxy.api.models import (
     UserPatch,
     UserPut,
 )
+from proxy.api.status import MAX_NAMES
 from proxy.virtual.schema import EndpointIn, EndpointOut, EndpointPatch
 
 MODELS: tuple[type[BaseModel], ...] = (ServerIn, ServerPatch, ServerOut, KeyIn, KeyPut,
@@ -60,7 +61,7 @@ QUERY: dict[str, dict[str, Any]] = {
     "since": TIME,
     "until": TIME,
     "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
-    "offset": {"type": "integer", "minimum": 0, "default": 0},
+    "offset": {"type": "integer", "minimum": 0, "maximum": 999_999_999, "default": 0},
     "bucket_s": {"type": "integer", "minimum": 1, "maximum": 86400, "default": 60},
     "format": {"type": "string", "enum": ["csv", "jsonl"], "default": "csv"},
 }
@@ -182,10 +183,21 @@ def _roles_and_me() -> dict[str, Any]:
     }
 
 
+def _paged(op: dict[str, Any], what: str) -> dict[str, Any]:
+    """A list operation whose `limit` is optional: without it, every one of `what`."""
+    for parameter in op["parameters"]:
+        if parameter["name"] == "limit":
+            parameter["schema"] = {"type": "integer", "minimum": 1, "maximum": 500}
+            parameter["description"] = f"a page of at most this many; every {what} if not given"
+    return op
+
+
 def _servers_and_keys() -> dict[str, Any]:
     return {
         "/api/v1/servers": {
-            "get": _op("List servers (config and API)", "200", _list_of(ServerOut)),
+            "get": _paged(_op("List servers (config and API) by name: every one, or a page of "
+                              "them with limit and offset", "200", _list_of(ServerOut),
+                              query=["limit", "offset"]), "server"),
             "post": _op("Register a server", "201", _ref(ServerOut), ServerIn, conflict=True,
                         precondition=True)},
         "/api/v1/servers/{name}": {
@@ -211,9 +223,9 @@ def _servers_and_keys() -> dict[str, Any]:
             "delete": _op("Remove a virtual endpoint", "204", None, params=["name"],
                           precondition=True)},
         "/api/v1/keys": {
-            "get": _op("List API keys (never their secrets), oldest first; a page of them "
-                       "with limit and offset", "200", _list_of(KeyOut),
-                       query=["limit", "offset"]),
+            "get": _paged(_op("List API keys (never their secrets), oldest first; a page of "
+                              "them with limit and offset", "200", _list_of(KeyOut),
+                              query=["limit", "offset"]), "key"),
             "post": _op("Create an API key; the secret is shown once", "201",
                         _ref(KeyCreated), KeyIn)},
         "/api/v1/keys/{key_id}": {
@@ -368,10 +380,24 @@ def _status() -> dict[str, Any]:
                   "cluster: every replica's (the Redis store); process: this process's"},
         "endpoints": {"type": "array", "items": {"type": "object", "properties": {
             "endpoint": {"type": "string"}, "sessions": {"type": "integer"}}}}}}
+    statuses = {"type": "object", "required": ["items", "not_found"], "properties": {
+        "items": {"type": "array", "items": status, "description": "in the order named, a "
+                  "name given twice once"},
+        "not_found": {"type": "array", "items": {"type": "string"},
+                      "description": "the names given that name no server"}}}
+    several = _op(f"The status of each of 1 to {MAX_NAMES} servers, as "
+                  "/servers/{name}/status answers it, in one read", "200", statuses)
+    several["parameters"] = [{
+        "name": "name", "in": "query", "required": True, "style": "form", "explode": True,
+        "description": "a server's name, once per server (name=a&name=b)",
+        "schema": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                   "maxItems": MAX_NAMES}}]
+    several["responses"]["422"] = _error("422")
     return {
         "/api/v1/servers/{name}/status": {"get": _op(
             "A server's era, health (from the audit log) and tools as last seen", "200",
             status, params=["name"])},
+        "/api/v1/server-status": {"get": several},
         "/api/v1/sessions": {"get": _op("The live gateway sessions, in all and per endpoint",
                                         "200", sessions)},
     }

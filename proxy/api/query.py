@@ -1,4 +1,5 @@
-"""Query-string parsing for the audit and usage routes: a period, a page size and a cursor.
+"""Query-string parsing for the audit, usage and list routes: a period, a page size, an
+offset and a cursor.
 Each parser adds what is wrong to a list of problems (one 422 lists them all)."""
 
 from __future__ import annotations
@@ -48,6 +49,17 @@ def limit(value: str | None, problems: Problems) -> int:
     problems.append({"loc": ["query", "limit"], "msg": f"must be a whole number from 1 to "
                      f"{MAX_LIMIT}", "type": "value_error"})
     return 50
+
+
+def offset(value: str | None, problems: Problems) -> int:
+    """How many rows a page skips: ASCII digits, 0 to 999,999,999 (0 if not given)."""
+    if value is None:
+        return 0
+    if re.fullmatch(r"[0-9]{1,9}", value):
+        return int(value)
+    problems.append({"loc": ["query", "offset"], "msg": "must be a whole number from 0",
+                     "type": "value_error"})
+    return 0
 
 
 def cursor(value: str | None, problems: Problems) -> tuple[float, int] | None:

@@ -26,13 +26,14 @@ PREFIX = "/api/v1"
 
 ROUTES: tuple[Route, ...] = (
     Route("/me", "GET", caller.me, admin=False),
-    Route("/servers", "GET", servers.servers),
+    Route("/servers", "GET", servers.servers, query=True),
     Route("/servers", "POST", servers.create_server),
     Route("/servers/<name>", "GET", servers.server),
     Route("/servers/<name>", "PUT", servers.put_server),
     Route("/servers/<name>", "PATCH", servers.patch_server),
     Route("/servers/<name>", "DELETE", servers.delete_server),
     Route("/servers/<name>/status", "GET", status.server_status),
+    Route("/server-status", "GET", status.server_statuses, query=True),
     Route("/sessions", "GET", status.sessions),
     Route("/endpoints", "GET", endpoints.endpoints),
     Route("/endpoints", "POST", endpoints.create_endpoint),

@@ -3,16 +3,24 @@ through the API; `proxy.registry` holds them and applies each change to the live
 
 from __future__ import annotations
 
-from quart import Response
+from quart import Response, request
 
-from proxy.api.bodies import json_response, read, same_as_path
+from proxy.api import query
+from proxy.api.bodies import Problems, json_response, read, same_as_path
 from proxy.api.caller import Caller
 from proxy.api.context import Api
 from proxy.api.models import ServerIn, ServerPatch
+from proxy.errors import Invalid
 
 
 async def servers(who: Caller, api: Api) -> Response:
-    return json_response({"items": await api.registry.list()})
+    """Every server by name, or with `limit` (and `offset`) a page of them."""
+    problems: Problems = []
+    size = query.limit(request.args["limit"], problems) if "limit" in request.args else None
+    skip = query.offset(request.args.get("offset"), problems)
+    if problems:
+        raise Invalid(problems)
+    return json_response({"items": await api.registry.list(limit=size, offset=skip)})
 
 
 async def create_server(who: Caller, api: Api) -> Response:

@@ -15,7 +15,8 @@ from proxy.audit import rollup
 from proxy.audit.database import _COLUMNS, _read
 from proxy.audit.rollup import BOUNDS_MS, MANAGEMENT
 
-__all__ = ["BOUNDS_MS", "MANAGEMENT", "MAX_BUCKETS", "health", "record", "series", "summary"]
+__all__ = ["BOUNDS_MS", "MANAGEMENT", "MAX_BUCKETS", "MAX_HEALTHS", "health", "healths", "record",
+           "series", "summary"]
 
 MAX_BUCKETS = 1000  # of a series
 _COUNTS = ", ".join(f"CASE WHEN status = '{s}' THEN 1 ELSE 0 END AS {s}"
@@ -158,16 +159,9 @@ def summary(target: db.Target, *, since: float, until: float | None = None,
 MAX_ERROR_MESSAGE = 300  # of the last error's message in a server's health
 
 
-def health(target: db.Target, *, endpoint: str, now: float, recent_s: float,
-           hour_s: float) -> dict[str, Any]:
-    """One upstream server's calls, errors and error rate over the last `recent_s` and the
-    last `hour_s` (a denial never reached it: not a call here), and its last ok and last
-    error of the hour with that error's message (audit messages hold no secrets). Two reads
-    along audit_ts."""
-    hour, recent = now - hour_s, now - recent_s
-    rows = _read(target, "SELECT status, count(*), sum(CASE WHEN ts >= ? THEN 1 ELSE 0 END), "
-                         "max(ts) FROM audit WHERE ts >= ? AND endpoint = ? AND "
-                         "status <> 'denied' GROUP BY status", (recent, hour, endpoint)) or []
+def _health(rows: list[tuple[Any, ...]], message: str | None) -> dict[str, Any]:
+    """A server's health from its hour's (status, calls, calls of the recent window, latest
+    ts) per status other than denied, and its last error's message."""
     windows: dict[str, dict[str, Any]] = {"last_5m": {"calls": 0, "errors": 0},
                                           "last_hour": {"calls": 0, "errors": 0}}
     latest: dict[str, float] = {}
@@ -179,14 +173,62 @@ def health(target: db.Target, *, endpoint: str, now: float, recent_s: float,
         latest[status] = float(at)
     for w in windows.values():
         w["error_rate"] = round(w["errors"] / w["calls"], 4) if w["calls"] else 0.0
-    message = None
-    if "error" in latest:
-        found = _read(target, "SELECT error_message FROM audit WHERE ts >= ? AND endpoint = ? "
-                              "AND status = 'error' ORDER BY ts DESC LIMIT 1",
-                      (hour, endpoint)) or []
-        message = found[0][0][:MAX_ERROR_MESSAGE] if found and found[0][0] else None
     return {**windows, "last_ok_at": latest.get("ok"), "last_error_at": latest.get("error"),
-            "last_error": message}
+            "last_error": message[:MAX_ERROR_MESSAGE] if message else None}
+
+
+def health(target: db.Target, *, endpoint: str, now: float, recent_s: float,
+           hour_s: float) -> dict[str, Any]:
+    """One upstream server's calls, errors and error rate over the last `recent_s` and the
+    last `hour_s` (a denial never reached it: not a call here), and its last ok and last
+    error of the hour with that error's message (audit messages hold no secrets). Two reads
+    along audit_endpoint_ts_id (the second only if the hour has an error)."""
+    hour, recent = now - hour_s, now - recent_s
+    rows = _read(target, "SELECT status, count(*), sum(CASE WHEN ts >= ? THEN 1 ELSE 0 END), "
+                         "max(ts) FROM audit WHERE ts >= ? AND endpoint = ? AND "
+                         "status <> 'denied' GROUP BY status", (recent, hour, endpoint)) or []
+    message = None
+    if any(status == "error" for status, *_ in rows):
+        found = _read(target, "SELECT error_message FROM audit WHERE ts >= ? AND endpoint = ? "
+                              "AND status = 'error' ORDER BY ts DESC, id DESC LIMIT 1",
+                      (hour, endpoint)) or []
+        message = found[0][0] if found else None
+    return _health(rows, message)
+
+
+MAX_HEALTHS = 100  # servers in one `healths` read
+
+
+def healths(target: db.Target, *, endpoints: list[str], now: float, recent_s: float,
+            hour_s: float) -> dict[str, dict[str, Any]]:
+    """`health` of each of `endpoints` (at most MAX_HEALTHS), in one statement whatever
+    their number: the hour's records of each, counted per endpoint and status, along
+    audit_endpoint_ts_id (a range an endpoint; SQLite's plan) or audit_ts over the hour
+    (PostgreSQL's, for a page of a few hundred servers whose hour is small); an endpoint's
+    last error message read, as `health` reads it, only for an endpoint that has an error
+    that hour. Equal to `health` of each, endpoint by endpoint."""
+    if not endpoints:
+        return {}
+    if len(endpoints) > MAX_HEALTHS:
+        raise ValueError(f"at most {MAX_HEALTHS} endpoints in one read")
+    hour, recent = now - hour_s, now - recent_s
+    names = list(dict.fromkeys(endpoints))
+    marks = ", ".join("?" * len(names))
+    rows = _read(target, "SELECT h.endpoint, h.status, h.n, h.n_recent, h.at, CASE WHEN "
+                         "h.status = 'error' THEN (SELECT e.error_message FROM audit e WHERE "
+                         "e.endpoint = h.endpoint AND e.ts >= ? AND e.status = 'error' ORDER "
+                         "BY e.ts DESC, e.id DESC LIMIT 1) END FROM (SELECT endpoint, status, "
+                         "count(*) AS n, sum(CASE WHEN ts >= ? THEN 1 ELSE 0 END) AS n_recent, "
+                         f"max(ts) AS at FROM audit WHERE endpoint IN ({marks}) AND ts >= ? "
+                         "AND status <> 'denied' GROUP BY endpoint, status) AS h",
+                 (hour, recent, *names, hour)) or []
+    found: dict[str, list[tuple[Any, ...]]] = {name: [] for name in names}
+    messages: dict[str, str | None] = {}
+    for endpoint, status, n, n_recent, at, message in rows:
+        found[endpoint].append((status, n, n_recent, at))
+        if status == "error":
+            messages[endpoint] = message
+    return {name: _health(found[name], messages.get(name)) for name in names}
 
 
 def record(target: db.Target, record_id: int) -> dict[str, Any] | None:

@@ -3,7 +3,7 @@ Every figure comes from /api/v1 (proxy.console.api), every change goes to it."""
 
 from __future__ import annotations
 
-import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,7 +22,8 @@ AUDIT_FILTERS = ("status", "endpoint", "principal", "tool", "since", "until")
 PERIODS = {"hour": 3600, "day": 86400, "week": 7 * 86400}
 KEYS_PAGE = 100
 OVERVIEW_ROWS = 50  # the busiest endpoints of the day; the usage page has the rest
-STATUS_ROWS = 50  # servers whose state the servers page shows (each one is an API call)
+# servers a page, each with its state: one /server-status request (of at most 100 names)
+SERVERS_PAGE = 100
 ACCESS_LISTS = ("allow_subjects", "allow_groups", "allow_scopes", "allow_keys",
                 "tools_allow", "tools_deny")
 
@@ -52,20 +53,32 @@ async def overview(web: Web, user: User) -> Response:
                         chart=charts.stacked(series.body["items"], series.body["bucket_s"]))
 
 
+def _offset() -> int:
+    """The page's `offset` argument: a whole number (anything else is the first page)."""
+    offset = request.args.get("offset", "0")
+    return int(offset) if re.fullmatch(r"[0-9]{1,9}", offset) else 0
+
+
 async def servers(web: Web, user: User) -> Response:
-    answer = await call(web, "GET", "/servers")
+    at = _offset()
+    answer = await call(web, "GET", "/servers", params={"limit": str(SERVERS_PAGE + 1),
+                                                        "offset": str(at)})
     items = answer.body.get("items", []) if answer.ok else []
-    return await render("servers.html", user, servers=items,
-                        states=await _states(web, [s["name"] for s in items[:STATUS_ROWS]]),
-                        error=None if answer.ok else answer.detail)
+    shown = items[:SERVERS_PAGE]
+    return await render("servers.html", user, servers=shown,
+                        states=await _states(web, [s["name"] for s in shown]),
+                        error=None if answer.ok else answer.detail,
+                        newer=str(max(0, at - SERVERS_PAGE)) if at else None,
+                        older=str(at + SERVERS_PAGE) if len(items) > SERVERS_PAGE else None)
 
 
 async def _states(web: Web, names: list[str]) -> dict[str, dict[str, Any]]:
-    """Each server's status (its state, era, error rate), asked side by side; a server
-    whose status is not to be had is left out (the page shows a dash)."""
-    answers = await asyncio.gather(*(call(web, "GET", f"/servers/{n}/status")
-                                     for n in names))
-    return {n: a.body for n, a in zip(names, answers, strict=True) if a.ok}
+    """Each server's status (its state, era, error rate), in one request; a server whose
+    status is not to be had is left out (the page shows a dash)."""
+    if not names:
+        return {}
+    answer = await call(web, "GET", "/server-status", params={"name": names})
+    return {s["name"]: s for s in answer.body["items"]} if answer.ok else {}
 
 
 async def server(web: Web, user: User, name: str) -> Response:
@@ -110,13 +123,11 @@ async def delete_server(web: Web, user: User, name: str) -> Response:
 
 async def keys(web: Web, user: User, created: dict[str, Any] | None = None,
                status: int = 200) -> Response:
-    offset = request.args.get("offset", "0")
-    offset = offset if offset.isdigit() and len(offset) < 10 else "0"
+    at = _offset()
     found = await call(web, "GET", "/keys", params={"limit": str(KEYS_PAGE + 1),
-                                                    "offset": offset})
+                                                    "offset": str(at)})
     names = await call(web, "GET", "/servers")
     items = found.body.get("items", []) if found.ok else []
-    at = int(offset)
     return await render("keys.html", user, status, keys=items[:KEYS_PAGE],
                         endpoints=[s["name"] for s in names.body.get("items", [])]
                         if names.ok else [], created=created, action="/console/keys",

@@ -5,6 +5,7 @@ answers and audits exactly as for a script; the console only renders what comes 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,8 +42,9 @@ class Answer:
 
 
 async def call(web: Web, method: str, path: str, *, json: Any = None,
-               params: dict[str, str] | None = None) -> Answer:
-    """`method path` (under /api/v1) as the person of this request."""
+               params: Mapping[str, str | list[str]] | None = None) -> Answer:
+    """`method path` (under /api/v1) as the person of this request (a list in `params`: the
+    parameter once per item)."""
     headers = {h: request.headers[h] for h in FORWARDED if h in request.headers}
     headers["Origin"] = web.origin
     headers["Host"] = request.host

@@ -199,6 +199,51 @@ async def test_servers_crud_and_the_live_edge(tmp_path: Path) -> None:
         assert missing.status_code == 404 and detail(missing) == "server 'nope' not found"
 
 
+async def test_servers_and_keys_page_with_limit_and_offset(tmp_path: Path) -> None:
+    """Without limit and offset, every server as before; with them, a page by name. A bad
+    value is a 422 naming it, both at once listed together, never a 500."""
+    async with env(tmp_path) as e:
+        for name in ("b1", "a1", "c1"):
+            made = await e.admin.post(e.api("/servers"), json={
+                "name": name, "url": "https://a.example/mcp"})
+            assert made.status_code == 201
+        every = await e.admin.get(e.api("/servers"))
+        assert set(every.json()) == {"items"}
+        names = [s["name"] for s in every.json()["items"]]
+        assert names == ["a1", "b1", "c1", "cfgd"]
+        for params, page in (({"limit": "2"}, names[:2]),
+                             ({"limit": "2", "offset": "2"}, names[2:]),
+                             ({"offset": "1"}, names[1:]), ({"offset": "0"}, names),
+                             ({"limit": "500", "offset": "3"}, ["cfgd"]),
+                             ({"offset": "4"}, []), ({"offset": "999999999"}, [])):
+            answer = await e.admin.get(e.api("/servers"), params=params)
+            assert answer.status_code == 200, (params, answer.text)
+            assert [s["name"] for s in answer.json()["items"]] == page, params
+            assert answer.json()["items"] == [s for s in every.json()["items"]
+                                              if s["name"] in page]
+        made = await e.admin.post(e.api("/keys"), json={"name": "bot", "endpoints": []})
+        keys = (await e.admin.get(e.api("/keys"))).json()["items"]
+        assert keys[-1]["id"] == made.json()["id"]
+        assert (await e.admin.get(e.api("/keys"), params={
+            "limit": "1", "offset": str(len(keys) - 1)})).json()["items"] == keys[-1:]
+        for path in ("/servers", "/keys"):
+            for key, bad in (("limit", "0"), ("limit", "501"), ("limit", "-1"),
+                             ("limit", "1.0"), ("limit", ""), ("limit", "x"), ("limit", "١"),
+                             ("offset", "-1"), ("offset", "1e3"), ("offset", ""),
+                             ("offset", "²"), ("offset", "1234567890"), ("offset", " 1")):
+                refused = await e.admin.get(e.api(path), params={key: bad})
+                assert refused.status_code == 422, (path, key, bad, refused.text)
+                assert [p["loc"] for p in detail(refused)] == [["query", key]]
+            both = await e.admin.get(e.api(path), params={"limit": "0", "offset": "x"})
+            assert [p["loc"][1] for p in detail(both)] == ["limit", "offset"]
+        doc = (await e.admin.get(e.api("/openapi.json"))).json()
+        query = {p["name"]: p for p in doc["paths"]["/api/v1/servers"]["get"]["parameters"]}
+        assert query["limit"]["schema"] == {"type": "integer", "minimum": 1, "maximum": 500}
+        assert (query["offset"]["schema"]["minimum"], query["offset"]["schema"]["maximum"]) == (
+            0, 999_999_999)
+        assert "422" in doc["paths"]["/api/v1/servers"]["get"]["responses"]
+
+
 async def test_validation_lists_every_problem(tmp_path: Path) -> None:
     async with env(tmp_path) as e:
         bad = await e.admin.post(e.api("/servers"), json={

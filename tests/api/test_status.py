@@ -167,3 +167,61 @@ async def test_sessions_with_a_real_session_open(tmp_path: Path) -> None:
         # the client's DELETE on close ended it
         gone = (await e.admin.get(e.api("/sessions"))).json()
         assert gone["total"] == 0
+
+
+async def test_several_servers_status_in_one_request(tmp_path: Path) -> None:
+    """/server-status answers each server as /servers/{name}/status does, in the order named,
+    a name twice once; names of no server are listed apart, not an error."""
+    async with env(tmp_path) as e:
+        made = await e.admin.post(e.api("/servers"), json={
+            "name": "quiet", "url": f"{e.upstream}/mcp", "zones": ["loopback"]})
+        assert made.status_code == 201
+        async with connect(f"{e.url}/mcp/cfgd", headers=auth(e),
+                           terminate_on_close=False) as client:
+            await client.list_tools()
+            await client.call_tool("echo", {"text": "hi"})
+            with pytest.raises(MCPError):
+                await client.call_tool("nope", {})
+        answer = await e.admin.get(e.api("/server-status"), params={
+            "name": ["quiet", "nope", "cfgd", "quiet"]})
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert set(body) == {"items", "not_found"} and body["not_found"] == ["nope"]
+        assert [s["name"] for s in body["items"]] == ["quiet", "cfgd"]
+        for item in body["items"]:
+            alone = await status(e, item["name"])
+            assert set(item) == set(alone)
+            assert {**item, "at": 0} == {**alone, "at": 0}
+        cfgd = body["items"][1]
+        assert cfgd["state"] == "failing" and cfgd["era"] == "2025-11-25"
+        assert cfgd["health"]["last_error"] == "upstream error -32602"
+        assert [t["name"] for t in cfgd["tools"]] == ["echo", "add", "count"]
+        assert body["items"][0]["state"] == "idle" and body["items"][0]["tools"] is None
+
+
+async def test_several_servers_status_refuses_bad_requests(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        for params, msg in (({}, "name a server (name=...)"),
+                            ({"other": "cfgd"}, "name a server (name=...)"),
+                            ({"name": ["cfgd"] * 101}, "at most 100 names in one request")):
+            refused = await e.admin.get(e.api("/server-status"), params=params)
+            assert refused.status_code == 422, refused.text
+            assert detail(refused) == [{"loc": ["query", "name"], "msg": msg,
+                                        "type": "value_error"}]
+        most = await e.admin.get(e.api("/server-status"), params={"name": ["cfgd"] * 100})
+        assert most.status_code == 200 and len(most.json()["items"]) == 1
+        nul = await e.admin.get(e.api("/server-status"), params={"name": "cf\x00gd"})
+        assert nul.status_code == 422
+        assert [p["loc"] for p in detail(nul)] == [["query", "name"]]
+        nothing = await e.admin.get(e.api("/server-status"), params={"name": ""})
+        assert nothing.json() == {"items": [], "not_found": [""]}
+        pat = await signed_in(e, "pat", "pat-password")
+        forbidden = await pat.get(e.api("/server-status"), params={"name": "cfgd"})
+        assert forbidden.status_code == 403 and detail(forbidden) == "administrators only"
+        await pat.aclose()
+        doc = (await e.admin.get(e.api("/openapi.json"))).json()
+        op = doc["paths"]["/api/v1/server-status"]["get"]
+        assert set(op["responses"]) == {"200", "401", "403", "422", "429", "503"}
+        [name] = op["parameters"]
+        assert (name["name"], name["required"], name["schema"]["maxItems"]) == ("name", True,
+                                                                               100)
