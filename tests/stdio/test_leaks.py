@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -16,7 +17,7 @@ from proxy.config import from_dict
 from tests import db_backends, state_backends
 from tests.conftest import MCP_HEADERS, running_gateway
 from tests.helpers import jwt_auth, token, until
-from tests.stdio.conftest import TINY, children, descriptors, transport_of
+from tests.stdio.conftest import TINY, children, descriptors, open_files, transport_of
 
 SESSIONS = 1000
 PEOPLE = 200
@@ -70,6 +71,7 @@ async def test_sessions_and_processes_leave_nothing_behind() -> None:
         pg: str | None = raw["database"]["url"]  # and the database's (opened as first needed)
         pg = pg if pg and pg.startswith("postgres") else None
         before_children, before_fds = children(), descriptors(redis, pg)
+        before_files = open_files()
 
         async def batch(jobs: list[Any]) -> None:
             for i in range(0, len(jobs), AT_ONCE):
@@ -85,4 +87,7 @@ async def test_sessions_and_processes_leave_nothing_behind() -> None:
         await until(lambda: not any(p.running() for p in pools), 30.0, "every process idle-stopped")
         assert transport_of(gw, "local")._sessions == {}
         await until(lambda: children() == before_children, 30.0, "no child left")
-        assert descriptors(redis, pg) <= before_fds
+        after_files = open_files()
+        assert descriptors(redis, pg) <= before_fds, (
+            f"opened since: {sorted((Counter(after_files) - Counter(before_files)).elements())}; "
+            f"closed since: {sorted((Counter(before_files) - Counter(after_files)).elements())}")
