@@ -6,6 +6,8 @@ while wrk drives `tools/call` at one concurrency. A report, not a test.
 prints py-spy's top functions (own and total) and the share of samples by thread (the event
 loop against the audit writer and the other threads), and writes the raw profile (speedscope
 JSON, `--output`) for a closer look at https://www.speedscope.app or `py-spy`'s own viewer.
+`--gil` samples only the thread holding the GIL: the share by thread then says whom the event
+loop waits for (a thread in a C call that let the GIL go, or waiting for it, is not counted).
 Needs `py-spy` (installed with the `bench` extra) and wrk; py-spy attaches with ptrace, which
 needs root or `kernel.yama.ptrace_scope = 0`.
 """
@@ -40,6 +42,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--duration", type=int, default=20, help="seconds of load (and of sampling)")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=40, help="functions to list")
+    p.add_argument("--gil", action="store_true",
+                   help="sample only the thread holding the GIL (py-spy --gil): which thread "
+                        "the others wait for, not which is busy or waiting")
     p.add_argument("--output", type=Path, default=Path("build/profile.speedscope.json"))
     p.add_argument("--tollhouse", default=str(Path(PYTHON).parent / "tollhouse"))
     args = p.parse_args()
@@ -133,7 +138,7 @@ def main() -> None:
             args.output.parent.mkdir(parents=True, exist_ok=True)
             spy_cmd = [spy, "record", "--pid", str(server.proc.pid), "--rate", str(args.rate),
                        "--duration", str(args.duration), "--format", "speedscope", "--threads",
-                       "--nonblocking", "--output", str(args.output)]
+                       "--nonblocking", "--output", str(args.output), *(["--gil"] if args.gil else [])]
             before = thread_cpu(server.proc.pid)
             recorder = subprocess.Popen(spy_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             result: list[WrkResult] = []
