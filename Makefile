@@ -24,8 +24,9 @@ demo: $(VENV)/.installed
 # at 127.0.0.1:5432 (trust auth; TOLLHOUSE_TEST_POSTGRES_URL to point elsewhere), each with
 # the memory store and with the Redis at 127.0.0.1:6379 (TOLLHOUSE_TEST_REDIS_URL), each test
 # on a database of its own (on PostgreSQL, a used one emptied and reused) and a fresh key
-# prefix. `make test TEST_DATABASES=sqlite TEST_STATES=memory` runs one pass alone. TEST_JOBS passes run side by side (tests/passes.py:
-# each pass's log in build/test-logs/, printed whole when it ends, then a summary).
+# prefix. `make test TEST_DATABASES=sqlite TEST_STATES=memory` runs one pass alone. TEST_JOBS
+# passes run side by side (tests/passes.py: each pass's log in build/test-logs/, printed whole
+# when it ends, then a summary).
 TEST_DATABASES ?= sqlite postgresql
 TEST_STATES ?= memory redis
 TEST_JOBS ?= 2
