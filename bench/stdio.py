@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import orjson
@@ -30,9 +29,9 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from proxy.app import create_app  # noqa: E402
-from proxy.config import from_dict  # noqa: E402
-from tests.servers import serve  # noqa: E402
+from proxy.app import create_app
+from proxy.config import from_dict
+from tests.servers import serve
 
 SERVER = str(ROOT / "tests" / "stdio" / "server.py")
 HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}

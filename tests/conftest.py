@@ -21,8 +21,8 @@ from proxy.mcp.gateway import Gateway
 from proxy.state.inflight import Later
 from tests import db_backends, state_backends
 from tests.db_backends import _per_test_databases, database, database_url  # noqa: F401 (fixtures)
-from tests.state_backends import _per_test_prefixes  # noqa: F401 (fixture)
 from tests.servers import serve
+from tests.state_backends import _per_test_prefixes  # noqa: F401 (fixture)
 
 MCP_HEADERS = {"Content-Type": "application/json",
                "Accept": "application/json, text/event-stream",

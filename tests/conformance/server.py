@@ -443,7 +443,7 @@ def build_server() -> MCPServer:
             f"Prompt with arguments: arg1='{arg1}', arg2='{arg2}'"))]
 
     @server.prompt()
-    def test_prompt_with_embedded_resource(resourceUri: str) -> list[UserMessage]:  # noqa: N803
+    def test_prompt_with_embedded_resource(resourceUri: str) -> list[UserMessage]:
         """A prompt carrying an embedded resource."""
         return [UserMessage(role="user", content=types.EmbeddedResource(
                     type="resource", resource=types.TextResourceContents(
@@ -491,7 +491,7 @@ def build_server() -> MCPServer:
 
     # MCPServer has no public hook for these three (its low-level Server takes them as
     # constructor arguments, which MCPServer does not pass through)
-    lowlevel = server._lowlevel_server  # noqa: SLF001
+    lowlevel = server._lowlevel_server
     lowlevel.add_request_handler("logging/setLevel", types.SetLevelRequestParams, set_level)
     lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, subscribe)
     lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams,

@@ -94,8 +94,8 @@ async def test_conformance_parity(era: str, installed: tuple[str, dict[str, Path
                                     tmp_path / "direct")
     async with serve(build_app(), graceful_timeout=1) as upstream, \
             gateway_in_front(upstream) as endpoint:
-        through, output = await suite.run(node, entries[era], era, endpoint,
-                                          tmp_path / "tollhouse")
+        through, _output = await suite.run(node, entries[era], era, endpoint,
+                                           tmp_path / "tollhouse")
     summary, regressions = parity_report(era, direct, through)
     print(summary)
     # a suite that ran nothing would make parity vacuous

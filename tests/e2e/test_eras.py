@@ -278,7 +278,7 @@ async def test_the_bridge_strips_the_2026_envelope_and_keeps_other_meta(tmp_path
 
 
 async def test_bridged_server_request_ends_the_call_clearly(tmp_path: Path) -> None:
-    async with stack(tmp_path, stateful_sse_app, "legacy") as (endpoint, probe, db):
+    async with stack(tmp_path, stateful_sse_app, "legacy") as (endpoint, _probe, db):
         body, headers = modern_request("tools/call", {"name": "ask_sampling",
                                                       "arguments": {"prompt": "x"}})
         async with httpx.AsyncClient(timeout=DEADLINE_S) as raw:
@@ -291,7 +291,7 @@ async def test_bridged_server_request_ends_the_call_clearly(tmp_path: Path) -> N
 
 
 async def test_modern_disconnect_cancels_the_upstream_call(tmp_path: Path) -> None:
-    async with stack(tmp_path, stateful_sse_app, "auto") as (endpoint, probe, db):
+    async with stack(tmp_path, stateful_sse_app, "auto") as (endpoint, probe, _db):
         body, headers = modern_request("tools/call", {"name": "wait_forever", "arguments": {}})
         async with httpx.AsyncClient() as doomed:
             pending = asyncio.create_task(doomed.post(endpoint, content=body, headers=headers))
@@ -301,7 +301,7 @@ async def test_modern_disconnect_cancels_the_upstream_call(tmp_path: Path) -> No
 
 
 async def test_modern_cancel_request_ends_only_the_callers_own_call(tmp_path: Path) -> None:
-    async with stack(tmp_path, stateful_sse_app, "auto") as (endpoint, probe, db):
+    async with stack(tmp_path, stateful_sse_app, "auto") as (endpoint, probe, _db):
         body, headers = modern_request("tools/call", {"name": "wait_forever", "arguments": {}},
                                        request_id="call-7")
         async with httpx.AsyncClient(timeout=DEADLINE_S) as raw:

@@ -210,7 +210,7 @@ async def test_a_client_gone_before_its_body_arrived_is_audited_once() -> None:
     up = mock_upstream()
     async with running_gateway(make_config(), up.transport) as gw:
         host, port = gw.url.removeprefix("http://").split(":")
-        reader, writer = await asyncio.open_connection(host, int(port))
+        _reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(b"POST /mcp/e HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 100\r\n\r\n{\"jsonrpc\"")
         await writer.drain()
