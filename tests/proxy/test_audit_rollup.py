@@ -17,7 +17,7 @@ import pytest
 from proxy import migrations
 from proxy.audit import AuditRecord, rollup
 from proxy.audit import summary as aggregates
-from proxy.audit.database import DatabaseAuditSink, _line, _read, usage
+from proxy.audit.database import DatabaseAuditSink, _line, _read, _row, usage
 from proxy.cli import main
 from proxy.db import Database
 from tests import db_backends
@@ -322,7 +322,17 @@ async def test_the_migration_fills_the_rollups_from_the_records_there(database_u
                   r.denied_reason, round(r.duration_ms, 3), r.bytes_in, r.bytes_out, r.era,
                   r.call_id) for r in records(1200, seed=7)])
             conn.commit()
-        assert migrations.upgrade(database) == [20]
+        assert migrations.upgrade(database, migrations.MIGRATIONS[:20]) == [20]
+        before = usage_rows(database)
+        assert len(before) > 100
+        # migration 21 on rollups already filled: the same rows, each with its key's id
+        assert migrations.upgrade(database) == [21]
+        keys = {tuple(names): key_id for key_id, *names in _read(
+            database, "SELECT id, principal, endpoint, kind, tool FROM usage_keys", ()) or []}
+        assert len(set(keys.values())) == len(keys) == len({r[2:6] for r in before})
+        after = usage_rows(database, with_id=True)
+        assert after == [(*r[:6], keys[r[2:6]], *r[6:]) for r in before]
+        assert_rollups_are_the_records_folded(database)  # (the backfill's key ids: the same)
         assert_rollups_answer_as_the_records(database)
         # and the writer adds to them from there
         sink = DatabaseAuditSink(database)
@@ -333,6 +343,81 @@ async def test_the_migration_fills_the_rollups_from_the_records_there(database_u
         assert_rollups_answer_as_the_records(database)
     finally:
         database.close()
+
+
+def usage_rows(database: Database, with_id: bool = False) -> list[tuple[Any, ...]]:
+    """The usage rollup's rows in key order (with key_id after the key, if asked)."""
+    columns = rollup.USAGE.columns() if with_id else rollup.TABLES_20[-1].columns()
+    return [tuple(v if isinstance(v, str) or v is None else int(v) for v in row)
+            for row in _read(database, f"SELECT {', '.join(columns)} FROM rollup_usage ORDER "
+                                       "BY span, bucket, principal, endpoint, kind, tool",
+                             ()) or []]
+
+
+def call(ts: float, principal: str, tool: str | None = "read") -> tuple[Any, ...]:
+    """One tools/call of endpoint e0 as the audit writer's row."""
+    return _row(AuditRecord(endpoint="e0", method="tools/call", request_id=f"{ts}",
+                            principal=principal, tool=tool, status="ok", duration_ms=1.0,
+                            bytes_in=5, bytes_out=6, ts=ts))
+
+
+def test_the_release_before_still_adds_to_the_usage_rollup(database: Database) -> None:
+    """Migration 21 keeps the usage rollup's primary key: a writer of the release before
+    (its upsert names no key_id) adds to a row there and inserts new ones without an id,
+    which the next upsert of that key by this release's writer gives one."""
+    writer = rollup.Writer(database.dialect)
+    before = rollup.TABLES_20[-1]
+    minute = 60 * 29_000_000
+
+    def by_the_release_before(principal: str, n: int) -> str:
+        source = (f"(SELECT {minute} AS m, '{principal}' AS principal, 'e0' AS endpoint, 1 AS "
+                  f"kind, 'read' AS tool, 'ok' AS status, {n} AS n, 5 AS bytes_in, 6 AS "
+                  "bytes_out, 7 AS us) AS v")
+        return before.fold(source, rollup.SPANS_SQL, grouped=database.postgresql)
+
+    def ids_and_calls(principal: str) -> list[tuple[Any, ...]]:
+        return [r[6:8] for r in usage_rows(database, with_id=True) if r[2] == principal]
+
+    with database.transaction() as conn:
+        writer.add(conn.cursor(), [call(minute + 1.5, "p0")])
+    writer.committed()
+    with database.transaction() as conn:
+        conn.execute(by_the_release_before("p0", 2))
+        conn.execute(by_the_release_before("p1", 3))
+    p0 = writer.keys[("p0", "e0", 1, "read")]
+    assert ids_and_calls("p0") == [(p0, 3)] * 3  # (a row per span)
+    assert ids_and_calls("p1") == [(None, 3)] * 3
+    with database.transaction() as conn:
+        writer.add(conn.cursor(), [call(minute + 2.5, "p1")])
+    writer.committed()
+    p1 = writer.keys[("p1", "e0", 1, "read")]
+    assert p1 != p0
+    assert ids_and_calls("p1") == [(p1, 4)] * 3
+    assert {u["principal"]: u["calls"] for u in usage(database, since=minute,
+                                                      until=minute + 60)} == {"p0": 3, "p1": 4}
+
+
+def test_the_writer_keeps_only_key_ids_its_transactions_committed(database: Database) -> None:
+    """A new key's id read in a transaction that rolls back is not kept (SQLite gives its
+    number to the next new key; PostgreSQL's is never used): the key is read again."""
+    writer = rollup.Writer(database.dialect)
+    conn = database.connect()
+    try:
+        writer.add(conn.cursor(), [call(DAY + 1, "gone")])
+        conn.rollback()
+        writer.add(conn.cursor(), [call(DAY + 2, "kept")])
+        conn.commit()
+        writer.committed()
+        writer.add(conn.cursor(), [call(DAY + 3, "gone"), call(DAY + 4, "kept", None)])
+        conn.commit()
+        writer.committed()
+    finally:
+        conn.close()
+    stored = {tuple(names): int(key_id) for key_id, *names in _read(
+        database, "SELECT id, principal, endpoint, kind, tool FROM usage_keys", ()) or []}
+    assert writer.keys == stored and len(stored) == 3
+    assert {(u["principal"], u["tool"]): u["calls"] for u in usage(database, since=DAY)} == {
+        ("gone", "read"): 1, ("kept", "read"): 1, ("kept", None): 1}
 
 
 async def test_the_rollups_rebuilt_take_in_records_written_by_other_means(
@@ -353,10 +438,21 @@ async def test_the_rollups_rebuilt_take_in_records_written_by_other_means(
                 "duration_ms, bytes_in, bytes_out, era) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
                 (DAY + 30.5, "p9", "e9", "tools/call", "read", "ok", 7.5, 1, 2, "legacy"))
         assert usage(database, since=0) != raw_usage(database, since=0)
+        # the seconds no whole minute covers are read from the records by name: that one is
+        # there, though its key has no id
+        assert usage(database, since=DAY + 30, until=DAY + 31) == raw_usage(
+            database, since=DAY + 30, until=DAY + 31) != []
+        keys = _read(database, "SELECT id, principal, endpoint, kind, tool FROM usage_keys "
+                               "ORDER BY id", ()) or []
         cfg = tmp_path / "c.toml"
         cfg.write_text(f'[database]\nurl = "{url}"\n')
         assert main(["db", "rollups", "--config", str(cfg)]) == 0
         assert "audit rollups rebuilt" in capsys.readouterr().out
+        # the keys keep their ids (a running writer's are still right), e9's is new
+        rebuilt = _read(database, "SELECT id, principal, endpoint, kind, tool FROM usage_keys "
+                                  "ORDER BY id", ()) or []
+        assert rebuilt[:len(keys)] == keys and [r[1:] for r in rebuilt[len(keys):]] == [
+            ("p9", "e9", 1, "read")]
         assert_rollups_are_the_records_folded(database)
         assert_rollups_answer_as_the_records(database)
     finally:
