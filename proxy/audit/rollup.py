@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Sequence
+from math import sqrt
 from typing import Any
 
 import orjson
@@ -387,8 +388,8 @@ def key_statements(dialect: db.Dialect) -> list[str]:
            USAGE.ddl(dialect, new, key=dialect == "sqlite"), copy,
            f"DROP TABLE {USAGE.name}", f"ALTER TABLE {new} RENAME TO {USAGE.name}"]
     if dialect == "postgresql":  # (built once the rows are in: faster than row by row)
-        out += [f"ALTER TABLE {USAGE.name} ADD PRIMARY KEY "
-                f"({', '.join(('span', 'bucket', *USAGE.keys))})",
+        out += [(f"ALTER TABLE {USAGE.name} ADD PRIMARY KEY "
+                 f"({', '.join(('span', 'bucket', *USAGE.keys))})"),
                 # (the planner's figures for the new tables now, not at autovacuum's next run)
                 f"ANALYZE {USAGE.name}", f"ANALYZE {KEYS}"]
     return out
@@ -427,17 +428,20 @@ Segment = tuple[int, float, float | None, int]
 def plan(since: float, until: float | None, now: float | None = None,
          spans: Sequence[int] = SPANS) -> list[Segment]:
     """[since, until) as whole buckets of the coarsest span that fits, the ragged ends in
-    finer ones, and raw records for what no whole minute covers. An open end (`until` None)
-    is whole days from the first after `since` on. With `now` given, a period ending at or
-    after it is read as one ending on the next whole day, less what lies between its end and
-    that day's end (records from the future, next to none): today is one day bucket, not its
-    hours, minutes and seconds so far."""
+    finer ones, and raw records for what no whole minute covers. A ragged end is read as the
+    whole bucket it lies in less the rest of that bucket (signed rows) when that reads fewer
+    rows by `_cost`: a week from 01:00 is a day less an hour, not 23 hours. An open end
+    (`until` None) is whole days from the first after `since` on. With `now` given, a period
+    ending at or after it is read as one ending on the next whole day, less what lies between
+    its end and that day's end (records from the future, next to none): today is one day
+    bucket, not its hours, minutes and seconds so far."""
     if not spans:
         return [(0, since, until, 1)]
     top = spans[0]
     if until is None:
         first = -(-since // top) * top
-        return [*_plan(since, first, spans[1:]), (top, first, None, 1)]
+        head, start = _side(since, first, top, spans[1:], before=True)
+        return [*head, (top, start, None, 1)]
     if now is not None and until >= now and until % top:
         end = -(-until // top) * top
         return [*_plan(since, end, spans),
@@ -452,10 +456,48 @@ def _plan(lo: float, hi: float, spans: Sequence[int]) -> list[Segment]:
     for i, span in enumerate(spans):
         first = -(-lo // span) * span
         last = hi - hi % span
+        finer = spans[i + 1:]
         if first < last:
-            finer = spans[i + 1:]
-            return [*_plan(lo, first, finer), (span, first, last, 1), *_plan(last, hi, finer)]
+            head, start = _side(lo, first, span, finer, before=True)
+            tail, end = _side(last, hi, span, finer, before=False)
+            return [*head, (span, start, end, 1), *tail]
+        if first == last and first in (lo, hi):  # one end of a bucket, no whole one
+            part, bound = _side(lo, hi, span, finer, before=first == hi)
+            if bound == first:
+                return part
+            return [*part, (span, bound, hi, 1)] if first == hi else [(span, lo, bound, 1), *part]
     return [(0, lo, hi, 1)]
+
+
+def _side(lo: float, hi: float, span: int, finer: Sequence[int], before: bool
+          ) -> tuple[list[Segment], float]:
+    """[lo, hi), the part of one `span` bucket just before whole ones of it (`before`: that
+    bucket ends at `hi`) or just after them (it starts at `lo`): in `finer` spans, or as the
+    whole bucket less the rest of it when that costs less; and where the whole buckets
+    begin (`before`) or end, then."""
+    add = _plan(lo, hi, finer)
+    bound = hi if before else lo
+    if not add:
+        return add, bound
+    whole = hi - span if before else lo + span
+    rest = _plan(whole, lo, finer) if before else _plan(hi, whole, finer)
+    if _cost(rest) + _weight(span) < _cost(add):
+        return [(s, a, b, -sign) for s, a, b, sign in rest], whole
+    return add, bound
+
+
+def _weight(span: int) -> float:
+    """What reading one bucket of `span` (0: a raw piece under a minute) is taken to cost, in
+    minute buckets: the square root of its length in minutes, between a rollup whose keys
+    are few (every bucket about as many rows as keys: 1) and one whose every record has a key
+    of its own (rows as many as records: the span's minutes). The bench's usage rollup: an
+    hour 43 minutes' rows, a day 84."""
+    return sqrt(max(span, 60) / 60)
+
+
+def _cost(segments: list[Segment]) -> float:
+    return sum(_weight(span) * ((hi - lo) / span if span and hi is not None else 1)
+               for span, lo, hi, _ in segments)
 
 
 def union(segments: list[Segment], tier: str, tier_args: Sequence[Any], raw: str,
@@ -465,12 +507,14 @@ def union(segments: list[Segment], tier: str, tier_args: Sequence[Any], raw: str
     range go) over each rollup segment and `raw` (one of the audit table, `{at}` for its ts
     range) over each raw one, and the arguments: each SELECT's `head` ones (of `?` before
     `{at}`), the range's, then its `args` (of `?` after). `{sign}` in a SELECT is its
-    segment's sign (1 or -1): a SELECT without one takes no segment away."""
+    segment's sign (1 or -1), `{neg}` a minus sign in a segment taken away (nothing in one
+    added: `{neg}n` costs the rows added nothing): a SELECT with neither takes no segment
+    away."""
     parts: list[str] = []
     args: list[Any] = []
     for span, lo, hi, sign in segments:
         template = tier if span else raw
-        if sign < 0 and "{sign}" not in template:
+        if sign < 0 and "{sign}" not in template and "{neg}" not in template:
             raise ValueError("a segment to take away, and no {sign} to take it away with")
         if span:
             at = "span = ? AND bucket >= ?" + ("" if hi is None else " AND bucket < ?")
@@ -480,5 +524,5 @@ def union(segments: list[Segment], tier: str, tier_args: Sequence[Any], raw: str
             at = "ts >= ?" + ("" if hi is None else " AND ts < ?")
             bounds = [lo] if hi is None else [lo, hi]
             args += [*raw_head, *bounds, *raw_args]
-        parts.append(template.format(at=at, sign=sign))
+        parts.append(template.format(at=at, sign=sign, neg="-" if sign < 0 else ""))
     return " UNION ALL ".join(parts), args

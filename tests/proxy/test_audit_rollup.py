@@ -160,6 +160,8 @@ PERIODS: list[tuple[float, float | None]] = [
     (DAY - 86400, DAY + 86400), (DAY - 86400 - 7 * M, DAY + 5 * H + 31.5),
     (DAY + 0.5, DAY + 59.9), (DAY - 59.5, DAY + 60.25), (DAY - 3 * H - 1e-6, DAY + 2 * H),
     (DAY + 13 * M, DAY + 14 * M), (DAY, DAY), (DAY - 1.25 * 86400, DAY + 1.25 * 86400 + 7.5),
+    # read as whole buckets less the rest of them (`plan`'s complements)
+    (DAY + 65.5, DAY + 5 * H - 30), (DAY - 86400 + 3 * H + 2 * M, DAY + 20 * H + 58 * M + 12.5),
 ]
 SERIES: list[tuple[float, float, int]] = [
     (DAY - 86400, DAY + 86400, 3600),  # hours on hours
@@ -171,6 +173,8 @@ SERIES: list[tuple[float, float, int]] = [
     (DAY + 12.5, DAY + H, 60),  # starts off a minute: the raw records
     (DAY - H, DAY + H, 90),  # buckets off minutes: the raw records
     (DAY - 30 * M, DAY + 30 * M, 1),
+    (DAY - 5 * H, DAY + 2 * H + 50 * M, 3600),  # the last hour less its last 10 minutes
+    (DAY - 2 * 86400, DAY + 20 * H, 86400),  # the last day less its last 4 hours
 ]
 FILTERS: list[dict[str, str]] = [{}, {"endpoint": "e2"}, {"principal": "p1"},
                                  {"endpoint": "e1", "principal": ""},
@@ -191,6 +195,56 @@ def near_now() -> tuple[list[tuple[float, float | None]], list[tuple[float, floa
              (end - 3600, now + 1, 60)])
 
 
+def test_a_serial_read_runs_no_parallel_workers(database: Database) -> None:
+    """PostgreSQL: `_read(..., serial=True)` plans without parallel workers (the usage sum:
+    each worker would see nearly every key), for that statement's transaction only."""
+    if not database.postgresql:
+        pytest.skip("PostgreSQL's parallel query")
+    setting = "SELECT current_setting('max_parallel_workers_per_gather')"
+    default = _read(database, setting, ())
+    assert default is not None and default != [("0",)]
+    assert _read(database, setting, (), serial=True) == [("0",)]
+    assert _read(database, setting, ()) == default  # (the pooled connection as it was)
+
+
+def test_a_plan_reads_its_period_once() -> None:
+    """Whatever the bounds, the signed segments of `plan` cover every instant of the period
+    once (the buckets it adds less those it takes away) and nothing outside it; each rollup
+    segment is whole buckets of its span."""
+    rng = random.Random(11)
+    for _ in range(4000):
+        since = DAY + rng.choice((rng.uniform(-3, 3) * 86400, rng.randrange(-4000, 4000) * M,
+                                  rng.randrange(-80, 80) * H + rng.choice((0, 0.5, 59.75))))
+        until = rng.choice((None, since + rng.uniform(0, 4) * 86400,
+                            since + rng.randrange(3000) * M, since + rng.uniform(0, 200),
+                            DAY + rng.randrange(-80, 80) * H))
+        now = rng.choice((None, since + rng.uniform(-1, 3) * 86400))
+        spans = rng.choice((rollup.SPANS, (3600, 60), (60,)))
+        segments = rollup.plan(since, until, now, spans)
+        probes = [since, since - 1e-3, rng.uniform(since - 86400, since + 5 * 86400)]
+        for span, lo, hi, sign in segments:
+            assert sign in (1, -1) and (span == 0 or span in spans)
+            assert span == 0 or hi is None or lo < hi  # (a raw one may be empty)
+            if span:
+                assert lo % span == 0 and (hi is None or hi % span == 0), (span, lo, hi)
+            probes += [lo, lo - 1e-3, lo + 1e-3, *(() if hi is None else (hi, hi - 1e-3))]
+        for t in probes:
+            inside = since <= t and (until is None or t < until)
+            assert sum(sign for _, lo, hi, sign in segments
+                       if lo <= t and (hi is None or t < hi)) == inside, (since, until, now, t)
+
+
+def test_a_week_from_just_after_midnight_reads_a_day_less_an_hour() -> None:
+    """A ragged end is read as the whole bucket it lies in less the rest of it when that is
+    shorter: the console's week from 01:01 is its first day less an hour and a minute (3
+    buckets), not 59 minutes and 22 hours."""
+    segments = rollup.plan(DAY + H + M, None, DAY + 7 * 86400 - 23 * H)
+    assert sorted(segments) == [(60, DAY + H, DAY + H + M, -1), (3600, DAY, DAY + H, -1),
+                                (86400, DAY, None, 1)]
+    # and from 12:01 half a day is half a day either way: its hours
+    assert [s[0] for s in rollup.plan(DAY + 12 * H + M, None)] == [60, 3600, 86400]
+
+
 def assert_rollups_answer_as_the_records(database: Database) -> None:
     periods, series = near_now()
     for since, until_ in [*PERIODS, *periods]:
@@ -198,8 +252,11 @@ def assert_rollups_answer_as_the_records(database: Database) -> None:
             assert aggregates.summary(database, since=since, until=until_, top=top) == \
                 raw_summary(database, since=since, until=until_, top=top), (since, until_, top)
         for filters in FILTERS:
-            assert usage(database, since=since, until=until_, **filters) == raw_usage(
-                database, since=since, until=until_, **filters), (since, until_, filters)
+            every = usage(database, since=since, until=until_, **filters)
+            assert every == raw_usage(database, since=since, until=until_, **filters), (
+                since, until_, filters)
+            # the busiest few: the first of them all
+            assert usage(database, since=since, until=until_, limit=3, **filters) == every[:3]
     for since, until_, bucket_s in [*SERIES, *series]:
         for filters in FILTERS:
             assert aggregates.series(database, since=since, until=until_, bucket_s=bucket_s,
