@@ -13,14 +13,20 @@ Unix time its span starts at, a multiple of the span) and by what its query grou
 - `rollup_tools` per endpoint and tool: tools/call records: the summary's busiest tools.
 - `rollup_denials` per reason: MCP denials: the summary's denials.
 - `rollup_usage` per principal, endpoint and tool: calls, per status, bytes in and out,
-  duration (whole microseconds): /api/v1/usage, and a series of one principal.
+  duration (whole microseconds): /api/v1/usage, and a series of one principal. Each row also
+  holds its key's integer `key_id` (migration 21): `usage_keys` numbers every (principal,
+  endpoint, kind, tool) once, and /api/v1/usage sums a period's rows per key_id (a GROUP BY
+  on one integer, where four columns of text and kind cost SQLite a sort twice as long),
+  then names the totals from usage_keys.
 
 `kind` tells a NULL from a name, since a key holds no NULL: 0 a method other than tools/call
 (tool ''), 1 tools/call naming `tool`, 2 tools/call without a tool name (NULL; tool ''); for
 a reason, 1 a reason, 2 none (NULL; reason '').
 
 A period is read exactly (`plan`): whole days, whole hours at the ends, whole minutes at
-theirs, and the raw records only for the parts of a minute at either edge; one that ends now
+theirs, and the raw records only for the parts of a minute at either edge; a ragged end is
+read instead as the whole bucket it lies in less the rest of that bucket when that reads
+fewer rows (a week from 01:01: its first day less an hour and a minute); one that ends now
 or later takes today's day bucket whole and takes away what lies after its end (signed rows,
 `union`). A series reads the rollup when its buckets start on minutes (`since` and
 `bucket_s` multiples of 60), else its raw records.
@@ -29,8 +35,10 @@ The writer folds a batch in Python first, one tuple key and four integer adds a 
 (`fold`), and sends the folded rows as one JSON parameter to an INSERT ... SELECT ... ON
 CONFLICT DO UPDATE a table, which spreads them over the three spans (`Writer`): a handful of
 statements a batch, whatever its size, in the batch's transaction; a retried or replayed
-batch adds only the records that went in (`proxy.audit.database`). The migration fills the
-tables from the records already there with the same projections (`backfill`).
+batch adds only the records that went in (`proxy.audit.database`). Each folded row carries
+its usage key's id, which the writer keeps once a transaction that read it commits. The
+migration fills the tables from the records already there with the same projections
+(`backfill`).
 """
 
 from __future__ import annotations
