@@ -71,9 +71,12 @@ async def usage_totals(who: Caller, api: Api) -> Response:
     args = request.args
     problems: query.Problems = []
     times = query.period(args, problems)
+    # the busiest `limit` rows (a page of the console's), or every one
+    limit = query.limit(args["limit"], problems) if "limit" in args else None
     if problems:
         raise Invalid(problems)
     since = times["since"] if times["since"] is not None else time.time() - DAY_S
     rows = await api.aggregate(usage_query, since=since, until=times["until"],
-                           endpoint=args.get("endpoint"), principal=args.get("principal"))
+                               endpoint=args.get("endpoint"), principal=args.get("principal"),
+                               limit=limit)
     return json_response({"items": rows, "since": since, "until": times["until"]})

@@ -267,9 +267,10 @@ def _audit_and_usage() -> dict[str, Any]:
     return {
         "/api/v1/audit": {"get": _op("Audit records, newest first", "200", audit, query=[
             "status", "endpoint", "principal", "tool", "since", "until", "cursor", "limit"])},
-        "/api/v1/usage": {"get": _op("tools/call totals per principal, endpoint and tool",
-                                     "200", usage,
-                                     query=["since", "until", "endpoint", "principal"])},
+        "/api/v1/usage": {"get": _paged(_op(
+            "tools/call totals per principal, endpoint and tool, busiest first", "200", usage,
+            query=["since", "until", "endpoint", "principal", "limit"]),
+            "total")},
     }
 
 

@@ -21,6 +21,8 @@ __all__ = ["BOUNDS_MS", "MANAGEMENT", "MAX_BUCKETS", "MAX_HEALTHS", "health", "h
 MAX_BUCKETS = 1000  # of a series
 _COUNTS = ", ".join(f"CASE WHEN status = '{s}' THEN 1 ELSE 0 END AS {s}"
                     for s in rollup.STATUSES)
+_SIGNED_COUNTS = ", ".join(f"CASE WHEN status = '{s}' THEN {{sign}} ELSE 0 END AS {s}"
+                           for s in rollup.STATUSES)
 _SUMS = ", ".join(f"sum({s})" for s in rollup.STATUSES)
 
 
@@ -55,18 +57,20 @@ def series(target: db.Target, *, since: float, until: float, bucket_s: int,
     dialect = _dialect(target)
     index = ("CAST((ts - ?) / ? AS INTEGER)" if dialect == "sqlite"
              else "CAST(floor((ts - ?) / ?) AS BIGINT)")
-    raw = f"SELECT {index} AS k, {_COUNTS} FROM audit WHERE {{at}}{where}"
+    aligned = next((s for s in rollup.SPANS if since % s == 0 and bucket_s % s == 0), 0)
+    segments: list[rollup.Segment] = (
+        rollup.plan(since, end, spans=[s for s in rollup.SPANS if s <= aligned]) if aligned
+        else [(0, since, end, 1)])
+    # a bucket the plan takes away a part of (the rest of a whole hour, say) counts negated;
+    # every bucket and the part taken from it fall in one bucket of the series
+    raw = f"SELECT {index} AS k, {_SIGNED_COUNTS} FROM audit WHERE {{at}}{where}"
     # of one principal: the usage rollup (every method); of one endpoint: the endpoints';
     # else MCP traffic (the management API's records are not in rollup_calls)
     table, tier_where, tier_args = (("rollup_usage", where, args) if principal is not None
                                     else ("rollup_endpoints", where, args)
                                     if endpoint is not None else ("rollup_calls", "", []))
-    tier = (f"SELECT (bucket - ?) / ? AS k, {', '.join(rollup.STATUSES)} FROM {table} "
-            f"WHERE {{at}}{tier_where}")
-    aligned = next((s for s in rollup.SPANS if since % s == 0 and bucket_s % s == 0), 0)
-    segments: list[rollup.Segment] = (
-        rollup.plan(since, end, spans=[s for s in rollup.SPANS if s <= aligned]) if aligned
-        else [(0, since, end, 1)])
+    negated = ", ".join(f"{{neg}}{s} AS {s}" for s in rollup.STATUSES)
+    tier = f"SELECT (bucket - ?) / ? AS k, {negated} FROM {table} WHERE {{at}}{tier_where}"
     union, union_args = rollup.union(segments, tier, tier_args, raw, args,
                                      tier_head=[int(since), bucket_s],
                                      raw_head=[since, bucket_s])

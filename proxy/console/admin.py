@@ -24,6 +24,9 @@ KEYS_PAGE = 100
 OVERVIEW_ROWS = 50  # the busiest endpoints of the day; the usage page has the rest
 # servers a page, each with its state: one /server-status request (of at most 100 names)
 SERVERS_PAGE = 100
+# the usage page's table: the busiest principal, endpoint and tool totals of the period (the
+# API sorts them all and sends these: a week at size has 7,500)
+USAGE_ROWS = 200
 ACCESS_LISTS = ("allow_subjects", "allow_groups", "allow_scopes", "allow_keys",
                 "tools_allow", "tools_deny")
 
@@ -233,7 +236,7 @@ async def usage(web: Web, user: User) -> Response:
     for key in ("endpoint", "principal"):
         if request.args.get(key):
             params[key] = request.args[key]
-    totals = await call(web, "GET", "/usage", params=params)
+    totals = await call(web, "GET", "/usage", params={**params, "limit": str(USAGE_ROWS)})
     series = await call(web, "GET", "/usage/series", params={
         **params, "until": f"{now:.3f}", "bucket_s": str(max(60, span // 60))})
     if not (totals.ok and series.ok):
@@ -241,7 +244,7 @@ async def usage(web: Web, user: User) -> Response:
         return await render("message.html", user, bad.status, title="Bad filter",
                             message=bad.detail, back="/console/usage")
     rows = totals.body["items"]
-    return await render("usage.html", user, rows=rows[:200], period=period, periods=PERIODS,
+    return await render("usage.html", user, rows=rows, period=period, periods=PERIODS,
                         filters={k: v for k, v in params.items() if k != "since"},
                         chart=charts.stacked(series.body["items"], series.body["bucket_s"]),
                         bars=charts.bars([(f"{r['endpoint']} {r['tool'] or ''}", r["calls"])

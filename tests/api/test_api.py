@@ -331,9 +331,11 @@ async def test_audit_pages_newest_first_and_usage(tmp_path: Path) -> None:
                               ({"principal": "nobody"}, [])):
             got = await e.admin.get(e.api("/usage"), params=params)
             assert [r["calls"] for r in got.json()["items"]] == calls, params
-        bad_period = await e.admin.get(e.api("/usage"), params={"since": "x", "until": "y"})
+        bad_period = await e.admin.get(e.api("/usage"), params={"since": "x", "until": "y",
+                                                                 "limit": "501"})
         assert bad_period.status_code == 422
-        assert [p["loc"] for p in detail(bad_period)] == [["query", "since"], ["query", "until"]]
+        assert [p["loc"] for p in detail(bad_period)] == [["query", "since"], ["query", "until"],
+                                                          ["query", "limit"]]
 
 
 def cursor_of(value: Any) -> str:

@@ -17,7 +17,7 @@ import pytest
 from proxy import migrations
 from proxy.audit import AuditRecord, rollup
 from proxy.audit import summary as aggregates
-from proxy.audit.database import DatabaseAuditSink, _line, _read, usage
+from proxy.audit.database import DatabaseAuditSink, _line, _read, _row, usage
 from proxy.cli import main
 from proxy.db import Database
 from tests import db_backends
@@ -160,6 +160,8 @@ PERIODS: list[tuple[float, float | None]] = [
     (DAY - 86400, DAY + 86400), (DAY - 86400 - 7 * M, DAY + 5 * H + 31.5),
     (DAY + 0.5, DAY + 59.9), (DAY - 59.5, DAY + 60.25), (DAY - 3 * H - 1e-6, DAY + 2 * H),
     (DAY + 13 * M, DAY + 14 * M), (DAY, DAY), (DAY - 1.25 * 86400, DAY + 1.25 * 86400 + 7.5),
+    # read as whole buckets less the rest of them (`plan`'s complements)
+    (DAY + 65.5, DAY + 5 * H - 30), (DAY - 86400 + 3 * H + 2 * M, DAY + 20 * H + 58 * M + 12.5),
 ]
 SERIES: list[tuple[float, float, int]] = [
     (DAY - 86400, DAY + 86400, 3600),  # hours on hours
@@ -171,6 +173,8 @@ SERIES: list[tuple[float, float, int]] = [
     (DAY + 12.5, DAY + H, 60),  # starts off a minute: the raw records
     (DAY - H, DAY + H, 90),  # buckets off minutes: the raw records
     (DAY - 30 * M, DAY + 30 * M, 1),
+    (DAY - 5 * H, DAY + 2 * H + 50 * M, 3600),  # the last hour less its last 10 minutes
+    (DAY - 2 * 86400, DAY + 20 * H, 86400),  # the last day less its last 4 hours
 ]
 FILTERS: list[dict[str, str]] = [{}, {"endpoint": "e2"}, {"principal": "p1"},
                                  {"endpoint": "e1", "principal": ""},
@@ -191,6 +195,56 @@ def near_now() -> tuple[list[tuple[float, float | None]], list[tuple[float, floa
              (end - 3600, now + 1, 60)])
 
 
+def test_a_serial_read_runs_no_parallel_workers(database: Database) -> None:
+    """PostgreSQL: `_read(..., serial=True)` plans without parallel workers (the usage sum:
+    each worker would see nearly every key), for that statement's transaction only."""
+    if not database.postgresql:
+        pytest.skip("PostgreSQL's parallel query")
+    setting = "SELECT current_setting('max_parallel_workers_per_gather')"
+    default = _read(database, setting, ())
+    assert default is not None and default != [("0",)]
+    assert _read(database, setting, (), serial=True) == [("0",)]
+    assert _read(database, setting, ()) == default  # (the pooled connection as it was)
+
+
+def test_a_plan_reads_its_period_once() -> None:
+    """Whatever the bounds, the signed segments of `plan` cover every instant of the period
+    once (the buckets it adds less those it takes away) and nothing outside it; each rollup
+    segment is whole buckets of its span."""
+    rng = random.Random(11)
+    for _ in range(4000):
+        since = DAY + rng.choice((rng.uniform(-3, 3) * 86400, rng.randrange(-4000, 4000) * M,
+                                  rng.randrange(-80, 80) * H + rng.choice((0, 0.5, 59.75))))
+        until = rng.choice((None, since + rng.uniform(0, 4) * 86400,
+                            since + rng.randrange(3000) * M, since + rng.uniform(0, 200),
+                            DAY + rng.randrange(-80, 80) * H))
+        now = rng.choice((None, since + rng.uniform(-1, 3) * 86400))
+        spans = rng.choice((rollup.SPANS, (3600, 60), (60,)))
+        segments = rollup.plan(since, until, now, spans)
+        probes = [since, since - 1e-3, rng.uniform(since - 86400, since + 5 * 86400)]
+        for span, lo, hi, sign in segments:
+            assert sign in (1, -1) and (span == 0 or span in spans)
+            assert span == 0 or hi is None or lo < hi  # (a raw one may be empty)
+            if span:
+                assert lo % span == 0 and (hi is None or hi % span == 0), (span, lo, hi)
+            probes += [lo, lo - 1e-3, lo + 1e-3, *(() if hi is None else (hi, hi - 1e-3))]
+        for t in probes:
+            inside = since <= t and (until is None or t < until)
+            assert sum(sign for _, lo, hi, sign in segments
+                       if lo <= t and (hi is None or t < hi)) == inside, (since, until, now, t)
+
+
+def test_a_week_from_just_after_midnight_reads_a_day_less_an_hour() -> None:
+    """A ragged end is read as the whole bucket it lies in less the rest of it when that is
+    shorter: the console's week from 01:01 is its first day less an hour and a minute (3
+    buckets), not 59 minutes and 22 hours."""
+    segments = rollup.plan(DAY + H + M, None, DAY + 7 * 86400 - 23 * H)
+    assert sorted(segments) == [(60, DAY + H, DAY + H + M, -1), (3600, DAY, DAY + H, -1),
+                                (86400, DAY, None, 1)]
+    # and from 12:01 half a day is half a day either way: its hours
+    assert [s[0] for s in rollup.plan(DAY + 12 * H + M, None)] == [60, 3600, 86400]
+
+
 def assert_rollups_answer_as_the_records(database: Database) -> None:
     periods, series = near_now()
     for since, until_ in [*PERIODS, *periods]:
@@ -198,8 +252,12 @@ def assert_rollups_answer_as_the_records(database: Database) -> None:
             assert aggregates.summary(database, since=since, until=until_, top=top) == \
                 raw_summary(database, since=since, until=until_, top=top), (since, until_, top)
         for filters in FILTERS:
-            assert usage(database, since=since, until=until_, **filters) == raw_usage(
-                database, since=since, until=until_, **filters), (since, until_, filters)
+            every = usage(database, since=since, until=until_, **filters)
+            assert every == raw_usage(database, since=since, until=until_, **filters), (
+                since, until_, filters)
+            # the busiest few: the first of them all
+            assert usage(database, since=since, until=until_, endpoint=filters.get("endpoint"),
+                         principal=filters.get("principal"), limit=3) == every[:3]
     for since, until_, bucket_s in [*SERIES, *series]:
         for filters in FILTERS:
             assert aggregates.series(database, since=since, until=until_, bucket_s=bucket_s,
@@ -322,7 +380,17 @@ async def test_the_migration_fills_the_rollups_from_the_records_there(database_u
                   r.denied_reason, round(r.duration_ms, 3), r.bytes_in, r.bytes_out, r.era,
                   r.call_id) for r in records(1200, seed=7)])
             conn.commit()
-        assert migrations.upgrade(database) == [20]
+        assert migrations.upgrade(database, migrations.MIGRATIONS[:20]) == [20]
+        before = usage_rows(database)
+        assert len(before) > 100
+        # migration 21 on rollups already filled: the same rows, each with its key's id
+        assert migrations.upgrade(database) == [21]
+        keys = {tuple(names): key_id for key_id, *names in _read(
+            database, "SELECT id, principal, endpoint, kind, tool FROM usage_keys", ()) or []}
+        assert len(set(keys.values())) == len(keys) == len({r[2:6] for r in before})
+        after = usage_rows(database, with_id=True)
+        assert after == [(*r[:6], keys[r[2:6]], *r[6:]) for r in before]
+        assert_rollups_are_the_records_folded(database)  # (the backfill's key ids: the same)
         assert_rollups_answer_as_the_records(database)
         # and the writer adds to them from there
         sink = DatabaseAuditSink(database)
@@ -333,6 +401,81 @@ async def test_the_migration_fills_the_rollups_from_the_records_there(database_u
         assert_rollups_answer_as_the_records(database)
     finally:
         database.close()
+
+
+def usage_rows(database: Database, with_id: bool = False) -> list[tuple[Any, ...]]:
+    """The usage rollup's rows in key order (with key_id after the key, if asked)."""
+    columns = rollup.USAGE.columns() if with_id else rollup.TABLES_20[-1].columns()
+    return [tuple(v if isinstance(v, str) or v is None else int(v) for v in row)
+            for row in _read(database, f"SELECT {', '.join(columns)} FROM rollup_usage ORDER "
+                                       "BY span, bucket, principal, endpoint, kind, tool",
+                             ()) or []]
+
+
+def call(ts: float, principal: str, tool: str | None = "read") -> tuple[Any, ...]:
+    """One tools/call of endpoint e0 as the audit writer's row."""
+    return _row(AuditRecord(endpoint="e0", method="tools/call", request_id=f"{ts}",
+                            principal=principal, tool=tool, status="ok", duration_ms=1.0,
+                            bytes_in=5, bytes_out=6, ts=ts))
+
+
+def test_the_release_before_still_adds_to_the_usage_rollup(database: Database) -> None:
+    """Migration 21 keeps the usage rollup's primary key: a writer of the release before
+    (its upsert names no key_id) adds to a row there and inserts new ones without an id,
+    which the next upsert of that key by this release's writer gives one."""
+    writer = rollup.Writer(database.dialect)
+    before = rollup.TABLES_20[-1]
+    minute = 60 * 29_000_000
+
+    def by_the_release_before(principal: str, n: int) -> str:
+        source = (f"(SELECT {minute} AS m, '{principal}' AS principal, 'e0' AS endpoint, 1 AS "
+                  f"kind, 'read' AS tool, 'ok' AS status, {n} AS n, 5 AS bytes_in, 6 AS "
+                  "bytes_out, 7 AS us) AS v")
+        return before.fold(source, rollup.SPANS_SQL, grouped=database.postgresql)
+
+    def ids_and_calls(principal: str) -> list[tuple[Any, ...]]:
+        return [r[6:8] for r in usage_rows(database, with_id=True) if r[2] == principal]
+
+    with database.transaction() as conn:
+        writer.add(conn.cursor(), [call(minute + 1.5, "p0")])
+    writer.committed()
+    with database.transaction() as conn:
+        conn.execute(by_the_release_before("p0", 2))
+        conn.execute(by_the_release_before("p1", 3))
+    p0 = writer.keys[("p0", "e0", 1, "read")]
+    assert ids_and_calls("p0") == [(p0, 3)] * 3  # (a row per span)
+    assert ids_and_calls("p1") == [(None, 3)] * 3
+    with database.transaction() as conn:
+        writer.add(conn.cursor(), [call(minute + 2.5, "p1")])
+    writer.committed()
+    p1 = writer.keys[("p1", "e0", 1, "read")]
+    assert p1 != p0
+    assert ids_and_calls("p1") == [(p1, 4)] * 3
+    assert {u["principal"]: u["calls"] for u in usage(database, since=minute,
+                                                      until=minute + 60)} == {"p0": 3, "p1": 4}
+
+
+def test_the_writer_keeps_only_key_ids_its_transactions_committed(database: Database) -> None:
+    """A new key's id read in a transaction that rolls back is not kept (SQLite gives its
+    number to the next new key; PostgreSQL's is never used): the key is read again."""
+    writer = rollup.Writer(database.dialect)
+    conn = database.connect()
+    try:
+        writer.add(conn.cursor(), [call(DAY + 1, "gone")])
+        conn.rollback()
+        writer.add(conn.cursor(), [call(DAY + 2, "kept")])
+        conn.commit()
+        writer.committed()
+        writer.add(conn.cursor(), [call(DAY + 3, "gone"), call(DAY + 4, "kept", None)])
+        conn.commit()
+        writer.committed()
+    finally:
+        conn.close()
+    stored = {tuple(names): int(key_id) for key_id, *names in _read(
+        database, "SELECT id, principal, endpoint, kind, tool FROM usage_keys", ()) or []}
+    assert writer.keys == stored and len(stored) == 3
+    assert {(u["principal"], u["tool"]): u["calls"] for u in usage(database, since=DAY)} == {
+        ("gone", "read"): 1, ("kept", "read"): 1, ("kept", None): 1}
 
 
 async def test_the_rollups_rebuilt_take_in_records_written_by_other_means(
@@ -353,10 +496,21 @@ async def test_the_rollups_rebuilt_take_in_records_written_by_other_means(
                 "duration_ms, bytes_in, bytes_out, era) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
                 (DAY + 30.5, "p9", "e9", "tools/call", "read", "ok", 7.5, 1, 2, "legacy"))
         assert usage(database, since=0) != raw_usage(database, since=0)
+        # the seconds no whole minute covers are read from the records by name: that one is
+        # there, though its key has no id
+        assert usage(database, since=DAY + 30, until=DAY + 31) == raw_usage(
+            database, since=DAY + 30, until=DAY + 31) != []
+        keys = _read(database, "SELECT id, principal, endpoint, kind, tool FROM usage_keys "
+                               "ORDER BY id", ()) or []
         cfg = tmp_path / "c.toml"
         cfg.write_text(f'[database]\nurl = "{url}"\n')
         assert main(["db", "rollups", "--config", str(cfg)]) == 0
         assert "audit rollups rebuilt" in capsys.readouterr().out
+        # the keys keep their ids (a running writer's are still right), e9's is new
+        rebuilt = _read(database, "SELECT id, principal, endpoint, kind, tool FROM usage_keys "
+                                  "ORDER BY id", ()) or []
+        assert rebuilt[:len(keys)] == keys and [r[1:] for r in rebuilt[len(keys):]] == [
+            ("p9", "e9", 1, "read")]
         assert_rollups_are_the_records_folded(database)
         assert_rollups_answer_as_the_records(database)
     finally:

@@ -50,7 +50,7 @@ TABLES = {"audit", "usage_outbox", "api_keys", "api_keys_version", "users", "oau
           "oauth_clients", "oauth_refresh", "upstream_tokens", "servers", "servers_version",
           "roles", "user_roles", "upstream_clients", "schema_migrations", "endpoints",
           "endpoints_version", "rollup_calls", "rollup_endpoints", "rollup_tools",
-          "rollup_denials", "rollup_usage"}
+          "rollup_denials", "rollup_usage", "usage_keys"}
 
 
 def rows(database: Database, text: str, *args: Any) -> list[tuple[Any, ...]]:
