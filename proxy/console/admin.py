@@ -3,7 +3,6 @@ Every figure comes from /api/v1 (proxy.console.api), every change goes to it."""
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -12,6 +11,7 @@ from urllib.parse import urlencode
 import orjson
 from quart import Response, request
 
+from proxy.api import query
 from proxy.console import charts
 from proxy.console.api import call
 from proxy.console.render import after, render, words
@@ -57,9 +57,9 @@ async def overview(web: Web, user: User) -> Response:
 
 
 def _offset() -> int:
-    """The page's `offset` argument: a whole number (anything else is the first page)."""
-    offset = request.args.get("offset", "0")
-    return int(offset) if re.fullmatch(r"[0-9]{1,9}", offset) else 0
+    """The page's `offset` argument, read as the API reads it (anything it would refuse is
+    the first page)."""
+    return query.offset(request.args.get("offset"), [])
 
 
 async def servers(web: Web, user: User) -> Response:
