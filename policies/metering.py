@@ -10,7 +10,8 @@ call id set here is its idempotency key).
 from __future__ import annotations
 
 import asyncio
-import secrets
+import os
+import threading
 import time
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -30,6 +31,38 @@ class MeteringBackend(Protocol):
         """Deliver one usage event; raise to have it retried."""
 
 
+class _RandomBytes:
+    """The operating system's random bytes (`os.urandom`), read 4 KiB at a time and handed
+    out in slices. os.urandom lets the GIL go around its getrandom call, so a call per metered
+    request gave the audit writer and the outbox threads the GIL at that moment and the event
+    loop waited to get it back: 20 us a call in process (bench/README.md, "Every policy on").
+    A slice is as random as the call would have been; the buffer is dropped in a forked child
+    (parent and child would otherwise hand out the same bytes)."""
+
+    SIZE = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # (the loop is the only caller today; cheap if not)
+        self._buf = b""
+        self._at = 0
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._lock = threading.Lock()
+        self._buf, self._at = b"", 0
+
+    def take(self, n: int) -> bytes:
+        with self._lock:
+            at = self._at
+            if at + n > len(self._buf):
+                self._buf, at = os.urandom(max(self.SIZE, n)), 0
+            self._at = at + n
+            return self._buf[at:at + n]
+
+
+_random = _RandomBytes()
+
+
 def new_call_id() -> str:
     """A usage event's idempotency key: 24 hex digits, the time in milliseconds (48 bits) then
     48 random bits. Keys made later sort later, so each lands at the right edge of the unique
@@ -37,7 +70,7 @@ def new_call_id() -> str:
     batch writes a leaf page or two of each, not one per record at a random place (on SQLite
     the writer spent about twice the time on a metered record with random keys). Unguessable
     all the same: two calls of one millisecond differ in 48 random bits."""
-    return f"{time.time_ns() // 1_000_000 & 0xFFFF_FFFF_FFFF:012x}{secrets.token_hex(6)}"
+    return f"{time.time_ns() // 1_000_000 & 0xFFFF_FFFF_FFFF:012x}{_random.take(6).hex()}"
 
 
 class Metering:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -64,6 +65,24 @@ def test_call_ids_sort_by_time_and_differ_within_a_millisecond() -> None:
     assert heads == sorted(heads)  # the time part never goes back
     assert int(heads[-1], 16) - int(heads[0], 16) < 60_000  # and it is milliseconds
     assert abs(int(heads[0], 16) - time.time_ns() // 1_000_000) < 60_000
+
+
+def test_a_forked_child_does_not_repeat_the_parents_call_ids() -> None:
+    """The random part comes from a buffer of os.urandom bytes; a child forked with the
+    buffer half used must not hand out the bytes its parent hands out next."""
+    new_call_id()  # the buffer is filled in this process before the fork
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next random parts, to the parent, then out
+        os.close(read)
+        os.write(write, "".join(new_call_id()[12:] for _ in range(20)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        child = pipe.read().decode()
+    os.waitpid(pid, 0)
+    mine = "".join(new_call_id()[12:] for _ in range(20))
+    assert len(child) == len(mine) == 240 and child != mine
 
 
 async def test_methods_not_metered_pass_without_asking() -> None:
