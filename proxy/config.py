@@ -179,7 +179,9 @@ class DatabaseConfig:
     # with the journal on: how long the audit writer lets records gather before it commits
     # them together (0: each as soon as the writer is free); no answer waits for it, only how
     # soon another process reads a record (this one's audit queries commit what it holds)
-    audit_commit_window_ms: float = 20.0
+    # and its usage event is sent; 100 ms: a batch's fixed cost (five rollups, the commit)
+    # shared by five times the records of 20 ms, 3-4 % of a call's CPU at c=16-64
+    audit_commit_window_ms: float = 100.0
 
     def journal(self, sqlite_path: str | None) -> str | None:
         """The journal's base path, or None when answers wait for a commit instead."""
