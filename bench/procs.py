@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -84,6 +85,14 @@ class Processes:
                 server.proc.wait(timeout=grace_s)
         if server in self.servers:
             self.servers.remove(server)
+
+    def start_stub(self, cpus: set[int] | None = None) -> Server:
+        """The upstream stub (bench/stub.py) on a free port, answering."""
+        port = free_port()
+        server = self.start("stub", [sys.executable, str(Path(__file__).resolve().parent / "stub.py"),
+                                     "--port", str(port)], port, "/mcp", cpus)
+        wait_ready(server)
+        return server
 
     def stop_all(self) -> None:
         for server in list(reversed(self.servers)):

@@ -133,14 +133,6 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def start_stub(procs: Processes, pin: Pinning) -> Server:
-    port = free_port()
-    server = procs.start("stub", [PYTHON, str(BENCH_DIR / "stub.py"), "--port", str(port)], port, "/mcp",
-                         pin.helpers)
-    wait_ready(server)
-    return server
-
-
 def passthrough_name(app: str, transport: str) -> str:
     return f"passthrough[{transport}]" if app == "quart" else f"passthrough-{app}[{transport}]"
 
@@ -283,7 +275,7 @@ def main() -> None:
         tmpdir = Path(tmp)
         procs = Processes(tmpdir)
         try:
-            stub = start_stub(procs, pin)
+            stub = procs.start_stub(pin.helpers)
             targets: list[Server] = [stub] if "stub" in args.targets else []
             apps = [(a, t) for a in args.apps for t in args.transports] if "passthrough" in args.targets else []
             for app, transport in apps:

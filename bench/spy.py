@@ -30,7 +30,7 @@ sys.path.insert(0, str(BENCH_DIR))
 
 import paths
 from loadgen import WrkResult, run_wrk
-from procs import Processes, free_port, wait_ready
+from procs import Processes
 
 PYTHON = sys.executable
 
@@ -127,10 +127,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tollhouse-profile-") as tmp:
         procs = Processes(Path(tmp))
         try:
-            stub_port = free_port()
-            stub = procs.start("stub", [PYTHON, str(BENCH_DIR / "stub.py"), "--port", str(stub_port)],
-                               stub_port, "/mcp")
-            wait_ready(stub)
+            stub = procs.start_stub()
             server = paths.start(procs, path, args.tollhouse, Path(tmp), stub.port)
             if isinstance(server, str):
                 raise SystemExit(server)

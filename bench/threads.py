@@ -27,7 +27,7 @@ sys.path.insert(0, str(BENCH_DIR))
 
 import paths
 from loadgen import run_wrk
-from procs import Processes, Server, free_port, wait_ready
+from procs import Processes, Server
 from spy import thread_cpu
 
 PYTHON = sys.executable
@@ -76,10 +76,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tollhouse-threads-") as tmp:
         procs = Processes(Path(tmp))
         try:
-            stub_port = free_port()
-            stub = procs.start("stub", [PYTHON, str(BENCH_DIR / "stub.py"), "--port", str(stub_port)],
-                               stub_port, "/mcp")
-            wait_ready(stub)
+            stub = procs.start_stub()
             servers = {name: start(procs, name, path, extra, args.tollhouse, Path(tmp), stub.port)
                        for name, path, extra in variants}
             for server in servers.values():  # warm up
