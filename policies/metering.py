@@ -35,9 +35,10 @@ class _RandomBytes:
     """The operating system's random bytes (`os.urandom`), read 4 KiB at a time and handed
     out in slices. os.urandom lets the GIL go around its getrandom call, so a call per metered
     request gave the audit writer and the outbox threads the GIL at that moment and the event
-    loop waited to get it back: 20 us a call in process (bench/README.md, "Every policy on").
-    A slice is as random as the call would have been; the buffer is dropped in a forked child
-    (parent and child would otherwise hand out the same bytes)."""
+    loop waited to get it back (up to 20 us a call in process while they were busy;
+    bench/README.md, "Every policy on: the commit window and the writer's threads"). A slice is
+    as random as the call would have been; the buffer is dropped in a forked child (parent and
+    child would otherwise hand out the same bytes)."""
 
     SIZE = 4096
 
