@@ -83,7 +83,18 @@ def main() -> int:
         tail = _last_line(LOGS / f"{name}.log")
         print(f"   {name:<20} {'ok    ' if code == 0 else f'FAILED (exit {code})'} "
               f"{took:6.0f} s  {tail}")
+        if code != 0:  # which tests, here at the end (a CI log may be kept only by its tail)
+            for line in _failures(LOGS / f"{name}.log"):
+                print(f"      {line}")
     return next((code for _, code, _ in results if code != 0), 0)
+
+
+def _failures(log: Path, most: int = 20) -> list[str]:
+    """pytest's short summary lines of the tests that failed or errored (`FAILED tests/...`,
+    `ERROR tests/...`: setup or teardown), each cut to 200 characters, at most `most`."""
+    found = [line[:200] for line in log.read_text(errors="replace").splitlines()
+             if line.startswith(("FAILED tests/", "ERROR tests/"))]
+    return found[:most] + ([f"... and {len(found) - most} more"] if len(found) > most else [])
 
 
 def _last_line(log: Path) -> str:
