@@ -125,9 +125,13 @@ methods = ["tools/call"]
 """
 
 
-def config_text(path: Path_, port: int, stub_port: int, dbdir: Path, secret: str) -> str:
+def config_text(path: Path_, port: int, stub_port: int, dbdir: Path, secret: str,
+                database: str = "") -> str:
+    """The path's config; `database`: more lines of its [database] table (bench/threads.py)."""
     text = BASE.format(port=port, dbdir=dbdir, stub_port=stub_port, era=path.era,
                        loop=path.loop)
+    if database:
+        text = text.replace("[database]\n", f"[database]\n{database}\n", 1)
     if path.policies:
         text += ALL_POLICIES.format(subject=SUBJECT, issuer=ISSUER, secret=secret,
                                     audience=AUDIENCE)
@@ -146,7 +150,7 @@ def bearer(secret: str) -> str:
 
 
 def start(procs: Processes, path: Path_, exe: str, tmpdir: Path, stub_port: int,
-          prefix: str = "tollhouse") -> Server | str:
+          prefix: str = "tollhouse", database: str = "") -> Server | str:
     """The started target `<prefix>{<path>}` (`tollhouse-compare` for run.py's --compare
     build), or a note why not."""
     name = f"{prefix}{{{path.name}}}"
@@ -158,7 +162,7 @@ def start(procs: Processes, path: Path_, exe: str, tmpdir: Path, stub_port: int,
     secret = secrets.token_hex(32)
     port = free_port()
     config = own / "tollhouse.toml"
-    config.write_text(config_text(path, port, stub_port, own, secret))
+    config.write_text(config_text(path, port, stub_port, own, secret, database))
     # the metering hook is a module of bench/, imported by name
     server = procs.start(name, [found, "serve", "--config", str(config)], port, "/mcp/bench",
                          pythonpath=BENCH_DIR)

@@ -45,18 +45,9 @@ def parse_variant(text: str) -> tuple[str, paths.Path_, str]:
 def start(procs: Processes, name: str, path: paths.Path_, extra: str, exe: str, tmp: Path,
           stub_port: int) -> Server:
     """The path's server, its config's [database] table with `extra` added."""
-    plain = paths.config_text
-
-    def config_text(*args: object) -> str:
-        return plain(*args).replace("[database]\n", f"[database]\n{extra}\n", 1)  # type: ignore[arg-type]
-
-    paths.config_text = config_text  # type: ignore[assignment]
-    try:
-        own = tmp / name
-        own.mkdir()
-        server = paths.start(procs, path, exe, own, stub_port, prefix=name)
-    finally:
-        paths.config_text = plain
+    own = tmp / name
+    own.mkdir()
+    server = paths.start(procs, path, exe, own, stub_port, prefix=name, database=extra)
     if isinstance(server, str):
         raise SystemExit(server)
     return server
