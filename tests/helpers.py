@@ -1,11 +1,13 @@
 """Helpers every test package shares: a settable fake clock, a hand-driven clock for call
 deadlines, a token maker for the test issuer, and a waiter that polls a condition with a
-deadline instead of sleeping a fixed time."""
+deadline instead of sleeping a fixed time; a loopback port for a child process to bind."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import random
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -16,6 +18,40 @@ DEADLINE_S = 10.0  # how long a test waits for something that should happen at o
 
 ISSUER = "https://idp.test/"
 SECRET = "a-test-hs256-secret-of-at-least-32-bytes"
+
+
+_PICK = random.SystemRandom()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (what it hands to a bind to port 0 and
+    to every outgoing connection); 32768 where it cannot be read."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now, for a child process that binds it itself, by
+    number. Taken below the kernel's ephemeral range: a port the kernel handed out for a bind
+    to 0 and that was let go is one it may hand to any outgoing connection a moment later, and
+    with two test passes side by side one did take a replica's port between its pick and the
+    replica's bind ("Address already in use"). Outside that range only another explicit bind
+    can take it."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        # (the system's randomness: a test that seeds the random module cannot make two
+        # passes pick the same ports)
+        port = _PICK.randrange(10000, low) if low > 11000 else 0
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise AssertionError("no free loopback port found")
 
 
 def audience(endpoint: str = "e") -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -16,18 +15,12 @@ from contextlib import contextmanager
 
 import redis
 
-from tests.helpers import DEADLINE_S
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.helpers import DEADLINE_S, free_port
 
 
 class PrivateRedis:
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._dir = tempfile.mkdtemp(prefix="tollhouse-redis-")
         self._process: subprocess.Popen[bytes] | None = None

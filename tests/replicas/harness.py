@@ -29,7 +29,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -44,7 +43,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests import db_backends
-from tests.helpers import DEADLINE_S
+from tests.helpers import DEADLINE_S, free_port
 
 REDIS_URL = os.environ.get("TOLLHOUSE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ENDPOINT = "up"
@@ -56,13 +55,6 @@ START_DEADLINE_S = 30.0  # a gateway process imports everything and migrates: ~1
 # but the bridge's era verdicts expires by itself.
 KEY_KINDS = ("ms:", "bv:", "bh:", "rl:", "lk:l:", "lk:c:", "br:", "oc:", "fl:", "rv:", "ls:")
 KEPT_KINDS = ("bv:",)
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on now (the gateway binds it itself, by number)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def toml_value(value: Any) -> str:
