@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import gc
 import logging
 import os
 import re
@@ -138,6 +139,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler reloads
     app = create_app(cfg, base_dir=base_dir)
+    freeze_after_start(app, cfg.server.gc_freeze)
     log.info("tollhouse listening on %s, endpoints: %s", cfg.server.listen, _endpoints(cfg))
     try:
         run_loop(_run_hypercorn(app, [cfg.server.listen], cfg.server.shutdown_grace_s,
@@ -230,6 +232,33 @@ def _check_pem(value: str, key: str, base_dir: Path, *, private: bool) -> None:
                           "or as a file next to the config")
 
 
+def freeze_after_start(app: Any, enabled: bool) -> None:
+    """`server.gc_freeze`: once `app` has started (registered after its own start-up, so it
+    runs after it), collect start-up's garbage and freeze what is left (gc.freeze). Python's
+    full collection walks every tracked object; without this, each one walked the ~270,000
+    the imported libraries made at start-up, about 70 ms every few thousand calls, and the
+    longer a call's objects live (an audit record waits up to the commit window), the more
+    often one runs. A reload freezes again (`refreeze`)."""
+    if not enabled:
+        return
+
+    @app.while_serving  # type: ignore[type-var]
+    async def frozen() -> Any:
+        gc.collect()
+        gc.freeze()
+        log.info("gc: %d objects of start-up frozen (server.gc_freeze)", gc.get_freeze_count())
+        yield
+
+
+def refreeze() -> None:
+    """After a reload, when start-up froze: what the old config's objects left in cycles is
+    collected, and what is alive now frozen again. One full collection; reloads are rare."""
+    if gc.get_freeze_count():
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+
+
 def run_loop(main: Coroutine[Any, Any, T], event_loop: str = "asyncio") -> T:
     """Run `main` to its end on a new event loop of the kind `server.event_loop` names."""
     factory: Callable[[], asyncio.AbstractEventLoop] | None = None
@@ -298,6 +327,7 @@ async def _run_hypercorn(app: Any, binds: list[str], grace_s: float,
             return
         async with reloading:
             await serving.reload(config_path)
+            refreeze()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopped, sig)

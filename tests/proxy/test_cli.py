@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from quart import Quart
 
-from proxy.cli import main
+from proxy.cli import freeze_after_start, main, refreeze
 
 
 @pytest.mark.parametrize(
@@ -42,3 +46,51 @@ def test_console_script_reads_tollhouse_config(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "tollhouse: config: 'auth.mode' must be one of none, jwt")
+
+
+@pytest.fixture
+def unfrozen() -> Iterator[None]:
+    """A test that freezes leaves nothing frozen for the tests after it."""
+    assert gc.get_freeze_count() == 0
+    yield
+    gc.unfreeze()
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+async def test_server_gc_freeze_freezes_what_start_up_left(unfrozen: None, enabled: bool
+                                                           ) -> None:
+    app = Quart(__name__)
+    started: list[int] = []
+
+    @app.while_serving
+    async def own_start_up():  # the app's own, registered first: it runs before the freeze
+        started.append(gc.get_freeze_count())
+        yield
+
+    freeze_after_start(app, enabled)
+    async with app.test_app():
+        assert started == [0]
+        assert (gc.get_freeze_count() > 0) is enabled
+
+
+def test_refreeze_collects_what_was_frozen_and_has_become_garbage(unfrozen: None) -> None:
+    cycle = _Cycle()
+    alive = weakref.ref(cycle)
+    gc.collect()
+    gc.freeze()
+    del cycle  # garbage now, but frozen: the collector does not look at it
+    gc.collect()
+    assert alive() is not None
+    refreeze()  # as after a reload
+    assert alive() is None
+    assert gc.get_freeze_count() > 0  # and what is alive is frozen again
+
+
+def test_refreeze_does_nothing_when_start_up_did_not_freeze(unfrozen: None) -> None:
+    refreeze()
+    assert gc.get_freeze_count() == 0

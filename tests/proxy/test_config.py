@@ -14,6 +14,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert cfg.server.max_response_bytes == 16 * 1024 * 1024
     assert cfg.server.allowed_origins == []
     assert cfg.server.event_loop == "asyncio"
+    assert cfg.server.gc_freeze is True
     assert cfg.auth.mode == "none"
     assert cfg.database.url == "sqlite:///tollhouse.db"
     up = cfg.upstream("everything")
@@ -39,6 +40,7 @@ def test_example_config_loads(tmp_path: Path) -> None:
          "'server.max_response_bytes' must be an integer, got a string"),
         ({"server": {"listen": "nowhere"}}, "'server.listen' must be host:port"),
         ({"server": {"event_loop": "trio"}}, "'server.event_loop' must be asyncio or uvloop"),
+        ({"server": {"gc_freeze": "yes"}}, "'server.gc_freeze' must be"),
         ({"metering": {"hook": "m:h", "keep_delivered_h": 0}},
          "'metering.keep_delivered_h' must be greater than 0"),
         ({"server": {"shutdown_grace_s": 0}},
