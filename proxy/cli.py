@@ -242,7 +242,7 @@ def freeze_after_start(app: Any, enabled: bool) -> None:
     if not enabled:
         return
 
-    @app.while_serving  # type: ignore[type-var]
+    @app.while_serving  # type: ignore[untyped-decorator]
     async def frozen() -> Any:
         gc.collect()
         gc.freeze()

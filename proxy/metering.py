@@ -25,6 +25,7 @@ import orjson
 
 from policies.metering import MeteringBackend
 from proxy import db
+from proxy.bounded import within
 from proxy.config import MeteringConfig
 
 log = logging.getLogger("tollhouse.metering")
@@ -381,8 +382,8 @@ class OutboxWorker:
                        ) -> tuple[str, float | None]:
         """(call id, None) once the receiver took the event, else (call id, next attempt)."""
         try:
-            async with asyncio.timeout(10.0):  # (wait_for can swallow a cancellation)
-                await self.backend.record(orjson.loads(event))
+            # (not wait_for: it can swallow a cancellation; no timer when the hook does not wait)
+            await within(self.backend.record(orjson.loads(event)), 10.0)
         except Exception as exc:  # noqa: BLE001 - any failure is retried later
             delay = min(self._retry_max_s, 0.5 * 2 ** attempts)
             log.info("usage event %s not delivered (%s); retry in %.1fs", call_id,
