@@ -12,6 +12,7 @@ upstream called directly).
 | `64k` | 2025-11-25 | legacy, a 64 KiB text result | a large answer |
 | `no-metering` | as all-policies | legacy | every policy of all-policies but the metering hook (no usage events): what the rest of the chain costs |
 | `metered` | as auth-off | legacy | auth-off plus the metering hook (authorize, usage events through the outbox): what metering costs alone |
+| `all-but-access`, `all-but-rate-limit`, `all-but-egress` | as all-policies | legacy | all-policies without that one part: what it costs among the others |
 | `auth-off-uvloop`, `all-policies-uvloop` | | | the same two paths with `server.event_loop = "uvloop"`, each also set against its asyncio twin |
 
 Every path but the policy ones runs the `auth-off` config with its own upstream era, tool and
@@ -47,6 +48,7 @@ class Path_:
     policies: bool = False
     metered: bool | None = None  # the metering hook on; None: with the policies
     loop: str = "asyncio"  # server.event_loop
+    without: str = ""  # one part of all-policies left out: access, rate-limit or egress
 
     @property
     def metering(self) -> bool:
@@ -77,6 +79,8 @@ PATHS = {p.name: p for p in (
     Path_("64k", "legacy", "big", False),
     Path_("no-metering", "legacy", "echo", False, policies=True, metered=False),
     Path_("metered", "legacy", "echo", False, metered=True),
+    *(Path_(f"all-but-{part}", "legacy", "echo", False, policies=True, without=part)
+      for part in ("access", "rate-limit", "egress")),
     Path_("auth-off-uvloop", "legacy", "echo", False, loop="uvloop"),
     Path_("all-policies-uvloop", "legacy", "echo", False, policies=True, loop="uvloop"),
 )}
@@ -98,26 +102,44 @@ AUTH_OFF = """\
 mode = "none"
 """
 # every policy of the chain on one call: identity, access and a tool profile, a rate limit,
-# egress zones, metering before and after; audit and usage events go to SQLite
-ALL_POLICIES = """\
+# egress zones, metering before and after; audit and usage events go to SQLite. By part, so
+# that a path can leave one out (`all-but-<part>`); the upstream's keys come first.
+EGRESS_UPSTREAM = """\
 zones = ["loopback"]
 collections = ["bench-data"]
+"""
+ACCESS = """\
 [upstreams.access]
 allow_subjects = ["{subject}"]
 tools_allow = ["echo", "sse", "big"]
 tools_deny = ["admin_*"]
 [upstreams.access.group_tools.eng]
 tools_allow = ["deploy_*"]
-""" + JWT_AUTH + """\
+"""
+RATE_LIMIT = """\
 [[rate_limits]]
 name = "bench-unreachable"
 key = "principal_tool"
 methods = ["tools/call"]
 rate = "1000000/s"
 burst = 1000000000
+"""
+EGRESS = """\
 [egress.collections]
 bench-data = "local_only"
 """
+ALL_POLICIES = EGRESS_UPSTREAM + ACCESS + JWT_AUTH + RATE_LIMIT + EGRESS
+
+
+def policies_text(without: str = "") -> str:
+    """ALL_POLICIES, or it without one part."""
+    parts = {"egress-upstream": EGRESS_UPSTREAM, "access": ACCESS, "jwt": JWT_AUTH,
+             "rate-limit": RATE_LIMIT, "egress": EGRESS}
+    if without == "egress":
+        del parts["egress-upstream"]
+    if without:
+        del parts[without]
+    return "".join(parts.values())
 METERING = """\
 [metering]
 hook = "meter_hook:HOOK"
@@ -133,8 +155,8 @@ def config_text(path: Path_, port: int, stub_port: int, dbdir: Path, secret: str
     if database:
         text = text.replace("[database]\n", f"[database]\n{database}\n", 1)
     if path.policies:
-        text += ALL_POLICIES.format(subject=SUBJECT, issuer=ISSUER, secret=secret,
-                                    audience=AUDIENCE)
+        text += policies_text(path.without).format(subject=SUBJECT, issuer=ISSUER,
+                                                   secret=secret, audience=AUDIENCE)
     else:
         text += AUTH_OFF
     return text + METERING if path.metering else text
