@@ -12,7 +12,10 @@ can be compared by (run each with its own checkout first on sys.path, alternatel
 `--state redis://127.0.0.1:6379/0` keeps the state in Redis (a fresh key prefix, deleted at the
 end); `--stateful` is run.py's per-call-store config (a JWT caller, a 2025-11-25 session, a rate
 limit that never refuses); `--all-policies` is paths.py's every-policy-on config (sessionless);
-`--profile N` prints cProfile's top N functions of one round.
+`--profile N` prints cProfile's top N functions of one round. `--gc default|frozen` counts the
+cycle collector's collections and their time per call (`frozen`: as `tollhouse serve` with
+`server.gc_freeze`). `--parts` times all-policies'
+own steps (the bearer check, the chain, each policy) called directly, one by one.
 `--observability` measures, side by side in one run (rounds alternate), the same config with
 `[observability] metrics = false`, with metrics on, and with metrics on and the request log line
 written (INFO, formatted, to /dev/null). `--tracing` measures the same way tracing off (no
@@ -212,9 +215,18 @@ async def main() -> None:
                         help="metrics off / on / on with the request log, side by side")
     parser.add_argument("--tracing", action="store_true",
                         help="tracing off / on (spans exported over OTLP/HTTP), side by side")
+    parser.add_argument("--gc", choices=("default", "frozen"), default=None,
+                        help="count the cycle collector's collections by generation and the "
+                             "time they take per call; `frozen`: objects of start-up frozen "
+                             "first (gc.freeze), as `tollhouse serve` does")
+    parser.add_argument("--parts", action="store_true",
+                        help="all-policies' own steps one by one: the bearer check, the whole "
+                             "chain and each policy alone, called directly (no request around)")
     args = parser.parse_args()
     if args.observability:
         return await observability(args)
+    if args.parts:
+        return await parts(args)
     if args.tracing:
         return await tracing(args)
     if args.state != "memory" and not args.state.startswith(("redis://127.0.0.1", "redis://localhost")):
@@ -235,6 +247,7 @@ async def main() -> None:
                          else [])
                 await answered(app, extra)
                 best = best_cpu = best_waits = float("inf")
+                collections = Collections(args.gc)
                 for _ in range(args.rounds):
                     began, began_cpu, began_waits = (time.perf_counter(), time.process_time(),
                                                      loop_waits())
@@ -243,6 +256,7 @@ async def main() -> None:
                     best = min(best, (time.perf_counter() - began) / args.calls)
                     best_cpu = min(best_cpu, (time.process_time() - began_cpu) / args.calls)
                     best_waits = min(best_waits, (loop_waits() - began_waits) / args.calls)
+                collections.report(args.rounds * args.calls)  # (printed first)
                 if args.profile:
                     prof = cProfile.Profile()
                     prof.enable()
@@ -259,6 +273,44 @@ async def main() -> None:
           f"{best_waits:.2f} loop waits (best of {args.rounds} x {args.calls})")
     if args.profile:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)
+
+
+class Collections:
+    """`--gc`: the cycle collector's collections over the timed rounds, by generation, and
+    the time they took (gc.callbacks); `frozen` freezes what start-up left first."""
+
+    def __init__(self, mode: str | None) -> None:
+        import gc
+
+        self.mode = mode
+        self.counts = [0, 0, 0]
+        self.spent = [0.0, 0.0, 0.0]
+        self._began = 0.0
+        if mode is None:
+            return
+        gc.collect()
+        if mode == "frozen":
+            gc.freeze()
+        self.frozen = gc.get_freeze_count()
+        gc.callbacks.append(self._seen)
+
+    def _seen(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        self.counts[info["generation"]] += 1
+        self.spent[info["generation"]] += time.perf_counter() - self._began
+
+    def report(self, calls: int) -> None:
+        if self.mode is None:
+            return
+        import gc
+
+        gc.callbacks.remove(self._seen)
+        print(f"  gc ({self.mode}, {self.frozen} objects frozen, {len(gc.get_objects())} "
+              f"tracked after): " + ", ".join(
+                  f"gen {g}: {n} collections, {t / calls * 1e6:.2f} us a call"
+                  for g, (n, t) in enumerate(zip(self.counts, self.spent, strict=True))))
 
 
 def loop_waits() -> int:
@@ -343,6 +395,62 @@ async def observability(args: argparse.Namespace) -> None:
         print(f"  {name:26s} {wall * 1e6:7.1f} us per call, {cpu * 1e6:7.1f} us CPU")
 
 
+async def parts(args: argparse.Namespace) -> None:
+    """What all-policies' steps cost on the event loop, each called directly in a loop: the
+    bearer check, the whole chain, and each policy of it alone (`Chain.run(only=...)`), for
+    one `tools/call`. With objects of start-up frozen, as `tollhouse serve` does. What they
+    add up to, set against what all-policies costs over auth-off under wrk, says how much of
+    that difference is the policies' own work and how much is around them."""
+    import gc
+
+    from proxy.chain import CallContext
+    from proxy.jsonrpc import parse
+
+    secret = secrets.token_hex(32)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = every_policy(tmp, "memory", "bench:", secret)
+        # dialled by address, as the wrk bench's upstream is (no resolver answer to check)
+        raw["upstreams"][0].update(url="http://127.0.0.1:9/mcp", zones=["loopback", "lan"])
+        app = create_app(from_dict(raw, env={}), upstream_transport=httpx.MockTransport(upstream),
+                         resolver=Resolver())
+        async with app.test_app():
+            await answered(app, [(b"authorization", bearer(secret).encode())])
+            gateway = app.extensions["tollhouse"].gateway
+            chain, route = gateway.live.chain, gateway.routes["bench"]
+            token, msg = bearer(secret), parse(CALL)
+            principal = await gateway.auth.authenticate(token, "bench", "127.0.0.1")
+
+            def context() -> CallContext:
+                return CallContext(principal, "bench", route.url_text, peer_ip="127.0.0.1",
+                                   dial_key=route.dial_key)
+
+            async def step(name: str) -> None:
+                if name == "bearer check":
+                    await gateway.auth.authenticate(token, "bench", "127.0.0.1")
+                elif name == "chain":
+                    await chain.run(msg, context())
+                elif name == "call context":
+                    context()
+                else:
+                    await chain.run(msg, context(), only=(name,))
+
+            names = ["bearer check", "call context", "chain", *chain.names]
+            best = dict.fromkeys(names, float("inf"))
+            gc.collect()
+            gc.freeze()
+            for _ in range(args.rounds):
+                for name in names:
+                    began = time.perf_counter()
+                    for _ in range(args.calls):
+                        await step(name)
+                    best[name] = min(best[name], (time.perf_counter() - began) / args.calls)
+            gc.unfreeze()
+    print(f"{os.getcwd()} (all-policies' steps; best of {args.rounds} x {args.calls})")
+    for name in names:
+        alone = " (with a call context)" if name in chain.names else ""
+        print(f"  {name:14s} {best[name] * 1e6:6.2f} us{alone}")
+
+
 RECEIVER = """
 import http.server, sys
 class Answer(http.server.BaseHTTPRequestHandler):
@@ -369,8 +477,8 @@ async def tracing(args: argparse.Namespace) -> None:
     from proxy.observability import Observers
     from proxy.traced import CURRENT
 
-    receiver = subprocess.Popen([sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE,
-                                text=True)
+    receiver = subprocess.Popen(  # noqa: ASYNC220 - once, before anything is timed
+        [sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE, text=True)
     prefix, secret = f"bench{secrets.token_hex(6)}:", secrets.token_hex(32)
     try:
         assert receiver.stdout is not None
