@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
@@ -74,7 +75,7 @@ def thread_cpu(pid: int) -> dict[int, float]:
     return out
 
 
-def thread_names(profile: dict) -> dict[int, str]:
+def thread_names(profile: dict[str, Any]) -> dict[int, str]:
     """py-spy's profile names ('Thread 123 "name"') by thread id."""
     out = {}
     for prof in profile["profiles"]:
@@ -84,7 +85,7 @@ def thread_names(profile: dict) -> dict[int, str]:
     return out
 
 
-def summarize(profile: dict, top: int, requests: int) -> str:
+def summarize(profile: dict[str, Any], top: int, requests: int) -> str:
     """Own and total sampled time per function, and per thread, from speedscope JSON (py-spy
     weighs each sample by its interval, in seconds): as a share of every active sample and as
     microseconds per request answered, so two paths' profiles compare line by line."""

@@ -32,7 +32,7 @@ class Backend:
             await asyncio.Event().wait()
         if isinstance(self.answer, Exception):
             raise self.answer
-        return self.answer  # type: ignore[no-any-return]
+        return self.answer
 
     async def record(self, event: dict[str, Any]) -> None:
         return None
