@@ -98,7 +98,9 @@ class OutboxWorker:
     Claimed events not yet sent when the worker stops are handed back; a worker that dies
     holding a claim leaves its events to the others once the lease ends, and an event whose
     delivery the receiver took but whose mark was lost with the worker is sent again: the
-    receiver's idempotency on `call_id` absorbs that."""
+    receiver's idempotency on `call_id` absorbs that. A claim's outcomes (delivered, or due
+    again later) are written in the transaction of the claim after it, at most GATHER_S
+    later under load, or on their own when the worker stops: one commit a round."""
 
     CLAIM = 100  # events claimed at a time (the fixed cost of a claim and its mark, shared)
     # A claim holds its events this long, and is renewed while it is being sent whenever less
@@ -245,13 +247,20 @@ class OutboxWorker:
                 self._rounds += 1
                 round_ = self._rounds
                 try:
-                    claim = asyncio.ensure_future(self._in_db(self._claim, self._clock()))
+                    # the last claim's outcomes are written in this claim's transaction: one
+                    # commit (and one wait for SQLite's write lock) a round, not two
+                    outcomes = marks.take()
+                    claim = asyncio.ensure_future(self._in_db(self._claim, self._clock(),
+                                                              outcomes))
                     try:
                         claimed, next_at = await asyncio.shield(claim)
                     except asyncio.CancelledError:  # the claim commits all the same: keep
                         with suppress(Exception):   # what it took, to hand it back below
                             claimed, _ = await claim
+                            self.delivered += len(outcomes[0])
                         raise
+                    self.delivered += len(outcomes[0])
+                    outcomes = ([], [])  # written
                     due = len(claimed)
                     if claimed:
                         # one task sends the whole claim (not one per event: the loop's cost
@@ -260,13 +269,15 @@ class OutboxWorker:
                         sending = self._loop.create_task(self._send(claimed, marks))
                         await asyncio.shield(sending)
                         sending = None
-                    await self._in_db(self._mark, marks.take())  # one commit per claim
-                    self.delivered += marks.sent
                     await self._prune_due()
                 except self._database.errors as exc:
                     # the database is out of reach (a restart, say): the events wait in it;
-                    # those sent and not marked go again (the receiver settles a call once)
+                    # the outcomes the failed claim was to write are kept for the next one
+                    # (lost with the process, those sent go again: the receiver settles a
+                    # call once)
                     marks = _Marks()
+                    marks.done.extend(outcomes[0])
+                    marks.retry.extend(outcomes[1])
                     failures += 1
                     pause = min(30.0, 0.5 * 2 ** min(failures, 6))
                     log.warning("usage outbox: database error (%s); retry in %.1fs", exc, pause)
@@ -278,7 +289,7 @@ class OutboxWorker:
                 if due:
                     # under steady load events keep landing: let a batch gather before the
                     # next claim instead of claiming the few that landed while this one was
-                    # sent (a claim and its mark are two commits, whatever their size)
+                    # sent (each claim is a commit, whatever its size)
                     await asyncio.sleep(self.GATHER_S)
                     continue
                 self._caught_up = round_
@@ -286,8 +297,8 @@ class OutboxWorker:
                 wait = 30.0 if next_at is None else max(0.0, next_at - self._clock())
                 if await self._sleep(min(wait, 30.0)):
                     # woken by new events: let more land before claiming, so that a claim
-                    # takes a batch rather than one event per call (each claim and mark is
-                    # a write the audit writer's commits would queue behind)
+                    # takes a batch rather than one event per call (each claim is a write
+                    # the audit writer's commits would queue behind)
                     await asyncio.sleep(self.GATHER_S)
         finally:
             if sending is not None:  # the delivery under way ends and is marked, then it stops
@@ -355,14 +366,17 @@ class OutboxWorker:
             waiter.cancel()
         return self._wake.is_set()
 
-    def _claim(self, now: float) -> tuple[list[tuple[str, str, int]], float | None]:
-        """Take up to CLAIM due events, oldest first, out of every other worker's reach."""
+    def _claim(self, now: float, outcomes: _Outcomes = ([], [])
+               ) -> tuple[list[tuple[str, str, int]], float | None]:
+        """Write the last claim's `outcomes`, then take up to CLAIM due events, oldest first,
+        out of every other worker's reach; one transaction."""
         with self._transaction() as conn:
+            if not self._database.postgresql and not getattr(conn, "in_transaction", False):
+                conn.execute("BEGIN IMMEDIATE")  # the write lock from the start (below)
+            self._write_marks(conn, outcomes)
             if self._database.postgresql:
                 rows = conn.execute(self._sql_claim, (now + self.LEASE_S, now)).fetchall()
             else:  # under the write lock from the start: no other worker picks the same
-                if not getattr(conn, "in_transaction", False):  # (a shared memory one may be)
-                    conn.execute("BEGIN IMMEDIATE")
                 rows = orjson.loads(conn.execute(self._sql_pick, (now,)).fetchone()[0])
                 if rows:
                     conn.execute(self._sql_lease, (now + self.LEASE_S,
@@ -391,24 +405,34 @@ class OutboxWorker:
             return call_id, self._clock() + delay
         return call_id, None
 
-    def _mark(self, marks: tuple[list[tuple[float, str]], list[tuple[float, str]]]) -> None:
-        """A claim's outcomes in one transaction: delivered, or due again later."""
+    def _mark(self, marks: _Outcomes) -> None:
+        """A claim's outcomes in a transaction of their own (a worker that stops)."""
+        with self._transaction() as conn:
+            self._write_marks(conn, marks)
+
+    def _write_marks(self, conn: db.Connection, marks: _Outcomes) -> None:
+        """Delivered, or due again later; each statement prepared once for all its rows."""
         done, retry = marks
-        with self._transaction() as conn:  # each statement prepared once for all its rows
-            cur = conn.cursor()
-            try:
-                if not self._database.postgresql:
-                    if done:
-                        cur.execute(self._sql_done_all, (orjson.dumps(done).decode(),))
-                    if retry:
-                        cur.execute(self._sql_retry_all, (orjson.dumps(retry).decode(),))
-                    return
+        if not done and not retry:
+            return
+        cur = conn.cursor()
+        try:
+            if not self._database.postgresql:
                 if done:
-                    cur.executemany(self._sql_done, done)
+                    cur.execute(self._sql_done_all, (orjson.dumps(done).decode(),))
                 if retry:
-                    cur.executemany(self._sql_retry, retry)
-            finally:
-                cur.close()
+                    cur.execute(self._sql_retry_all, (orjson.dumps(retry).decode(),))
+                return
+            if done:
+                cur.executemany(self._sql_done, done)
+            if retry:
+                cur.executemany(self._sql_retry, retry)
+        finally:
+            cur.close()
+
+
+# (delivered: [(time, call id)], due again: [(next attempt, call id)])
+_Outcomes = tuple[list[tuple[float, str]], list[tuple[float, str]]]
 
 
 class _Marks:
@@ -432,7 +456,7 @@ class _Marks:
         else:
             self.retry.append((next_at, call_id))
 
-    def take(self) -> tuple[list[tuple[float, str]], list[tuple[float, str]]]:
+    def take(self) -> _Outcomes:
         taken = (self.done, self.retry)
         self.sent = len(self.done)
         self.done, self.retry = [], []

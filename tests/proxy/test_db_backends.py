@@ -428,6 +428,30 @@ class CountingReceiver:
         self.seen[event["call_id"]] = self.seen.get(event["call_id"], 0) + 1
 
 
+async def test_a_claims_outcomes_are_written_with_the_next_claim(
+        database: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One transaction a round: what a claim's deliveries came to is written by the claim
+    after it (which finds nothing more due here), never in a transaction of its own."""
+    sink = DatabaseAuditSink(database)
+    for i in range(5):
+        sink.emit(record(i, call_id=f"n{i}"))
+    await sink.close()
+    alone: list[object] = []
+    monkeypatch.setattr(OutboxWorker, "_mark", lambda self, marks: alone.append(marks))
+    receiver = CountingReceiver()
+    worker = OutboxWorker(database, receiver, retry_max_s=0.05)
+    task = asyncio.get_running_loop().create_task(worker.run())
+    try:
+        assert await worker.flush(DEADLINE_S)
+        assert worker.delivered == 5 and receiver.seen == {f"n{i}": 1 for i in range(5)}
+        assert rows(database, "SELECT count(*) FROM usage_outbox WHERE delivered_at IS NULL"
+                    ) == [(0,)]
+    finally:
+        task.cancel()
+        await asyncio.wait({task}, timeout=5)
+    assert alone == []  # nothing was left to write on its own, at the end either
+
+
 async def test_two_workers_on_one_database_send_each_event_once(database: Database) -> None:
     sink = DatabaseAuditSink(database)
     for i in range(120):
