@@ -381,7 +381,8 @@ class OutboxWorker:
                 if rows:
                     conn.execute(self._sql_lease, (now + self.LEASE_S,
                                                    orjson.dumps([r[0] for r in rows]).decode()))
-            nxt = conn.execute(self._sql_next, ()).fetchone()[0]
+            # when the next event is due matters only to a worker with nothing to send now
+            nxt = None if rows else conn.execute(self._sql_next, ()).fetchone()[0]
         rows.sort(key=lambda r: float(r[3]))
         return [(str(r[0]), str(r[1]), int(r[2])) for r in rows], nxt
 
