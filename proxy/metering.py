@@ -255,9 +255,12 @@ class OutboxWorker:
                     try:
                         claimed, next_at = await asyncio.shield(claim)
                     except asyncio.CancelledError:  # the claim commits all the same: keep
-                        with suppress(Exception):   # what it took, to hand it back below
+                        try:                        # what it took, to hand it back below
                             claimed, _ = await claim
                             self.delivered += len(outcomes[0])
+                        except Exception:  # noqa: BLE001 - not written: written as it stops
+                            marks.done.extend(outcomes[0])
+                            marks.retry.extend(outcomes[1])
                         raise
                     self.delivered += len(outcomes[0])
                     outcomes = ([], [])  # written
