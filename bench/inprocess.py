@@ -107,14 +107,15 @@ async def one_call(app: Any, extra: list[tuple[bytes, bytes]] | None = None, bod
 
 
 @contextlib.asynccontextmanager
-async def served(raw: dict[str, Any], stateful: bool, secret: str
+async def served(raw: dict[str, Any], stateful: bool, secret: str,
+                 extra: list[tuple[bytes, bytes]] | None = None
                  ) -> AsyncIterator[tuple[Any, list[tuple[bytes, bytes]]]]:
     """The app of `raw` in front of the in-memory upstream, started, its first call answered;
-    with the headers each call sends (a bearer and a session when `stateful`)."""
+    with the headers each call sends (a bearer and a session when `stateful`, else `extra`)."""
     app = create_app(from_dict(raw, env={}), upstream_transport=httpx.MockTransport(upstream),
                      resolver=Resolver())
     async with app.test_app():
-        extra = await session_headers(app, secret) if stateful else []
+        extra = await session_headers(app, secret) if stateful else (extra or [])
         await answered(app, extra)
         yield app, extra
 
@@ -411,13 +412,11 @@ async def parts(args: argparse.Namespace) -> None:
         raw = every_policy(tmp, "memory", "bench:", secret)
         # dialled by address, as the wrk bench's upstream is (no resolver answer to check)
         raw["upstreams"][0].update(url="http://127.0.0.1:9/mcp", zones=["loopback", "lan"])
-        app = create_app(from_dict(raw, env={}), upstream_transport=httpx.MockTransport(upstream),
-                         resolver=Resolver())
-        async with app.test_app():
-            await answered(app, [(b"authorization", bearer(secret).encode())])
+        token = bearer(secret)
+        async with served(raw, False, secret, [(b"authorization", token.encode())]) as (app, _):
             gateway = app.extensions["tollhouse"].gateway
             chain, route = gateway.live.chain, gateway.routes["bench"]
-            token, msg = bearer(secret), parse(CALL)
+            msg = parse(CALL)
             principal = await gateway.auth.authenticate(token, "bench", "127.0.0.1")
 
             def context() -> CallContext:

@@ -140,6 +140,8 @@ def policies_text(without: str = "") -> str:
     if without:
         del parts[without]
     return "".join(parts.values())
+
+
 METERING = """\
 [metering]
 hook = "meter_hook:HOOK"

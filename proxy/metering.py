@@ -259,8 +259,7 @@ class OutboxWorker:
                             claimed, _ = await claim
                             self.delivered += len(outcomes[0])
                         except Exception:  # noqa: BLE001 - not written: written as it stops
-                            marks.done.extend(outcomes[0])
-                            marks.retry.extend(outcomes[1])
+                            marks.put_back(outcomes)
                         raise
                     self.delivered += len(outcomes[0])
                     outcomes = ([], [])  # written
@@ -279,8 +278,7 @@ class OutboxWorker:
                     # (lost with the process, those sent go again: the receiver settles a
                     # call once)
                     marks = _Marks()
-                    marks.done.extend(outcomes[0])
-                    marks.retry.extend(outcomes[1])
+                    marks.put_back(outcomes)
                     failures += 1
                     pause = min(30.0, 0.5 * 2 ** min(failures, 6))
                     log.warning("usage outbox: database error (%s); retry in %.1fs", exc, pause)
@@ -369,7 +367,7 @@ class OutboxWorker:
             waiter.cancel()
         return self._wake.is_set()
 
-    def _claim(self, now: float, outcomes: _Outcomes = ([], [])
+    def _claim(self, now: float, outcomes: _Outcomes
                ) -> tuple[list[tuple[str, str, int]], float | None]:
         """Write the last claim's `outcomes`, then take up to CLAIM due events, oldest first,
         out of every other worker's reach; one transaction."""
@@ -459,6 +457,11 @@ class _Marks:
             self.done.append((now, call_id))
         else:
             self.retry.append((next_at, call_id))
+
+    def put_back(self, outcomes: _Outcomes) -> None:
+        """Outcomes taken for a write that did not happen: written with the next one."""
+        self.done.extend(outcomes[0])
+        self.retry.extend(outcomes[1])
 
     def take(self) -> _Outcomes:
         taken = (self.done, self.retry)
