@@ -87,6 +87,10 @@ async def test_sessions_and_processes_leave_nothing_behind() -> None:
         await until(lambda: not any(p.running() for p in pools), 30.0, "every process idle-stopped")
         assert transport_of(gw, "local")._sessions == {}
         await until(lambda: children() == before_children, 30.0, "no child left")
+        # a child is reaped (by the watcher's thread) a moment before the loop reads its pipes'
+        # end and closes them, and before a stop in flight closes its transport: wait for that
+        with contextlib.suppress(AssertionError):
+            await until(lambda: descriptors(redis, pg) <= before_fds, 30.0, "no descriptor left")
         after_files = open_files()
         assert descriptors(redis, pg) <= before_fds, (
             f"opened since: {sorted((Counter(after_files) - Counter(before_files)).elements())}; "
