@@ -98,8 +98,17 @@ def _admin_execute(statement: str, params: Any = None) -> Any:
     import psycopg
 
     if _admin is None or _admin.closed:
+        if _admin is None:
+            atexit.register(_close_admin)
         _admin = psycopg.connect(ADMIN_URL, autocommit=True)
     return _admin.execute(statement, params)
+
+
+def _close_admin() -> None:
+    """Closed at exit, after the databases are dropped: not left to the collector, which
+    would warn that it was deleted while open."""
+    if _admin is not None and not _admin.closed:
+        _admin.close()
 
 
 def _migrated_template() -> str:
@@ -131,6 +140,7 @@ def _drop_all() -> None:
         if name is not None:
             _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     _reusable.clear()
+    _close_admin()
 
 
 def _recycle(name: str) -> bool:

@@ -77,7 +77,7 @@ def _npm_install(prefix: Path, spec: str) -> None:
     cmd = [_npm(), "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
            "--save-exact", "--loglevel=error", spec]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S,
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False,
                               cwd=prefix)
     except subprocess.TimeoutExpired as exc:
         raise SuiteUnavailable(f"`npm install {spec}` took over {INSTALL_TIMEOUT_S:.0f}s "

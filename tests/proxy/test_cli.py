@@ -42,7 +42,7 @@ def test_console_script_reads_tollhouse_config(tmp_path: Path) -> None:
     cfg.write_text('[auth]\nmode = "magic"\n')
     result = subprocess.run([sys.executable, "-m", "proxy", "serve"], capture_output=True,
                             text=True, env={"TOLLHOUSE_CONFIG": str(cfg), "PATH": ""},
-                            timeout=30)
+                            timeout=30, check=False)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "tollhouse: config: 'auth.mode' must be one of none, jwt")

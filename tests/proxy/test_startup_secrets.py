@@ -93,7 +93,7 @@ CASES: dict[str, tuple[dict[str, str], dict[str, str], list[str]]] = {
 def _serve(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "proxy", "serve", "--config", str(tmp_path / "c.toml")],
-        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+        capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False,
         env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), **env})
 
 
