@@ -452,6 +452,44 @@ async def test_a_claims_outcomes_are_written_with_the_next_claim(
     assert alone == []  # nothing was left to write on its own, at the end either
 
 
+async def test_a_claim_failing_as_the_worker_stops_keeps_the_outcomes_it_carried(
+        database: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claim that carries the last claim's outcomes fails while the worker is being
+    stopped: the outcomes are written on their own as it stops, not dropped (the receiver
+    would be sent those events again at the next start)."""
+    sink = DatabaseAuditSink(database)
+    for i in range(3):
+        sink.emit(record(i, call_id=f"s{i}"))
+    await sink.close()
+    real = OutboxWorker._claim
+    carried: list[Any] = []
+    second, fail = threading.Event(), threading.Event()
+
+    def claim(self: OutboxWorker, now: float, outcomes: Any) -> Any:
+        carried.append(outcomes)
+        if len(carried) == 1:
+            return real(self, now, outcomes)
+        second.set()
+        fail.wait(DEADLINE_S)
+        raise database.errors[0]("the database went away mid-claim")
+
+    monkeypatch.setattr(OutboxWorker, "_claim", claim)
+    receiver = CountingReceiver()
+    worker = OutboxWorker(database, receiver, retry_max_s=0.05)
+    task = asyncio.get_running_loop().create_task(worker.run())
+    try:
+        await until(second.is_set, what="the claim after the first under way")
+        assert [len(done) for done, _ in carried] == [0, 3]  # it carries three deliveries
+        task.cancel()  # (the worker learns it before the claim's failure comes back)
+    finally:
+        fail.set()
+        await asyncio.wait({task}, timeout=DEADLINE_S)
+    assert task.done()
+    assert receiver.seen == {f"s{i}": 1 for i in range(3)}
+    assert rows(database, "SELECT count(*) FROM usage_outbox WHERE delivered_at IS NULL"
+                ) == [(0,)]
+
+
 async def test_two_workers_on_one_database_send_each_event_once(database: Database) -> None:
     sink = DatabaseAuditSink(database)
     for i in range(120):
