@@ -110,12 +110,26 @@ def _side_by_side(results: Results, med: dict[tuple[str, int], tuple[float, floa
             o_lb = _cpu(results[(other, c)], "lb_cpu_ms")
             cpu_delta = f"{o_cpu / b_cpu - 1:+.1%}" if b_cpu and o_cpu is not None else "–"
             rows.append(f"| {label}: {other} vs {base} | {c} | {b_rps:,.0f} → {o_rps:,.0f} | "
-                        f"{_ratio(o_rps, b_rps)} | {b_p50:.2f} → {o_p50:.2f} ({o_p50 - b_p50:+.2f}) | "
+                        f"{_ratio(o_rps, b_rps)} | {_paired(results[(base, c)], results[(other, c)])} | "
+                        f"{b_p50:.2f} → {o_p50:.2f} ({o_p50 - b_p50:+.2f}) | "
                         f"{b_p99:.2f} → {o_p99:.2f} | {_ms(b_cpu)} → {_ms(o_cpu)} ({cpu_delta}) | "
                         f"{_ms(o_lb)} |")
     if not rows:
         return []
-    return ["", "Side by side (same interleaved rounds, medians):", "",
-            ("| comparison | c | req/s | ratio | p50 ms (Δ) | p99 ms | gateway CPU ms/call (Δ) "
-            "| + LB ms/call |"),
-            "|---|---:|---:|---:|---:|---:|---:|---:|", *rows]
+    return ["", ("Side by side (same interleaved rounds, medians; \"by round\": the median of each "
+            "round's own ratio, req/s then CPU a call, with the rounds' range of req/s):"), "",
+            ("| comparison | c | req/s | ratio | by round | p50 ms (Δ) | p99 ms "
+             "| gateway CPU ms/call (Δ) | + LB ms/call |"),
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|", *rows]
+
+
+def _paired(base: list[WrkResult], other: list[WrkResult]) -> str:
+    """The ratio of each round's two runs (run seconds apart: a slow spell of the machine
+    that spans both cancels out), its median and range over the rounds, then the CPU's."""
+    rps = [o.rps / b.rps for b, o in zip(base, other, strict=False) if b.rps]
+    cpu = [o.cpu_ms / b.cpu_ms for b, o in zip(base, other, strict=False)
+           if b.cpu_ms and o.cpu_ms is not None]
+    if not rps:
+        return "–"
+    text = f"{median(rps):.1%} ({min(rps):.0%}–{max(rps):.0%})"
+    return text + (f"; {median(cpu):.2f} x" if cpu else "")
