@@ -110,7 +110,8 @@ def _side_by_side(results: Results, med: dict[tuple[str, int], tuple[float, floa
             o_lb = _cpu(results[(other, c)], "lb_cpu_ms")
             cpu_delta = f"{o_cpu / b_cpu - 1:+.1%}" if b_cpu and o_cpu is not None else "–"
             rows.append(f"| {label}: {other} vs {base} | {c} | {b_rps:,.0f} → {o_rps:,.0f} | "
-                        f"{_ratio(o_rps, b_rps)} | {_paired(results[(base, c)], results[(other, c)])} | "
+                        f"{_ratio(o_rps, b_rps)} | "
+                        f"{_paired(results[(base, c)], results[(other, c)])} | "
                         f"{b_p50:.2f} → {o_p50:.2f} ({o_p50 - b_p50:+.2f}) | "
                         f"{b_p99:.2f} → {o_p99:.2f} | {_ms(b_cpu)} → {_ms(o_cpu)} ({cpu_delta}) | "
                         f"{_ms(o_lb)} |")

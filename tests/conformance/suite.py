@@ -77,8 +77,8 @@ def _npm_install(prefix: Path, spec: str) -> None:
     cmd = [_npm(), "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
            "--save-exact", "--loglevel=error", spec]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False,
-                              cwd=prefix)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S,
+                              cwd=prefix, check=False)
     except subprocess.TimeoutExpired as exc:
         raise SuiteUnavailable(f"`npm install {spec}` took over {INSTALL_TIMEOUT_S:.0f}s "
                                "(is the npm registry reachable?)") from exc
