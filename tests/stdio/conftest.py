@@ -40,13 +40,31 @@ def transport_of(gw: RunningGateway, name: str = "local") -> StdioTransport:
     return route.transport
 
 
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
+def _state(pid: int) -> str | None:
+    """The process's state letter (R, S, Z...), None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
-        return False
+        return None
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    return _state(pid) not in (None, "Z")
+
+
+def described(pids: set[int]) -> list[str]:
+    """Each process's pid, state and command line (for a failure's message)."""
+    out = []
+    for pid in sorted(pids):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        except FileNotFoundError:
+            cmd = ""
+        out.append(f"{pid} {_state(pid) or 'gone'} {cmd[:120]}")
+    return out
 
 
 def children() -> set[int]:

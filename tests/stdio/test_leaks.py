@@ -17,7 +17,7 @@ from proxy.config import from_dict
 from tests import db_backends, state_backends
 from tests.conftest import MCP_HEADERS, running_gateway
 from tests.helpers import jwt_auth, token, until
-from tests.stdio.conftest import TINY, children, descriptors, open_files, transport_of
+from tests.stdio.conftest import TINY, children, described, descriptors, open_files, transport_of
 
 SESSIONS = 1000
 PEOPLE = 200
@@ -44,21 +44,6 @@ async def session(client: httpx.AsyncClient, url: str, sub: str, call: bool) -> 
         answer = await client.post(url, content=ECHO, headers=headers)
         assert answer.json()["result"]["content"][0]["text"] == "x", answer.text
     assert (await client.delete(url, headers=headers)).status_code == 200
-
-
-def left(pids: set[int]) -> list[str]:
-    """Each pid's state and command line, for the failure's message."""
-    out = []
-    for pid in sorted(pids):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-        except OSError:
-            state, cmd = "gone", ""
-        out.append(f"{pid} {state} {cmd[:120]}")
-    return out
 
 
 async def test_sessions_and_processes_leave_nothing_behind() -> None:
@@ -106,7 +91,7 @@ async def test_sessions_and_processes_leave_nothing_behind() -> None:
         with contextlib.suppress(AssertionError):
             await until(lambda: children() <= before_children, 30.0, "no child left")
         assert children() <= before_children, \
-            f"children left: {left(children() - before_children)}"
+            f"children left: {described(children() - before_children)}"
         # a child is reaped (by the watcher's thread) a moment before the loop reads its pipes'
         # end and closes them, and before a stop in flight closes its transport: wait for that
         with contextlib.suppress(AssertionError):
