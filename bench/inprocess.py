@@ -210,6 +210,9 @@ async def main() -> None:
     parser.add_argument("--without", default="", metavar="PART",
                         help="with --all-policies: leave one part out (access, rate_limits, "
                              "egress, metering), to see what it costs")
+    parser.add_argument("--profile-out", metavar="FILE",
+                        help="with --profile: also write the round's stats there (pstats format: "
+                             "bench/profdiff.py sets two of them side by side)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="cProfile one more round; print the top N by cumulative time")
     parser.add_argument("--observability", action="store_true",
@@ -273,6 +276,8 @@ async def main() -> None:
     print(f"{os.getcwd()} ({mode}): {best * 1e6:.1f} us per call, {best_cpu * 1e6:.1f} us CPU, "
           f"{best_waits:.2f} loop waits (best of {args.rounds} x {args.calls})")
     if args.profile:
+        if args.profile_out:
+            prof.dump_stats(args.profile_out)
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)
 
 
