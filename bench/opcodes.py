@@ -33,11 +33,11 @@ from typing import Any
 sys.path.insert(0, os.getcwd())  # the checkout to measure
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
-import httpx  # noqa: E402
-import inprocess  # noqa: E402
+import httpx
+import inprocess
 
-from proxy.app import create_app  # noqa: E402
-from proxy.config import from_dict  # noqa: E402
+from proxy.app import create_app
+from proxy.config import from_dict
 
 Where = tuple[str, int, str]  # a function: file, first line, name
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import httpx
 import jwt
-from cachetools import LRUCache, TTLCache
+from cachetools import LRUCache
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from proxy.auth import keys as api_keys
@@ -22,6 +22,7 @@ from proxy.auth.jwks import JwksCache, kty_for
 from proxy.auth.lockout import Attempt
 from proxy.auth.principal import ANONYMOUS, Principal
 from proxy.config import Config, IssuerConfig
+from proxy.deadlines import Deadlines
 from proxy.errors import Forbidden, Unauthenticated
 from proxy.people.live import LiveUsers, StoreDown
 from proxy.state.lockouts import LockoutStore
@@ -74,6 +75,8 @@ class BearerAuth:
     that fail count towards a lockout of the client address.
     """
 
+    CACHE_S = 300.0  # a verified token is trusted without a new check this long at most
+
     def __init__(self, cfg: Config, base_dir: Path, http: httpx.AsyncClient,
                  keys: api_keys.KeyIndex | None, lockouts: LockoutStore,
                  clock: Callable[[], float] = time.monotonic,
@@ -96,8 +99,8 @@ class BearerAuth:
         self._keys = keys
         self._lockouts = lockouts
         self._clock = clock
-        self._cache: TTLCache[tuple[str, str], tuple[Principal, float]] = TTLCache(
-            maxsize=50_000, ttl=300)
+        # verified tokens of external issuers, each until it expires and for at most CACHE_S
+        self._cache: Deadlines[tuple[str, str], Principal] = Deadlines(maxsize=50_000)
         self._token_issuers: LRUCache[str, object] = LRUCache(maxsize=50_000)
         self._challenges = {u.name: self._challenge(u.name) for u in cfg.upstreams}
         self._kept_claims = _claims_of(cfg)
@@ -152,14 +155,16 @@ class BearerAuth:
                          key_endpoints=key.endpoints, role=key.role)
 
     async def _jwt(self, token: str, endpoint: str) -> Principal:
-        cached = self._cache.get((token, endpoint))  # external issuers' tokens only
-        if cached is not None and cached[1] > time.time():
-            return cached[0]
+        now = time.time()
+        cached = self._cache.get((token, endpoint), now)  # external issuers' tokens only
+        if cached is not None:
+            return cached
         if self._tollhouse is not None and self._issuer(token) == self._public_url:
             # not cached here: the authorization server checks revocation on every call
             return await self._own(token, endpoint)
         principal, expires = await self._verify(token, endpoint)
-        self._cache[(token, endpoint)] = (principal, expires)
+        now = time.time()
+        self._cache.put((token, endpoint), principal, min(expires, now + self.CACHE_S), now)
         return principal
 
     def _issuer(self, token: str) -> str | None:

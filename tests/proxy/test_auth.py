@@ -106,3 +106,47 @@ async def test_sessions_are_bound_to_the_principal(tmp_path: Path, rsa_key) -> N
         gone = await gw.client.delete(gw.endpoint(), headers={**bob, "Mcp-Session-Id": sid})
         assert gone.status_code == 404
         assert await gw.gateway.sessions.get(sid) is not None
+
+
+async def test_a_verified_token_is_checked_once_and_refused_once_it_expires(
+        tmp_path: Path, rsa_key, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verified-token cache saves the signature check of a token sent again, and never
+    outlives the token: past its `exp` (plus the issuer's leeway) the cached entry is not used
+    and the token is refused."""
+    from proxy.auth import authenticator
+
+    checks = 0
+    verify = authenticator.BearerAuth._verify
+
+    async def counted(self, token_: str, endpoint: str):
+        nonlocal checks
+        checks += 1
+        return await verify(self, token_, endpoint)
+
+    monkeypatch.setattr(authenticator.BearerAuth, "_verify", counted)
+    up = mock_upstream()
+    now = time.time()
+    expires = int(now) + 120
+    bearer = {"Authorization": f"Bearer {token(exp=expires)}"}
+    async with running_gateway(jwt_config(tmp_path, rsa_key), up.transport) as gw:
+        for _ in range(3):
+            assert (await gw.post(CALL, headers=bearer)).status_code == 200
+        assert checks == 1
+        later = expires + 3600.0  # past exp and any leeway: the cached entry is stale
+        monkeypatch.setattr(authenticator.time, "time", lambda: later)
+        monkeypatch.setattr(jwt.api_jwt, "datetime", _Frozen(later))
+        response = await gw.post(CALL, headers=bearer)
+        assert response.status_code == 401
+        assert checks == 2  # checked again, not answered from the cache
+
+
+class _Frozen:
+    """Stands for `datetime` in pyjwt's module: its `now()` is a fixed moment."""
+
+    def __init__(self, at: float) -> None:
+        self._at = at
+
+    def now(self, tz=None):
+        import datetime as dt
+
+        return dt.datetime.fromtimestamp(self._at, tz=tz)
