@@ -389,6 +389,7 @@ class Serving:
         state.outbox = OutboxWorker(self.parts.database, backend, metering.retry_max_s,
                                     keep_delivered_s=metering.keep_delivered_h * 3600)
         self.audit.on_outbox = state.outbox.wake_threadsafe
+        self.audit.deliver = state.outbox.deliver_now
         self.worker_task = asyncio.get_running_loop().create_task(state.outbox.run())
 
     @property

@@ -25,6 +25,7 @@ import orjson
 
 from policies.metering import MeteringBackend
 from proxy import db
+from proxy.audit.record import AuditRecord
 from proxy.bounded import within
 from proxy.config import MeteringConfig
 
@@ -33,7 +34,10 @@ T = TypeVar("T")
 
 
 class PythonHook:
-    """`metering.hook = "module:object"`: an object with async authorize() and record()."""
+    """`metering.hook = "module:object"`: an object with async authorize() and record().
+    In process: the outbox worker hands it each usage event as its call ends (`deliver_now`)."""
+
+    in_process = True
 
     def __init__(self, spec: str) -> None:
         module, _, name = spec.partition(":")
@@ -51,6 +55,8 @@ class PythonHook:
 
 
 class Webhook:
+    in_process = False
+
     def __init__(self, url: str, secret: str, http: httpx.AsyncClient, timeout_s: float) -> None:
         self._url = url
         self._key = secret.encode()
@@ -120,7 +126,7 @@ class OutboxWorker:
                  keep_delivered_s: float = 24 * 3600.0) -> None:
         self._database = db.resolve(target)
         self._owns_db = self._database is not target
-        self.backend = backend  # a reload may point it at a new one
+        self.backend = backend  # a reload may point it at a new one (and `inline` with it)
         self.keep_delivered_s = keep_delivered_s  # and change this
         self._pruned_at: float | None = None  # the last sweep (None: not yet)
         self._stopping = False  # cancelled: the claim being sent stops after its current event
@@ -173,9 +179,49 @@ class OutboxWorker:
             f"WHERE delivered_at < ? LIMIT {self.PRUNE_BATCH})")
         self._conn: db.Connection | None = None  # the worker's own, used on its thread only
         self.delivered = 0
+        self.delivered_inline = 0  # of them, taken by an in-process hook as the call ended
         self._rounds = 0  # claims begun
         self._caught_up = 0  # the last claim that found nothing due
         self._progress = asyncio.Event()
+
+    @property
+    def backend(self) -> MeteringBackend:
+        return self._backend
+
+    @backend.setter
+    def backend(self, backend: MeteringBackend) -> None:
+        self._backend = backend
+        # an in-process hook is handed each event as its call ends (deliver_now) for as long as
+        # its record() answers without waiting
+        self.inline = bool(getattr(backend, "in_process", False))
+
+    def deliver_now(self, record: AuditRecord) -> bool:
+        """Hand an in-process hook the usage event of `record` now, on the event loop, as the
+        call ends: its record is in the audit journal already (a crash from here on replays it
+        and the event is delivered again: at least once, as ever). True when the hook took it:
+        its outbox row then goes in delivered, and the worker never claims it. A hook that
+        fails gets the event again from the outbox. One whose record() has to wait (it
+        suspends: I/O, a lock) is not waited for here: that delivery is abandoned (closed where
+        it waits) and left to the outbox, and so is every later one of this backend, the
+        deliveries that can wait for their claim."""
+        if not self.inline:
+            return False
+        work = self._backend.record(record.usage_event())
+        try:
+            work.send(None)
+        except StopIteration:
+            self.delivered += 1
+            self.delivered_inline += 1
+            return True
+        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - retried by the outbox
+            log.info("usage event %s not delivered (%s); the outbox retries it", record.call_id,
+                     type(exc).__name__)
+            return False
+        work.close()
+        self.inline = False
+        log.warning("metering hook: record() waited (it suspended): usage events go through "
+                    "the outbox from now on, the first of them again")
+        return False
 
     @contextmanager
     def _transaction(self) -> Iterator[db.Connection]:

@@ -43,7 +43,7 @@ _COLUMNS = ("ts", "request_id", "principal", "endpoint", "method", "tool", "stat
             "denied_reason", "error_message", "duration_ms", "bytes_in", "bytes_out", "era",
             "session_hash", "client_name", "call_id", "note", "egress", "upstream")
 
-_OUTBOX_COLUMNS = ("call_id", "event", "created_at", "next_attempt_at")
+_OUTBOX_COLUMNS = ("call_id", "event", "created_at", "next_attempt_at", "delivered_at")
 # a call id is the record's idempotency key (a unique index): a retried batch, or a replayed
 # fallback line, whose first try did land adds nothing. A batch's first try inserts without
 # that clause: the rollups (proxy.audit.rollup) count every row it sends, so a row already
@@ -106,6 +106,9 @@ class DatabaseAuditSink:
                              else "tollhouse") + ".audit-fallback.jsonl"
         self._fallback = Path(fallback_path)
         self.on_outbox = on_outbox  # called (from the writer thread) after usage events land
+        # an in-process metering hook's delivery at once (OutboxWorker.deliver_now), called on
+        # the event loop once a metered record is in the journal: True if the hook took it
+        self.deliver: Callable[[AuditRecord], bool] | None = None
         # called (from the writer thread) with the count written to the fallback file (metrics)
         self.on_fallback: Callable[[int], None] | None = None
         self._retry_backoff_s = retry_backoff_s
@@ -163,6 +166,10 @@ class DatabaseAuditSink:
         journal = self._journal
         if journal is None or not journal.append(_line(record, newline=True)):
             return False
+        # durable now: an in-process hook may take its usage event at once, before the writer
+        # sees the record (its outbox row then goes in delivered, not claimed and marked later)
+        if record.call_id is not None and self.deliver is not None and self.deliver(record):
+            record.delivered_at = time.time()
         self._queue.put((record, None))
         full = journal.full()
         if full is not None:
@@ -325,10 +332,9 @@ class DatabaseAuditSink:
         """A batch's first try, one transaction: its rows (any of them there already fails
         it), usage events and rollup counts, each statement prepared once and run for every
         row (SQLite steps it in C; psycopg pipelines the rows, the rollups' statement and the
-        COMMIT into one round trip). Whether it held usage events."""
+        COMMIT into one round trip). Whether it held usage events still to deliver."""
         rows = [row for _, row in pairs]
-        usage = [(row[15], _event(record), record.ts, record.ts)
-                 for record, row in pairs if row[15]]
+        usage = _usage(pairs)
         if self._db.postgresql:
             raw: Any = conn
             with raw.pipeline():
@@ -339,7 +345,7 @@ class DatabaseAuditSink:
                     cur.executemany(self._sql_outbox, usage)
                 self._rollups.add(cur, rows)
                 raw.commit()
-            return bool(usage)
+            return _to_deliver(usage)
         cur = conn.cursor()
         try:
             _insert_rows(cur, self._many_insert_new, rows)
@@ -348,14 +354,14 @@ class DatabaseAuditSink:
         finally:
             cur.close()
         conn.commit()
-        return bool(usage)
+        return _to_deliver(usage)
 
     def _commit_exact(self, conn: db.Connection,
                       pairs: list[tuple[AuditRecord, tuple[Any, ...]]]) -> bool:
         """A retry's or a replay's transaction: each row on its own (one already there, by its
         call id, inserts nothing), then the usage events and rollup counts of the rows that
         did go in: a record is counted once however often its batch is tried. Whether it held
-        usage events."""
+        usage events still to deliver."""
         cur = conn.cursor()
         try:
             landed = []
@@ -371,15 +377,14 @@ class DatabaseAuditSink:
                     if cur.rowcount == 1:
                         landed.append((record, row))
             rows = [row for _, row in landed]
-            usage = [(row[15], _event(record), record.ts, record.ts)
-                     for record, row in landed if row[15]]
+            usage = _usage(landed)
             for event in usage:
                 cur.execute(self._sql_outbox, event)
             self._rollups.add(cur, rows)
         finally:
             cur.close()
         conn.commit()
-        return bool(usage)
+        return _to_deliver(usage)
 
     def _missing(self, conn: db.Connection, pairs: list[tuple[AuditRecord, tuple[Any, ...]]]
                  ) -> list[tuple[AuditRecord, tuple[Any, ...]]]:
@@ -615,8 +620,16 @@ def _line(record: AuditRecord, newline: bool = False) -> bytes:
         return json.dumps(record.as_dict(), default=str).encode() + (b"\n" if newline else b"")
 
 
-def _event(record: AuditRecord) -> str:
-    return orjson.dumps(record.usage_event()).decode()
+def _usage(pairs: list[tuple[AuditRecord, tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
+    """The outbox rows of the metered records among `pairs` (`_OUTBOX_COLUMNS`): due at once,
+    or delivered already when an in-process hook took the event as the call ended."""
+    return [(row[15], orjson.dumps(record.usage_event()).decode(), record.ts, record.ts,
+             record.delivered_at) for record, row in pairs if row[15]]
+
+
+def _to_deliver(usage: list[tuple[Any, ...]]) -> bool:
+    """Whether any of these outbox rows is still to be delivered (the worker is woken)."""
+    return any(event[4] is None for event in usage)
 
 
 def _text(value: str | None) -> str | None:

@@ -44,6 +44,10 @@ class AuditRecord:
     upstream_started: float = 0.0  # perf_counter when the upstream leg began (0: none)
     http_status: int = 200
     trace_id: str = ""  # the W3C trace id the request came with, if any
+    # when an in-process metering hook took the usage event at once (proxy/metering.py,
+    # OutboxWorker.deliver_now): its outbox row goes in delivered. Not kept in the journal or
+    # the fallback file, so a record replayed after a crash is delivered again (at least once)
+    delivered_at: float | None = field(default=None, repr=False, compare=False)
     # set once the record is handed to a sink: it is not changed, nor handed over again, after
     accepted: bool = field(default=False, repr=False, compare=False)
 
@@ -74,7 +78,7 @@ class AuditRecord:
 
 
 _IN_PROCESS = frozenset({"error_type", "failure", "upstream_started", "http_status",
-                         "trace_id", "accepted"})
+                         "trace_id", "accepted", "delivered_at"})
 PERSISTED = tuple(f.name for f in fields(AuditRecord) if f.name not in _IN_PROCESS)
 
 

@@ -280,6 +280,7 @@ class TimedBackend:
     def __init__(self, backend: Any, histogram: Histogram) -> None:
         self._backend = backend
         self._histogram = histogram
+        self.in_process = bool(getattr(backend, "in_process", False))
 
     async def authorize(self, request: dict[str, Any]) -> dict[str, Any]:
         started = time.perf_counter()
