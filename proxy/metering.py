@@ -46,12 +46,10 @@ class PythonHook:
             if not callable(getattr(target, method, None)):
                 raise ValueError(f"metering hook {spec} has no {method}()")  # noqa: TRY004
         self._target = target
+        self.record = target.record  # the hook's own: no coroutine of ours around it
 
     async def authorize(self, request: dict[str, Any]) -> dict[str, Any]:
         return dict(await self._target.authorize(request))
-
-    async def record(self, event: dict[str, Any]) -> None:
-        await self._target.record(event)
 
 
 class Webhook:
