@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
@@ -65,8 +66,8 @@ class AuditRecord:
             self.error_message = exc.audit_reason
 
     def as_dict(self) -> dict[str, Any]:
-        """The audit log's fields (the fallback file's line)."""
-        return {name: getattr(self, name) for name in PERSISTED}
+        """The audit log's fields (the fallback file's and the journal's line)."""
+        return dict(zip(PERSISTED, _persisted(self), strict=True))
 
     def usage_event(self) -> dict[str, Any]:
         """The webhook's fixed `usage` shape."""
@@ -80,6 +81,9 @@ class AuditRecord:
 _IN_PROCESS = frozenset({"error_type", "failure", "upstream_started", "http_status",
                          "trace_id", "accepted", "delivered_at"})
 PERSISTED = tuple(f.name for f in fields(AuditRecord) if f.name not in _IN_PROCESS)
+# every persisted field of a record in one C call (as_dict runs for each record's journal line
+# on the event loop: a comprehension of getattr calls was ~200 bytecodes of every call)
+_persisted = attrgetter(*PERSISTED)
 
 
 class AuditSink(Protocol):
