@@ -16,15 +16,28 @@ but what the interpreter runs is most of a call's cost in this gateway.
 A variant is `auth-off`, `all-policies`, or `all-policies:<part>` (without that part: access,
 rate_limits, egress or metering). Run it from the checkout to measure (it goes first on
 sys.path); the threads beside the loop (the audit writer, the outbox worker) are not traced.
+
+`--served` counts the whole call as a server makes it instead (a variant is then any path of
+bench/paths.py: auth-off, all-policies, no-metering, metered, ...): the gateway under
+Hypercorn on a loopback port (paths.py's config for the path), bench/stub.py as its upstream in a child
+process, and a keep-alive HTTP/1.1 client on a thread of its own (not traced) sending the
+path's request one after another. That adds what the in-process figure leaves out (h11, the
+ASGI server, the sockets of both legs), which every path pays alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import os
+import socket
+import subprocess
 import sys
 import tempfile
+import threading
+import time
+import tomllib
 from collections import Counter
 from pathlib import Path
 from types import FrameType
@@ -35,6 +48,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 import httpx
 import inprocess
+import paths
+from procs import free_port
 
 from proxy.app import create_app
 from proxy.config import from_dict
@@ -91,6 +106,97 @@ async def measure(variant: str, calls: int) -> Counts:
     return counts
 
 
+async def measure_served(variant: str, calls: int, stub_port: int) -> Counts:
+    """`variant`'s path served by Hypercorn in this process in front of the stub on
+    `stub_port`, called over loopback by a client thread; the loop's thread traced over
+    `calls` calls after 200."""
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config as HyperConfig
+
+    path = paths.PATHS.get(variant)
+    if path is None:
+        raise SystemExit(f"--served: a path of bench/paths.py ({', '.join(paths.PATHS)}), "
+                         f"not {variant!r}")
+    port = free_port()
+    traced = Counts()
+    with tempfile.TemporaryDirectory() as tmp:
+        secret = "s" * 64
+        text = paths.config_text(path, port, stub_port, Path(tmp), secret)
+        app = create_app(from_dict(tomllib.loads(text), env={}))
+        hc = HyperConfig()
+        hc.bind = [f"127.0.0.1:{port}"]
+        hc.accesslog = None
+        stop = asyncio.Event()
+        server = asyncio.get_running_loop().create_task(
+            serve(app, hc, shutdown_trigger=stop.wait))
+        headers = {"content-type": "application/json",
+                   "accept": "application/json, text/event-stream", **path.headers()}
+        if path.policies:
+            headers["authorization"] = paths.bearer(secret)
+        loop = asyncio.get_running_loop()
+        warm, begin, done = asyncio.Event(), threading.Event(), asyncio.Event()
+        failure: list[str] = []
+
+        def client() -> None:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                    conn.connect()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        failure.append("the gateway did not listen")
+                        loop.call_soon_threadsafe(warm.set)
+                        return
+                    time.sleep(0.05)  # (a thread polling a port to a deadline)
+            try:
+                for n in range(200 + calls):
+                    if n == 200:
+                        loop.call_soon_threadsafe(warm.set)
+                        begin.wait()
+                    conn.request("POST", "/mcp/bench", path.body(), headers)
+                    answer = conn.getresponse()
+                    body = answer.read()
+                    if answer.status != 200 or b'"result"' not in body:
+                        failure.append(f"answered {answer.status}: {body[:200]!r}")
+                        return
+            finally:
+                conn.close()
+                loop.call_soon_threadsafe(warm.set)
+                loop.call_soon_threadsafe(done.set)
+
+        thread = threading.Thread(target=client, daemon=True)
+        thread.start()
+        await warm.wait()
+        sys.settrace(traced.trace)
+        begin.set()
+        try:
+            await done.wait()
+        finally:
+            sys.settrace(None)
+            begin.set()
+            stop.set()
+            await server
+            thread.join()
+        if failure:
+            raise SystemExit(f"{variant} (served): {failure[0]}")
+    return traced
+
+
+def listening(port: int, deadline_s: float = 30.0) -> None:
+    """Return once something accepts connections on loopback `port`."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > end:
+                raise SystemExit(f"nothing listens on 127.0.0.1:{port}") from None
+            time.sleep(0.05)  # (polling a port to a deadline)
+
+
 def short(where: Where) -> str:
     path = where[0].split("site-packages/")[-1].replace(os.getcwd() + "/", "")
     return f"{path}:{where[1]} {where[2]}"
@@ -102,10 +208,24 @@ def main() -> None:
                         help="one variant, or two to set side by side (B against A)")
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--top", type=int, default=25, help="functions listed")
+    parser.add_argument("--served", action="store_true",
+                        help="under Hypercorn, over loopback, with bench/stub.py upstream")
     args = parser.parse_args()
     if not 1 <= len(args.variants) <= 2:
         parser.error("one or two variants")
-    measured = [asyncio.run(measure(v, args.calls)) for v in args.variants]
+    if args.served:
+        stub_port = free_port()
+        stub = subprocess.Popen([sys.executable, str(Path(__file__).parent / "stub.py"),
+                                 "--port", str(stub_port)], stdout=subprocess.DEVNULL)
+        try:
+            listening(stub_port)
+            measured = [asyncio.run(measure_served(v, args.calls, stub_port))
+                        for v in args.variants]
+        finally:
+            stub.terminate()
+            stub.wait()
+    else:
+        measured = [asyncio.run(measure(v, args.calls)) for v in args.variants]
     n = args.calls
     for variant, counts in zip(args.variants, measured, strict=True):
         print(f"{variant}: {sum(counts.ops.values()) / n:,.0f} bytecodes a call, "
