@@ -171,8 +171,10 @@ class Access:
         """For a */list call on an endpoint with a profile: a function that removes what the
         caller may not use from the result, in place. None where there is nothing to hide."""
         listing = _LISTS.get(call.method or "")
+        if listing is None:  # (a tools/call: the common case)
+            return None
         rules = self._rules.get(ctx.endpoint)
-        if listing is None or rules is None or not rules.filters:
+        if rules is None or not rules.filters:
             return None
         key, field, kind = listing
         profile = rules.tool_profile(ctx.principal) if kind == "tools" else getattr(rules, kind)

@@ -116,9 +116,10 @@ class Chain:
                   only: Collection[str] | None = None, without: Collection[str] = ()) -> None:
         """`only`, `without`: a virtual endpoint runs some policies per member (proxy/virtual)."""
         trace = CURRENT.get()  # tracing on: each decision is an event of the message's span
-        for policy in self.policies:
-            if (only is not None and policy.name not in only) or policy.name in without:
-                continue
+        policies = self.policies if only is None and not without else [
+            p for p in self.policies
+            if (only is None or p.name in only) and p.name not in without]
+        for policy in policies:
             try:
                 await policy.check(call, ctx)
             except GatewayError as exc:
