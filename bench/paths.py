@@ -11,7 +11,7 @@ upstream called directly).
 | `sse` | 2025-11-25 | legacy, answering as `text/event-stream` | the SSE relay |
 | `64k` | 2025-11-25 | legacy, a 64 KiB text result | a large answer |
 | `no-metering` | as all-policies | legacy | every policy of all-policies but the metering hook (no usage events): what the rest of the chain costs |
-| `metered` | as auth-off | legacy | auth-off plus the metering hook (authorize, usage events through the outbox): what metering costs alone |
+| `metered` | as auth-off | legacy | auth-off plus the metering hook (authorize, and each usage event handed to it as the call ends): what metering costs alone |
 | `all-but-access`, `all-but-rate-limit`, `all-but-egress` | as all-policies | legacy | all-policies without that one part: what it costs among the others |
 | `auth-off-uvloop`, `all-policies-uvloop` | | | the same two paths with `server.event_loop = "uvloop"`, each also set against its asyncio twin |
 
