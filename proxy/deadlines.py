@@ -41,6 +41,8 @@ class Deadlines(Generic[K, V]):
         entries.pop(key, None)  # a rewritten entry is the newest
         entries[key] = (value, deadline)
         for _ in range(self.SWEEP):
+            if not entries:  # (the entry just put may have expired already, and gone)
+                break
             oldest = next(iter(entries))
             if len(entries) <= self._maxsize and entries[oldest][1] > now:
                 break

@@ -55,6 +55,14 @@ def test_a_live_old_entry_stops_the_sweep_and_clear_empties_it() -> None:
     assert len(cache) == 0
 
 
+def test_an_entry_put_past_its_deadline_is_not_kept() -> None:
+    cache: Deadlines[str, int] = Deadlines(maxsize=10)
+    cache.put("late", 1, deadline=5.0, now=10.0)
+    assert len(cache) == 0 and cache.get("late", 10.0) is None
+    cache.put("ok", 2, deadline=50.0, now=10.0)
+    assert cache.get("ok", 10.0) == 2
+
+
 def test_maxsize_must_be_positive() -> None:
     with pytest.raises(ValueError, match="maxsize"):
         Deadlines(maxsize=0)
