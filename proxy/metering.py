@@ -204,8 +204,10 @@ class OutboxWorker:
         deliveries that can wait for their claim."""
         if not self.inline:
             return False
-        work = self._backend.record(record.usage_event())
+        # whatever the hook does (raise before it returns a coroutine, refuse to be closed), the
+        # call's answer and its record's way to the database go on: the outbox has the event
         try:
+            work = self._backend.record(record.usage_event())
             work.send(None)
         except StopIteration:
             self.delivered += 1
@@ -215,8 +217,9 @@ class OutboxWorker:
             log.info("usage event %s not delivered (%s); the outbox retries it", record.call_id,
                      type(exc).__name__)
             return False
-        work.close()
         self.inline = False
+        with suppress(Exception):
+            work.close()
         log.warning("metering hook: record() waited (it suspended): usage events go through "
                     "the outbox from now on, the first of them again")
         return False

@@ -37,11 +37,18 @@ class Hook:
         self.failures = 0
         self.waits = False
         self.abandoned = 0  # deliveries closed where they waited
+        self.broken = False  # record() raises before it is even a coroutine
 
     async def authorize(self, request: dict[str, Any]) -> dict[str, Any]:
         return {"allow": True}
 
-    async def record(self, event: dict[str, Any]) -> None:
+    def record(self, event: dict[str, Any]) -> Any:
+        if self.broken:
+            self.broken = False
+            raise RuntimeError("the hook's client is not configured")
+        return self._record(event)
+
+    async def _record(self, event: dict[str, Any]) -> None:
         if self.waits:
             try:
                 await _yield()
@@ -166,3 +173,16 @@ async def test_a_hook_that_waits_is_left_to_the_outbox_from_then_on(tmp_path: Pa
         await until(lambda: all(d is not None for _, d in m.outbox_rows())
                     and len(m.outbox_rows()) == 2, what="both events marked delivered")
     assert len({e["call_id"] for e in HOOK.recorded}) == 2
+
+
+async def test_a_hook_that_raises_before_its_coroutine_costs_the_call_nothing(
+        tmp_path: Path) -> None:
+    async with metered(tmp_path) as m, httpx.AsyncClient(timeout=DEADLINE_S) as http:
+        HOOK.broken = True
+        await m.call(http)  # answered, not a 500
+        await until(lambda: len(HOOK.recorded) == 1, what="the outbox's delivery")
+        await until(lambda: len(m.outbox_rows()) == 1 and m.outbox_rows()[0][1] is not None,
+                    what="the event marked delivered")
+        assert m.outbox.inline is True  # a failure is not a wait: the next is taken at once
+        await m.call(http, 2)
+        assert len(HOOK.recorded) == 2
