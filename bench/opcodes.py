@@ -31,8 +31,6 @@ import argparse
 import asyncio
 import http.client
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -49,7 +47,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 import httpx
 import inprocess
 import paths
-from procs import free_port
+from procs import Processes, free_port
 
 from proxy.app import create_app
 from proxy.config import from_dict
@@ -184,19 +182,6 @@ async def measure_served(variant: str, calls: int, stub_port: int) -> Counts:
     return traced
 
 
-def listening(port: int, deadline_s: float = 30.0) -> None:
-    """Return once something accepts connections on loopback `port`."""
-    end = time.monotonic() + deadline_s
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > end:
-                raise SystemExit(f"nothing listens on 127.0.0.1:{port}") from None
-            time.sleep(0.05)  # (polling a port to a deadline)
-
-
 def short(where: Where) -> str:
     path = where[0].split("site-packages/")[-1].replace(os.getcwd() + "/", "")
     return f"{path}:{where[1]} {where[2]}"
@@ -214,16 +199,14 @@ def main() -> None:
     if not 1 <= len(args.variants) <= 2:
         parser.error("one or two variants")
     if args.served:
-        stub_port = free_port()
-        stub = subprocess.Popen([sys.executable, str(Path(__file__).parent / "stub.py"),
-                                 "--port", str(stub_port)], stdout=subprocess.DEVNULL)
-        try:
-            listening(stub_port)
-            measured = [asyncio.run(measure_served(v, args.calls, stub_port))
-                        for v in args.variants]
-        finally:
-            stub.terminate()
-            stub.wait()
+        with tempfile.TemporaryDirectory() as logdir:
+            procs = Processes(Path(logdir))
+            try:
+                stub = procs.start_stub()
+                measured = [asyncio.run(measure_served(v, args.calls, stub.port))
+                            for v in args.variants]
+            finally:
+                procs.stop_all()
     else:
         measured = [asyncio.run(measure(v, args.calls)) for v in args.variants]
     n = args.calls
