@@ -45,7 +45,7 @@ def _state(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or before the read
         return None
 
 
@@ -61,7 +61,7 @@ def described(pids: set[int]) -> list[str]:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             cmd = ""
         out.append(f"{pid} {_state(pid) or 'gone'} {cmd[:120]}")
     return out
