@@ -31,7 +31,10 @@ TEST_DATABASES ?= sqlite postgresql
 TEST_STATES ?= memory redis
 TEST_JOBS ?= 2
 
+# tests/prereqs.sh first: HAProxy, Chromium and its driver, Node and npm, from Debian's packages
+# when missing (as root; otherwise it names them and stops before any test runs).
 test: $(VENV)/.installed
+	tests/prereqs.sh
 	$(VENV)/bin/python tests/passes.py --databases $(TEST_DATABASES) --states $(TEST_STATES) \
 		--jobs $(TEST_JOBS) -- $(PYTEST_ARGS)
 
