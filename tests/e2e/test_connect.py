@@ -257,21 +257,21 @@ async def test_expiry_refresh_401_retry_and_invalid_grant(tmp_path: Path) -> Non
 
 
 async def test_forged_state_and_another_persons_flow_are_refused(tmp_path: Path) -> None:
-    async with world(tmp_path) as w:
-        async with httpx.AsyncClient(follow_redirects=False, timeout=10) as alice, \
-                httpx.AsyncClient(follow_redirects=False, timeout=10) as bob:
-            await sign_in(alice, w.outer, "alice", PEOPLE["alice"][0])
-            await sign_in(bob, w.outer, "bob", PEOPLE["bob"][0])
-            forged = await alice.get(f"{w.outer}/connect/gh/callback?code=x&state=forged")
-            assert forged.status_code == 400 and "unknown" in forged.text
-            start = await alice.get(f"{w.outer}/connect/gh?start=1")
-            state = parse_qs(urlsplit(start.headers["location"]).query)["state"][0]
-            stolen = await bob.get(f"{w.outer}/connect/gh/callback?code=x&state={state}")
-            assert stolen.status_code == 400 and "someone else" in stolen.text
-            async with httpx.AsyncClient() as nobody:
-                anonymous = await nobody.get(f"{w.outer}/connect/gh/callback?code=x&"
-                                             f"state={state}")
-            assert anonymous.status_code == 401
+    async with world(tmp_path) as w, \
+            httpx.AsyncClient(follow_redirects=False, timeout=10) as alice, \
+            httpx.AsyncClient(follow_redirects=False, timeout=10) as bob:
+        await sign_in(alice, w.outer, "alice", PEOPLE["alice"][0])
+        await sign_in(bob, w.outer, "bob", PEOPLE["bob"][0])
+        forged = await alice.get(f"{w.outer}/connect/gh/callback?code=x&state=forged")
+        assert forged.status_code == 400 and "unknown" in forged.text
+        start = await alice.get(f"{w.outer}/connect/gh?start=1")
+        state = parse_qs(urlsplit(start.headers["location"]).query)["state"][0]
+        stolen = await bob.get(f"{w.outer}/connect/gh/callback?code=x&state={state}")
+        assert stolen.status_code == 400 and "someone else" in stolen.text
+        async with httpx.AsyncClient() as nobody:
+            anonymous = await nobody.get(f"{w.outer}/connect/gh/callback?code=x&"
+                                         f"state={state}")
+        assert anonymous.status_code == 401
 
 
 async def test_disconnect_revokes_at_the_upstream(tmp_path: Path) -> None:

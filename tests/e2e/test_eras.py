@@ -47,13 +47,13 @@ UPSTREAMS = {"stateful-modern": (stateful_sse_app, "auto"),
 async def test_every_client_era_reaches_every_upstream_era(tmp_path: Path, mode: str,
                                                             upstream: str) -> None:
     make, era = UPSTREAMS[upstream]
-    async with stack(tmp_path, make, era) as (endpoint, probe, db):
-        async with Client(endpoint, mode=mode) as client:
-            names = {t.name for t in (await client.list_tools()).tools}
-            assert {"echo", "boom"} <= names
-            result = await client.call_tool("echo", {"text": f"{mode} via {upstream}"})
-            assert result.content[0].text == f"{mode} via {upstream}"
-            assert (await client.call_tool("boom", {})).is_error
+    async with stack(tmp_path, make, era) as (endpoint, probe, db), \
+            Client(endpoint, mode=mode) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert {"echo", "boom"} <= names
+        result = await client.call_tool("echo", {"text": f"{mode} via {upstream}"})
+        assert result.content[0].text == f"{mode} via {upstream}"
+        assert (await client.call_tool("boom", {})).is_error
     modern_client = mode != "legacy"
     records = [r for r in query(db, limit=100) if r["tool"] == "echo"]
     assert [r["era"] for r in records] == ["modern" if modern_client else "legacy"]
@@ -394,10 +394,10 @@ async def test_listen_is_a_long_lived_stream_on_a_modern_upstream(tmp_path: Path
         body, headers = modern_request("subscriptions/listen",
                                        {"notifications": {"toolsListChanged": True}},
                                        request_id="listen-1")
-        async with httpx.AsyncClient(timeout=DEADLINE_S) as raw:
-            async with raw.stream("POST", endpoint, content=body, headers=headers) as response:
-                assert response.headers["content-type"].startswith("text/event-stream")
-                first = await asyncio.wait_for(response.aiter_bytes().__anext__(), DEADLINE_S)
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as raw, \
+                raw.stream("POST", endpoint, content=body, headers=headers) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            first = await asyncio.wait_for(response.aiter_bytes().__anext__(), DEADLINE_S)
         ack = orjson.loads(first.split(b"data: ", 1)[1].split(b"\r\n")[0])
         assert ack["method"] == "notifications/subscriptions/acknowledged"
         assert ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "listen-1"

@@ -157,10 +157,10 @@ async def test_total_timeout_on_a_stream() -> None:
 async def test_client_disconnect_mid_stream_cancels_upstream() -> None:
     up = Upstream(stream=True)
     async with running_gateway(make_config(), up.transport) as gw:
-        async with httpx.AsyncClient() as own:
-            async with own.stream("POST", gw.endpoint(), content=orjson.dumps(call()),
-                                  headers=MCP_HEADERS) as response:
-                await asyncio.wait_for(response.aiter_bytes().__anext__(), DEADLINE_S)
+        async with httpx.AsyncClient() as own, \
+                own.stream("POST", gw.endpoint(), content=orjson.dumps(call()),
+                           headers=MCP_HEADERS) as response:
+            await asyncio.wait_for(response.aiter_bytes().__anext__(), DEADLINE_S)
         # the connection is gone: the gateway closes the upstream stream and says so
         await asyncio.wait_for(up.streams[0].closed.wait(), DEADLINE_S)
         await asyncio.wait_for(up.notified.wait(), DEADLINE_S)

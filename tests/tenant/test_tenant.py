@@ -262,27 +262,27 @@ async def test_a_value_resolving_into_a_forbidden_zone_is_refused(tenant: str) -
 
 
 async def test_a_session_is_bound_to_its_caller_and_upstream() -> None:
-    async with tenants() as t, httpx.AsyncClient(timeout=DEADLINE_S) as http:
-        async with connect(t.endpoint, headers=bearer("alice", tenant="acme")) as alice:
-            assert alice.session_id is not None
-            listed = {"jsonrpc": "2.0", "id": 9, "method": "tools/list"}
-            legacy = {"content-type": "application/json", "mcp-session-id": alice.session_id,
-                      "accept": "application/json, text/event-stream",
-                      "mcp-protocol-version": "2025-11-25"}
-            # bob, on his own server, presents alice's session id
-            stolen = await http.post(t.endpoint, json=listed,
-                                     headers={**legacy, **bearer("bob", tenant="globex")})
-            assert (stolen.status_code, stolen.json()) == (404, {"error": "session not found"})
-            # bob naming alice's tenant in his token still does not get her session
-            stolen = await http.post(t.endpoint, json=listed,
-                                     headers={**legacy, **bearer("bob", tenant="acme")})
-            assert (stolen.status_code, stolen.json()) == (404, {"error": "session not found"})
-            # alice herself, routed elsewhere now, cannot carry the session to that server
-            moved = await http.post(t.endpoint, json=listed,
-                                    headers={**legacy, **bearer("alice", tenant="globex")})
-            assert (moved.status_code, moved.json()) == (404, {"error": "session not found"})
-            assert (await alice.call_tool("echo", {"text": "still mine"})
-                    ).content[0].text == "still mine"
+    async with tenants() as t, httpx.AsyncClient(timeout=DEADLINE_S) as http, \
+            connect(t.endpoint, headers=bearer("alice", tenant="acme")) as alice:
+        assert alice.session_id is not None
+        listed = {"jsonrpc": "2.0", "id": 9, "method": "tools/list"}
+        legacy = {"content-type": "application/json", "mcp-session-id": alice.session_id,
+                  "accept": "application/json, text/event-stream",
+                  "mcp-protocol-version": "2025-11-25"}
+        # bob, on his own server, presents alice's session id
+        stolen = await http.post(t.endpoint, json=listed,
+                                 headers={**legacy, **bearer("bob", tenant="globex")})
+        assert (stolen.status_code, stolen.json()) == (404, {"error": "session not found"})
+        # bob naming alice's tenant in his token still does not get her session
+        stolen = await http.post(t.endpoint, json=listed,
+                                 headers={**legacy, **bearer("bob", tenant="acme")})
+        assert (stolen.status_code, stolen.json()) == (404, {"error": "session not found"})
+        # alice herself, routed elsewhere now, cannot carry the session to that server
+        moved = await http.post(t.endpoint, json=listed,
+                                headers={**legacy, **bearer("alice", tenant="globex")})
+        assert (moved.status_code, moved.json()) == (404, {"error": "session not found"})
+        assert (await alice.call_tool("echo", {"text": "still mine"})
+                ).content[0].text == "still mine"
     assert t.globex.calls == []
 
 
