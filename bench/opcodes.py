@@ -22,7 +22,9 @@ bench/paths.py: auth-off, all-policies, no-metering, metered, ...): the gateway 
 Hypercorn on a loopback port (paths.py's config for the path), bench/stub.py as its upstream in a child
 process, and a keep-alive HTTP/1.1 client on a thread of its own (not traced) sending the
 path's request one after another. That adds what the in-process figure leaves out (h11, the
-ASGI server, the sockets of both legs), which every path pays alike.
+ASGI server, the sockets of both legs), which every path pays alike. `path@N` (say
+`auth-off@16 auth-off@64`) has N client threads on N connections keep N calls in flight (the
+traced loop is the slow side, so they do): what a call costs more when more are in flight.
 """
 
 from __future__ import annotations
@@ -106,15 +108,18 @@ async def measure(variant: str, calls: int) -> Counts:
 
 async def measure_served(variant: str, calls: int, stub_port: int) -> Counts:
     """`variant`'s path served by Hypercorn in this process in front of the stub on
-    `stub_port`, called over loopback by a client thread; the loop's thread traced over
-    `calls` calls after 200."""
+    `stub_port`, called over loopback by client threads (`path@N`: N of them, each on its own
+    keep-alive connection, so that N calls are in flight; 1 without `@`); the loop's thread
+    traced over `calls` calls after 200."""
     from hypercorn.asyncio import serve
     from hypercorn.config import Config as HyperConfig
 
-    path = paths.PATHS.get(variant)
-    if path is None:
+    name, _, clients_text = variant.partition("@")
+    clients = int(clients_text or 1)
+    path = paths.PATHS.get(name)
+    if path is None or clients < 1:
         raise SystemExit(f"--served: a path of bench/paths.py ({', '.join(paths.PATHS)}), "
-                         f"not {variant!r}")
+                         f"optionally @N for N concurrent clients, not {variant!r}")
     port = free_port()
     traced = Counts()
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,6 +129,7 @@ async def measure_served(variant: str, calls: int, stub_port: int) -> Counts:
         hc = HyperConfig()
         hc.bind = [f"127.0.0.1:{port}"]
         hc.accesslog = None
+        hc.backlog = max(hc.backlog, clients)
         stop = asyncio.Event()
         server = asyncio.get_running_loop().create_task(
             serve(app, hc, shutdown_trigger=stop.wait))
@@ -132,40 +138,71 @@ async def measure_served(variant: str, calls: int, stub_port: int) -> Counts:
         if path.policies:
             headers["authorization"] = paths.bearer(secret)
         loop = asyncio.get_running_loop()
-        warm, begin, done = asyncio.Event(), threading.Event(), asyncio.Event()
+        warm, done = asyncio.Event(), asyncio.Event()
+        begin = threading.Event()
         failure: list[str] = []
+        # every client warms up, then waits at `warmed` (nothing in flight) until tracing
+        # starts; then they share `calls` tickets, and `finished` is passed once all are answered
+        warmed = threading.Barrier(clients, action=lambda: loop.call_soon_threadsafe(warm.set))
+        finished = threading.Barrier(clients, action=lambda: loop.call_soon_threadsafe(done.set))
+        tickets = iter(range(calls))
+        lock = threading.Lock()
 
-        def client() -> None:
+        def give_up(why: str) -> None:
+            failure.append(why)
+            warmed.abort()
+            finished.abort()
+            loop.call_soon_threadsafe(warm.set)
+            loop.call_soon_threadsafe(done.set)
+
+        def connect() -> http.client.HTTPConnection | None:
             deadline = time.monotonic() + 30
             while True:
                 try:
                     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
                     conn.connect()
-                    break
+                    return conn
                 except OSError:
                     if time.monotonic() > deadline:
-                        failure.append("the gateway did not listen")
-                        loop.call_soon_threadsafe(warm.set)
-                        return
+                        give_up("the gateway did not listen")
+                        return None
                     time.sleep(0.05)  # (a thread polling a port to a deadline)
+
+        def call(conn: http.client.HTTPConnection) -> bool:
+            conn.request("POST", "/mcp/bench", path.body(), headers)
+            answer = conn.getresponse()
+            body = answer.read()
+            if answer.status != 200 or b'"result"' not in body:
+                give_up(f"answered {answer.status}: {body[:200]!r}")
+                return False
+            return True
+
+        def client() -> None:
+            conn = connect()
+            if conn is None:
+                return
             try:
-                for n in range(200 + calls):
-                    if n == 200:
-                        loop.call_soon_threadsafe(warm.set)
-                        begin.wait()
-                    conn.request("POST", "/mcp/bench", path.body(), headers)
-                    answer = conn.getresponse()
-                    body = answer.read()
-                    if answer.status != 200 or b'"result"' not in body:
-                        failure.append(f"answered {answer.status}: {body[:200]!r}")
+                for _ in range(-(-200 // clients)):
+                    if not call(conn):
                         return
+                warmed.wait()
+                begin.wait()
+                while True:
+                    with lock:
+                        ticket = next(tickets, None)
+                    if ticket is None or not call(conn):
+                        break
+                finished.wait()
+            except threading.BrokenBarrierError:
+                pass
+            except Exception as exc:  # noqa: BLE001 - reported as the run's failure
+                give_up(f"client: {exc!r}")
             finally:
                 conn.close()
-                loop.call_soon_threadsafe(warm.set)
-                loop.call_soon_threadsafe(done.set)
 
-        thread = threading.Thread(target=client, daemon=True)
-        thread.start()
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+        for thread in threads:
+            thread.start()
         await warm.wait()
         sys.settrace(traced.trace)
         begin.set()
@@ -176,7 +213,8 @@ async def measure_served(variant: str, calls: int, stub_port: int) -> Counts:
             begin.set()
             stop.set()
             await server
-            thread.join()
+            for thread in threads:
+                thread.join()
         if failure:
             raise SystemExit(f"{variant} (served): {failure[0]}")
     return traced
