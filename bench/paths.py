@@ -26,6 +26,7 @@ import secrets
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,12 +151,15 @@ methods = ["tools/call"]
 
 
 def config_text(path: Path_, port: int, stub_port: int, dbdir: Path, secret: str,
-                database: str = "") -> str:
-    """The path's config; `database`: more lines of its [database] table (bench/threads.py)."""
+                database: str = "", server: str = "") -> str:
+    """The path's config; `database` and `server`: more lines of its [database] and [server]
+    tables (bench/threads.py)."""
     text = BASE.format(port=port, dbdir=dbdir, stub_port=stub_port, era=path.era,
                        loop=path.loop)
     if database:
         text = text.replace("[database]\n", f"[database]\n{database}\n", 1)
+    if server:
+        text = text.replace("[server]\n", f"[server]\n{server}\n", 1)
     if path.policies:
         text += policies_text(path.without).format(subject=SUBJECT, issuer=ISSUER,
                                                    secret=secret, audience=AUDIENCE)
@@ -174,9 +178,11 @@ def bearer(secret: str) -> str:
 
 
 def start(procs: Processes, path: Path_, exe: str, tmpdir: Path, stub_port: int,
-          prefix: str = "tollhouse", database: str = "") -> Server | str:
+          prefix: str = "tollhouse", database: str = "", server_lines: str = "",
+          launcher: Sequence[str] = ()) -> Server | str:
     """The started target `<prefix>{<path>}` (`tollhouse-compare` for run.py's --compare
-    build), or a note why not."""
+    build), or a note why not. `launcher`: a command that takes `serve --config ...` in
+    place of `exe` (bench/gcstats.py)."""
     name = f"{prefix}{{{path.name}}}"
     found = shutil.which(exe)
     if found is None:
@@ -186,10 +192,10 @@ def start(procs: Processes, path: Path_, exe: str, tmpdir: Path, stub_port: int,
     secret = secrets.token_hex(32)
     port = free_port()
     config = own / "tollhouse.toml"
-    config.write_text(config_text(path, port, stub_port, own, secret, database))
+    config.write_text(config_text(path, port, stub_port, own, secret, database, server_lines))
     # the metering hook is a module of bench/, imported by name
-    server = procs.start(name, [found, "serve", "--config", str(config)], port, "/mcp/bench",
-                         pythonpath=BENCH_DIR)
+    server = procs.start(name, [*(launcher or [found]), "serve", "--config", str(config)], port,
+                         "/mcp/bench", pythonpath=BENCH_DIR)
     try:
         wait_ready(server, deadline_s=30.0)
     except RuntimeError as exc:

@@ -70,6 +70,16 @@ class ServerConfig:
     # then alive out of the cycle collector's reach (gc.freeze): a full collection then scans
     # what calls made, not the ~270,000 objects of the imported libraries (bench/README.md)
     gc_freeze: bool = True
+    # the cycle collector's young-generation threshold (gc.set_threshold's first number;
+    # Python's default 700): net allocations of tracked objects between two automatic
+    # collections. Calls in flight allocate in bursts that pass 700 every few calls, and each
+    # collection then walks every young object alive, more of them the more calls are in
+    # flight; the timed collections below are what bounds cyclic garbage
+    gc_threshold: int = 10_000
+    # every this many seconds the young and middle generations are collected (gc.collect(1)),
+    # every tenth time all of them (gc.collect(2)): cyclic garbage is found within that time
+    # whatever the threshold; 0: only the interpreter's automatic collections
+    gc_sweep_s: float = 1.0
 
     @property
     def host(self) -> str:
@@ -578,6 +588,11 @@ def _check(cfg: Config, base_dir: Path) -> None:
     if not 0 < server.shutdown_grace_s <= 3600:
         raise ConfigError("config: 'server.shutdown_grace_s' must be greater than 0 and at most "
                           "3600 seconds")
+    if not 100 <= server.gc_threshold <= 1_000_000:
+        raise ConfigError("config: 'server.gc_threshold' must be between 100 and 1000000")
+    if server.gc_sweep_s != 0 and not 0.01 <= server.gc_sweep_s <= 3600:
+        raise ConfigError("config: 'server.gc_sweep_s' must be 0 (no timed collections) or "
+                          "between 0.01 and 3600 seconds")
     if server.sse_heartbeat_s != 0 and not 0.05 <= server.sse_heartbeat_s <= 3600:
         raise ConfigError("config: 'server.sse_heartbeat_s' must be 0 (no heartbeat) or between "
                           "0.05 and 3600 seconds")

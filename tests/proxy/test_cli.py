@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import subprocess
 import sys
+import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 from quart import Quart
 
-from proxy.cli import freeze_after_start, main, refreeze
+from proxy.cli import GC_FULL_EVERY, collect_on_schedule, freeze_after_start, main, refreeze
 
 
 @pytest.mark.parametrize(
@@ -94,3 +96,62 @@ def test_refreeze_collects_what_was_frozen_and_has_become_garbage(unfrozen: None
 def test_refreeze_does_nothing_when_start_up_did_not_freeze(unfrozen: None) -> None:
     refreeze()
     assert gc.get_freeze_count() == 0
+
+
+@pytest.fixture
+def thresholds() -> Iterator[tuple[int, int, int]]:
+    """The interpreter's thresholds, put back after the test whatever it did."""
+    before = gc.get_threshold()
+    yield before
+    gc.set_threshold(*before)
+
+
+async def until_collected(alive: weakref.ref[_Cycle], deadline_s: float = 5.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while alive() is not None:
+        assert time.monotonic() < deadline, "the cycle was not collected in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_the_threshold_holds_while_serving_and_is_put_back(thresholds) -> None:
+    app = Quart(__name__)
+    collect_on_schedule(app, 12_345, 0)
+    async with app.test_app():
+        assert gc.get_threshold() == (12_345, *thresholds[1:])
+    assert gc.get_threshold() == thresholds
+
+
+async def test_timed_collections_find_young_cyclic_garbage(thresholds) -> None:
+    app = Quart(__name__)
+    # no automatic collection can come in the test's time: only the timed one finds the cycle
+    collect_on_schedule(app, 1_000_000, 0.02)
+    async with app.test_app():
+        cycle = _Cycle()
+        alive = weakref.ref(cycle)
+        del cycle
+        await until_collected(alive)
+
+
+async def test_every_tenth_timed_collection_is_a_full_one(thresholds) -> None:
+    app = Quart(__name__)
+    collect_on_schedule(app, 1_000_000, 0.01)
+    async with app.test_app():
+        cycle = _Cycle()
+        alive = weakref.ref(cycle)
+        gc.collect()  # alive then: now in the old generation, which only a full collection walks
+        del cycle
+        await until_collected(alive)
+
+
+async def test_without_timed_collections_a_cycle_waits_for_the_threshold(thresholds) -> None:
+    app = Quart(__name__)
+    collect_on_schedule(app, 1_000_000, 0)
+    async with app.test_app():
+        cycle = _Cycle()
+        alive = weakref.ref(cycle)
+        del cycle
+        for _ in range(2 * GC_FULL_EVERY):
+            await asyncio.sleep(0.01)
+        assert alive() is not None  # what the timed collections are for
+        gc.collect()
+        assert alive() is None

@@ -15,6 +15,8 @@ def test_defaults_are_the_documented_ones() -> None:
     assert cfg.server.allowed_origins == []
     assert cfg.server.event_loop == "asyncio"
     assert cfg.server.gc_freeze is True
+    assert cfg.server.gc_threshold == 10_000
+    assert cfg.server.gc_sweep_s == 1.0
     assert cfg.auth.mode == "none"
     assert cfg.database.url == "sqlite:///tollhouse.db"
     up = cfg.upstream("everything")
@@ -41,6 +43,13 @@ def test_example_config_loads(tmp_path: Path) -> None:
         ({"server": {"listen": "nowhere"}}, "'server.listen' must be host:port"),
         ({"server": {"event_loop": "trio"}}, "'server.event_loop' must be asyncio or uvloop"),
         ({"server": {"gc_freeze": "yes"}}, "'server.gc_freeze' must be"),
+        ({"server": {"gc_threshold": 99}}, "'server.gc_threshold' must be between 100 and 1000000"),
+        ({"server": {"gc_threshold": 2_000_000}}, "'server.gc_threshold' must be between 100"),
+        ({"server": {"gc_threshold": 7000.5}}, "'server.gc_threshold' must be an integer"),
+        ({"server": {"gc_sweep_s": 0.001}},
+         "'server.gc_sweep_s' must be 0 (no timed collections) or between 0.01 and 3600"),
+        ({"server": {"gc_sweep_s": -1}}, "'server.gc_sweep_s' must be 0"),
+        ({"server": {"gc_sweep_s": "1s"}}, "'server.gc_sweep_s' must be a number, got a string"),
         ({"metering": {"hook": "m:h", "keep_delivered_h": 0}},
          "'metering.keep_delivered_h' must be greater than 0"),
         ({"server": {"shutdown_grace_s": 0}},

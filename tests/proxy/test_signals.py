@@ -107,6 +107,10 @@ async def test_sighup_applies_rules_to_the_next_call_and_refuses_a_broken_file(
             session = await _session(gw)
             # server.gc_freeze is on by default: start-up froze, each reload below freezes again
             assert "objects of start-up frozen (server.gc_freeze)" in gw.text, gw.text
+            # and the collector's threshold and timed collections, server.gc_threshold and
+            # server.gc_sweep_s at their defaults
+            assert ("gc: young threshold 10000 (server.gc_threshold), timed collections every "
+                    "1 s (server.gc_sweep_s)") in gw.text, gw.text
             ok = await gw.request("POST", "/mcp/up", _call(1, "echo", text="before"), session)
             assert ok.rpc()["result"]["content"][0]["text"] == "before"
             held = asyncio.create_task(gw.request("POST", "/mcp/up", _call(2, "hold"),
