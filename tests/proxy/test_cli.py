@@ -121,35 +121,32 @@ async def test_the_threshold_holds_while_serving_and_is_put_back(thresholds) -> 
     assert gc.get_threshold() == thresholds
 
 
-async def test_timed_collections_find_young_cyclic_garbage(thresholds) -> None:
-    app = Quart(__name__)
-    # no automatic collection can come in the test's time: only the timed one finds the cycle
-    collect_on_schedule(app, 1_000_000, 0.02)
-    async with app.test_app():
-        cycle = _Cycle()
-        alive = weakref.ref(cycle)
-        del cycle
-        await until_collected(alive)
+def garbage_cycle(old: bool) -> weakref.ref[_Cycle]:
+    """A reference cycle nothing else holds, in the young generation or (`old`: it was alive
+    through a full collection) in the old one, which only a full collection walks."""
+    cycle = _Cycle()
+    alive = weakref.ref(cycle)
+    if old:
+        gc.collect()
+    del cycle
+    return alive
 
 
-async def test_every_tenth_timed_collection_is_a_full_one(thresholds) -> None:
+# the threshold out of reach: no automatic collection comes in a test's time
+@pytest.mark.parametrize(("old", "sweep_s"), [(False, 0.02), (True, 0.01)])
+async def test_timed_collections_free_young_and_old_cyclic_garbage(
+        thresholds, old: bool, sweep_s: float) -> None:
     app = Quart(__name__)
-    collect_on_schedule(app, 1_000_000, 0.01)
+    collect_on_schedule(app, 1_000_000, sweep_s)
     async with app.test_app():
-        cycle = _Cycle()
-        alive = weakref.ref(cycle)
-        gc.collect()  # alive then: now in the old generation, which only a full collection walks
-        del cycle
-        await until_collected(alive)
+        await until_collected(garbage_cycle(old))
 
 
 async def test_without_timed_collections_a_cycle_waits_for_the_threshold(thresholds) -> None:
     app = Quart(__name__)
     collect_on_schedule(app, 1_000_000, 0)
     async with app.test_app():
-        cycle = _Cycle()
-        alive = weakref.ref(cycle)
-        del cycle
+        alive = garbage_cycle(old=False)
         for _ in range(2 * GC_FULL_EVERY):
             await asyncio.sleep(0.01)
         assert alive() is not None  # what the timed collections are for
