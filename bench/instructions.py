@@ -29,7 +29,7 @@ sys.path.insert(0, str(BENCH_DIR))
 
 import paths
 from loadgen import run_wrk
-from procs import Processes, free_port, wait_ready
+from procs import Processes
 
 
 def measured_total(outdir: Path, deadline_s: float = 60.0) -> int:
@@ -64,26 +64,21 @@ def main() -> None:
         procs = Processes(own)
         try:
             stub = procs.start_stub(cpus={0})
-            port = free_port()
-            secret = "s" * 64
-            config = own / "tollhouse.toml"
-            config.write_text(paths.config_text(path, port, stub.port, own, secret,
-                                                server=server_lines))
-            cmd = ["taskset", "-c", "1", "valgrind", "--tool=callgrind", "--dump-instr=no",
-                   f"--callgrind-out-file={own}/callgrind.out.%p", sys.executable, "-m",
-                   "proxy", "serve", "--config", str(config)]
-            server = procs.start("callgrind", cmd, port, "/mcp/bench", pythonpath=BENCH_DIR)
-            wait_ready(server, deadline_s=600)
-            headers = path.headers()
-            if path.policies:
-                headers["authorization"] = paths.bearer(secret)
-            run_wrk(server.url, args.concurrency, 10, cpus={0}, headers=headers,
-                    body=path.body())
+            launcher = ("taskset", "-c", "1", "valgrind", "--tool=callgrind", "--dump-instr=no",
+                        f"--callgrind-out-file={own}/callgrind.out.%p", sys.executable, "-m",
+                        "proxy")
+            server = paths.start(procs, path, sys.executable, own, stub.port,
+                                 prefix="callgrind", server_lines=server_lines,
+                                 launcher=launcher, ready_s=600)
+            if isinstance(server, str):
+                raise SystemExit(server)
+            run_wrk(server.url, args.concurrency, 10, cpus={0}, headers=server.headers,
+                    body=server.body)
             pid = str(server.proc.pid)
             subprocess.run(["callgrind_control", "--zero", pid], check=True,
                            capture_output=True)
             done = run_wrk(server.url, args.concurrency, args.duration, cpus={0},
-                           headers=headers, body=path.body())
+                           headers=server.headers, body=server.body)
             subprocess.run(["callgrind_control", "--dump=measured", pid], check=True,
                            capture_output=True)
             total = measured_total(own)

@@ -179,10 +179,11 @@ def bearer(secret: str) -> str:
 
 def start(procs: Processes, path: Path_, exe: str, tmpdir: Path, stub_port: int,
           prefix: str = "tollhouse", database: str = "", server_lines: str = "",
-          launcher: Sequence[str] = ()) -> Server | str:
+          launcher: Sequence[str] = (), ready_s: float = 30.0) -> Server | str:
     """The started target `<prefix>{<path>}` (`tollhouse-compare` for run.py's --compare
     build), or a note why not. `launcher`: a command that takes `serve --config ...` in
-    place of `exe` (bench/gcstats.py)."""
+    place of `exe` (bench/gcstats.py, valgrind in bench/instructions.py), which may need
+    longer than 30 s to listen (`ready_s`)."""
     name = f"{prefix}{{{path.name}}}"
     found = shutil.which(exe)
     if found is None:
@@ -197,7 +198,7 @@ def start(procs: Processes, path: Path_, exe: str, tmpdir: Path, stub_port: int,
     server = procs.start(name, [*(launcher or [found]), "serve", "--config", str(config)], port,
                          "/mcp/bench", pythonpath=BENCH_DIR)
     try:
-        wait_ready(server, deadline_s=30.0)
+        wait_ready(server, deadline_s=ready_s)
     except RuntimeError as exc:
         procs.stop(server)
         return f"{name} skipped: it did not start. {exc}"

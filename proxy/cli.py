@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from proxy.config import Config, ConfigError, load
+from proxy.config import Config, ConfigError, ServerConfig, load
 
 T = TypeVar("T")
 
@@ -139,8 +139,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler reloads
     app = create_app(cfg, base_dir=base_dir)
-    freeze_after_start(app, cfg.server.gc_freeze)
-    collect_on_schedule(app, cfg.server.gc_threshold, cfg.server.gc_sweep_s)
+    tune_collector(app, cfg.server)
     log.info("tollhouse listening on %s, endpoints: %s", cfg.server.listen, _endpoints(cfg))
     try:
         run_loop(_run_hypercorn(app, [cfg.server.listen], cfg.server.shutdown_grace_s,
@@ -231,6 +230,13 @@ def _check_pem(value: str, key: str, base_dir: Path, *, private: bool) -> None:
                                            and parsed.curve.name == "secp256r1")):
         raise ConfigError(f"config: '{key}'{where} is not {kind} in PEM: set it to one, inline "
                           "or as a file next to the config")
+
+
+def tune_collector(app: Any, server: ServerConfig) -> None:
+    """The cycle collector's settings of [server] for `app`'s serving process (`tollhouse
+    serve` and each worker): gc_freeze, then gc_threshold and gc_sweep_s."""
+    freeze_after_start(app, server.gc_freeze)
+    collect_on_schedule(app, server.gc_threshold, server.gc_sweep_s)
 
 
 def freeze_after_start(app: Any, enabled: bool) -> None:

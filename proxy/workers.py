@@ -463,8 +463,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         print(f"tollhouse: {exc}", file=sys.stderr)
         return 2
     index, ready_fd = args.index, args.ready_fd
-    cli.freeze_after_start(app, cfg.server.gc_freeze)  # before the readiness below: it runs first
-    cli.collect_on_schedule(app, cfg.server.gc_threshold, cfg.server.gc_sweep_s)
+    cli.tune_collector(app, cfg.server)  # before the readiness below: it runs first
 
     @app.while_serving  # type: ignore[type-var]
     async def serving() -> AsyncIterator[None]:
