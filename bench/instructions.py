@@ -5,9 +5,12 @@ machine's noise, for one request path of `paths.py` under wrk at one concurrency
         --server 'gc_threshold = 700; gc_sweep_s = 0'
 
 starts the stub (CPU 0) and the gateway under `valgrind --tool=callgrind` (CPU 1), warms it
-up for 10 s, zeroes the counters, drives it with wrk for `--duration` seconds, dumps, and
-prints the instructions the gateway's process executed (every thread, C and Python alike)
-divided by the calls answered. Under valgrind the gateway runs some 30-50 times slower, so
+up for 10 s, waits until it is idle, zeroes the counters, drives it with wrk for `--duration`
+seconds, waits until the calls wrk left in flight are answered, dumps, and prints the
+instructions the gateway's process executed (every thread, C and Python alike) divided by the
+`tools/call` answers it counted meanwhile (its /metrics). wrk's own count leaves out the calls
+in flight when it stops (up to one a connection), whose work the dump holds: at valgrind's
+pace, some 1,100 calls in 30 s, that made c=64 look 4-6 % dearer a call than c=16. Under valgrind the gateway runs some 30-50 times slower, so
 anything timed runs that much more often a call: scale such settings (`gc_sweep_s` 1 -> 30)
 to compare like with like. Cache misses are not counted. Needs valgrind (`apt-get install -y
 valgrind`); a start takes about a minute. A report tool, not a test.
@@ -22,18 +25,45 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
+import cpu
 import paths
 from loadgen import run_wrk
 from procs import Processes
 
+CALLS_SERVED = re.compile(
+    r'^mcp_server_operation_duration_seconds_count\{[^}]*mcp_method_name="tools/call"[^}]*\}'
+    r'\s+([0-9.e+]+)$', re.MULTILINE)
 
-def measured_total(outdir: Path, deadline_s: float = 60.0) -> int:
-    """The instructions of the dump named `measured`, once callgrind has written it."""
+
+def calls_served(port: int) -> int:
+    """The `tools/call` answers the gateway has counted (its /metrics, on loopback)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=120) as resp:
+        text = resp.read().decode()
+    return int(sum(float(v) for v in CALLS_SERVED.findall(text)))
+
+
+def wait_idle(pid: int, deadline_s: float = 300.0) -> None:
+    """Until the process uses under a tenth of a CPU over half a second: the calls wrk left in
+    flight when it stopped (up to one per connection) have been answered."""
+    end = time.monotonic() + deadline_s
+    last = cpu.pid_cpu_s(pid) or 0.0
+    while time.monotonic() < end:
+        time.sleep(0.5)  # the sampling interval (a poll with a deadline)
+        now = cpu.pid_cpu_s(pid) or 0.0
+        if now - last < 0.05:
+            return
+        last = now
+    raise SystemExit(f"the gateway was still busy {deadline_s:g} s after the load stopped")
+
+
+def measured_dump(outdir: Path, deadline_s: float = 60.0) -> tuple[Path, int]:
+    """The dump named `measured` and its instructions, once callgrind has written it."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         for dump in outdir.glob("callgrind.out.*"):
@@ -41,7 +71,7 @@ def measured_total(outdir: Path, deadline_s: float = 60.0) -> int:
             if re.search(r"^desc: Trigger: .*measured", text, re.MULTILINE):
                 found = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.MULTILINE)
                 if found:
-                    return int(found.group(1))
+                    return dump, int(found.group(1))
         time.sleep(0.2)  # (callgrind writes the dump file on its own schedule)
     raise SystemExit("callgrind wrote no dump named 'measured'")
 
@@ -53,6 +83,8 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--duration", type=int, default=30, help="seconds of measured load")
     p.add_argument("--server", default="", help="more lines of [server], separated by ';'")
+    p.add_argument("--keep", type=Path, metavar="FILE",
+                   help="copy the measured dump here (for callgrind_annotate, or --by-function)")
     args = p.parse_args()
     for tool in ("valgrind", "callgrind_control", "taskset"):
         if shutil.which(tool) is None:
@@ -74,19 +106,25 @@ def main() -> None:
                 raise SystemExit(server)
             run_wrk(server.url, args.concurrency, 10, cpus={0}, headers=server.headers,
                     body=server.body)
+            wait_idle(server.proc.pid)
+            before = calls_served(server.port)
             pid = str(server.proc.pid)
             subprocess.run(["callgrind_control", "--zero", pid], check=True,
                            capture_output=True)
             done = run_wrk(server.url, args.concurrency, args.duration, cpus={0},
                            headers=server.headers, body=server.body)
+            wait_idle(server.proc.pid)
             subprocess.run(["callgrind_control", "--dump=measured", pid], check=True,
                            capture_output=True)
-            total = measured_total(own)
+            calls = calls_served(server.port) - before
+            dump, total = measured_dump(own)
+            if args.keep:
+                shutil.copyfile(dump, args.keep)
         finally:
             procs.stop_all()
-    calls = max(done.requests, 1)
     print(f"{args.path} c={args.concurrency} [server] {server_lines.replace(chr(10), '; ') or '-'}: "
-          f"{done.requests} calls, {total / calls:,.0f} instructions a call")
+          f"{calls} calls answered ({done.requests} by wrk's count), "
+          f"{total / max(calls, 1):,.0f} instructions a call")
 
 
 if __name__ == "__main__":

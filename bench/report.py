@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+from itertools import pairwise
 from statistics import median
 
 from loadgen import WrkResult, threads_for
@@ -66,6 +67,7 @@ def render(results: Results, names: list[str], args: argparse.Namespace, referen
                          f"{_ms(_cpu(runs, 'lb_cpu_ms'))} | {_ms(_cpu(runs, 'redis_cpu_ms'))} |")
     lines += _tollhouse_summary(med, conc, reference)
     lines += _side_by_side(results, med, conc, pairs or [])
+    lines += _concurrency_steps(results, names, conc, getattr(args, "order", "concurrency"))
     if notes:
         lines += ["", "Notes:", *(f"- {n}" for n in notes)]
     return "\n".join(lines) + "\n"
@@ -134,3 +136,26 @@ def _paired(base: list[WrkResult], other: list[WrkResult]) -> str:
         return "–"
     text = f"{median(rps):.1%} ({min(rps):.0%}–{max(rps):.0%})"
     return text + (f"; {median(cpu):.2f} x" if cpu else "")
+
+
+def _concurrency_steps(results: Results, names: list[str], conc: list[int], order: str
+                       ) -> list[str]:
+    """How each target's throughput holds from one concurrency to the next (above 1), as a
+    ratio of the medians and of each round's own two runs."""
+    steps = [(lo, hi) for lo, hi in pairwise(conc) if lo > 1]
+    rows = []
+    for name in names:
+        for lo, hi in steps:
+            if (name, lo) not in results or (name, hi) not in results:
+                continue
+            base, other = results[(name, lo)], results[(name, hi)]
+            rows.append(f"| {name} | {lo} → {hi} | {_medians(base)[0]:,.0f} → "
+                        f"{_medians(other)[0]:,.0f} | {_ratio(_medians(other)[0], _medians(base)[0])} | "
+                        f"{_paired(base, other)} |")
+    if not rows:
+        return []
+    apart = ("seconds apart (--order target)" if order == "target"
+             else "a whole round's sweep of the targets apart (--order target sets them side by side)")
+    return ["", (f"From one concurrency to the next, per target (each round's two runs {apart}; "
+                 "\"by round\": the median of each round's own ratio, req/s then CPU a call):"), "",
+            "| target | c | req/s | ratio | by round |", "|---|---:|---:|---:|---:|", *rows]

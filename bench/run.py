@@ -79,6 +79,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--concurrency", type=lambda v: [int(c) for c in csv(v)], default=[1, 16, 64])
     p.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
+    p.add_argument("--order", choices=["concurrency", "target"], default="concurrency",
+                   help="within a round: every target at one concurrency, then the next (sets "
+                        "targets side by side), or each target at every concurrency in a row "
+                        "(sets one target's concurrencies side by side)")
     p.add_argument("--warmup", type=int, default=2, help="seconds of warm-up per target (0: none)")
     p.add_argument("--apps", type=csv, default=["quart", "asgi"],
                    help="pass-through apps: quart (a Quart route), asgi (raw ASGI, no Quart); each × each transport")
@@ -210,19 +214,32 @@ def measure(targets: list[Server], args: argparse.Namespace, pin: Pinning, redis
         run_wrk(server.url, max(args.concurrency), args.warmup, pin.helpers, server.headers,
                 server.body)
     for rnd in range(1, args.rounds + 1):
-        # every target at one concurrency, then the next: two targets set side by side run
-        # seconds apart, not a whole target's sweep apart; the order turns by one each round,
-        # so that no target always follows the same one
-        turn = (rnd - 1) % len(targets) if targets else 0
-        for conns in args.concurrency:
-            for server in targets[turn:] + targets[:turn]:
-                res = measured_run(server, conns, args.duration, pin, redis_pid)
-                results.setdefault((server.name, conns), []).append(res)
-                print(f"round {rnd}/{args.rounds} {server.name} c={conns}: {res.rps:.0f} req/s "
-                      f"p50 {res.p50_ms:.2f} ms p99 {res.p99_ms:.2f} ms errors {res.errors} "
-                      f"cpu {res.cpu_ms or 0:.3f} ms/call", file=sys.stderr)
-                settle(server)
+        for server, conns in run_order(targets, args.concurrency, rnd, args.order):
+            res = measured_run(server, conns, args.duration, pin, redis_pid)
+            results.setdefault((server.name, conns), []).append(res)
+            print(f"round {rnd}/{args.rounds} {server.name} c={conns}: {res.rps:.0f} req/s "
+                  f"p50 {res.p50_ms:.2f} ms p99 {res.p99_ms:.2f} ms errors {res.errors} "
+                  f"cpu {res.cpu_ms or 0:.3f} ms/call", file=sys.stderr)
+            settle(server)
     return results
+
+
+def run_order(targets: list[Server], concurrency: list[int], rnd: int, order: str
+              ) -> list[tuple[Server, int]]:
+    """The runs of round `rnd` (from 1), in order. The targets' order turns by one each round,
+    so that no target always follows the same one.
+
+    `concurrency`: every target at one concurrency, then the next; two targets set side by side
+    run seconds apart, not a whole target's sweep apart. `target`: each target at every
+    concurrency in a row, so that one target's figures at two concurrencies (how its throughput
+    holds as the calls in flight rise) are seconds apart; the concurrencies go up in odd rounds
+    and down in even ones, so that neither always runs first."""
+    turn = (rnd - 1) % len(targets) if targets else 0
+    turned = targets[turn:] + targets[:turn]
+    if order == "target":
+        levels = concurrency if rnd % 2 else concurrency[::-1]
+        return [(server, conns) for server in turned for conns in levels]
+    return [(server, conns) for conns in concurrency for server in turned]
 
 
 def settle(server: Server, deadline_s: float = 3.0) -> None:
