@@ -10,7 +10,8 @@ seconds, waits until the calls wrk left in flight are answered, dumps, and print
 instructions the gateway's process executed (every thread, C and Python alike) divided by the
 `tools/call` answers it counted meanwhile (its /metrics). wrk's own count leaves out the calls
 in flight when it stops (up to one a connection), whose work the dump holds: at valgrind's
-pace, some 1,100 calls in 30 s, that made c=64 look 4-6 % dearer a call than c=16. Under valgrind the gateway runs some 30-50 times slower, so
+pace (some 1,100-1,300 calls in 30 s) it was 1.5 % short at c=16 and 5-6 % at c=64, which made
+a call at c=64 look 4 % dearer than at c=16 when it was not. Under valgrind the gateway runs some 30-50 times slower, so
 anything timed runs that much more often a call: scale such settings (`gc_sweep_s` 1 -> 30)
 to compare like with like. Cache misses are not counted. Needs valgrind (`apt-get install -y
 valgrind`); a start takes about a minute. A report tool, not a test.
