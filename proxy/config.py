@@ -77,8 +77,9 @@ class ServerConfig:
     # flight; the timed collections below are what bounds cyclic garbage
     gc_threshold: int = 10_000
     # every this many seconds the young and middle generations are collected (gc.collect(1)),
-    # every tenth time all of them (gc.collect(2)): cyclic garbage is found within that time
-    # whatever the threshold; 0: only the interpreter's automatic collections
+    # and all of them (gc.collect(2)) once the heap has grown by a quarter since the last
+    # time or an hour has passed: cyclic garbage is found within that time whatever the
+    # threshold; 0: only the interpreter's automatic collections
     gc_sweep_s: float = 1.0
 
     @property

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from quart import Quart
 
-from proxy.cli import GC_FULL_EVERY, collect_on_schedule, freeze_after_start, main, refreeze
+from proxy import cli
+from proxy.cli import collect_on_schedule, freeze_after_start, main, refreeze
 
 
 @pytest.mark.parametrize(
@@ -133,13 +134,58 @@ def garbage_cycle(old: bool) -> weakref.ref[_Cycle]:
 
 
 # the threshold out of reach: no automatic collection comes in a test's time
-@pytest.mark.parametrize(("old", "sweep_s"), [(False, 0.02), (True, 0.01)])
-async def test_timed_collections_free_young_and_old_cyclic_garbage(
-        thresholds, old: bool, sweep_s: float) -> None:
+async def test_timed_collections_free_young_cyclic_garbage(thresholds) -> None:
     app = Quart(__name__)
-    collect_on_schedule(app, 1_000_000, sweep_s)
+    collect_on_schedule(app, 1_000_000, 0.02)
     async with app.test_app():
-        await until_collected(garbage_cycle(old))
+        await until_collected(garbage_cycle(old=False))
+
+
+@pytest.fixture
+def collections() -> Iterator[list[int]]:
+    """The generation of every collection that ends while the test runs."""
+    seen: list[int] = []
+
+    def watch(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop":
+            seen.append(info["generation"])
+
+    gc.callbacks.append(watch)
+    yield seen
+    gc.callbacks.remove(watch)
+
+
+async def until_swept(seen: list[int], count: int, deadline_s: float = 5.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while len(seen) < count:
+        assert time.monotonic() < deadline, f"{len(seen)} timed collections, not {count}"
+        await asyncio.sleep(0.01)
+
+
+async def test_an_old_cycle_waits_until_the_heap_grows_by_a_quarter(
+        thresholds, collections: list[int]) -> None:
+    app = Quart(__name__)
+    collect_on_schedule(app, 1_000_000, 0.01)
+    async with app.test_app():
+        alive = garbage_cycle(old=True)
+        collections.clear()
+        await until_swept(collections, 15)
+        # the heap held steady: no full collection walked every object alive
+        assert 2 not in collections
+        assert alive() is not None
+        ballast = [object() for _ in range(int(sys.getallocatedblocks() * 0.3))]
+        await until_collected(alive)
+        assert 2 in collections
+        del ballast
+
+
+async def test_an_old_cycle_is_freed_within_the_longest_wait(
+        thresholds, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "GC_FULL_AT_LEAST_S", 0.05)
+    app = Quart(__name__)
+    collect_on_schedule(app, 1_000_000, 0.01)
+    async with app.test_app():
+        await until_collected(garbage_cycle(old=True))
 
 
 async def test_without_timed_collections_a_cycle_waits_for_the_threshold(thresholds) -> None:
@@ -147,7 +193,7 @@ async def test_without_timed_collections_a_cycle_waits_for_the_threshold(thresho
     collect_on_schedule(app, 1_000_000, 0)
     async with app.test_app():
         alive = garbage_cycle(old=False)
-        for _ in range(2 * GC_FULL_EVERY):
+        for _ in range(20):
             await asyncio.sleep(0.01)
         assert alive() is not None  # what the timed collections are for
         gc.collect()
