@@ -63,16 +63,19 @@ def wait_idle(pid: int, deadline_s: float = 300.0) -> None:
     raise SystemExit(f"the gateway was still busy {deadline_s:g} s after the load stopped")
 
 
-def measured_dump(outdir: Path, deadline_s: float = 60.0) -> tuple[Path, int]:
-    """The dump named `measured` and its instructions, once callgrind has written it."""
+def measured_dump(outdir: Path, deadline_s: float = 60.0) -> tuple[Path, dict[str, int]]:
+    """The dump named `measured` and its totals by event (`Ir`, and with the cache simulation
+    `D1mr`, `DLmr`...), once callgrind has written it."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         for dump in outdir.glob("callgrind.out.*"):
             text = dump.read_text(errors="replace")
             if re.search(r"^desc: Trigger: .*measured", text, re.MULTILINE):
-                found = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.MULTILINE)
-                if found:
-                    return dump, int(found.group(1))
+                events = re.search(r"^events:\s+(.+)$", text, re.MULTILINE)
+                found = re.search(r"^(?:summary|totals):\s+([\d ]+)$", text, re.MULTILINE)
+                if events and found:
+                    return dump, dict(zip(events.group(1).split(),
+                                          map(int, found.group(1).split()), strict=False))
         time.sleep(0.2)  # (callgrind writes the dump file on its own schedule)
     raise SystemExit("callgrind wrote no dump named 'measured'")
 
@@ -85,7 +88,10 @@ def main() -> None:
     p.add_argument("--duration", type=int, default=30, help="seconds of measured load")
     p.add_argument("--server", default="", help="more lines of [server], separated by ';'")
     p.add_argument("--keep", type=Path, metavar="FILE",
-                   help="copy the measured dump here (for callgrind_annotate, or --by-function)")
+                   help="copy the measured dump here (for callgrind_annotate)")
+    p.add_argument("--cache-sim", action="store_true",
+                   help="also simulate the caches: first-level and last-level misses a call "
+                        "(about twice as slow again)")
     args = p.parse_args()
     for tool in ("valgrind", "callgrind_control", "taskset"):
         if shutil.which(tool) is None:
@@ -98,6 +104,7 @@ def main() -> None:
         try:
             stub = procs.start_stub(cpus={0})
             launcher = ("taskset", "-c", "1", "valgrind", "--tool=callgrind", "--dump-instr=no",
+                        f"--cache-sim={'yes' if args.cache_sim else 'no'}",
                         f"--callgrind-out-file={own}/callgrind.out.%p", sys.executable, "-m",
                         "proxy")
             server = paths.start(procs, path, sys.executable, own, stub.port,
@@ -118,15 +125,21 @@ def main() -> None:
             subprocess.run(["callgrind_control", "--dump=measured", pid], check=True,
                            capture_output=True)
             calls = calls_served(server.port) - before
-            dump, total = measured_dump(own)
+            dump, totals = measured_dump(own)
             if args.keep:
                 shutil.copyfile(dump, args.keep)
         finally:
             procs.stop_all()
+    per_call = max(calls, 1)
+    misses = ""
+    if "D1mr" in totals:
+        d1 = totals["D1mr"] + totals.get("D1mw", 0)
+        ll = totals.get("DLmr", 0) + totals.get("DLmw", 0)
+        misses = (f", {d1 / per_call:,.0f} first-level and {ll / per_call:,.0f} last-level "
+                  f"data misses a call")
     print(f"{args.path} c={args.concurrency} [server] {server_lines.replace(chr(10), '; ') or '-'}: "
           f"{calls} calls answered ({done.requests} by wrk's count), "
-          f"{total / max(calls, 1):,.0f} instructions a call")
-
+          f"{totals['Ir'] / per_call:,.0f} instructions a call{misses}")
 
 if __name__ == "__main__":
     main()

@@ -276,7 +276,7 @@ def collect_on_schedule(app: Any, threshold: int, sweep_s: float) -> None:
     do not count against later allocations), a high threshold alone could leave cyclic
     garbage waiting indefinitely: the timed collections find it within `sweep_s` (the young
     and middle generations, about a millisecond). A full collection walks every object alive
-    (about 20 ms for 100,000 sessions, 190 ms for a million), so it comes as Python's own rule
+    (about 15 ms for 100,000 sessions, 150 ms for a million), so it comes as Python's own rule
     brings it: once the heap (`sys.getallocatedblocks`, under 0.2 ms to read at a million
     sessions) has grown by a quarter since the last one, and at least every hour; cyclic
     garbage that reached the old generation is at most a quarter of the heap."""
