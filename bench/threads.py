@@ -16,8 +16,8 @@ medians over the rounds. Python's threads carry no OS name here, so the split is
 thread against the rest. `--gc` runs each gateway under bench/gcstats.py and adds what the cycle
 collector did a call (its CPU, the objects it walked, its collections by generation a run);
 that launcher's own reads cost CPU on the main thread too. The main thread's context switches a call (voluntary: it waited, for
-the GIL or for I/O; involuntary: the kernel took the CPU from it) come from the same /proc
-reads: a helper thread that takes the GIL back after each C call shows as more of them.
+the GIL or for I/O; involuntary: the kernel took the CPU from it) and its system time (what
+the kernel did for it: sockets, epoll) come from the same /proc reads: a helper thread that takes the GIL back after each C call shows as more of them.
 """
 
 from __future__ import annotations
@@ -68,6 +68,12 @@ def gc_totals(pid: int, stats_dir: Path) -> dict[str, list[float]]:
         time.sleep(0.01)  # (polling a file another process writes, to a deadline)
     totals: dict[str, list[float]] = json.loads(target.read_text())
     return totals
+
+
+def kernel_s(pid: int) -> float:
+    """The main thread's system time (stime), in seconds: what the kernel did for it."""
+    stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[12]) / os.sysconf("SC_CLK_TCK")
 
 
 def switches(pid: int) -> tuple[int, int]:
@@ -126,10 +132,10 @@ def main() -> None:
                 for (name, c), server in ((key, servers[key[0]]) for key in runs):
                     pid = server.proc.pid
                     gc0 = gc_totals(pid, Path(tmp)) if args.gc else None
-                    before, vol0, invol0 = thread_cpu(pid), *switches(pid)
+                    before, vol0, invol0, sys0 = thread_cpu(pid), *switches(pid), kernel_s(pid)
                     done = run_wrk(server.url, c, args.duration,
                                    headers=server.headers, body=server.body)
-                    after, vol1, invol1 = thread_cpu(pid), *switches(pid)
+                    after, vol1, invol1, sys1 = thread_cpu(pid), *switches(pid), kernel_s(pid)
                     calls = max(done.requests, 1)
                     gc_cols: tuple[float, ...] = ()
                     if gc0 is not None:
@@ -140,24 +146,26 @@ def main() -> None:
                     main_us = (after.get(pid, 0.0) - before.get(pid, 0.0)) / calls * 1e6
                     rest_us = sum(after[t] - before.get(t, 0.0) for t in after if t != pid) / calls * 1e6
                     vol, invol = (vol1 - vol0) / calls, (invol1 - invol0) / calls
-                    runs[name, c].append((done.requests / args.duration, main_us, rest_us, vol,
-                                          invol, *gc_cols))
+                    sys_us = (sys1 - sys0) / calls * 1e6
+                    runs[name, c].append((done.requests / args.duration, main_us, sys_us, rest_us,
+                                          vol, invol, *gc_cols))
                     print(f"round {r + 1}/{args.rounds} {name} c={c}: {done.requests / args.duration:.0f} "
-                          f"req/s, main {main_us:.0f} us/call, other threads {rest_us:.0f}, main's "
+                          f"req/s, main {main_us:.0f} us/call (kernel {sys_us:.0f}), other "
+                          f"threads {rest_us:.0f}, main's "
                           f"switches a call {vol:.2f} + {invol:.2f}", flush=True)
         finally:
             procs.stop_all()
     gc_head = (" | collector us/call | objects walked a call | collections a run (gen 0 / 1 / 2)"
                if args.gc else "")
-    print(f"\n| variant | c | req/s | main thread us/call | other threads us/call "
+    print(f"\n| variant | c | req/s | main thread us/call | of which kernel | other threads us/call "
           f"| main's switches a call (voluntary + involuntary){gc_head} |\n"
-          f"|---|---:|---:|---:|---:|---:{'|---:|---:|---:' if args.gc else ''}|")
+          f"|---|---:|---:|---:|---:|---:|---:{'|---:|---:|---:' if args.gc else ''}|")
     for (name, c), rows in runs.items():
         medians = [statistics.median(col) for col in zip(*rows, strict=True)]
-        rate, main_us, rest_us, vol, invol = medians[:5]
-        gc_text = (f" | {medians[5]:.1f} | {medians[6]:.0f} | "
-                   f"{medians[7]:.0f} / {medians[8]:.0f} / {medians[9]:.0f}") if args.gc else ""
-        print(f"| {name} | {c} | {rate:,.0f} | {main_us:.0f} | {rest_us:.0f} "
+        rate, main_us, sys_us, rest_us, vol, invol = medians[:6]
+        gc_text = (f" | {medians[6]:.1f} | {medians[7]:.0f} | "
+                   f"{medians[8]:.0f} / {medians[9]:.0f} / {medians[10]:.0f}") if args.gc else ""
+        print(f"| {name} | {c} | {rate:,.0f} | {main_us:.0f} | {sys_us:.0f} | {rest_us:.0f} "
               f"| {vol:.2f} + {invol:.2f}{gc_text} |")
 
 if __name__ == "__main__":
