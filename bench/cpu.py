@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Collection
 from pathlib import Path
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
-def _stat_fields(stat: str) -> list[str]:
+def stat_fields(stat: str) -> list[str]:
     """The fields after the command name (which may hold spaces and parentheses)."""
     return stat[stat.rindex(")") + 2:].split()
 
@@ -28,7 +29,7 @@ def group_cpu_s(pgids: Collection[int]) -> float:
         if not entry.name.isdigit():
             continue
         try:
-            fields = _stat_fields((entry / "stat").read_text())
+            fields = stat_fields((entry / "stat").read_text())
         except (OSError, ValueError):  # gone meanwhile
             continue
         if int(fields[2]) in pgids:  # pgrp; utime and stime are fields 14 and 15 of stat
@@ -42,7 +43,7 @@ def group_size(pgid: int) -> int:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if int(_stat_fields((entry / "stat").read_text())[2]) == pgid:
+                if int(stat_fields((entry / "stat").read_text())[2]) == pgid:
                     count += 1
             except (OSError, ValueError):
                 continue
@@ -52,10 +53,30 @@ def group_size(pgid: int) -> int:
 def pid_cpu_s(pid: int) -> float | None:
     """utime + stime of one process (its threads included), or None when it is out of sight."""
     try:
-        fields = _stat_fields(Path(f"/proc/{pid}/stat").read_text())
+        fields = stat_fields(Path(f"/proc/{pid}/stat").read_text())
     except (OSError, ValueError):
         return None
     return (int(fields[11]) + int(fields[12])) * TICK_S
+
+
+def thread_kernel_s(pid: int, tid: int | None = None) -> float:
+    """stime of one thread of `pid` (its main thread by default): what the kernel did for it."""
+    stat = Path(f"/proc/{pid}/task/{tid or pid}/stat").read_text()
+    return int(stat_fields(stat)[12]) * TICK_S
+
+
+def wait_quiet(pgids: Collection[int], deadline_s: float, window_s: float, busy_s: float) -> bool:
+    """Poll the process groups' CPU every `window_s` until one window uses less than `busy_s`
+    of it (True), or `deadline_s` passes (False)."""
+    end = time.monotonic() + deadline_s
+    last = group_cpu_s(pgids)
+    while time.monotonic() < end:
+        time.sleep(window_s)  # the sampling interval (a poll with a deadline, not a wait for a guess)
+        now = group_cpu_s(pgids)
+        if now - last < busy_s:
+            return True
+        last = now
+    return False
 
 
 def listener_pid(port: int) -> int | None:

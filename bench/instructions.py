@@ -52,15 +52,8 @@ def calls_served(port: int) -> int:
 def wait_idle(pid: int, deadline_s: float = 300.0) -> None:
     """Until the process uses under a tenth of a CPU over half a second: the calls wrk left in
     flight when it stopped (up to one per connection) have been answered."""
-    end = time.monotonic() + deadline_s
-    last = cpu.pid_cpu_s(pid) or 0.0
-    while time.monotonic() < end:
-        time.sleep(0.5)  # the sampling interval (a poll with a deadline)
-        now = cpu.pid_cpu_s(pid) or 0.0
-        if now - last < 0.05:
-            return
-        last = now
-    raise SystemExit(f"the gateway was still busy {deadline_s:g} s after the load stopped")
+    if not cpu.wait_quiet([pid], deadline_s, window_s=0.5, busy_s=0.05):
+        raise SystemExit(f"the gateway was still busy {deadline_s:g} s after the load stopped")
 
 
 def measured_dump(outdir: Path, deadline_s: float = 60.0) -> tuple[Path, dict[str, int]]:

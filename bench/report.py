@@ -149,9 +149,9 @@ def _concurrency_steps(results: Results, names: list[str], conc: list[int], orde
             if (name, lo) not in results or (name, hi) not in results:
                 continue
             base, other = results[(name, lo)], results[(name, hi)]
-            rows.append(f"| {name} | {lo} → {hi} | {_medians(base)[0]:,.0f} → "
-                        f"{_medians(other)[0]:,.0f} | {_ratio(_medians(other)[0], _medians(base)[0])} | "
-                        f"{_paired(base, other)} |")
+            lo_rps, hi_rps = _medians(base)[0], _medians(other)[0]
+            rows.append(f"| {name} | {lo} → {hi} | {lo_rps:,.0f} → {hi_rps:,.0f} | "
+                        f"{_ratio(hi_rps, lo_rps)} | {_paired(base, other)} |")
     if not rows:
         return []
     apart = ("seconds apart (--order target)" if order == "target"

@@ -243,17 +243,10 @@ def run_order(targets: list[Server], concurrency: list[int], rnd: int, order: st
 
 
 def settle(server: Server, deadline_s: float = 3.0) -> None:
-    """Until the target's processes are all but idle again (under 10 % of a core over 0.1 s)
-    or `deadline_s`: work a run left behind (an audit batch, the usage outbox's backlog) is
-    its own, not the next target's to share the CPU with."""
-    end = time.monotonic() + deadline_s
-    last = cpu.group_cpu_s(server.cpu_groups)
-    while time.monotonic() < end:
-        time.sleep(0.1)  # the sampling interval (a poll with a deadline, not a wait for a guess)
-        now = cpu.group_cpu_s(server.cpu_groups)
-        if now - last < 0.015:  # (/proc counts in ticks of 10 ms)
-            return
-        last = now
+    """Until the target's processes are all but idle again (under 15 % of a core over 0.1 s:
+    /proc counts in ticks of 10 ms) or `deadline_s`: work a run left behind (an audit batch,
+    the usage outbox's backlog) is its own, not the next target's to share the CPU with."""
+    cpu.wait_quiet(server.cpu_groups, deadline_s, window_s=0.1, busy_s=0.015)
 
 
 def start_variants(procs: Processes, stub: Server, args: argparse.Namespace, tmpdir: Path,

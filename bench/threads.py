@@ -13,11 +13,13 @@ of [server] when they start with `server.`, as in `'old=all-policies:server.gc_t
 server.gc_sweep_s = 0'`). Per-thread CPU is read
 from /proc before and after each wrk run and divided by the calls it made; the figures are
 medians over the rounds. Python's threads carry no OS name here, so the split is the main
-thread against the rest. `--gc` runs each gateway under bench/gcstats.py and adds what the cycle
-collector did a call (its CPU, the objects it walked, its collections by generation a run);
-that launcher's own reads cost CPU on the main thread too. The main thread's context switches a call (voluntary: it waited, for
-the GIL or for I/O; involuntary: the kernel took the CPU from it) and its system time (what
-the kernel did for it: sockets, epoll) come from the same /proc reads: a helper thread that takes the GIL back after each C call shows as more of them.
+thread against the rest. `--gc` runs each gateway under bench/gcstats.py and adds what the
+cycle collector did a call (its CPU, the objects it walked, its collections by generation a
+run); that launcher's own reads cost CPU on the main thread too. The main thread's context
+switches a call (voluntary: it waited, for the GIL or for I/O; involuntary: the kernel took the
+CPU from it) and its system time (what the kernel did for it: sockets, epoll) come from the
+same /proc reads: a helper thread that takes the GIL back after each C call shows as more
+switches.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
+import cpu
 import paths
 from loadgen import run_wrk
 from procs import Processes, Server
@@ -68,12 +71,6 @@ def gc_totals(pid: int, stats_dir: Path) -> dict[str, list[float]]:
         time.sleep(0.01)  # (polling a file another process writes, to a deadline)
     totals: dict[str, list[float]] = json.loads(target.read_text())
     return totals
-
-
-def kernel_s(pid: int) -> float:
-    """The main thread's system time (stime), in seconds: what the kernel did for it."""
-    stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
-    return int(stat[stat.rindex(")") + 2:].split()[12]) / os.sysconf("SC_CLK_TCK")
 
 
 def switches(pid: int) -> tuple[int, int]:
@@ -132,10 +129,10 @@ def main() -> None:
                 for (name, c), server in ((key, servers[key[0]]) for key in runs):
                     pid = server.proc.pid
                     gc0 = gc_totals(pid, Path(tmp)) if args.gc else None
-                    before, vol0, invol0, sys0 = thread_cpu(pid), *switches(pid), kernel_s(pid)
+                    before, vol0, invol0, sys0 = thread_cpu(pid), *switches(pid), cpu.thread_kernel_s(pid)
                     done = run_wrk(server.url, c, args.duration,
                                    headers=server.headers, body=server.body)
-                    after, vol1, invol1, sys1 = thread_cpu(pid), *switches(pid), kernel_s(pid)
+                    after, vol1, invol1, sys1 = thread_cpu(pid), *switches(pid), cpu.thread_kernel_s(pid)
                     calls = max(done.requests, 1)
                     gc_cols: tuple[float, ...] = ()
                     if gc0 is not None:
