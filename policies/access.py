@@ -111,8 +111,16 @@ def _compile(access: AccessConfig) -> _Rules:
 _LISTS = {"tools/list": ("tools", "name", "tools"), "prompts/list": ("prompts", "name", "prompts"),
           "resources/list": ("resources", "uri", "resources"),
           "resources/templates/list": ("resourceTemplates", "uriTemplate", "resources")}
+# method naming one tool, prompt or resource -> (params field, which profile, noun); every
+# such method is decided by the rules for that name, subscriptions and completions included
 _USES = {"tools/call": ("name", "tools", "tool"), "prompts/get": ("name", "prompts", "prompt"),
-         "resources/read": ("uri", "resources", "resource")}
+         "resources/read": ("uri", "resources", "resource"),
+         "resources/subscribe": ("uri", "resources", "resource"),
+         "resources/unsubscribe": ("uri", "resources", "resource")}
+# completion/complete names what it completes in params.ref: a prompt by name, a resource
+# template by its URI template (the field templates are listed, and filtered, by)
+_REFS = {"ref/prompt": ("name", "prompts", "prompt"),
+         "ref/resource": ("uri", "resources", "resource")}
 _SAFE = re.compile(r"[^A-Za-z0-9_./:*?\[\]-]")
 
 
@@ -152,13 +160,10 @@ class Access:
                            f'oauth-protected-resource/mcp/{ctx.endpoint}"'}
             raise Forbidden(f"access: caller not allowed on endpoint {ctx.endpoint}",
                             headers=headers)
-        use = _USES.get(call.method or "")
-        if use is None or call.params is None:
+        named = _named(call)
+        if named is None:
             return
-        field, kind, noun = use
-        name = call.params.get(field)
-        if not isinstance(name, str):
-            return  # malformed: the upstream answers it
+        name, kind, noun = named
         profile = rules.tool_profile(principal) if kind == "tools" else getattr(rules, kind)
         denial = profile.denial(name)
         if denial is not None:
@@ -196,6 +201,26 @@ class Access:
             return True
 
         return rewrite
+
+
+def _named(call: McpMessage) -> tuple[str, str, str] | None:
+    """(name, which profile, noun) of what `call` uses; None for a method that names nothing,
+    or a malformed one (the upstream answers it)."""
+    params = call.params
+    if params is None:
+        return None
+    use = _USES.get(call.method or "")
+    if use is None:
+        if call.method != "completion/complete":
+            return None
+        ref = params.get("ref")
+        use = _REFS.get(ref.get("type")) if isinstance(ref, dict) else None
+        if use is None:
+            return None
+        params = ref
+    field, kind, noun = use
+    name = params.get(field)
+    return (name, kind, noun) if isinstance(name, str) else None
 
 
 def _admitted(rules: _Rules, principal: Principal) -> bool:

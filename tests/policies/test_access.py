@@ -86,6 +86,34 @@ async def test_prompts_and_resources() -> None:
     assert info.value.wire_message == "Resource not found: file:///etc/passwd"
 
 
+@pytest.mark.parametrize(
+    ("method", "params", "wire"),
+    [("completion/complete", {"ref": {"type": "ref/prompt", "name": "internal-x"},
+                              "argument": {"name": "a", "value": "b"}},
+      "Unknown prompt: internal-x"),
+     ("completion/complete", {"ref": {"type": "ref/resource", "uri": "file:///etc/{name}"},
+                              "argument": {"name": "name", "value": "p"}},
+      "Resource not found: file:///etc/{name}"),
+     ("resources/subscribe", {"uri": "file:///etc/passwd"}, "Resource not found: file:///etc/passwd"),
+     ("resources/unsubscribe", {"uri": "file:///etc/passwd"},
+      "Resource not found: file:///etc/passwd")],
+)
+async def test_every_method_naming_a_prompt_or_resource_is_decided_by_its_rules(
+        method: str, params: dict[str, Any], wire: str) -> None:
+    with pytest.raises(HiddenTool) as info:
+        await POLICY.check(msg(method, **params), ctx(who()))
+    assert info.value.wire_message == wire
+    allowed = orjson.loads(orjson.dumps(params).replace(b"internal-x", b"summary")
+                           .replace(b"file:///etc/", b"file:///public/"))
+    await POLICY.check(msg(method, **allowed), ctx(who()))
+
+
+@pytest.mark.parametrize("ref", [None, "ref/prompt", {"type": "ref/other", "name": "internal-x"},
+                                 {"type": "ref/prompt", "name": 3}])
+async def test_a_completion_naming_nothing_it_knows_is_left_to_the_upstream(ref: Any) -> None:
+    await POLICY.check(msg("completion/complete", ref=ref, argument={}), ctx(who()))
+
+
 def test_list_rewriter_filters_per_caller() -> None:
     tools = {"tools": [{"name": n} for n in ("get_a", "search_b", "deploy", "get_secret", "x")],
              "nextCursor": "c"}
