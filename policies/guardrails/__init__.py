@@ -131,6 +131,8 @@ class Guardrails:
                 exc.detail = f"Unknown prompt: {name}" if kind == "prompt" \
                     else f"Resource not found: {name}"
             raise exc
+        if kind == "tool" and call.params.get("task") is not None:
+            self._refuse_task(name, ctx)
         arguments = call.params.get("arguments")
         if not isinstance(arguments, dict) or not arguments:
             return
@@ -149,6 +151,18 @@ class Guardrails:
                 raise GuardrailBlocked(reason, message)
             if action == "redact":
                 ctx.message = _with_arguments(ctx.message or call, arguments)
+
+    def _refuse_task(self, name: str, ctx: CallContext) -> None:
+        """A task-run call's result comes back through tasks/result, which no rule reads yet:
+        a call whose result a rule covers is refused as a task rather than let its result
+        past the rule (the client may call the tool without `task`)."""
+        for rule in self._rules:
+            if rule.applies(ctx.endpoint, name, "results"):
+                raise ToolResultDenial(
+                    f"guardrail {rule.cfg.name}: result rule covers a task-run call",
+                    f"Blocked by guardrail '{rule.cfg.name}': this tool's results are "
+                    "inspected, which a task's result cannot be yet; call it without a task.",
+                    BLOCKED)
 
     # -- the answer ----------------------------------------------------------------------------
 
