@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import orjson
 
+from proxy.auth.principal import Principal
 from proxy.chain import CallContext, Rewrite
 from proxy.connect.manager import Connections, UpstreamNotConnected
 from proxy.errors import (
@@ -228,11 +229,14 @@ class Forwarder:
     # -- no call to answer -----------------------------------------------------------------
 
     async def one_way(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
-                      session: Session | None) -> None:
-        """A notification or a client's response, sent on. An upstream failure is 502 with
-        no id (the 2025-11-25 transport); the upstream's own 4xx error is relayed."""
+                      session: Session | None, principal: Principal) -> None:
+        """A notification or a client's response, sent on, on the caller's own upstream
+        session (an upstream takes an answer only on the session it asked on; a local process
+        also by the person). An upstream failure is 502 with no id (the 2025-11-25 transport);
+        the upstream's own 4xx error is relayed."""
         headers = self.upstream.headers(
-            route, req.headers, session.upstream_session_id if session else None)
+            route, req.headers, session.upstream_session_id if session else None,
+            extra=person_header(route, principal))
         body, trace = msg.body, CURRENT.get()
         if trace is not None:
             headers, body = trace.upstream(route, msg, headers, body)
@@ -319,8 +323,8 @@ class Forwarder:
                    session: Session | None, ctx: CallContext, bearer: str | None = None
                    ) -> Leg:
         identity = self.identity.headers(route, ctx.principal)
-        if route.local:  # a local process: chosen per person (per_user)
-            identity = [*(identity or []), (PERSON_HEADER, ctx.principal.key)]
+        if route.local:  # a local process: chosen per person (per_user), answers bound to them
+            identity = [*(identity or []), *person_header(route, ctx.principal)]
         if self.connections is None or route.name not in self.connections.upstreams:
             return await self._route_leg(route, req, msg, session, ctx, identity)
         try:
@@ -419,3 +423,9 @@ def _with_completion(rewrite: Rewrite | None, method: str | None) -> Rewrite:
 def _allow(response: httpx.Response) -> dict[str, str]:
     allow = response.headers.get("allow")
     return {"Allow": allow} if allow else {}
+
+
+def person_header(route: UpstreamRoute, principal: Principal) -> list[tuple[str, str]]:
+    """For a local process, who the caller is (proxy.upstream.stdio chooses a per_user process
+    by it, and takes an answer to a server request only from the person asked)."""
+    return [(PERSON_HEADER, principal.key)] if route.local else []

@@ -315,7 +315,7 @@ class Gateway:
         if ctx.era == "modern" or (session is not None and session.bridged_envelope is not None) \
                 or isinstance(route, VirtualRoute):  # its members are told nothing one-way
             return EdgeResponse(202, headers)
-        await self.forward.one_way(route, req, msg, session)
+        await self.forward.one_way(route, req, msg, session, ctx.principal)
         return EdgeResponse(202, headers)
 
     async def _cancelled(self, route: Route, msg: McpMessage, ctx: CallContext,

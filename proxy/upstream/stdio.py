@@ -15,8 +15,11 @@ What the process sends is routed back to the caller it is for: a response by the
 own id, progress by its token (rewritten per process too); a log message or a server-to-client
 request carries no request id on stdio, so it goes to the one session with calls in flight
 (for per_user, the person's latest call), and a server request that could belong to several
-sessions is refused to the process rather than guessed. `list_changed` notifications reach
-every session's GET stream on the process, `resources/updated` the sessions that subscribed.
+sessions is refused to the process rather than guessed. A server request goes to the caller
+under an id minted here (random: nobody can guess another's), and an answer is taken only from
+the session and person it was sent to: one from anyone else is dropped, and the request still
+waits for the real answer. `list_changed` notifications reach every session's GET stream on the
+process, `resources/updated` the sessions that subscribed.
 """
 
 from __future__ import annotations
@@ -55,6 +58,17 @@ class _Session:
     listeners: set[asyncio.Queue[Any]] = field(default_factory=set)
 
 
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """A server-to-client request on its way to a caller: the process and its own id, and the
+    only session and person whose answer is taken."""
+
+    child: Child
+    child_id: Any
+    session: str
+    person: str
+
+
 class StdioTransport(httpx.AsyncBaseTransport):
     """One stdio upstream's processes behind the Streamable HTTP surface (module docstring)."""
 
@@ -63,8 +77,7 @@ class StdioTransport(httpx.AsyncBaseTransport):
         self.pool = Pool(self.spec, self._deliver)
         self._sessions: dict[str, _Session] = {}
         # the id a server-to-client request got on its way to a caller -> where it came from
-        self._asked: dict[str, tuple[Child, Any, str]] = {}
-        self._asked_seq = 0
+        self._asked: dict[str, _Asked] = {}
 
     # -- the HTTP surface -------------------------------------------------------------------
 
@@ -88,8 +101,9 @@ class StdioTransport(httpx.AsyncBaseTransport):
         if not isinstance(message, dict):
             return _error(request, 400, -32600, "Invalid Request")
         token = _bearer(headers.get("authorization"))
+        person = headers.get(PERSON_HEADER, "")
         if "method" not in message:
-            await self._answer_child(message)
+            await self._answer_child(message, sid or "", person)
             return httpx.Response(202, request=request)
         if "id" not in message:
             await self._notify(message, sid, key)
@@ -102,7 +116,7 @@ class StdioTransport(httpx.AsyncBaseTransport):
             return httpx.Response(200, headers=[*JSON, (b"mcp-session-id", session.id.encode())],
                                   content=body, request=request)
         session = self._session(sid, key)
-        return await self._call(request, child, session, message)
+        return await self._call(request, child, session, person, message)
 
     async def _child(self, request: httpx.Request, key: str, token: str | None) -> Child:
         try:
@@ -112,8 +126,8 @@ class StdioTransport(httpx.AsyncBaseTransport):
                                      request=request) from None
 
     async def _call(self, request: httpx.Request, child: Child, session: _Session,
-                    message: dict[str, Any]) -> httpx.Response:
-        call = child.open_call(session.id, message["id"])
+                    person: str, message: dict[str, Any]) -> httpx.Response:
+        call = child.open_call(session.id, message["id"], person)
         out = dict(message, id=call.child_id)
         params = message.get("params")
         if isinstance(params, dict):
@@ -176,14 +190,20 @@ class StdioTransport(httpx.AsyncBaseTransport):
         except Unavailable:
             pass
 
-    async def _answer_child(self, message: dict[str, Any]) -> None:
-        """A caller's answer to a server-to-client request, under the process's own id."""
-        asked = self._asked.pop(str(message.get("id")), None)
-        if asked is None:
+    async def _answer_child(self, message: dict[str, Any], sid: str, person: str) -> None:
+        """A caller's answer to a server-to-client request, under the process's own id: only
+        from the session and person it was asked of. Any other (forged, guessed, another
+        caller's) is dropped, as an HTTP upstream drops an answer to no request of its own,
+        and the request stays open for its own caller's answer."""
+        key = str(message.get("id"))
+        asked = self._asked.get(key)
+        if asked is None or asked.session != sid or asked.person != person:
+            log.info("stdio upstream %s: an answer to no request of this caller's: dropped",
+                     self.spec.name)
             return
-        child, child_id, _session = asked
+        del self._asked[key]
         try:
-            await child.send({**message, "id": child_id})
+            await asked.child.send({**message, "id": asked.child_id})
         except Unavailable:
             pass
 
@@ -272,11 +292,10 @@ class StdioTransport(httpx.AsyncBaseTransport):
                 -32603, "no single caller to ask: several sessions have calls in flight on "
                         "this process", message["id"]))
             return
-        self._asked_seq += 1
-        asked = f"tollhouse-{self._asked_seq}"
+        asked = secrets.token_urlsafe(16)
         if len(self._asked) >= MAX_SESSIONS:
             del self._asked[next(iter(self._asked))]
-        self._asked[asked] = (child, message["id"], call.session)
+        self._asked[asked] = _Asked(child, message["id"], call.session, call.person)
         call.put({**message, "id": asked})
 
     def _attributed(self, child: Child) -> Call | None:

@@ -109,12 +109,13 @@ class Spec:
 
 @dataclass(slots=True, eq=False)
 class Call:
-    """One caller's request in flight on a child: the child's id for it, the caller's own id
-    and progress token, and the queue of what the child sends for it."""
+    """One caller's request in flight on a child: the child's id for it, the caller's session,
+    person and own id and progress token, and the queue of what the child sends for it."""
 
     child_id: int
     session: str
     caller_id: Any
+    person: str = ""  # the principal's key: only they (on `session`) may answer its asks
     progress_token: Any = None
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     dropped: int = 0
@@ -227,10 +228,10 @@ class Child:
         await self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         return result
 
-    def open_call(self, session: str, caller_id: Any) -> Call:
+    def open_call(self, session: str, caller_id: Any, person: str = "") -> Call:
         child_id = self._next_id
         self._next_id += 1
-        call = Call(child_id, session, caller_id)
+        call = Call(child_id, session, caller_id, person)
         self.calls[child_id] = call
         self.last_used = time.monotonic()
         return call

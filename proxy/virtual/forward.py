@@ -35,6 +35,7 @@ from proxy.chain import CallContext, Chain, Rewrite
 from proxy.errors import (
     GatewayError,
     HiddenTool,
+    InternalError,
     InvalidParams,
     MethodNotFound,
     UpstreamBadGateway,
@@ -45,7 +46,7 @@ from proxy.errors import (
 from proxy.jsonrpc import McpMessage, response_outcome
 from proxy.mcp import bridge, eras
 from proxy.mcp.exchange import EdgeRequest
-from proxy.mcp.forward import Forwarded, Forwarder, Leg
+from proxy.mcp.forward import Forwarded, Forwarder, Leg, person_header
 from proxy.mcp.sse import EventSplitter, event_data
 from proxy.state import Session
 from proxy.upstream import UpstreamRoute
@@ -70,6 +71,7 @@ PER_MEMBER = ("access", "egress")  # what a list asks of each member it reaches
 CAPABILITIES = ("tools", "prompts", "resources", "logging", "completions")
 LIST_CHANGED = ("tools", "prompts", "resources")  # relayed as the endpoint's own
 RELAYED = ("sampling", "elicitation", "roots")  # a client's capabilities a member may use
+RELIST_S = 2.0  # a caller's missed name looks in the members' lists again at most this often
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,6 +92,8 @@ class VirtualForwarder:
         self.max_response_bytes = 16 * 1024 * 1024
         # exposed name -> (member, member's name), per endpoint and kind: learned from lists
         self._names: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+        # (endpoint, kind, caller) -> when its members were last listed for a name it missed
+        self._relisted: dict[tuple[str, str, str], float] = {}
         self._stragglers: set[asyncio.Task[Any]] = set()
         # the merged GET streams open now, with the gateway session and caller of each
         self._listening: dict[Merged, tuple[Session, Principal]] = {}
@@ -98,41 +102,61 @@ class VirtualForwarder:
 
     async def check(self, route: VirtualRoute, chain: Chain, msg: McpMessage,
                     ctx: CallContext) -> CallContext:
-        """Run the chain once for this message; the context the call goes on with."""
+        """Run the chain once for this message; the context the call goes on with. For a
+        routed message that is the member's context, and its `message` the member's message
+        (the member's own name, and the arguments as the policies left them): the spine
+        forwards that, and reads the answer and the notifications on its stream with both,
+        so every policy sees the member's message both ways; `call` routes by them."""
         if msg.kind != "request" or msg.method not in ROUTED:
             await chain.run(msg, ctx, without=("egress",))  # egress: per member, in the list
             return ctx
         target = await self.resolve(route, msg, ctx, chain)
-        await chain.run(msg, ctx, only=("access",))  # the endpoint's own rules
+        await self._endpoint_rules(route, chain, msg, ctx, target)
         member = self.routes[target.member]
         mctx = self._context(ctx, member)
         try:
             await chain.run(target.msg, mctx)
         except HiddenTool as exc:  # unknown, as the caller knows it: by its exposed name
-            if msg.method != "tools/call":
-                raise
-            hidden = HiddenTool(str(exc), str((msg.params or {}).get("name")))
-            hidden.decided_by = exc.decided_by
-            raise hidden from None
+            raise _hidden(exc, msg) from None
+        mctx.message = mctx.message or target.msg
         note = f"virtual: member {target.member}, name {target.name[:200]}"
         mctx.audit_note = f"{mctx.audit_note}; {note}" if mctx.audit_note else note
         return mctx
 
+    async def _endpoint_rules(self, route: VirtualRoute, chain: Chain, msg: McpMessage,
+                              ctx: CallContext, target: Target) -> None:
+        """The endpoint's own access rules, on every name the tool has: a tool called by its
+        alias is refused by a pattern that matches its namespaced name too (`tools_deny =
+        ["evil__delete_*"]` holds for `nuke = "evil:delete_all"`, as `["nuke"]` does)."""
+        await chain.run(msg, ctx, only=("access",))
+        if msg.method != "tools/call" or msg.tool not in route.aliases:
+            return
+        namespaced = naming.exposed(target.member, target.name, route.separator)
+        try:
+            await chain.run(dataclasses.replace(msg, params={**(msg.params or {}),
+                                                             "name": namespaced}),
+                            ctx, only=("access",))
+        except HiddenTool as exc:
+            raise _hidden(exc, msg) from None
+
     async def resolve(self, route: VirtualRoute, msg: McpMessage, ctx: CallContext,
                       chain: Chain) -> Target:
+        """The member and member's name a routed message names. A tool or prompt is known
+        by a member's list (learned from every list through the endpoint, whatever the
+        caller may see of it, and listed again on a miss): a name no member lists answers
+        as a hidden one does, never passed on for the member to tell apart."""
         field, kind = ROUTED[msg.method or ""]
         params = msg.params or {}
         exposed = params.get(field)
         if not isinstance(exposed, str):
             raise InvalidParams(f"Invalid params: {field} must be a string")
         owner = self._owner(route, kind, exposed)
-        if owner is None and kind != "uri":  # a shortened name not seen since start-up
+        if owner is None and kind != "uri" and self._may_relist(route, kind, ctx):
             listing = "tools/list" if kind == "tool" else "prompts/list"
             await self._merged(route, _request(msg, listing), None, ctx, chain)
             owner = self._owner(route, kind, exposed)
         if owner is None or owner[0] not in self.routes:
-            noun = {"tool": "tool", "prompt": "prompt", "uri": "resource"}[kind]
-            raise InvalidParams(f"Unknown {noun}: {exposed[:100]}")
+            raise InvalidParams(_unknown(kind, exposed))
         member, name = owner
         renamed = {**params, field: name}
         body = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "method": msg.method,
@@ -140,17 +164,29 @@ class VirtualForwarder:
         return Target(member, name, McpMessage(msg.kind, msg.id, msg.method, renamed, body))
 
     def _owner(self, route: VirtualRoute, kind: str, exposed: str) -> tuple[str, str] | None:
+        """(member, member's name) of an exposed name, if a member listed it and the endpoint
+        exposes it under this name now: an aliased tool has its alias only (its namespaced
+        name is unknown), and a name learned before an alias or a member changed is not."""
         if kind == "uri":
             return naming.member_uri(exposed, route.members)
-        if kind == "tool" and exposed in route.aliases:
-            return route.aliases[exposed]
-        known = self._names.get((route.name, kind), {}).get(exposed)
-        if known is not None:
-            return known
-        owner = naming.owner(exposed, route.members, route.separator)
-        if owner is not None and naming.exposed(*owner, route.separator) == exposed:
-            return owner
-        return None
+        owner = self._names.get((route.name, kind), {}).get(exposed)
+        if owner is None or owner[0] not in route.members \
+                or self._expose(route, kind, *owner) != exposed:
+            return None
+        return owner
+
+    def _may_relist(self, route: VirtualRoute, kind: str, ctx: CallContext) -> bool:
+        """A name not learned is looked for in the members' lists again, at most once per
+        RELIST_S per endpoint and caller: a caller sending names no member has costs the
+        members one list a while, not one per call."""
+        key = (route.name, kind, ctx.principal.key)
+        now, last = ctx.clock(), self._relisted.get(key)
+        if last is not None and now - last < RELIST_S:
+            return False
+        if len(self._relisted) >= 4096:
+            self._relisted.clear()
+        self._relisted[key] = now
+        return True
 
     # -- forwarding ----------------------------------------------------------------------
 
@@ -168,7 +204,7 @@ class VirtualForwarder:
         elif method in ("ping", "logging/setLevel"):
             into.leg = Leg([], local={}, bridged=modern)
         elif method in ROUTED:
-            target = await self.resolve(route, msg, ctx, chain)
+            target = _checked(route, msg, ctx)
             member = await self._member(route, target.member, session)
             mreq, mmsg = self._outbound(req, target.msg, target.name, session)
             await self.forward.call(member, mreq, mmsg, None,
@@ -238,6 +274,7 @@ class VirtualForwarder:
         body = orjson.loads(msg.body)
         body["id"] = original
         extra = [*(self.forward.identity.headers(member, ctx.principal) or []),
+                 *person_header(member, ctx.principal),  # a local member binds answers to it
                  ("mcp-protocol-version", bridge.LEGACY_VERSION)]
         headers = self.forward.upstream.headers(member, {"content-type": "application/json"},
                                                 held.upstream_session_id, extra=extra)
@@ -434,9 +471,11 @@ class VirtualForwarder:
 
     async def _ask(self, route: VirtualRoute, member_name: str, msg: McpMessage,
                    ctx: CallContext, chain: Chain, session: Session | None,
-                   req: EdgeRequest | None = None) -> dict[str, Any]:
+                   req: EdgeRequest | None = None, seen: Rewrite | None = None
+                   ) -> dict[str, Any]:
         """One member's result for a message the gateway fans out (a list, discover), with the
-        member's own access and egress decisions and its result rewriters applied."""
+        member's own access and egress decisions and its result rewriters applied (`seen`
+        reads it before they do)."""
         member = await self._member(route, member_name, session)
         mctx = self._context(ctx, member)
         await chain.run(msg, mctx, only=PER_MEMBER)
@@ -444,7 +483,7 @@ class VirtualForwarder:
         into = Forwarded(Leg([]))
         await self.forward.call(member, mreq, mmsg, None, self._context(ctx, member, leg=True),
                                 into)
-        rewrite = into.leg.rewrite(chain.rewriter(mmsg, mctx), mmsg.method)
+        rewrite = into.leg.rewrite(_after(seen, chain.rewriter(mmsg, mctx)), mmsg.method)
         if into.response is None:
             result = into.leg.local or {}
             if rewrite is not None:
@@ -470,11 +509,14 @@ class VirtualForwarder:
         return result
 
     async def _fan_out(self, route: VirtualRoute, members: Mapping[str, McpMessage],
-                       ctx: CallContext, chain: Chain, session: Session | None
+                       ctx: CallContext, chain: Chain, session: Session | None,
+                       seen: Callable[[str], Rewrite] | None = None
                        ) -> dict[str, dict[str, Any]]:
         """Every member asked at once; what has not answered within list_timeout_s, or
         failed, is left out (logged), and asked again on the next request."""
-        tasks = {name: asyncio.ensure_future(self._ask(route, name, m, ctx, chain, session))
+        tasks = {name: asyncio.ensure_future(self._ask(
+                     route, name, m, ctx, chain, session,
+                     seen=None if seen is None else seen(name)))
                  for name, m in members.items()}
         if not tasks:
             return {}
@@ -512,8 +554,18 @@ class VirtualForwarder:
             if member not in route.members:
                 continue
             asks[member] = _request(msg, method, member_cursor or None)
-        results = await self._fan_out(route, asks, ctx, chain, session)
-        names = self._names.setdefault((route.name, kind), {})
+        listed: dict[str, list[str]] = {}  # each member's names, before any rule hides one
+
+        def reader(member: str) -> Rewrite:
+            def read(result: dict[str, Any]) -> bool:
+                listed[member] = [i[field] for i in result.get(key) or []
+                                  if isinstance(i, dict) and isinstance(i.get(field), str)]
+                return False
+            return read
+
+        results = await self._fan_out(route, asks, ctx, chain, session,
+                                      None if kind == "uri" else reader)
+        self._learn(route, kind, listed)
         items: list[dict[str, Any]] = []
         seen: set[str] = set()
         more: dict[str, str] = {}
@@ -533,8 +585,9 @@ class VirtualForwarder:
                         f" left out {kind} {exposed[:80]} of {member} (collision);"
                     continue
                 seen.add(exposed)
-                if kind != "uri":
-                    names[exposed] = (member, original)
+                if kind == "tool" and exposed in route.aliases and \
+                        await self._alias_denied(route, chain, ctx, member, original):
+                    continue
                 items.append({**item, field: exposed})
             nxt = result.get("nextCursor")
             if isinstance(nxt, str) and nxt:
@@ -543,6 +596,32 @@ class VirtualForwarder:
         if more:
             out["nextCursor"] = self.cursors.seal(route.name, method, caller, more)
         return out
+
+    def _learn(self, route: VirtualRoute, kind: str, listed: Mapping[str, list[str]]) -> None:
+        """The names the members listed, as this endpoint exposes them (the first member in
+        the endpoint's order keeps a name two would share)."""
+        if kind == "uri":
+            return
+        names = self._names.setdefault((route.name, kind), {})
+        claimed: set[str] = set()
+        for member in route.members:
+            for original in listed.get(member, ()):
+                exposed = self._expose(route, kind, member, original)
+                if exposed not in claimed:
+                    claimed.add(exposed)
+                    names[exposed] = (member, original)
+
+    async def _alias_denied(self, route: VirtualRoute, chain: Chain, ctx: CallContext,
+                            member: str, tool: str) -> bool:
+        """Whether the endpoint's rules refuse an aliased tool by its namespaced name (its
+        alias is filtered from the list with every other name, by the spine's rewrite)."""
+        namespaced = naming.exposed(member, tool, route.separator)
+        call = McpMessage("request", None, "tools/call", {"name": namespaced}, b"")
+        try:
+            await chain.run(call, ctx, only=("access",))
+        except HiddenTool:
+            return True
+        return False
 
     @staticmethod
     def _expose(route: VirtualRoute, kind: str, member: str, original: str) -> str:
@@ -591,6 +670,36 @@ def _relayed(envelope: dict[str, Any] | None) -> dict[str, Any]:
     if "roots" in out:
         out["roots"] = {k: v for k, v in out["roots"].items() if k != "listChanged"}
     return out
+
+
+def _checked(route: VirtualRoute, msg: McpMessage, ctx: CallContext) -> Target:
+    """The member a routed message goes to, as `check` left it: its context the member's, the
+    message the member's (so a rewritten message keeps its routing)."""
+    field, _ = ROUTED[msg.method or ""]
+    name = (msg.params or {}).get(field)
+    if ctx.endpoint not in route.members or not isinstance(name, str):
+        raise InternalError(f"a message for /mcp/{route.name} was not checked")
+    return Target(ctx.endpoint, name, msg)
+
+
+NOUNS = {"tool": "Unknown tool: ", "prompt": "Unknown prompt: ", "uri": "Resource not found: "}
+
+
+def _unknown(kind: str, exposed: str) -> str:
+    """What a name nothing answers to is answered with: the text policies/access.py gives a
+    hidden one, so that a caller cannot tell the two apart."""
+    return NOUNS[kind] + exposed
+
+
+def _hidden(exc: HiddenTool, msg: McpMessage) -> HiddenTool:
+    """A member's (or a second name's) refusal, answered by the name the caller used; the
+    audit keeps the rule that decided."""
+    field, kind = ROUTED[msg.method or ""]
+    exposed = str((msg.params or {}).get(field))
+    hidden = HiddenTool(exc.reason, exposed)
+    hidden.detail = _unknown(kind, exposed)
+    hidden.decided_by = exc.decided_by
+    return hidden
 
 
 def _bound(session: Session | None, caller: str) -> str:
