@@ -672,6 +672,18 @@ def _relayed(envelope: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+def _after(seen: Rewrite | None, rewrite: Rewrite | None) -> Rewrite | None:
+    """`rewrite`, with `seen` reading the result first (a rewrite that changes nothing)."""
+    if seen is None or rewrite is None:
+        return seen or rewrite
+
+    def both(result: dict[str, Any]) -> bool:
+        seen(result)
+        return rewrite(result)
+
+    return both
+
+
 def _checked(route: VirtualRoute, msg: McpMessage, ctx: CallContext) -> Target:
     """The member a routed message goes to, as `check` left it: its context the member's, the
     message the member's (so a rewritten message keeps its routing)."""
