@@ -63,7 +63,8 @@ class _Rule:
         comma-separated, noted for the audit record; None when nothing was found. A note
         already there is not repeated (a stream may carry many alike notifications)."""
         action = self.cfg.action
-        node, kinds = scan(node, self.detector, redact=action == "redact")
+        node, kinds = scan(node, self.detector, redact=action == "redact",
+                           result=where == "result")
         if not kinds:
             return node, None
         found = ",".join(sorted(kinds))

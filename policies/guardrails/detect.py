@@ -10,7 +10,10 @@ URLs, and keyword assignments such as `password = ...`); its entropy-only plugin
 optional `entropy` kind, off unless asked for, because they flag UUIDs and hashes. A
 candidate must start a token (no letter, digit or `_` just before it) and pass its kind's
 check: a card number Luhn and an issuer prefix, an IBAN its mod-97 checksum, a phone number
-`phonenumbers`' validation with strict grouping.
+`phonenumbers`' validation with strict grouping. A text with non-ASCII characters that hide a
+finding (a zero-width space inside a key, a Cyrillic letter for a Latin one) is read twice: as
+it is and as its folded copy (`fold.py`), each finding in the copy mapped back to the
+characters of the original it was made of.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import phonenumbers
+
+from policies.guardrails.fold import fold, table
 
 # detect = [...] names -> the kind a redaction and the audit record name
 KINDS = {"secrets": "secret", "card_numbers": "card_number", "iban": "iban", "email": "email",
@@ -95,8 +100,17 @@ class Detector:
         self._region = phone_region
         self._card = "card_number" in self.kinds
         self._phone_on = "phone" in self.kinds
+        table()  # built once, here at start-up, rather than on the first non-ASCII text
 
     def find(self, text: str) -> list[Finding]:
+        found = self._find(text)
+        folded = fold(text)  # None at once for an ASCII text
+        if folded is not None:
+            found.extend(Finding(f.kind, *folded.span(f.start, f.end))
+                         for f in self._find(folded.text))
+        return found
+
+    def _find(self, text: str) -> list[Finding]:
         found: list[Finding] = []
         kinds = self.kinds
         if "secret" in kinds:
@@ -173,8 +187,9 @@ def apply(text: str, found: list[Finding]) -> tuple[str, set[str]]:
     kinds: set[str] = set()
     at = 0
     for f in found:
-        if f.start < at:
-            continue  # overlapping (an entropy run inside a secret): the first one wins
+        if f.start < at:  # overlapping (an entropy run inside a secret, or the same finding
+            at = max(at, f.end)  # in a text and its folded copy): one redaction covers both
+            continue
         kinds.add(f.kind)
         parts.append(text[at:f.start])
         parts.append(f"[REDACTED:{f.kind}]")
