@@ -42,6 +42,7 @@ from proxy.connect.guarded import GuardedClient
 from proxy.connect.manager import Connections
 from proxy.connect.vault import Vault, keys_from_env
 from proxy.db import Database
+from proxy.edge.paths import Tollhouse
 from proxy.egress import Destinations, IPNetwork, Resolver, SystemResolver, parse_addresses
 from proxy.live import Live
 from proxy.mcp.asgi import McpEdge
@@ -144,7 +145,7 @@ def create_app(cfg: Config, *, upstream_transport: httpx.AsyncBaseTransport | No
     """The app for `cfg`; the keywords are `Overrides` (tests move the clocks)."""
     given = Overrides(upstream_transport, audit_sink, base_dir, clock, resolver, secret_key,
                       vault_keys, later, registry_poll_s, span_exporter)
-    app = Quart("tollhouse")
+    app = Tollhouse("tollhouse")  # routes match the path as sent (proxy.edge.paths)
     app.config.update(MAX_CONTENT_LENGTH=cfg.server.max_request_bytes,
                       BODY_TIMEOUT=BODY_TIMEOUT_S, RESPONSE_TIMEOUT=None,
                       PROVIDE_AUTOMATIC_OPTIONS=False)

@@ -489,7 +489,7 @@ def _db(args: argparse.Namespace) -> int:
 
 
 def _users(args: argparse.Namespace) -> int:
-    from proxy.people.accounts import Accounts, UserExists
+    from proxy.people.accounts import USER_NAME, Accounts, UserExists
 
     cfg, _ = _load(args)
     accounts = Accounts(cfg.database.url)
@@ -501,7 +501,7 @@ def _users(args: argparse.Namespace) -> int:
                               f"{user.id}  {user.name:<24} {'admin' if user.is_admin else ''}")
                              + "\n")
         return 0
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}", args.name):
+    if not re.fullmatch(USER_NAME, args.name):
         print("tollhouse: users create: NAME must be 1-64 letters, digits, '_', '.', '@' or '-'",
               file=sys.stderr)
         return 2

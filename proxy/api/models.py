@@ -9,11 +9,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, StrictBool
 
+from proxy.people.accounts import USER_NAME
 from proxy.schema import NAME, ServerIn, ServerOut, ServerPatch, Strict, number, unsent
 
-__all__ = ["NAME", "ServerIn", "ServerOut", "ServerPatch"]  # re-exported: see proxy.schema
+__all__ = ["NAME", "USER_NAME", "ServerIn", "ServerOut", "ServerPatch"]  # re-exported
 
-USER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
 KEY_ID = r"^[a-z0-9]{10}$"
 # free text: no control characters but tab and newline
 TEXT = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"

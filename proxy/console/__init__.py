@@ -14,6 +14,7 @@ from quart import Blueprint, Quart, Response, current_app, request
 
 from proxy.console import admin, mine
 from proxy.console.guard import page, secure
+from proxy.edge.paths import segment
 from proxy.people.accounts import User
 from proxy.people.signin import Web
 
@@ -98,6 +99,7 @@ def register(app: Quart, web: Web) -> None:
         bp.add_url_rule(rule, endpoint, page(_web, admin=admin_only)(_bind(view)),
                         methods=[method])
     bp.add_app_template_filter(_timestamp, "timestamp")
+    bp.add_app_template_filter(segment, "segment")  # every name in a URL the pages build
     app.register_blueprint(bp)
     app.after_request(_headers)  # every answer under /console/, a 404 or 405 too
 

@@ -15,6 +15,7 @@ from proxy.api import query
 from proxy.console import charts
 from proxy.console.api import call
 from proxy.console.render import after, render, words
+from proxy.edge.paths import segment
 from proxy.people.accounts import User
 from proxy.people.signin import Web
 
@@ -85,11 +86,11 @@ async def _states(web: Web, names: list[str]) -> dict[str, dict[str, Any]]:
 
 
 async def server(web: Web, user: User, name: str) -> Response:
-    answer = await call(web, "GET", f"/servers/{name}")
+    answer = await call(web, "GET", f"/servers/{segment(name)}")
     if not answer.ok:
         return await render("message.html", user, answer.status, title="No such server",
                             message=answer.detail, back="/console/servers")
-    status = await call(web, "GET", f"/servers/{name}/status")
+    status = await call(web, "GET", f"/servers/{segment(name)}/status")
     access = answer.body["access"]
     return await render("server.html", user, server=answer.body, lists=ACCESS_LISTS,
                         live=status.body if status.ok else None,
@@ -114,13 +115,13 @@ async def change_server(web: Web, user: User, name: str) -> Response:
     except orjson.JSONDecodeError:
         return await render("message.html", user, 422, title="Not saved",
                             message="group tool profiles: not JSON",
-                            back=f"/console/servers/{name}")
-    answer = await call(web, "PATCH", f"/servers/{name}", json={"access": access})
-    return await after(answer, user, f"/console/servers/{name}", "saved")
+                            back=f"/console/servers/{segment(name)}")
+    answer = await call(web, "PATCH", f"/servers/{segment(name)}", json={"access": access})
+    return await after(answer, user, f"/console/servers/{segment(name)}", "saved")
 
 
 async def delete_server(web: Web, user: User, name: str) -> Response:
-    answer = await call(web, "DELETE", f"/servers/{name}")
+    answer = await call(web, "DELETE", f"/servers/{segment(name)}")
     return await after(answer, user, "/console/servers", "deleted")
 
 
@@ -161,7 +162,7 @@ async def make_key(web: Web, user: User, api_path: str, admin: bool,
 
 
 async def revoke_at(web: Web, user: User, api_path: str, key_id: str) -> Response:
-    answer = await call(web, "DELETE", f"{api_path}/{key_id}")
+    answer = await call(web, "DELETE", f"{api_path}/{segment(key_id)}")
     return await after(answer, user, f"/console{api_path}", "revoked")
 
 
@@ -183,13 +184,13 @@ async def create_user(web: Web, user: User) -> Response:
 
 async def change_user(web: Web, user: User, name: str) -> Response:
     form = await request.form
-    answer = await call(web, "PATCH", f"/users/{name}", json={
+    answer = await call(web, "PATCH", f"/users/{segment(name)}", json={
         "admin": form.get("admin") == "on", "roles": words(form.get("roles"))})
     return await after(answer, user, "/console/users", "saved")
 
 
 async def delete_user(web: Web, user: User, name: str) -> Response:
-    answer = await call(web, "DELETE", f"/users/{name}")
+    answer = await call(web, "DELETE", f"/users/{segment(name)}")
     return await after(answer, user, "/console/users", "deleted")
 
 
@@ -201,7 +202,7 @@ async def create_role(web: Web, user: User) -> Response:
 
 
 async def delete_role(web: Web, user: User, name: str) -> Response:
-    answer = await call(web, "DELETE", f"/roles/{name}")
+    answer = await call(web, "DELETE", f"/roles/{segment(name)}")
     return await after(answer, user, "/console/users", "deleted")
 
 

@@ -8,6 +8,7 @@ from quart import Response, request
 from proxy.console import clients
 from proxy.console.api import call
 from proxy.console.render import after, render
+from proxy.edge.paths import segment
 from proxy.people.accounts import User
 from proxy.people.signin import Web
 
@@ -27,7 +28,7 @@ async def connections(web: Web, user: User) -> Response:
 
 
 async def disconnect(web: Web, user: User, upstream: str) -> Response:
-    answer = await call(web, "DELETE", f"/me/connections/{upstream}")
+    answer = await call(web, "DELETE", f"/me/connections/{segment(upstream)}")
     return await after(answer, user, "/console/me/connections", "disconnected")
 
 
@@ -49,8 +50,8 @@ async def connect_client(web: Web, user: User) -> Response:
         names = [shown]
     page = request.args.get("page", "1")
     at = int(page) - 1 if page.isdigit() and 0 < len(page) < 7 and int(page) > 0 else 0
-    endpoints = [(name, f"{web.public_url}/mcp/{name}",
-                  clients.configs(name, f"{web.public_url}/mcp/{name}"))
+    endpoints = [(name, f"{web.public_url}/mcp/{segment(name)}",
+                  clients.configs(name, f"{web.public_url}/mcp/{segment(name)}"))
                  for name in names[at * CONNECT_PAGE:(at + 1) * CONNECT_PAGE]]
     return await render("connect.html", user, endpoints=endpoints, page=at + 1,
                         more=len(names) > (at + 1) * CONNECT_PAGE, total=len(names))

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+import unicodedata
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import orjson
@@ -32,6 +34,13 @@ from proxy.auth.principal import Principal
 
 LOCAL_ISSUER = "tollhouse:local"
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32, "maxmem": 64 * 1024 * 1024}
+
+# every user's name, local or federated: one URL path segment as it stands, never `.` or `..`
+USER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
+_NAME_MAX = 64
+_NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_.@-]+")
+_NAME_START = re.compile(r"^[^A-Za-z0-9]+")
+FEDERATED_FALLBACK = "user"  # a chosen name with nothing of the rule in it
 
 BUILTIN_ROLES = {"admin": "manages the gateway through /api/v1",
                  "user": "uses the endpoints their access rules allow"}
@@ -209,9 +218,9 @@ class Accounts:
                                    "subject = ?"), (issuer, subject)).fetchone()
             if row is None:
                 uid = secrets.token_hex(8)
-                display = name
-                if conn.execute(sql("SELECT 1 FROM users WHERE name = ?"), (name,)).fetchone():
-                    display = f"{name}#{uid[:6]}"
+                display = next(n for n in _candidates(federated_name(name), uid)
+                               if not conn.execute(sql("SELECT 1 FROM users WHERE name = ?"),
+                                                   (n,)).fetchone())
                 conn.execute(sql("INSERT INTO users (id, name, issuer, subject, is_admin, "
                                  "groups, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"),
                              (uid, display, issuer, subject, int(admin), joined, time.time()))
@@ -414,6 +423,24 @@ class Accounts:
             with self._db.transaction() as conn:
                 count = int(conn.execute(sql(holders), (name,)).fetchone()[0])
         raise RoleInUse(name, max(count, 1))
+
+
+def federated_name(chosen: str) -> str:
+    """A federated person's own choice of name (`preferred_username`, an email: any printable
+    text) within the local name rule: accents dropped (NFKD), every run of other characters
+    one `_`, a leading non-alphanumeric run removed, cut to the rule's length."""
+    ascii_only = unicodedata.normalize("NFKD", chosen).encode("ascii", "ignore").decode()
+    mapped = _NAME_START.sub("", _NOT_IN_NAME.sub("_", ascii_only))[:_NAME_MAX]
+    return mapped or FEDERATED_FALLBACK
+
+
+def _candidates(base: str, uid: str) -> Iterator[str]:
+    """`base`, then `base-<6 hex>` (the new user's id first, then random ones) for a name
+    that is taken: each within the rule, none a prefix trick (`-` is a name character)."""
+    yield base
+    yield f"{base[:_NAME_MAX - 7]}-{uid[:6]}"
+    while True:
+        yield f"{base[:_NAME_MAX - 7]}-{secrets.token_hex(3)}"
 
 
 def _unique(names: Iterable[str]) -> tuple[str, ...]:

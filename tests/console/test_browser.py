@@ -31,8 +31,22 @@ from tests.servers import serve
 @asynccontextmanager
 async def stack(tmp_path: Path) -> AsyncIterator[tuple[Any, str]]:
     async with world(tmp_path, inner_host="127.0.0.2") as w, serve(demo_app(), graceful_timeout=1) as demo:
-        Accounts(w.outer_db).create_local("root", "root-password-1", admin=True)
+        accounts = Accounts(w.outer_db)
+        accounts.create_local("root", "root-password-1", admin=True)
+        accounts.create_local("dora", "dora-password-1", admin=True)
+        # people who chose their own names at an identity provider: one taken, one a path
+        for sub, name in (("s-dora", "dora"), ("s-path", "x/../../servers/crm")):
+            accounts.upsert_federated(IDP, sub, name, frozenset(), False)
+        with w.outer_db.transaction() as conn:  # such names as stored before the name rule
+            for sub, name in LEGACY.items():
+                conn.execute(w.outer_db.sql(
+                    "INSERT INTO users (id, name, issuer, subject, is_admin, groups, created_at) "
+                    "VALUES (?, ?, ?, ?, 0, '', 0)"), (sub[-8:], name, IDP, sub))
         yield w, demo
+
+
+IDP = "https://idp.example"
+LEGACY = {"legacy-1": "dora#5715d2", "legacy-2": "y/../../servers/crm"}
 
 
 class Visit:
@@ -113,6 +127,7 @@ def test_console_in_a_browser(tmp_path: Path) -> None:
     with Background(lambda: stack(tmp_path)) as (w, demo), chromium() as driver:
         v = Visit(driver, w.outer, axe)
         _administrator(v, demo)
+        _hostile_names(v, w)
         _person(v, w)
         assert v.problems == [], "\n".join(v.problems)
 
@@ -182,8 +197,34 @@ def _administrator(v: Visit, demo: str) -> None:
     v.open("/console/usage?period=day")
     assert "Busiest tools" in v.text()
     v.keep("usage")
+
+
+def _hostile_names(v: Visit, w: Any) -> None:
+    """Save and Delete on the rows of people whose names collide with an administrator's or
+    read as a path: each click changes that row's person and nothing else."""
+    accounts = Accounts(w.outer_db)
+    fed = {u.subject: u.name for u in accounts.list() if u.issuer == IDP}
+    assert "#" not in fed["s-dora"] and "/" not in fed["s-path"]
+    for name in (fed["s-dora"], fed["s-path"], *LEGACY.values()):
+        v.open("/console/users")
+        v.click(_button(v, f"Save {name}"))
+        assert v.path == "/console/users?done=saved", (name, v.text())
+        v.click(_button(v, f"Delete {name}"))
+        assert v.path == "/console/users?done=deleted", (name, v.text())
+    dora = accounts.by_name("dora")
+    assert dora is not None and dora.is_admin
+    assert {u.issuer for u in accounts.list()} == {"tollhouse:local"}  # each row it named
+    v.open("/console/servers/crm")
+    assert v.driver.find_element("id", "a-tools_deny").get_attribute("value") == "add"
     v.click(v.driver.find_element("css selector", "form.signout button"))
     assert v.path.startswith("/signin")
+
+
+def _button(v: Visit, label: str) -> Any:
+    found = [b for b in v.driver.find_elements("css selector", "button[aria-label]")
+             if b.get_attribute("aria-label") == label]
+    assert len(found) == 1, label
+    return found[0]
 
 
 def _person(v: Visit, w: Any) -> None:

@@ -5,6 +5,7 @@ outbox, API keys, accounts, the authorization server's tables and the token vaul
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from proxy.db import Database
 from proxy.metering import OutboxWorker
 from proxy.oauth.keys import KeyRing
 from proxy.oauth.server import AuthorizationServer, OAuthError, s256
-from proxy.people.accounts import LOCAL_ISSUER, Accounts, UserExists
+from proxy.people.accounts import LOCAL_ISSUER, USER_NAME, Accounts, UserExists
 from proxy.state.codes import MemoryCodeStore
 from proxy.state.flows import MemoryFlowStore
 from proxy.state.revocations import MemoryRevocationStore
@@ -606,11 +607,32 @@ def test_accounts_create_verify_and_upsert_federated(database: Database) -> None
     again = accounts.upsert_federated(idp, "sub-1", "bob", frozenset({"dev"}), True)
     assert again.id == bob.id and again.is_admin and again.groups == {"dev"}
     assert accounts.get(bob.id) == again
-    # a federated name that is taken gets a suffix
+    # a federated name that is taken gets a suffix within the name rule: `-` and six hex digits
     other = accounts.upsert_federated(idp, "sub-2", "alice", frozenset(), False)
-    assert other.name.startswith("alice#") and other.id != alice.id
+    assert re.fullmatch(r"alice-[0-9a-f]{6}", other.name) and other.id != alice.id
     assert [u.name for u in accounts.list()] == sorted(["alice", "bob", other.name])
     assert accounts.get("missing") is None
+
+
+def test_federated_names_keep_the_local_name_rule(database: Database) -> None:
+    """A person chooses their own name at their identity provider: it is stored within the
+    local rule (one URL path segment as it stands), a taken one with a `-<hex>` suffix."""
+    accounts = Accounts(database)
+    accounts.create_local("alice", "correct-horse", admin=True)
+    idp = "https://idp.example"
+    chosen = {"x/../../servers/prod": "x_.._.._servers_prod", "alice#5715d2": "alice_5715d2",
+              "José Müller": "Jose_Muller", "bob@example.com": "bob@example.com",
+              "../etc": "etc", ".hidden%2Fx": "hidden_2Fx", "Иван": "user", "a" * 80: "a" * 64}
+    for n, (name, stored) in enumerate(chosen.items()):
+        user = accounts.upsert_federated(idp, f"s{n}", name, frozenset(), False)
+        assert re.fullmatch(USER_NAME, user.name) and user.name == stored, name
+    twice = [accounts.upsert_federated(idp, f"t{n}", "alice", frozenset(), False).name
+             for n in range(3)]  # each taken name and suffix is passed over
+    assert len({"alice", *twice}) == 4
+    assert all(re.fullmatch(r"alice-[0-9a-f]{6}", name) for name in twice)
+    long = accounts.upsert_federated(idp, "t-long", "a" * 80, frozenset(), False)
+    assert re.fullmatch(r"a{57}-[0-9a-f]{6}", long.name)
+    assert all(re.fullmatch(USER_NAME, u.name) for u in accounts.list())
 
 
 # -- the authorization server --------------------------------------------------------------------
