@@ -1148,3 +1148,31 @@ async def test_a_deleted_users_token_does_not_pass_for_a_new_user_of_the_same_na
         assert again.status_code == 201
         stale = await mcp_call(e, "cfgd", tokens["access_token"])
         assert stale.status_code == 401, stale.text
+
+
+async def test_a_name_in_the_path_is_one_segment(tmp_path: Path) -> None:
+    """Routes match the path as sent: an encoded `/` stays inside the name it was sent in
+    (a stored name reaches its handler exactly, one that is not stored is a 404), and never
+    addresses another resource (#36 item 3)."""
+    async with env(tmp_path) as e:
+        accounts = Accounts(e.db)
+        try:
+            pat = accounts.by_name("pat")
+            assert pat is not None
+            with accounts._db.transaction() as conn:  # a name stored before the name rule
+                conn.execute(accounts._db.sql(
+                    "INSERT INTO users (id, name, issuer, subject, is_admin, groups, created_at)"
+                    " VALUES ('legacy01', 'a/../pat', 'https://idp.example', 's', 0, '', 0)"))
+            shown = await e.admin.get(e.api("/users/a%2F..%2Fpat"))
+            assert shown.status_code == 200 and shown.json()["name"] == "a/../pat"
+            for method in ("GET", "PATCH", "DELETE"):
+                missing = await e.admin.request(
+                    method, e.api("/users/b%2F..%2F..%2Froles%2Fx"),
+                    json={"admin": True} if method == "PATCH" else None)
+                assert missing.status_code == 404, method
+                assert detail(missing) == "user 'b/../../roles/x' not found"
+            gone = await e.admin.delete(e.api("/users/a%2F..%2Fpat"))
+            assert gone.status_code == 204
+            assert accounts.by_name("a/../pat") is None and accounts.by_name("pat") == pat
+        finally:
+            accounts.close()
