@@ -140,6 +140,22 @@ class Access:
         else:
             self._rules[endpoint] = _compile(access)
 
+    def refusal(self, endpoint: str, principal: Principal) -> str | None:
+        """Why `principal` may not use `endpoint` at all, or None: what the consent page
+        answers before a token is issued that every call would refuse. Names the rules (and a
+        bare name in allow_subjects that differs from the caller's subject only by its
+        `local:` prefix), never other people's names."""
+        rules = self._rules.get(endpoint)
+        if rules is None or not rules.restricts or _admitted(rules, principal):
+            return None
+        why = (f"{principal.subject} is not in the access rules of endpoint {endpoint} "
+               "(allow_subjects, allow_groups)")
+        bare = principal.subject.partition(":")[2]
+        if bare and bare in rules.subjects:
+            why += f"; allow_subjects names '{bare}', which matches only '{bare}', " \
+                   f"not '{principal.subject}'"
+        return why
+
     @classmethod
     def wanted(cls, cfg: Config) -> bool:
         return any(u.access != AccessConfig() for u in cfg.upstreams) or \

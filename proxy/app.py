@@ -227,7 +227,8 @@ def _people(parts: Parts) -> None:
                                   cfg.oauth_server.access_token_ttl_s)
         parts.oauth = parts.state.oauth = AuthorizationServer(
             cfg, parts.database, ring, endpoints=parts.routes, codes=stores.codes,
-            revocations=stores.revocations, consents=stores.consent_flows)
+            revocations=stores.revocations, consents=stores.consent_flows,
+            rotations=stores.rotations)
     if per_user:
         keys = given.vault_keys or keys_from_env(
             None if given.secret_key is None else {"TOLLHOUSE_SECRET_KEY": given.secret_key})

@@ -139,6 +139,11 @@ class OAuthServerConfig:
     code_ttl_s: int = 60
     key_rotation_s: int = 86400
     browser_session_ttl_s: int = 28800
+    refresh_grace_s: int = 10
+    loopback_any_port: bool = True
+    reverse_domain_schemes: bool = True
+    private_use_schemes: list[str] = field(default_factory=lambda: [
+        "cursor", "vscode", "vscode-insiders", "windsurf"])
 
 
 @dataclass(frozen=True)
@@ -617,6 +622,15 @@ def _check(cfg: Config, base_dir: Path) -> None:
     for key in ("access_token_ttl_s", "refresh_token_ttl_s", "code_ttl_s", "key_rotation_s",
                 "browser_session_ttl_s"):
         _positive(getattr(oauth, key), f"oauth_server.{key}")
+    if not 0 <= oauth.refresh_grace_s <= 60:
+        raise ConfigError("config: 'oauth_server.refresh_grace_s' must be between 0 (off) and "
+                          "60 seconds")
+    for scheme in oauth.private_use_schemes:
+        if not re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme) or scheme in (
+                "http", "https", "javascript", "data", "file", "blob", "about", "vbscript"):
+            raise ConfigError(f"config: 'oauth_server.private_use_schemes' holds {scheme!r}: "
+                              "a lower-case URI scheme an app claims, never one a browser "
+                              "handles itself")
     if oauth.enabled and cfg.auth.mode != "jwt":
         raise ConfigError("config: 'oauth_server.enabled' needs auth.mode = \"jwt\"")
     lock = cfg.auth.lockout

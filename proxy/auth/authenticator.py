@@ -1,7 +1,10 @@
 """Who is calling the MCP edge: a bearer JWT from a configured issuer (JWKS or static keys), a
 token this gateway's OAuth server issued, or an API key; `NoAuth` when `auth.mode = "none"`.
 Failures answer 401 with the reason in the audit only, counted by the lockout helper against
-the caller's address."""
+the caller's address; except a token whose signature verifies and that is only out of its time
+window (expired, not yet valid) or meant for another endpoint: no guess makes one, so it answers
+401 `invalid_token` and counts for nothing (a hundred people behind one address whose tokens
+expire at once are not an attack)."""
 
 from __future__ import annotations
 
@@ -57,11 +60,20 @@ class _Issuer:
 
 
 class Failed(Exception):
-    """A credential was presented and did not hold; `reason` is for the audit log only."""
+    """A credential was presented and did not hold; `reason` is for the audit log only.
+    `guess` is False for a validly signed token that is merely out of its time window or for
+    another endpoint: it is not counted towards the lockout. `description` goes to the
+    client, in the challenge's error_description."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, guess: bool = True, description: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
+        self.guess = guess
+        self.description = description
+
+
+def _expired(reason: str) -> Failed:
+    return Failed(reason, guess=False, description=reason)
 
 
 class BearerAuth:
@@ -118,10 +130,13 @@ class BearerAuth:
         meta = f"{self._public_url}/.well-known/oauth-protected-resource/mcp/{endpoint}"
         return f'Bearer resource_metadata="{meta}"'
 
-    def challenge(self, endpoint: str, error: str | None = None) -> dict[str, str]:
+    def challenge(self, endpoint: str, error: str | None = None,
+                  description: str = "") -> dict[str, str]:
         value = self._challenges.get(endpoint) or self._challenge(endpoint)
         if error:
             value += f', error="{error}"'
+        if description:  # RFC 6750 section 3: no quote or backslash in a quoted string
+            value += f', error_description="{_quotable(description)}"'
         return {"WWW-Authenticate": value}
 
     async def authenticate(self, authorization: str | None, endpoint: str,
@@ -139,10 +154,10 @@ class BearerAuth:
                     return await self._api_key(token, endpoint)
                 return await self._jwt(token, endpoint)
             except Failed as failure:
-                attempt.failed = True
+                attempt.failed = failure.guess
                 raise Unauthenticated(f"auth: {failure.reason}",
-                                      headers=self.challenge(endpoint, "invalid_token")
-                                      ) from None
+                                      headers=self.challenge(endpoint, "invalid_token",
+                                                             failure.description)) from None
 
     async def _api_key(self, token: str, endpoint: str) -> Principal:
         key = await self._keys.lookup(token) if self._keys is not None else None
@@ -182,9 +197,13 @@ class BearerAuth:
             claims = await self._tollhouse.verify_access(
                 token, f"{self._public_url}/mcp/{endpoint}")
         except jwt.InvalidAudienceError:
-            raise Failed("token issued for another endpoint") from None
+            raise Failed("token issued for another endpoint", guess=False,
+                         description=_elsewhere(token, f"{self._public_url}/mcp/{endpoint}")
+                         ) from None
         except jwt.ExpiredSignatureError:
-            raise Failed("token expired") from None
+            raise _expired("token expired") from None
+        except jwt.ImmatureSignatureError:
+            raise _expired("token not yet valid") from None
         except jwt.PyJWTError as exc:
             raise Failed(f"invalid token ({type(exc).__name__})") from None
         subject, issuer = str(claims["sub"]), str(claims.get("tollhouse_iss", ""))
@@ -239,11 +258,12 @@ class BearerAuth:
                                 issuer=cfg.issuer, leeway=cfg.leeway_s,
                                 options={"require": ["exp", "iss", "aud"]})
         except jwt.ExpiredSignatureError:
-            raise Failed("token expired") from None
+            raise _expired("token expired") from None
         except jwt.ImmatureSignatureError:
-            raise Failed("token not yet valid") from None
+            raise _expired("token not yet valid") from None
         except jwt.InvalidAudienceError:
-            raise Failed("wrong audience") from None
+            raise Failed("wrong audience", guess=False,
+                         description="the token was issued for another audience") from None
         except jwt.PyJWTError as exc:
             raise Failed(f"invalid token ({type(exc).__name__})") from None
         subject = claims.get(cfg.subject_claim)
@@ -262,6 +282,22 @@ class TokenVerifier(Protocol):
 
 
 _UNREAD = object()
+
+
+def _quotable(text: str) -> str:
+    return "".join(c for c in text if " " <= c <= "~" and c not in '"\\')[:300]
+
+
+def _elsewhere(token: str, resource: str) -> str:
+    """What a client is told about a token of this gateway's used at another of its
+    endpoints: one token is for one resource (RFC 8707); the signature was verified."""
+    try:
+        audience = jwt.decode(token, options={"verify_signature": False}).get("aud")
+    except jwt.PyJWTError:
+        audience = None
+    held = audience if isinstance(audience, str) else "another resource"
+    return (f"this token is for {held}, not {resource}: one token is for one endpoint; "
+            "authorize this one separately")
 
 
 def _issuer_of(token: str) -> str | None:

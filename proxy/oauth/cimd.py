@@ -105,7 +105,7 @@ class MetadataDocuments:
         if not isinstance(uris, list) or not uris or not all(
                 isinstance(u, str) and valid_redirect_uri(u) for u in uris):
             raise OAuthError("invalid_client", "the document's redirect_uris are missing or "
-                             "not https (or http on loopback)")
+                             "not usable redirect URIs")
         if doc.get("token_endpoint_auth_method", "none") != "none":
             raise OAuthError("invalid_client", "a metadata-document client authenticates with "
                              "none (PKCE)")

@@ -17,15 +17,19 @@ from urllib.parse import unquote, urlencode
 import orjson
 from quart import Quart, Response, current_app, request
 
+from policies.access import Access
 from proxy.auth.lockout import Attempt
 from proxy.errors import OAuthError
 from proxy.oauth.cimd import MetadataDocuments
+from proxy.oauth.redirects import redirect_source
 from proxy.oauth.server import AuthorizationServer, Client
+from proxy.people.accounts import User
 from proxy.people.signin import COOKIE, Web, page, see_other
 from proxy.state.flows import ForeignFlow
 
 JSON = {"Content-Type": "application/json", "Cache-Control": "no-store", "Pragma": "no-cache"}
 EXTENSION = "tollhouse.oauth"
+BASIC_CHALLENGE = {"WWW-Authenticate": 'Basic realm="tollhouse", charset="UTF-8"'}
 
 
 @dataclass(frozen=True)
@@ -93,15 +97,52 @@ async def authorize() -> Response:
     consent = secrets.token_urlsafe(24)
     await here.server.consents.put(consent, _binding(cookie), params)
     endpoint = here.server.endpoint_of(resource) or "?"
+    form = ("<form method='post' action='/oauth/authorize'>"
+            f"<input type='hidden' name='consent' value='{consent}'>")
+    refused = _refusal(endpoint, user)
+    if refused is not None:  # no Allow: a token every call would refuse helps nobody
+        body = (f"<p role='alert'>You may not use the Tollhouse endpoint "
+                f"<code>{html.escape(endpoint)}</code>: {html.escape(refused)}. Ask an "
+                "administrator for access.</p>"
+                f"<p><strong>{html.escape(client.name)}</strong> will be told so at "
+                f"<code>{html.escape(redirect_uri)}</code>.</p>"
+                f"{form}<button type='submit' name='decision' value='deny'>Back to "
+                f"{html.escape(client.name)}</button></form>")
+        return _consent_page("Access not allowed", body, redirect_uri)
     body = (f"<p><strong>{html.escape(client.name)}</strong> asks to act as "
             f"<strong>{html.escape(user.name)}</strong> on the Tollhouse endpoint "
             f"<code>{html.escape(endpoint)}</code> ({html.escape(resource)}).</p>"
+            "<p>The access it gets is for this endpoint only: to use another one, it asks "
+            "again (one token per endpoint).</p>"
             f"<p>It will be sent back to <code>{html.escape(redirect_uri)}</code>.</p>"
-            "<form method='post' action='/oauth/authorize'>"
-            f"<input type='hidden' name='consent' value='{consent}'>"
-            "<button type='submit' name='decision' value='allow'>Allow</button> "
+            f"{form}<button type='submit' name='decision' value='allow'>Allow</button> "
             "<button type='submit' name='decision' value='deny'>Deny</button></form>")
-    return page("Allow access?", body)
+    return _consent_page("Allow access?", body, redirect_uri)
+
+
+def _consent_page(title: str, body: str, redirect_uri: str) -> Response:
+    """The consent page, whose form's answer is a redirect to the client: its CSP
+    `form-action` names that redirect's target as well as this gateway, since Chromium
+    checks a form's redirects against it and would block one to `cursor://...` (a
+    private-use scheme, which `*` does not cover), as fastmcp #2302 reports."""
+    response = page(title, body)
+    response.headers["Content-Security-Policy"] = (
+        f"default-src 'none'; form-action 'self' {redirect_source(redirect_uri)}; "
+        "style-src 'self'; frame-ancestors 'none'")
+    return response
+
+
+def _refusal(endpoint: str, user: User) -> str | None:
+    """Why `user` may not use `endpoint` by its access rules as the gateway applies them now
+    (the running chain's access policy), or None."""
+    state = current_app.extensions.get("tollhouse")
+    gateway = getattr(state, "gateway", None)
+    if gateway is None:
+        return None
+    for policy in gateway.chain.policies:
+        if isinstance(policy, Access):
+            return policy.refusal(endpoint, user.principal())
+    return None
 
 
 async def decide() -> Response:
@@ -123,6 +164,9 @@ async def decide() -> Response:
         raise OAuthError("access_denied", "sign in again", 401)
     client, redirect_uri = await asyncio.to_thread(here.server.check_authorize, params)
     resource = here.server.check_request(params)
+    refused = _refusal(here.server.endpoint_of(resource) or "", user)
+    if refused is not None:  # the person was told on the page; the client is told here
+        return _back(redirect_uri, params, OAuthError("access_denied", refused).as_params())
     if form.get("decision") != "allow":
         return _back(redirect_uri, params,
                      OAuthError("access_denied", "the user declined").as_params())
@@ -183,7 +227,19 @@ async def _client(here: OAuthRoutes, form: dict[str, str]) -> Client:
             pair = base64.b64decode(basic[6:]).decode()
             client_id, secret = (unquote(p) for p in pair.split(":", 1))
         except (ValueError, UnicodeDecodeError):
-            raise OAuthError("invalid_client", "malformed Basic credentials", 401) from None
+            raise OAuthError("invalid_client", "malformed Basic credentials", 401,
+                             BASIC_CHALLENGE) from None
+        try:
+            return await _authenticated(here, client_id, secret)
+        except OAuthError as exc:
+            if exc.status == 401:  # RFC 6749 section 5.2: the scheme the client used
+                exc.headers = {**exc.headers, **BASIC_CHALLENGE}
+            raise
+    return await _authenticated(here, client_id, secret)
+
+
+async def _authenticated(here: OAuthRoutes, client_id: str | None,
+                         secret: str | None) -> Client:
     peer = here.web.client_address(request.remote_addr, request.headers)
     watch = (f"oauth-ip:{peer}", f"oauth-client:{(client_id or '')[:100]}")
     async with Attempt(here.web.lockouts, watch, "oauth: locked out after repeated failures") \

@@ -29,23 +29,33 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
 import jwt
 import orjson
 from cachetools import TTLCache
 
 from proxy import db
-from proxy.config import Config
+from proxy.config import Config, OAuthServerConfig
 from proxy.errors import OAuthError as OAuthError  # noqa: PLC0414 - cimd raises it from here
 from proxy.errors import StoreUnavailable
+from proxy.oauth import grace
 from proxy.oauth.keys import KeyRing
+from proxy.oauth.redirects import RedirectPolicy
 from proxy.people.accounts import User
 from proxy.state.codes import CodeStore
 from proxy.state.flows import FlowStore
 from proxy.state.revocations import RevocationStore
+from proxy.state.rotations import RotationStore
 
 _LEEWAY_S = 30  # clock skew allowed on an access token's exp
+
+class _Used(Exception):
+    """Raised in the database thread: the refresh token was used already."""
+
+    def __init__(self, family: str) -> None:
+        super().__init__(family)
+        self.family = family
+
 
 class _FamilyRevoked(Exception):
     """Raised in the database thread: the family's rows are revoked; the store must be told."""
@@ -94,6 +104,13 @@ class Grant:
                    data["resource"], data["scope_requested"], data["family"])
 
 
+def _elsewhere(granted: str, wanted: str) -> OAuthError:
+    """A grant is for one resource (RFC 8707): the answer names both, so a person reading a
+    client's error knows to authorize the other endpoint on its own."""
+    return OAuthError("invalid_target", f"this grant is for {granted}, not {wanted[:200]}: one "
+                      "token is for one endpoint; authorize the other one separately")
+
+
 def _sha(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
 
@@ -104,24 +121,12 @@ def s256(verifier: str) -> str:
 
 
 def valid_redirect_uri(uri: str) -> bool:
-    """https anywhere, or http on a loopback host (native and CLI clients); no fragments.
+    """Under the default redirect policy (proxy.oauth.redirects); a client is checked again
+    under the configured one whenever it is sent back."""
+    return _DEFAULT_REDIRECTS.valid(uri)
 
-    Only visible ASCII, no backslash and no userinfo: Python and browsers disagree on
-    `http://evil.example\\@127.0.0.1/cb` (Python reads host 127.0.0.1, a browser evil.example),
-    `https://trusted@evil.example/` shows a misleading name on the consent page, and a
-    whitespace or control character breaks the Location header the code is sent in."""
-    if not uri or "\\" in uri or not all("!" <= c <= "~" for c in uri):
-        return False
-    try:
-        parts = urlsplit(uri)
-        _ = parts.port  # raises ValueError on a port that is not a number
-    except ValueError:
-        return False
-    if parts.fragment or not parts.hostname or "@" in parts.netloc:
-        return False
-    if parts.scheme == "https":
-        return True
-    return parts.scheme == "http" and parts.hostname in ("localhost", "127.0.0.1", "::1")
+
+_DEFAULT_REDIRECTS = RedirectPolicy.from_config(OAuthServerConfig())
 
 
 class AuthorizationServer:
@@ -131,7 +136,8 @@ class AuthorizationServer:
     def __init__(self, cfg: Config, target: db.Target, keys: KeyRing,
                  clock: Callable[[], float] = time.time,
                  endpoints: Mapping[str, object] | None = None, *, codes: CodeStore,
-                 revocations: RevocationStore, consents: FlowStore) -> None:
+                 revocations: RevocationStore, consents: FlowStore,
+                 rotations: RotationStore | None = None) -> None:
         self.issuer = cfg.server.public_url.rstrip("/")
         # the live endpoints (the edge's routes, which the management API changes), else the
         # config's: a server added through /api/v1 can be authorized for at once
@@ -139,6 +145,7 @@ class AuthorizationServer:
             endpoints if endpoints is not None else {u.name: u for u in cfg.upstreams})
         self._resource_prefix = f"{self.issuer}/mcp/"
         self._cfg = cfg.oauth_server
+        self.redirects = RedirectPolicy.from_config(cfg.oauth_server)
         self._db = db.resolve(target)
         self._db.ensure_schema()
         self._sql = self._db.sql
@@ -146,6 +153,8 @@ class AuthorizationServer:
         self._clock = clock
         self._codes = codes
         self._revocations = revocations
+        # refresh rotations kept for the grace period; None: no grace, a reuse always revokes
+        self._rotations = rotations if self._cfg.refresh_grace_s > 0 else None
         # pending consent forms, bound to the browser session (the routes put and take them)
         self.consents = consents
         # per-process caches, which only save work:
@@ -174,9 +183,8 @@ class AuthorizationServer:
         if not isinstance(uris, list) or not uris or not all(isinstance(u, str) for u in uris):
             raise OAuthError("invalid_redirect_uri", "redirect_uris must list at least one URI")
         for uri in uris:
-            if not valid_redirect_uri(uri):
-                raise OAuthError("invalid_redirect_uri",
-                                 "redirect URIs must be https, or http on a loopback host")
+            if not self.redirects.valid(uri):
+                raise OAuthError("invalid_redirect_uri", self.redirects.described)
         method = metadata.get("token_endpoint_auth_method", "none")
         if method not in self.AUTH_METHODS:
             raise OAuthError("invalid_client_metadata",
@@ -241,7 +249,7 @@ class AuthorizationServer:
             raise OAuthError("invalid_client", "unknown client_id")
         redirect_uri = params.get("redirect_uri", "")
         # checked again: a client registered before a rule was added may hold a URI it breaks
-        if redirect_uri not in client.redirect_uris or not valid_redirect_uri(redirect_uri):
+        if not self.redirects.matches(redirect_uri, client.redirect_uris):
             raise OAuthError("invalid_request", "redirect_uri is not registered for this client")
         return client, redirect_uri
 
@@ -283,7 +291,7 @@ class AuthorizationServer:
             raise OAuthError("invalid_grant", "PKCE verification failed")
         resource = form.get("resource") or grant.resource
         if resource != grant.resource:
-            raise OAuthError("invalid_target", "resource differs from the authorization")
+            raise _elsewhere(grant.resource, resource)
         tokens = await asyncio.to_thread(self._tokens, client.client_id, grant.user, resource,
                                          grant.family, scope_requested=grant.scope_requested)
         return await self._unless_revoked(grant.family, tokens)
@@ -291,13 +299,49 @@ class AuthorizationServer:
     async def refresh(self, client: Client, form: dict[str, str],
                       user_lookup: Callable[[str], User | None]) -> dict[str, Any]:
         """Rotate a refresh token (its database steps in a thread); a reuse revokes the
-        family, in the database and in the live-state store, before the refusal."""
+        family, in the database and in the live-state store, before the refusal. Within the
+        grace period (`refresh_grace_s`) the same client presenting the token again gets the
+        same new tokens (proxy.oauth.grace): the rotation is claimed in the shared store
+        before the database marks the token used, so a presentation that finds it used
+        finds the claim, on any replica."""
+        token = form.get("refresh_token", "")
         try:
-            family, tokens = await asyncio.to_thread(self._refresh, client, form, user_lookup)
+            try:
+                family, answer, row = await asyncio.to_thread(self._refresh, client, form,
+                                                              user_lookup)
+            except _Used as used:
+                return await self._again(token, client, used.family)
+            if self._rotations is not None:
+                held = await self._rotations.claim(
+                    grace.store_key(token), grace.seal(token, client.client_id, answer,
+                                                       self._clock() + answer["expires_in"]))
+                if held is not None:  # a parallel presentation rotated it a moment ago
+                    return await self._replayed(token, client, family, held)
+            if not await asyncio.to_thread(self._rotate, token, row):
+                return await self._again(token, client, family)
         except _FamilyRevoked as revoked:
             await self._revoked_in_store(revoked.family)  # its rows are revoked already
             raise revoked.error from None
-        return await self._unless_revoked(family, tokens)
+        return await self._unless_revoked(family, answer)
+
+    async def _again(self, token: str, client: Client, family: str) -> dict[str, Any]:
+        """A refresh token already rotated: its answer again within the grace period, for the
+        client it was rotated for; otherwise a reuse, which revokes the family (raises
+        `_FamilyRevoked`)."""
+        held = await self._rotations.get(grace.store_key(token)) \
+            if self._rotations is not None else None
+        if held is not None:
+            return await self._replayed(token, client, family, held)
+        raise await asyncio.to_thread(self._family_revoked, family,
+                                      "refresh token reused; its family is revoked")
+
+    async def _replayed(self, token: str, client: Client, family: str,
+                        held: bytes) -> dict[str, Any]:
+        answer = grace.opened(token, client.client_id, held, self._clock())
+        if answer is None:  # rotated for another client: a copy is loose
+            raise await asyncio.to_thread(self._family_revoked, family,
+                                          "refresh token reused; its family is revoked")
+        return await self._unless_revoked(family, answer)
 
     async def _unless_revoked(self, family: str, tokens: dict[str, Any]) -> dict[str, Any]:
         """`tokens`, just issued in `family`, whose refresh row may have been stored after a
@@ -316,8 +360,10 @@ class AuthorizationServer:
         return tokens
 
     def _refresh(self, client: Client, form: dict[str, str],
-                 user_lookup: Callable[[str], User | None]) -> tuple[str, dict[str, Any]]:
-        """The family and the new tokens; raises _FamilyRevoked on a reuse."""
+                 user_lookup: Callable[[str], User | None]
+                 ) -> tuple[str, dict[str, Any], tuple[Any, ...]]:
+        """The family, the new tokens and their refresh row, not yet stored (`_rotate` does,
+        if this use is the first); raises `_Used` for a token used already."""
         token = form.get("refresh_token", "")
         with self._db.transaction() as conn:
             row = conn.execute(self._sql(
@@ -331,29 +377,49 @@ class AuthorizationServer:
         family, client_id, user_id, resource, expires_at, used_at, revoked_at = row
         if revoked_at is not None:
             raise OAuthError("invalid_grant", "the refresh token was revoked")
-        if used_at is not None:  # reuse: someone else holds a copy
-            raise self._family_revoked(family, "refresh token reused; its family is revoked")
+        if used_at is not None:  # a copy elsewhere, or a parallel refresh within the grace
+            raise _Used(family)
         if client_id != client.client_id:
             raise OAuthError("invalid_grant", "the refresh token belongs to another client")
         if expires_at < self._clock():
             raise OAuthError("invalid_grant", "the refresh token expired")
         wanted = form.get("resource") or resource
         if wanted != resource:
-            raise OAuthError("invalid_target", "resource differs from the original grant")
+            raise _elsewhere(resource, wanted)
         user = user_lookup(user_id)
         if user is None:
             raise self._family_revoked(family, "the user no longer exists")
+        answer, new_row = self._mint(client.client_id, user, resource, family,
+                                     scope_requested=bool(form.get("scope")))
+        return family, answer, new_row
+
+    def _rotate(self, token: str, new_row: tuple[Any, ...]) -> bool:
+        """Mark `token` used and store its successor, in one transaction; False when another
+        use marked it first (nothing is stored then)."""
         with self._db.transaction() as conn:
             won = conn.execute(self._sql("UPDATE oauth_refresh SET used_at = ? WHERE "
                                          "token_sha256 = ? AND used_at IS NULL"),
                                (self._clock(), _sha(token))).rowcount == 1
-        if not won:  # a concurrent use won the race
-            raise self._family_revoked(family, "refresh token reused; its family is revoked")
-        return family, self._tokens(client.client_id, user, resource, family,
-                                    scope_requested=bool(form.get("scope")))
+            if won:
+                self._store_refresh(conn, new_row)
+        return won
 
     def _tokens(self, client_id: str, user: User, resource: str, family: str, *,
                 scope_requested: bool) -> dict[str, Any]:
+        answer, row = self._mint(client_id, user, resource, family,
+                                 scope_requested=scope_requested)
+        with self._db.transaction() as conn:
+            self._store_refresh(conn, row)
+        return answer
+
+    def _store_refresh(self, conn: db.Connection, row: tuple[Any, ...]) -> None:
+        conn.execute(self._sql(
+            "INSERT INTO oauth_refresh (token_sha256, family, client_id, user_id, resource, "
+            "scope, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)"), row)
+
+    def _mint(self, client_id: str, user: User, resource: str, family: str, *,
+              scope_requested: bool) -> tuple[dict[str, Any], tuple[Any, ...]]:
+        """A token answer and the row its refresh token is stored as."""
         now = self._clock()
         self.keys.rotate_if_due(now)
         key = self.keys.current
@@ -367,17 +433,13 @@ class AuthorizationServer:
                   "name": user.name, "groups": sorted(user.groups)}
         access = jwt.encode(claims, key.private, algorithm="ES256", headers={"kid": key.kid})
         refresh = secrets.token_urlsafe(32)
-        with self._db.transaction() as conn:
-            conn.execute(self._sql(
-                "INSERT INTO oauth_refresh (token_sha256, family, client_id, user_id, resource, "
-                "scope, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)"),
-                (_sha(refresh), family, client_id, user.id, resource, "",
-                 now + self._cfg.refresh_token_ttl_s))
+        row = (_sha(refresh), family, client_id, user.id, resource, "",
+               now + self._cfg.refresh_token_ttl_s)
         out: dict[str, Any] = {"access_token": access, "token_type": "Bearer",
                                "expires_in": ttl, "refresh_token": refresh}
         if scope_requested:
             out["scope"] = ""  # RFC 6749 section 5.1: the issued scope differs from the request
-        return out
+        return out, row
 
     def _revoke_family_rows(self, family: str) -> None:
         with self._db.transaction() as conn:

@@ -27,6 +27,7 @@ from proxy.state.leases import LeaseStore, MemoryLeases, RedisLeases
 from proxy.state.lockouts import LockoutStore, MemoryLockoutStore, RedisLockoutStore
 from proxy.state.ratelimit import MemoryRateLimitStore, RateLimitStore, RedisRateLimitStore
 from proxy.state.revocations import MemoryRevocationStore, RedisRevocationStore, RevocationStore
+from proxy.state.rotations import MemoryRotationStore, RedisRotationStore, RotationStore
 from proxy.state.sessions import MemorySessionStore, RedisSessionStore, SessionStore
 from proxy.state.shared import Shared
 
@@ -53,6 +54,7 @@ class Stores:
     connect_flows: FlowStore
     consent_flows: FlowStore
     leases: LeaseStore  # who refreshes a person's upstream token (proxy.connect.manager)
+    rotations: RotationStore  # refresh rotations within oauth_server.refresh_grace_s
     shared: Shared | None = None  # the Redis connection, when the state is shared
 
     async def start(self) -> None:
@@ -88,6 +90,7 @@ def open_stores(cfg: Config, clock: Callable[[], float] = time.monotonic) -> Sto
         connect_flows=MemoryFlowStore(FLOW_TTL_S, 10_000, clock),
         consent_flows=MemoryFlowStore(FLOW_TTL_S, 100_000, clock),
         leases=MemoryLeases(clock=clock),
+        rotations=MemoryRotationStore(oauth.refresh_grace_s, clock=clock),
     )
 
 
@@ -108,5 +111,6 @@ def _redis_stores(cfg: Config) -> Stores:
         connect_flows=RedisFlowStore(shared, "connect", FLOW_TTL_S),
         consent_flows=RedisFlowStore(shared, "consent", FLOW_TTL_S),
         leases=RedisLeases(shared),
+        rotations=RedisRotationStore(shared, oauth.refresh_grace_s),
         shared=shared,
     )

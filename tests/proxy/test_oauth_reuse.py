@@ -1,6 +1,8 @@
 """A code or a refresh token presented twice at the same moment (at two replicas, or in two
 requests to one): the second presentation is refused and revokes what the first produced,
 even when the first stores its refresh token only after the second revoked the family's rows.
+A refresh token presented again by its client within `refresh_grace_s` is not a reuse: it gets
+the same new tokens (a client's calls in flight at expiry each refresh); after it, it is.
 
 Two authorization servers on one database and one live-state store (this run's: memory or
 Redis) stand for two replicas. The first one's token issue is held in its worker thread
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import jwt
@@ -24,25 +27,26 @@ from proxy.people.accounts import Accounts, User
 from proxy.state import open_stores
 from tests import state_backends
 from tests.conftest import make_config
-from tests.helpers import DEADLINE_S, until
+from tests.helpers import DEADLINE_S, Clock, until
 
 REDIRECT_URI = "http://127.0.0.1:3000/cb"
 VERIFIER = "v" * 50
 
 
 class Held:
-    """`server`'s token issue waits, in its worker thread, for `go`; `entered` once it does."""
+    """`server`'s token issue (`_tokens` for a code, `_mint` for a refresh) waits, in its
+    worker thread, for `go`; `entered` once it does."""
 
-    def __init__(self, server: AuthorizationServer) -> None:
+    def __init__(self, server: AuthorizationServer, step: str = "_tokens") -> None:
         self.entered, self.go = threading.Event(), threading.Event()
-        issue = server._tokens
+        issue = getattr(server, step)
 
-        def held(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        def held(*args: Any, **kwargs: Any) -> Any:
             self.entered.set()
             assert self.go.wait(DEADLINE_S), "the held token issue was never let go"
             return issue(*args, **kwargs)
 
-        server._tokens = held  # type: ignore[method-assign]
+        setattr(server, step, held)
 
 
 class Two:
@@ -71,18 +75,23 @@ class Two:
                                  self.lookup)
 
 
-@pytest.fixture
-async def two(database: Database) -> AsyncIterator[Two]:
-    cfg = make_config(auth={"mode": "jwt"}, oauth_server={"enabled": True},
-                      state=state_backends.state())
-    stores = open_stores(cfg)
+@asynccontextmanager
+async def servers(database: Database, grace_s: int, clock: Clock | None = None
+                  ) -> AsyncIterator[Two]:
+    """Two servers on one database and one live-state store (the run's; a memory one on
+    `clock` when given)."""
+    state = {"url": "memory"} if clock is not None else state_backends.state()
+    cfg = make_config(auth={"mode": "jwt"}, oauth_server={"enabled": True,
+                                                          "refresh_grace_s": grace_s},
+                      state=state)
+    stores = open_stores(cfg, clock) if clock is not None else open_stores(cfg)
 
     def server() -> AuthorizationServer:
         ring = KeyRing(database, "test-secret", cfg.oauth_server.key_rotation_s,
                        cfg.oauth_server.access_token_ttl_s)
         return AuthorizationServer(cfg, database, ring, codes=stores.codes,
                                    revocations=stores.revocations,
-                                   consents=stores.consent_flows)
+                                   consents=stores.consent_flows, rotations=stores.rotations)
 
     try:
         a, b = server(), server()
@@ -93,6 +102,18 @@ async def two(database: Database) -> AsyncIterator[Two]:
                   database)
     finally:
         await stores.aclose()
+
+
+@pytest.fixture
+async def two(database: Database) -> AsyncIterator[Two]:
+    async with servers(database, grace_s=0) as pair:
+        yield pair
+
+
+@pytest.fixture
+async def graced(database: Database) -> AsyncIterator[Two]:
+    async with servers(database, grace_s=10) as pair:
+        yield pair
 
 
 async def test_a_code_presented_again_while_its_first_use_issues_revokes_what_it_issues(
@@ -108,18 +129,75 @@ async def test_a_code_presented_again_while_its_first_use_issues_revokes_what_it
     await two.refused(tokens)
 
 
-async def test_a_refresh_token_presented_again_while_its_first_use_issues_revokes_the_new_one(
+async def test_without_a_grace_a_refresh_token_presented_twice_at_once_revokes_the_family(
         two: Two) -> None:
+    """`refresh_grace_s = 0`: the use that marks the token first is answered, and what it
+    carries is refused once the other presentation finds the token used."""
     tokens = await two.a.exchange_code(two.client, await two.code())
     form = {"refresh_token": tokens["refresh_token"]}
-    held = Held(two.a)
+    held = Held(two.a, "_mint")
     first = asyncio.create_task(two.a.refresh(two.client, form, two.lookup))
     await until(held.entered.is_set, what="the first use issuing its tokens")
-    with pytest.raises(OAuthError, match="reused"):
-        await two.b.refresh(two.client, form, two.lookup)
+    rotated = await two.b.refresh(two.client, form, two.lookup)
     held.go.set()
-    rotated = await first
+    with pytest.raises(OAuthError, match="reused"):
+        await first
     await two.refused(rotated)
+
+
+async def test_within_the_grace_a_refresh_token_presented_at_once_gets_the_same_tokens(
+        graced: Two) -> None:
+    """Each of three presentations at two replicas, one held while the others finish, gets
+    the one rotation's tokens; they all work, and the new refresh token rotates on."""
+    two = graced
+    tokens = await two.a.exchange_code(two.client, await two.code())
+    form = {"refresh_token": tokens["refresh_token"]}
+    held = Held(two.a, "_mint")
+    first = asyncio.create_task(two.a.refresh(two.client, form, two.lookup))
+    await until(held.entered.is_set, what="the first use issuing its tokens")
+    second = await two.b.refresh(two.client, form, two.lookup)
+    third = await two.b.refresh(two.client, form, two.lookup)
+    held.go.set()
+    answers = [await first, second, third]
+    assert {(t["access_token"], t["refresh_token"]) for t in answers} == {
+        (second["access_token"], second["refresh_token"])}
+    for server in (two.a, two.b):
+        claims = await server.verify_access(second["access_token"], two.resource)
+        assert claims["sub"] == two.user.subject
+    onward = await two.a.refresh(two.client, {"refresh_token": second["refresh_token"]},
+                                 two.lookup)
+    assert onward["refresh_token"] != second["refresh_token"]
+
+
+async def test_within_the_grace_another_client_presenting_the_token_revokes_the_family(
+        graced: Two) -> None:
+    two = graced
+    tokens = await two.a.exchange_code(two.client, await two.code())
+    rotated = await two.a.refresh(two.client, {"refresh_token": tokens["refresh_token"]},
+                                  two.lookup)
+    other = two.a.register({"redirect_uris": [REDIRECT_URI], "client_name": "Other",
+                            "token_endpoint_auth_method": "none"})
+    thief = two.a.authenticate_client(other["client_id"], None)
+    with pytest.raises(OAuthError, match="reused"):
+        await two.b.refresh(thief, {"refresh_token": tokens["refresh_token"]}, two.lookup)
+    await two.refused(rotated)
+
+
+async def test_after_the_grace_a_refresh_token_presented_again_revokes_the_family(
+        database: Database) -> None:
+    clock = Clock()
+    async with servers(database, grace_s=10, clock=clock) as two:
+        tokens = await two.a.exchange_code(two.client, await two.code())
+        form = {"refresh_token": tokens["refresh_token"]}
+        rotated = await two.a.refresh(two.client, form, two.lookup)
+        clock.advance(9)
+        again = await two.b.refresh(two.client, form, two.lookup)
+        assert again["access_token"] == rotated["access_token"]
+        assert again["expires_in"] < rotated["expires_in"] + 1
+        clock.advance(2)
+        with pytest.raises(OAuthError, match="reused"):
+            await two.b.refresh(two.client, form, two.lookup)
+        await two.refused(rotated)
 
 
 async def test_one_use_at_a_time_is_not_revoked(two: Two) -> None:

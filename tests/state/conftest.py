@@ -21,6 +21,7 @@ from proxy.state.flows import FlowStore, MemoryFlowStore, RedisFlowStore
 from proxy.state.lockouts import LockoutStore, MemoryLockoutStore, RedisLockoutStore
 from proxy.state.ratelimit import MemoryRateLimitStore, RateLimitStore, RedisRateLimitStore
 from proxy.state.revocations import MemoryRevocationStore, RedisRevocationStore, RevocationStore
+from proxy.state.rotations import MemoryRotationStore, RedisRotationStore, RotationStore
 from proxy.state.sessions import MemorySessionStore, RedisSessionStore, SessionStore
 from proxy.state.shared import Shared
 from tests import state_backends
@@ -58,6 +59,9 @@ class MemoryBackend:
 
     def revocations(self, ttl_s: float) -> RevocationStore:
         return MemoryRevocationStore(ttl_s, clock=self.clock)
+
+    def rotations(self, grace_s: float) -> RotationStore:
+        return MemoryRotationStore(grace_s, clock=self.clock)
 
     def flows(self, ttl_s: float) -> FlowStore:
         return MemoryFlowStore(ttl_s, clock=self.clock)
@@ -123,6 +127,9 @@ class RedisBackend:
 
     def revocations(self, ttl_s: float) -> RevocationStore:
         return RedisRevocationStore(self.shared, ttl_s)
+
+    def rotations(self, grace_s: float) -> RotationStore:
+        return RedisRotationStore(self.shared, grace_s)
 
     def flows(self, ttl_s: float) -> FlowStore:
         return RedisFlowStore(self.shared, "test", ttl_s)
