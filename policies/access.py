@@ -150,6 +150,8 @@ class Access:
             return None
         why = (f"{principal.subject} is not in the access rules of endpoint {endpoint} "
                "(allow_subjects, allow_groups)")
+        if rules.scopes and not (rules.subjects or rules.groups):
+            why += "; it admits only tokens with scopes, which this gateway does not grant"
         bare = principal.subject.partition(":")[2]
         if bare and bare in rules.subjects:
             why += f"; allow_subjects names '{bare}', which matches only '{bare}', " \
