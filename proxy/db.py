@@ -19,6 +19,7 @@ a Database made that way from a string belongs to the taker, who closes it.
 
 from __future__ import annotations
 
+import os
 import select
 import sqlite3
 import sys
@@ -138,6 +139,24 @@ def _wal(conn: sqlite3.Connection, timeout_s: float = 10.0) -> None:
             time.sleep(0.01)
 
 
+PRIVATE = 0o600
+SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def private_file(path: str) -> None:
+    """Make the SQLite file at `path` readable by this account alone before SQLite opens it:
+    it holds password hashes, API-key rows, the audit log and the sealed vault. SQLite gives
+    the `-wal`, `-shm` and `-journal` files it makes the database file's own mode, so they
+    follow; a file (or side file) an earlier version left readable by others loses those bits,
+    whatever the umask."""
+    os.close(os.open(path, os.O_RDONLY | os.O_CREAT, PRIVATE))
+    for name in (path, *(path + side for side in SIDE_FILES)):
+        with suppress(FileNotFoundError):
+            st = os.stat(name)
+            if st.st_mode & 0o077 and st.st_uid == os.geteuid():  # another's file: theirs
+                os.chmod(name, st.st_mode & 0o700)
+
+
 def _quietly_close(conn: Connection) -> None:
     with suppress(Exception):
         conn.close()
@@ -169,6 +188,7 @@ class Database:
         self._shared: Connection | None = None
         self._shared_lock = threading.RLock()
         self._pooling = True
+        self._private = False  # the SQLite file made or made private (`private_file`)
 
     @classmethod
     def sqlite(cls, path: str) -> Database:
@@ -270,8 +290,10 @@ class Database:
             if "options" not in given:
                 extra["options"] = f"-c lock_timeout={int(self.busy_timeout_s * 1000)}"
             return cast(Connection, psycopg.connect(self.url, autocommit=False, **extra))
-        if self.path != ":memory:":
+        if self.path != ":memory:" and not self._private:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            private_file(self.path)
+            self._private = True
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, check_same_thread=False)
         _wal(conn)
         return conn
