@@ -9,9 +9,9 @@ egress and before metering, so a call it denies is never billed.
   A call no guardrail reads the answer of gets no rewriter from here (None, checked once per
   call), so its answer may stream straight through.
 - `noticer`: the notifications an upstream sends on such a call's stream (`notifications/
-  message`, whose `data` is any JSON, and `notifications/progress`, whose `message` is free
-  text) are inspected by the same rules, one by one as they arrive: redacted, dropped (deny:
-  the call goes on) or only audited.
+  message`, whose `data` is any JSON, every key of it read, and its `logger`; and
+  `notifications/progress`, whose `message` is free text) are inspected by the same rules,
+  one by one as they arrive: redacted, dropped (deny: the call goes on) or only audited.
 Every decision goes in the call's audit note: the rule and the kinds found, never a value.
 """
 
@@ -41,8 +41,9 @@ _LISTS = {"tools/list": ("tools", "name", "tool"), "prompts/list": ("prompts", "
           "resources/list": ("resources", "uri", "resource"),
           "resources/templates/list": ("resourceTemplates", "uriTemplate", "resource")}
 _RESULT_KIND = ("resultType",)  # what a denied tool result keeps of the upstream's
-# a notification a call's stream may carry -> the param holding what it says
-_NOTICES = {"notifications/message": "data", "notifications/progress": "message"}
+# a notification a call's stream may carry -> the params holding what it says (a progress
+# notification's token is the client's own, and is not rewritten)
+_NOTICES = {"notifications/message": ("data", "logger"), "notifications/progress": ("message",)}
 # a call -> (param naming what it uses, kind)
 _USES = {"tools/call": ("name", "tool"), "prompts/get": ("name", "prompt"),
          "resources/read": ("uri", "resource")}
@@ -202,18 +203,23 @@ class Guardrails:
         def notice(message: dict[str, Any]) -> Verdict:
             method = message.get("method")
             params = message.get("params")
-            field = _NOTICES.get(method) if isinstance(method, str) else None
-            if field is None or not isinstance(params, dict) or field not in params:
+            fields = _NOTICES.get(method, ()) if isinstance(method, str) else ()
+            if not isinstance(params, dict):
+                return "kept"
+            said = {f: params[f] for f in fields if f in params}
+            if not said:
                 return "kept"
             verdict: Verdict = "kept"
             for rule in rules:
-                params[field], found = rule.inspect(params[field], ctx, str(method))
+                said, found = rule.inspect(said, ctx, str(method))
                 if found is None:
                     continue
                 if rule.cfg.action == "deny":
                     return "dropped"
                 if rule.cfg.action == "redact":
                     verdict = "changed"
+            if verdict == "changed":
+                params.update(said)
             return verdict
 
         return notice

@@ -25,6 +25,7 @@ from tests.e2e.conftest import open_stack
 from tests.helpers import DEADLINE_S
 
 AWS_KEY = "AKIAIOSFODNN7EXAMPLE"
+LOGGED = {"step": "auth", "data": {"key": AWS_KEY}, "uri": f"s3://keys/{AWS_KEY}"}
 LAST = "almost done"  # the clean last progress message the tool waits for the client to hear
 
 
@@ -40,7 +41,8 @@ class Chatty:
         async def talk(ctx: Context) -> None:
             with warnings.catch_warnings():  # logging is deprecated in 2026-07-28, still sent
                 warnings.simplefilter("ignore", MCPDeprecationWarning)
-                await ctx.log("info", {"step": "auth", "key": AWS_KEY}, logger_name="chatty")
+                # under `data`, `uri`: keys like any other in a notification's data
+                await ctx.log("info", LOGGED, logger_name="chatty")
             await ctx.report_progress(1, 2, f"signing with {AWS_KEY}")
             await ctx.report_progress(2, 2, LAST)
             if self.json_response:
@@ -108,7 +110,8 @@ async def test_a_call_s_notifications_are_inspected_by_its_result_rules(
         result = await client.call_tool("chatty", {}, progress_callback=heard.on_progress)
         if action == "redact":
             assert result.content[0].text == "done with [REDACTED:secret]"
-            assert heard.logged == [{"step": "auth", "key": "[REDACTED:secret]"}]
+            assert heard.logged == [{"step": "auth", "data": {"key": "[REDACTED:secret]"},
+                                     "uri": "s3://keys/[REDACTED:secret]"}]
             assert heard.progress == ["signing with [REDACTED:secret]", LAST]
         else:  # the notifications carrying it dropped, the call went on to its answer
             assert result.is_error and heard.logged == []
@@ -117,7 +120,7 @@ async def test_a_call_s_notifications_are_inspected_by_its_result_rules(
         heard.clear()
         untouched = await client.call_tool("quiet", {}, progress_callback=heard.on_progress)
         assert untouched.content[0].text == "done"
-        assert heard.logged == [{"step": "auth", "key": AWS_KEY}]
+        assert heard.logged == [LOGGED]
         assert heard.progress == [f"signing with {AWS_KEY}", LAST]
     records = {r["tool"]: r for r in query(stack.db_path, limit=100)
                if r["method"] == "tools/call"}

@@ -235,6 +235,122 @@ def test_results_are_redacted_in_text_and_structured_content() -> None:
     assert c.audit_note == "guardrail no-secrets: redact email,secret in result"
 
 
+# the keys a content block gives a meaning to; elsewhere they are keys like any other
+BLOCK_KEYS = ["data", "type", "uri", "annotations", "_meta", "blob", "mimeType"]
+
+
+@pytest.mark.parametrize("key", BLOCK_KEYS)
+async def test_every_key_of_the_arguments_is_read(key: str) -> None:
+    p = policy(screening="off", guardrails=rule("redact"))
+    c = ctx()
+    arguments = {key: f"use {SECRET}", "nested": {key: {key: [SECRET]}}}
+    await p.check(msg("tools/call", name="t", arguments=arguments), c)
+    assert c.message is not None
+    assert orjson.loads(c.message.body)["params"]["arguments"] == {
+        key: "use [REDACTED:secret]", "nested": {key: {key: ["[REDACTED:secret]"]}}}
+
+
+@pytest.mark.parametrize("key", BLOCK_KEYS)
+def test_every_key_of_structured_content_is_read(key: str) -> None:
+    p = policy(screening="off", guardrails=rule("redact"))
+    rewrite = p.rewriter(msg("tools/call", name="t", arguments={}), ctx())
+    assert rewrite is not None
+    # even the shape of an image block: structured content is the tool's own data
+    result = {"content": [], "structuredContent": {
+        key: {"github_token": SECRET}, "image": {"type": "image", key: SECRET}}}
+    assert rewrite(result)
+    assert result["structuredContent"] == {key: {"github_token": "[REDACTED:secret]"},
+                                           "image": {"type": "image",
+                                                     key: "[REDACTED:secret]"}}
+
+
+def test_only_binary_content_and_the_result_s_meta_go_unread() -> None:
+    p = policy(screening="off", guardrails=rule("redact"))
+    rewrite = p.rewriter(msg("tools/call", name="t", arguments={}), ctx())
+    assert rewrite is not None
+    unread = [{"type": "image", "data": SECRET, "mimeType": "image/png"},
+              {"type": "audio", "data": SECRET, "mimeType": "audio/wav"},
+              {"type": "resource", "resource": {"uri": "file:///a", "blob": SECRET}}]
+    result = {"content": copy.deepcopy(unread) + [
+        {"type": "resource", "resource": {"uri": f"s3://b/{SECRET}", "text": f"k {SECRET}",
+                                          "mimeType": "text/plain"}},
+        {"type": "resource_link", "uri": f"s3://b/{SECRET}", "name": "key"},
+        {"type": "text", "text": "ok", "annotations": {"note": SECRET}, "_meta": {"k": SECRET}},
+        {"type": "image", "data": "aGk=", "mimeType": SECRET}], "_meta": {"trace": SECRET}}
+    assert rewrite(result)
+    assert result["content"][:3] == unread and result["_meta"] == {"trace": SECRET}
+    redacted = "[REDACTED:secret]"
+    assert result["content"][3:] == [
+        {"type": "resource", "resource": {"uri": f"s3://b/{redacted}", "text": f"k {redacted}",
+                                          "mimeType": "text/plain"}},
+        {"type": "resource_link", "uri": f"s3://b/{redacted}", "name": "key"},
+        {"type": "text", "text": "ok", "annotations": {"note": redacted},
+         "_meta": {"k": redacted}},
+        {"type": "image", "data": "aGk=", "mimeType": redacted}]
+
+
+def test_a_resource_s_blob_is_unread_and_its_text_and_uri_are_read() -> None:
+    p = policy(screening="off", guardrails=rule("redact"))
+    rewrite = p.rewriter(msg("resources/read", uri="file:///a"), ctx())
+    assert rewrite is not None
+    result = {"contents": [{"uri": "file:///a", "blob": SECRET},
+                           {"uri": f"file:///{SECRET}", "text": SECRET}]}
+    assert rewrite(result)
+    assert result["contents"] == [{"uri": "file:///a", "blob": SECRET},
+                                  {"uri": "file:///[REDACTED:secret]",
+                                   "text": "[REDACTED:secret]"}]
+
+
+def test_a_prompt_s_messages_are_read_but_an_image_s_data() -> None:
+    p = policy(screening="off", guardrails=rule("redact"))
+    rewrite = p.rewriter(msg("prompts/get", name="p"), ctx())
+    assert rewrite is not None
+    image = {"type": "image", "data": SECRET, "mimeType": "image/png"}
+    result = {"messages": [{"role": "user", "content": {"type": "text", "text": SECRET}},
+                           {"role": "user", "content": dict(image)}]}
+    assert rewrite(result)
+    assert result["messages"] == [
+        {"role": "user", "content": {"type": "text", "text": "[REDACTED:secret]"}},
+        {"role": "user", "content": image}]
+
+
+GITHUB = "ghp_" + "A1b2" * 9
+
+
+@pytest.mark.parametrize("split", [12, 4, 1, 39], ids=["middle", "after-prefix", "in-prefix",
+                                                      "last-char"])
+def test_a_secret_split_across_adjacent_strings_or_text_blocks_is_redacted_in_each(
+        split: int) -> None:
+    p = policy(screening="off", guardrails=rule("redact"))
+    c = ctx()
+    rewrite = p.rewriter(msg("tools/call", name="t", arguments={}), c)
+    assert rewrite is not None
+    head, tail = f"token {GITHUB[:split]}", f"{GITHUB[split:]} ok"
+    result = {"content": [{"type": "text", "text": head}, {"type": "text", "text": tail}],
+              "structuredContent": {"parts": ["x", head, tail, "y"]}}
+    assert rewrite(result)
+    assert [b["text"] for b in result["content"]] == ["token [REDACTED:secret]",
+                                                      "[REDACTED:secret] ok"]
+    assert result["structuredContent"]["parts"] == ["x", "token [REDACTED:secret]",
+                                                    "[REDACTED:secret] ok", "y"]
+    assert c.audit_note == "guardrail no-secrets: redact secret in result"
+
+
+def test_strings_apart_are_not_joined() -> None:
+    p = policy(screening="off", guardrails=rule("redact"))
+    c = ctx()
+    rewrite = p.rewriter(msg("tools/call", name="t", arguments={}), c)
+    assert rewrite is not None
+    # not adjacent (a number between), and an image block between two text blocks
+    result = {"content": [{"type": "text", "text": GITHUB[:12]},
+                          {"type": "image", "data": "aGk=", "mimeType": "image/png"},
+                          {"type": "text", "text": GITHUB[12:]}],
+              "structuredContent": {"parts": [GITHUB[:12], 7, GITHUB[12:]]}}
+    sent = copy.deepcopy(result)
+    assert not rewrite(result)
+    assert result == sent and c.audit_note is None
+
+
 def test_a_denied_result_is_seed_001s_tool_error() -> None:
     p = policy(screening="off", guardrails=rule("deny"))
     rewrite = p.rewriter(msg("tools/call", name="t", arguments={}), ctx())
@@ -284,6 +400,12 @@ NOTICES = {
     "message-string": (log_notice(f"key {SECRET}"), ("data",)),
     "message-json": (log_notice({"step": "auth", "creds": [{"key": SECRET}]}),
                      ("data", "creds", 0, "key")),
+    # keys a content block gives a meaning to are keys like any other in a notification's data
+    "message-keys": (log_notice({"data": {"github_token": SECRET}, "type": "x",
+                                 "uri": "s3://b/k"}), ("data", "data", "github_token")),
+    "message-logger": ({"jsonrpc": "2.0", "method": "notifications/message",
+                        "params": {"level": "info", "logger": f"up {SECRET}", "data": "ok"}},
+                       ("logger",)),
     "progress": (progress_notice(f"using {SECRET}"), ("message",)),
 }
 

@@ -1,5 +1,6 @@
 """The detectors over a corpus: each kind of data found where it is, and what looks like it
-but is not (UUIDs, hashes, order numbers, base64 images, dates, versions) left untouched."""
+but is not (UUIDs, hashes, order numbers, base64 images, dates, versions) left untouched; a
+secret hidden by invisible or look-alike characters found, and redacted where it lies."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import random
 import pytest
 
 from policies.guardrails.detect import Detector
+from policies.guardrails.fold import fold
 
 ALL = Detector(["secrets", "card_numbers", "iban", "email", "phone"])
 
@@ -105,3 +107,49 @@ def test_entropy_is_off_by_default_and_flags_hashes_when_on() -> None:
 def test_a_region_reads_national_numbers() -> None:
     assert Detector(["phone"], phone_region="DE").redact("030 901820")[1] == {"phone"}
     assert Detector(["phone"], phone_region="US").redact("030 901820")[1] == set()
+
+
+# A secret as a person (and a model) reads it, that no pattern matches as it is sent.
+GITHUB = "ghp_" + "A1b2" * 9
+HIDDEN = {
+    "zero-width space": "AKIA\u200bIOSFODNN7EXAMPLE",
+    "zero-width joiners": "A\u200dK\u200cIAIOSFODNN7EXAMPLE",
+    "word joiner, soft hyphen": "AKIA\u2060IOSFODNN7\u00adEXAMPLE",
+    "tag characters": "AKIA\U000e0041IOSFODNN7EXAMPLE",
+    "variation selector": "AKIA\ufe0fIOSFODNN7EXAMPLE",
+    "cyrillic capital I": "AK\u0406AIOSFODNN7EXAMPLE",
+    "greek capital omicron": "AKIAIOSF\u039fDNN7EXAMPLE",
+    "script g (NFKC leaves it)": "\u0261" + GITHUB[1:],
+    "cyrillic small p": "gh\u0440" + GITHUB[3:],
+    "fullwidth": "\uff47\uff48\uff50\uff3f" + GITHUB[4:],
+    "mathematical bold": "\U0001d420\U0001d421\U0001d429_" + GITHUB[4:],
+}
+
+
+@pytest.mark.parametrize("secret", list(HIDDEN.values()), ids=list(HIDDEN))
+def test_a_secret_hidden_by_invisible_or_look_alike_characters_is_found(secret: str) -> None:
+    # non-ASCII before it too (a ligature NFKC widens, a look-alike, a removed character), so
+    # the span maps back through changes of width
+    around = "caf\u00e9 \ufb01le \u0430\u200bb: {}. \u00bd done"
+    assert ALL.redact(around.format(secret)) == (around.format("[REDACTED:secret]"), {"secret"})
+
+
+def test_a_removed_character_next_to_a_secret_still_bounds_it() -> None:
+    # the original reads the zero-width space as a break; its folded copy would not
+    text = "word\u200bAKIAIOSFODNN7EXAMPLE"
+    assert ALL.redact(text) == ("word\u200b[REDACTED:secret]", {"secret"})
+
+
+@pytest.mark.parametrize("text", [
+    "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8",  # Japanese
+    "\u0440\u0443\u0441\u0441\u043a\u0438\u0439 \u0442\u0435\u043a\u0441\u0442",
+    "caf\u00e9 \u2014 \u201cquoted\u201d \u00bd, na\u00efve \U0001f44d\u200d",
+    "r\u00e9f\u00e9rence \u2116 2024\u2011000123",
+])
+def test_non_ascii_text_hiding_nothing_passes_untouched(text: str) -> None:
+    assert ALL.redact(text) == (text, set())
+
+
+def test_an_ascii_text_is_not_folded() -> None:
+    assert fold("key AKIAIOSFODNN7EXAMPLE, all ASCII") is None
+    assert fold("\u65e5\u672c") is None  # nothing in it folds: no copy either
