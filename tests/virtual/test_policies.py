@@ -142,10 +142,11 @@ async def test_a_hidden_tool_answers_as_a_tool_that_does_not_exist(tmp_path: Pat
     member's namespace or in none: one answer (status, code, message but for the name, no
     data), none reaching the member; the audit log still tells which was which."""
     evil = Evil()
-    hidden = {"up__delete_all": "the endpoint's", "up__leak_plain": "the member's"}
+    hidden = ("up__delete_all", "up__leak_plain")  # by the endpoint's rule, the member's
     unknown = ("up__nothing", "nobody__nothing")
     async with gateway(tmp_path, evil, {"access": {"tools_deny": ["up__delete_all"]}},
-                       {"access": {"tools_deny": ["leak_plain"]}}) as (stack, url), httpx.AsyncClient(timeout=DEADLINE_S) as raw:
+                       {"access": {"tools_deny": ["leak_plain"]}}) as (stack, url), \
+            httpx.AsyncClient(timeout=DEADLINE_S) as raw:
         answers = {}
         for name in [*hidden, *unknown]:
             response = await modern_post(raw, url, "tools/call",
