@@ -15,7 +15,7 @@ from quart import Response
 from proxy.api.bodies import Problems, json_response, read
 from proxy.api.caller import Caller
 from proxy.api.context import Api
-from proxy.api.models import KEY_ID, KeyCreated, KeyIn, KeyOut
+from proxy.api.models import KEY_ID, KeyCreated, KeyOut, MyKeyIn
 from proxy.auth import keys as api_keys
 from proxy.errors import NotFound, NotPermitted
 from proxy.people.accounts import User
@@ -86,7 +86,7 @@ async def create_my_key(who: Caller, api: Api) -> Response:
                              "type": "value_error"})
         return problems
 
-    body = await read(KeyIn, check)
+    body = await read(MyKeyIn, check)
     key, secret = await asyncio.to_thread(api_keys.create, api.database,
                                           owned(user.id, body.name), body.endpoints, "",
                                           body.expires_in_days)

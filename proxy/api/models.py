@@ -47,6 +47,13 @@ class KeyIn(Strict):
     expires_in_days: float | None = number(gt=0, le=36500)
 
 
+class MyKeyIn(KeyIn):
+    """A person's own key (/api/v1/me/keys) names its endpoints, one at least: left out, as
+    an empty list, a key would be valid on every endpoint, those made later too."""
+
+    endpoints: list[str] = Field(json_schema_extra={"minItems": 1})
+
+
 class KeyPut(Strict):
     """Every editable field of a key. `endpoints` and `expires_at` are required (null: never
     expires) so that leaving one out cannot widen the key; `id`, if sent, must be the path's."""

@@ -18,6 +18,7 @@ from proxy.api.models import (
     KeyPatch,
     KeyPut,
     Me,
+    MyKeyIn,
     Role,
     RoleIn,
     RolePatch,
@@ -33,10 +34,10 @@ from proxy.api.models import (
 from proxy.api.status import MAX_NAMES
 from proxy.virtual.schema import EndpointIn, EndpointOut, EndpointPatch
 
-MODELS: tuple[type[BaseModel], ...] = (ServerIn, ServerPatch, ServerOut, KeyIn, KeyPut,
-                                       KeyPatch, KeyOut, KeyCreated, UserIn, UserPut, UserOut,
-                                       UserPatch, Me, UsageRow, Role, RoleIn, RolePatch,
-                                       EndpointIn, EndpointPatch, EndpointOut)
+MODELS: tuple[type[BaseModel], ...] = (ServerIn, ServerPatch, ServerOut, KeyIn, MyKeyIn,
+                                       KeyPut, KeyPatch, KeyOut, KeyCreated, UserIn, UserPut,
+                                       UserOut, UserPatch, Me, UsageRow, Role, RoleIn,
+                                       RolePatch, EndpointIn, EndpointPatch, EndpointOut)
 ERRORS = {
     "400": "A precondition of the operation does not hold.",
     "401": "No credential, or an invalid or expired one.",
@@ -330,7 +331,7 @@ def _console() -> dict[str, Any]:
             "get": _op("The signed-in person's own API keys, and the endpoints they may use",
                        "200", mine),
             "post": _op("Create an API key of one's own for endpoints one may use; the secret "
-                        "is shown once", "201", _ref(KeyCreated), KeyIn)},
+                        "is shown once", "201", _ref(KeyCreated), MyKeyIn)},
         "/api/v1/me/keys/{key_id}": {
             "delete": _op("Revoke one of one's own API keys", "204", None,
                           params=["key_id"])},

@@ -46,6 +46,22 @@ async def test_person_keys_are_their_own(tmp_path: Path) -> None:
                      {"name": "x", "endpoints": ["nope"]}, {"name": "x", "endpoints": []}):
             refused = await pat.post(e.api("/me/keys"), json=body, headers=origin)
             assert refused.status_code == 422, body
+        # left out, as empty: a key valid on every endpoint, those made later too (#36 item 9)
+        for body, problem in (({"name": "x"}, {"loc": ["body", "endpoints"],
+                                               "msg": "Field required", "type": "missing"}),
+                              ({"name": "x", "endpoints": []},
+                               {"loc": ["body", "endpoints"], "msg": "name at least one "
+                                "endpoint", "type": "value_error"})):
+            refused = await pat.post(e.api("/me/keys"), json=body, headers=origin)
+            assert (refused.status_code, refused.json()) == (422, {"detail": [problem]}), body
+        assert [k["name"] for k in (await pat.get(e.api("/me/keys"))).json()["items"]] == \
+            ["laptop"]
+        doc = (await e.admin.get(e.api("/openapi.json"))).json()
+        asked = doc["paths"]["/api/v1/me/keys"]["post"]["requestBody"]["content"][
+            "application/json"]["schema"]
+        schema = doc["components"]["schemas"][asked["$ref"].rsplit("/", 1)[1]]
+        assert "endpoints" in schema["required"]
+        assert schema["properties"]["endpoints"]["minItems"] == 1
         # the key works on the MCP edge of its endpoint
         init = await pat.post(f"{e.url}/mcp/cfgd", headers={
             "Authorization": f"Bearer {key['key']}", "Accept": "application/json, "
