@@ -106,49 +106,46 @@ class _Walk:
     def result(self, node: Any) -> None:
         """A tools/call, prompts/get or resources/read result: all but its `_meta` and the
         binary data of its content blocks and resources."""
-        if isinstance(node, dict):
-            self._dict(node, ("_meta",), {"_meta": _unread, "content": self._blocks,
-                                          "contents": self._resources,
-                                          "messages": self._messages})
-        else:
-            self.any(node)
+        self._shaped(node, ("_meta",), {"_meta": _unread, "content": self._blocks,
+                                        "contents": self._resources,
+                                        "messages": self._messages})
 
     def _blocks(self, node: Any) -> None:  # a tool result's or a prompt message's content
-        if isinstance(node, list):
-            self._list(node, self._block)
-        else:
-            self._block(node)
+        self._many(node, self._block)
+
+    def _resources(self, node: Any) -> None:  # a resources/read result's contents
+        self._many(node, self._resource)
+
+    def _messages(self, node: Any) -> None:  # a prompts/get result's messages
+        self._many(node, self._message)
 
     def _block(self, node: Any) -> None:
         kind = node.get("type") if isinstance(node, dict) else None
         if kind in ("image", "audio"):
-            self._dict(node, ("data",))
+            self._shaped(node, ("data",))
         elif kind == "resource":
-            self._dict(node, (), {"resource": self._resource})
+            self._shaped(node, (), {"resource": self._resource})
         else:
             self.any(node)
-
-    def _resources(self, node: Any) -> None:  # a resources/read result's contents
-        if isinstance(node, list):
-            self._list(node, self._resource)
-        else:
-            self._resource(node)
 
     def _resource(self, node: Any) -> None:
-        if isinstance(node, dict):
-            self._dict(node, ("blob",))
-        else:
-            self.any(node)
-
-    def _messages(self, node: Any) -> None:  # a prompts/get result's messages
-        if isinstance(node, list):
-            self._list(node, self._message)
-        else:
-            self._message(node)
+        self._shaped(node, ("blob",))
 
     def _message(self, node: Any) -> None:
+        self._shaped(node, (), {"content": self._blocks})
+
+    def _many(self, node: Any, walk: Walk) -> None:
+        """A list of what `walk` reads, or one."""
+        if isinstance(node, list):
+            self._list(node, walk)
+        else:
+            walk(node)
+
+    def _shaped(self, node: Any, unread: tuple[str, ...] = (),
+                walks: dict[str, Walk] | None = None) -> None:
+        """An object of a known shape (`_dict`); anything else, all of it (`any`)."""
         if isinstance(node, dict):
-            self._dict(node, (), {"content": self._blocks})
+            self._dict(node, unread, walks)
         else:
             self.any(node)
 
