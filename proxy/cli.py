@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from proxy import confine
 from proxy.config import Config, ConfigError, ServerConfig, load
 
 T = TypeVar("T")
@@ -133,6 +134,7 @@ def _serve(args: argparse.Namespace) -> int:
     cfg, base_dir = _load(args)
     _check_secrets(cfg, base_dir, os.environ)
     _logging(args.log_level, log_format=cfg.observability.log_format)
+    confine.undumpable()  # its environment holds the secrets: closed to what it starts
     if cfg.server.workers > 1:
         return _serve_workers(cfg, Path(args.config).resolve(), args.log_level)
     from proxy.app import create_app

@@ -66,6 +66,7 @@ from types import FrameType
 
 from prometheus_client.multiprocess import mark_process_dead
 
+from proxy import confine
 from proxy.config import Config
 from proxy.observability.metrics import MULTIPROC_ENV
 
@@ -457,6 +458,7 @@ def worker_main(argv: list[str] | None = None) -> int:
 
     cli._logging(args.log_level, prefix=f"worker={args.index} pid={os.getpid()} ",
                  log_format=cfg.observability.log_format)
+    confine.undumpable()  # as the supervisor: its environment holds the secrets
     try:
         app = create_app(cfg, base_dir=base_dir)
     except ConfigError as exc:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
@@ -106,9 +105,6 @@ class Pool:
         return started
 
     async def _start(self, key: str, token: str | None) -> Child:
-        if not self.started and not self.spec.run_as and os.geteuid() == 0:
-            log.warning("stdio upstream %s runs as root: set run_as to an unprivileged user",
-                        self.spec.name)
         child = Child(self.spec, key, token, self._deliver, self._exited)
         self.started += 1
         await child.start()

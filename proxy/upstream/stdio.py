@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -74,6 +75,11 @@ class StdioTransport(httpx.AsyncBaseTransport):
 
     def __init__(self, cfg: UpstreamConfig) -> None:
         self.spec = Spec.from_config(cfg)
+        if not self.spec.run_as:  # at start-up and on a reload that changes it
+            log.warning("stdio upstream %s runs as the gateway's own user%s, without run_as: "
+                        "it can read and write every file the gateway can, its database "
+                        "included; set run_as to a user of its own", cfg.name,
+                        " (root)" if os.geteuid() == 0 else "")
         self.pool = Pool(self.spec, self._deliver)
         self._sessions: dict[str, _Session] = {}
         # the id a server-to-client request got on its way to a caller -> where it came from

@@ -1,8 +1,9 @@
 """Supervised, confined child processes for stdio upstreams (proxy.upstream.stdio).
 
-A `Child` is one process: started in its own session (process group) with only the configured
-environment (plus PATH and HOME, and a person's token for a per_user upstream), resource limits
-and optionally another user; opened with a 2025-11-25 `initialize` within a bounded start-up;
+A `Child` is one process: started under its keeper (proxy.upstream.keeper: nothing it starts
+outlives the gateway), in its own session (process group) with only the configured environment
+(plus PATH and HOME, and a person's token for a per_user upstream), resource limits, a working
+directory outside the gateway's (`/` unless `cwd` says), and optionally another user; opened with a 2025-11-25 `initialize` within a bounded start-up;
 its stdout read line by line (a line that is not a JSON-RPC object is logged and skipped, one
 longer than the cap is dropped) and its stderr read continuously, logged under the upstream's
 name and bounded. Every request sent to it gets the child's own id (`open_call`), so many
@@ -19,9 +20,11 @@ import os
 import pwd
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -39,6 +42,7 @@ LOG_LINE_CAP = 1000  # characters of one logged line
 QUEUE_CAP = 10_000  # notifications waiting for one caller before more are dropped
 
 EXITED = object()  # on a call's queue: the process ended before it answered
+KEEPER = str(Path(__file__).with_name("keeper.py"))
 
 
 class Unavailable(Exception):
@@ -182,16 +186,15 @@ class Child:
         """Spawn, read, and open with `initialize`; raise Unavailable on any failure (the
         process, if any, is stopped)."""
         spec = self.spec
-        user = spec.run_as or None
-        group: int | None = pwd.getpwnam(user).pw_gid if user else None
-        extra: list[int] | None = [] if user else None
         try:
+            user = pwd.getpwnam(spec.run_as) if spec.run_as else None
+            ids = (str(user.pw_uid), str(user.pw_gid)) if user else ("-1", "-1")
             self.proc = await asyncio.create_subprocess_exec(
-                spec.command, *spec.args, stdin=asyncio.subprocess.PIPE,
+                sys.executable, "-I", "-S", KEEPER, str(os.getpid()), *ids, spec.command,
+                *spec.args, stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env=spec.environment(self.token), cwd=spec.cwd, start_new_session=True,
-                preexec_fn=spec.limits(), user=user, group=group, extra_groups=extra,
-                limit=spec.max_line_bytes)
+                env=spec.environment(self.token), cwd=spec.cwd or "/", start_new_session=True,
+                preexec_fn=spec.limits(), limit=spec.max_line_bytes)
         except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
             raise Unavailable(f"cannot start {spec.command!r}: {exc}") from None
         loop = asyncio.get_running_loop()

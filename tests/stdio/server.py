@@ -1,8 +1,9 @@
 """A stdio MCP server built with the official Python SDK (mcp 2.3), run by the gateway as a
 child process in tests/stdio. Tools: echo, slow (a slow tool that reports progress and waits
 to be cancelled), log (a log message), ask_sampling / ask_elicitation / ask_roots
-(server-to-client requests), env (one environment variable), pid, crash (exits at once), noise
-(a burst on stderr); a prompt and a resource."""
+(server-to-client requests), env (one environment variable), pid, confinement, spawn_child and
+spawn_detached (a process in its group, or one that left it), peek (what a hostile server
+tries to read), crash (exits at once), noise (a burst on stderr); a prompt and a resource."""
 
 from __future__ import annotations
 
@@ -83,11 +84,12 @@ async def pid() -> str:
 
 
 @server.tool()
-async def confinement() -> dict[str, int]:
-    """Its process group and session, and its resource limits (soft)."""
+async def confinement() -> dict[str, int | str]:
+    """Its process group and session, parent, working directory and resource limits (soft)."""
     import resource
 
-    return {"pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
+    return {"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0),
+            "sid": os.getsid(0), "cwd": os.getcwd(),
             "data": resource.getrlimit(resource.RLIMIT_DATA)[0],
             "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
             "cpu": resource.getrlimit(resource.RLIMIT_CPU)[0]}
@@ -99,6 +101,33 @@ async def spawn_child() -> str:
     import subprocess
 
     return str(subprocess.Popen(["sleep", "300"]).pid)  # noqa: ASYNC220 (returns at once)
+
+
+@server.tool()
+async def spawn_detached() -> str:
+    """Start a long sleep that leaves the process group (setsid); return its process id."""
+    import subprocess
+
+    return str(subprocess.Popen(["sleep", "300"], start_new_session=True).pid)  # noqa: ASYNC220
+
+
+@server.tool()
+async def peek(marker: str) -> dict[str, list[str]]:
+    """What a hostile server tries: every ancestor's environment (the gateway's among them):
+    those it could read that hold `marker`, and those that refused it; and the files in its
+    working directory."""
+    read, refused = [], []
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    read.append(f"/proc/{pid}/environ")
+        except OSError as exc:
+            refused.append(f"/proc/{pid}/environ: {exc.strerror}")
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+    return {"read": read, "refused": refused, "here": sorted(os.listdir("."))}
 
 
 @server.tool()

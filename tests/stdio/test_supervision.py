@@ -69,12 +69,15 @@ async def test_an_idle_process_stops_and_the_next_call_starts_one() -> None:
 
 
 async def test_the_gateway_stopping_stops_the_whole_group() -> None:
+    """Its group, and a process that left the group with setsid (the keeper, a subreaper,
+    is its parent by then, and kills everything below it as it ends)."""
     async with stdio_gateway() as gw, connect(gw.endpoint("local")) as client:
         leader = int(text(await client.call_tool("pid", {})))
         grandchild = int(text(await client.call_tool("spawn_child", {})))
-        assert alive(leader) and alive(grandchild)
+        detached = int(text(await client.call_tool("spawn_detached", {})))
+        assert alive(leader) and alive(grandchild) and alive(detached)
     assert not alive(leader)
-    await until(lambda: not alive(grandchild))
+    await until(lambda: not alive(grandchild) and not alive(detached))
 
 
 async def test_confinement_environment_group_and_limits(monkeypatch: pytest.MonkeyPatch
@@ -88,7 +91,10 @@ async def test_confinement_environment_group_and_limits(monkeypatch: pytest.Monk
         assert text(await client.call_tool("env", {"name": "HOME"})) != "<unset>"
         facts = (await client.call_tool("confinement", {})).structured_content
         assert facts is not None
-        assert facts["pgid"] == facts["pid"] == facts["sid"]  # a session and group of its own
+        keeper = transport_of(gw).pool.running()[0].pid  # proxy/upstream/keeper.py
+        assert facts["ppid"] == keeper != facts["pid"]
+        assert facts["pgid"] == keeper == facts["sid"]  # a session and group of its own
+        assert facts["cwd"] == "/"  # not the gateway's directory, where its database may be
         assert facts["data"] == 2048 * 1024 * 1024 and facts["nofile"] == 1024
         assert facts["cpu"] == -1  # no CPU-time limit by default
 
@@ -245,8 +251,10 @@ async def test_run_as_an_unprivileged_user() -> None:
     transport = StdioTransport(cfg)
     try:
         child = await transport.pool.child("")
-        assert child.pid is not None
-        with open(f"/proc/{child.pid}/status") as f:  # noqa: ASYNC230 (procfs, instant)
+        assert child.pid is not None  # the keeper; the server is its one child
+        with open(f"/proc/{child.pid}/task/{child.pid}/children") as f:  # noqa: ASYNC230
+            (server,) = f.read().split()
+        with open(f"/proc/{server}/status") as f:  # noqa: ASYNC230 (procfs, instant)
             status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
         assert status["Uid"].split()[0] == str(nobody.pw_uid)
         assert status["Gid"].split()[0] == str(nobody.pw_gid)
