@@ -320,7 +320,7 @@ class UpstreamConfig:
     command: str = ""
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # the process's only environment
-    cwd: str = ""  # empty: the gateway's working directory
+    cwd: str = ""  # empty: / (never the gateway's own directory, where its data may be)
     process: str = "shared"  # or "per_user": one process per person
     max_processes: int = 50
     idle_stop_s: float = 600.0
