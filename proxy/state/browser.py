@@ -2,15 +2,20 @@
 index by person, so ending a person's sessions (a new password, a deleted user) touches only
 theirs and scans nothing.
 
-A Redis store keeps `br:<id>` = the person (SET PX ttl) and the set `br:u:<person>` of their
+A Redis store keeps `br:s:<id>` = the person (SET PX ttl) and the set `br:u:<person>` of their
 ids (SADD, PEXPIRE ttl, so a quiet person's set goes with their last session): `user_id` is a
 GET, `create`, `delete` and `end_for` one Lua script each (SET PX, SADD, PEXPIRE; GET the
 owner, DEL, SREM; SMEMBERS, DEL each but `keep`, rebuild the set). An id left in a set after its session expired
 is harmless: deleting it again deletes nothing.
+
+A cookie that is not of the form `create` issues (`issued`) is no session, on either backend,
+before anything is looked up: whatever a browser sends never reaches another kind of key, and
+never costs a Redis round trip.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -20,6 +25,19 @@ from cachetools import TTLCache
 
 if TYPE_CHECKING:
     from proxy.state.shared import Shared
+
+
+SESSION_BYTES = 32
+_ISSUED = re.compile(r"[A-Za-z0-9_-]{43}")  # secrets.token_urlsafe(SESSION_BYTES)
+
+
+def _new_id() -> str:
+    return secrets.token_urlsafe(SESSION_BYTES)
+
+
+def issued(session_id: str) -> bool:
+    """Whether `session_id` has the form of an id `create` makes."""
+    return _ISSUED.fullmatch(session_id) is not None
 
 
 class BrowserSessions(Protocol):
@@ -73,16 +91,16 @@ class MemoryBrowserSessions:
         self._sessions = _Sessions(max_sessions, ttl_s, clock, self._by_user)
 
     async def create(self, user_id: str) -> str:
-        session_id = secrets.token_urlsafe(32)
+        session_id = _new_id()
         self._sessions[session_id] = user_id  # may expire or evict others: they unindex
         self._by_user.setdefault(user_id, set()).add(session_id)
         return session_id
 
     async def user_id(self, session_id: str) -> str | None:
-        return self._sessions.get(session_id)
+        return self._sessions.get(session_id) if issued(session_id) else None
 
     async def delete(self, session_id: str) -> None:
-        user_id = self._sessions.pop(session_id, None)
+        user_id = self._sessions.pop(session_id, None) if issued(session_id) else None
         if user_id is not None:
             _unindex(self._by_user, user_id, session_id)
 
@@ -142,7 +160,7 @@ class RedisBrowserSessions:
 
     def __init__(self, shared: Shared, ttl_s: float = 8 * 3600) -> None:
         self._shared = shared
-        self._sessions = shared.key("br:")
+        self._sessions = shared.key("br:s:")
         self._people = shared.key("br:u:")
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._create = shared.script(_CREATE, "browser-session")
@@ -150,18 +168,22 @@ class RedisBrowserSessions:
         self._end_for = shared.script(_END_FOR, "browser-session")
 
     async def create(self, user_id: str) -> str:
-        session_id = secrets.token_urlsafe(32)
+        session_id = _new_id()
         await self._create([self._sessions + session_id, self._people + user_id],
                            [user_id, session_id, self._ttl_ms])
         return session_id
 
     async def user_id(self, session_id: str) -> str | None:
+        if not issued(session_id):
+            return None
         raw = await self._shared.command("browser-session", "GET", self._sessions + session_id)
         if raw is None:
             return None
         return raw.decode() if isinstance(raw, bytes) else str(raw)
 
     async def delete(self, session_id: str) -> None:
+        if not issued(session_id):
+            return
         await self._delete([self._sessions + session_id], [self._people, session_id])
 
     async def end_for(self, user_id: str, keep: str | None = None) -> int:

@@ -1,8 +1,9 @@
 """OAuth authorization codes: each taken once, and a code presented again is recognised as
 reused for a while after, so what its first use produced can be revoked (RFC 9700).
 
-A Redis store keeps `oc:<code>` (the grant's JSON and its tag, SET PX code TTL) and
-`oc:u:<code>` (the tag, once taken). `put` is one SET; `take` one Lua script: GET the code; if
+A Redis store keeps `oc:c:<code>` (the grant's JSON and its tag, SET PX code TTL) and
+`oc:u:<code>` (the tag, once taken): two kinds neither of which begins the other, so no code a
+client sends names a used marker. `put` is one SET; `take` one Lua script: GET the code; if
 it is there, DEL it, SET the used marker PX used TTL and return the grant; else return GET of
 the used marker. Two replicas exchanging one code at once: one
 gets the grant, the other the tag.
@@ -75,7 +76,7 @@ class RedisCodeStore:
 
     def __init__(self, shared: Shared, ttl_s: float, used_ttl_s: float = 600.0) -> None:
         self._shared = shared
-        self._codes = shared.key("oc:")
+        self._codes = shared.key("oc:c:")
         self._used = shared.key("oc:u:")
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._used_ttl_ms = max(1, round(used_ttl_s * 1000))

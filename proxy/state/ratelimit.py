@@ -145,7 +145,8 @@ class RedisRateLimitStore:
     number of replicas, by an outage."""
 
     def __init__(self, shared: Shared) -> None:
-        self._prefix = shared.prefix  # the policy's keys start "rl:" themselves
+        # the policy's keys start "rl:" themselves (policies.rate_limit): that kind is claimed
+        self._prefix = shared.key("rl:").removesuffix("rl:")
         self._take = shared.script(_TAKE, "rate-limit")
 
     async def take(self, limits: Sequence[Limit]) -> Refused | None:

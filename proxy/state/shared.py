@@ -48,9 +48,19 @@ class Shared:
         self._address = address
         self._listeners: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()  # set while every subscription is live (tests wait)
+        self._kinds: set[str] = set()  # every store's key kinds (`key`)
 
-    def key(self, name: str) -> str:
-        return self.prefix + name
+    def key(self, kind: str) -> str:
+        """The prefix of a store's keys of one `kind` (its own two letters and a colon, then
+        one letter and a colon where the store keeps more than one kind). No kind may begin
+        another (`br:` beside `br:u:`): a key a caller names under one kind would then read or
+        write one of the other kind. Checked as each store is made (once, at start-up)."""
+        clash = next((k for k in self._kinds if k != kind and
+                      (k.startswith(kind) or kind.startswith(k))), None)
+        if clash is not None:
+            raise ValueError(f"Redis key kind {kind!r} overlaps {clash!r}")
+        self._kinds.add(kind)
+        return self.prefix + kind
 
     def script(self, source: str, store: str) -> Script:
         """A Lua script run for `store`, sent by its SHA and in full when Redis forgot it."""

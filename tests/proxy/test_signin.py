@@ -4,6 +4,7 @@ elsewhere are refused; failures lock out; no open redirects."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import httpx
@@ -13,7 +14,7 @@ from proxy.app import create_app
 from proxy.config import from_dict
 from proxy.people.accounts import Accounts, check_password, hash_password
 from proxy.people.signin import safe_next
-from tests import db_backends
+from tests import db_backends, state_backends
 from tests.servers import serve
 
 ORIGIN = "http://127.0.0.1:8080"
@@ -169,3 +170,34 @@ async def test_without_trusted_proxies_x_forwarded_for_is_ignored(cfg) -> None:
                                     headers={"Origin": ORIGIN,
                                              "X-Forwarded-For": "198.51.100.7"})
         assert spoofed.status_code == 429  # the peer address is what is locked out
+
+
+
+async def test_a_cookie_not_of_the_issued_form_is_a_signed_out_browser(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """On the real Redis: a cookie naming another kind of key (`u:<user id>`, the index of a
+    person's sessions) answers as any bogus cookie does, signed out; it used to read that set,
+    answer 503 and log a Redis outage, telling whether the user id exists (#36 item 12)."""
+    accounts = Accounts(db_backends.open_database())
+    alice = accounts.create_local("alice", "correct-horse", admin=True)
+    cfg = from_dict({"auth": {"mode": "jwt"}, "database": {"url": db_backends.url()},
+                     "state": {"url": state_backends.REDIS_URL,
+                               "key_prefix": state_backends.fresh_prefix()},
+                     "upstreams": [{"name": "e", "url": "http://127.0.0.1:9/mcp"}]}, env={})
+    async with serve(create_app(cfg, secret_key="k")) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        signed = await client.post("/signin", data={"name": "alice", "password": "correct-horse",
+                                                    "next": "/signin/done"},
+                                   headers={"Origin": ORIGIN})
+        assert signed.status_code == 303  # alice has a session: her index set exists
+        client.cookies.clear()
+        answers = {}
+        for cookie in (f"u:{alice.id}", "u:nobody", "bogus", "x" * 43 + "!"):
+            headers = {"Cookie": f"tollhouse_session={cookie}"}
+            page = await client.get("/console/servers", headers=headers)
+            api = await client.get("/api/v1/me", headers=headers)
+            answers[cookie] = (page.status_code, page.headers.get("location"),
+                               api.status_code, api.text)
+        assert set(answers.values()) == {(303, "/signin?next=%2Fconsole%2Fservers", 401,
+                                          '{"detail":"not signed in"}')}, answers
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -1,6 +1,11 @@
 from __future__ import annotations
 
-from proxy.state.browser import MemoryBrowserSessions
+import pytest
+
+from proxy.state import open_stores
+from proxy.state.browser import MemoryBrowserSessions, issued
+from tests import state_backends
+from tests.conftest import make_config
 from tests.state.conftest import Backend
 
 
@@ -68,3 +73,32 @@ async def test_the_memory_index_holds_only_live_sessions() -> None:
     await store.delete(bob[0])
     await store.end_for("bob", keep=bob[1])
     assert store._by_user == {"bob": {bob[1]}}
+
+
+async def test_an_id_not_of_the_issued_form_is_no_session(backend: Backend) -> None:
+    """A cookie naming the index of a person's sessions (`u:<user id>`) or any other key is no
+    session, and ending it ends nothing: asked before any store is (#36 item 12)."""
+    store = backend.browser_sessions(ttl_s=3600)
+    sid = await store.create("alice")
+    assert issued(sid) and not issued(sid + "=") and not issued(sid[:-1])
+    for forged in ("u:alice", f"u:{sid}", "s:" + sid, sid + "x", sid[:-1], "", "a b" * 20):
+        assert not issued(forged)
+        assert await store.user_id(forged) is None, forged
+        await store.delete(forged)
+    assert await store.user_id(sid) == "alice"
+    assert await store.end_for("alice") == 1
+
+
+def test_every_redis_store_keeps_its_own_kinds_of_key() -> None:
+    """No key kind of any store begins another's (each kind's keys are read and written only
+    as that kind); a store made with an overlapping kind is refused as it is made."""
+    cfg = make_config(state={"url": state_backends.REDIS_URL, "key_prefix": "kinds:"},
+                      auth={"mode": "jwt"}, oauth_server={"enabled": True})
+    stores = open_stores(cfg)  # made, not started: no connection
+    assert stores.shared is not None
+    kinds = stores.shared._kinds
+    assert {"br:s:", "br:u:", "oc:c:", "oc:u:", "rl:"} <= kinds
+    assert [(a, b) for a in kinds for b in kinds if a != b and b.startswith(a)] == []
+    with pytest.raises(ValueError, match="overlaps"):
+        stores.shared.key("br:")
+    assert stores.shared.key("br:s:") == "kinds:br:s:"  # the same kind again: another replica's

@@ -45,3 +45,13 @@ def test_the_grant_the_server_puts_is_json_and_comes_back_whole() -> None:
                 frozenset({"dev", "ops"}), frozenset({"ops"}))
     grant = Grant("c", "http://127.0.0.1/cb", "chal", user, "https://gw/mcp/e", True, "fam")
     assert Grant.from_json(orjson.loads(orjson.dumps(grant.to_json()))) == grant
+
+
+async def test_a_code_never_names_another_kind_of_key(backend: Backend) -> None:
+    """`u:<code>` is a code like any other, never the marker of a used code (#36 item 12)."""
+    store = backend.codes(ttl_s=60, used_ttl_s=600)
+    await store.put("abc", {"a": 1}, "family")
+    assert (await store.take("abc")).grant == {"a": 1}
+    assert await store.take("u:abc") == Taken(None, None)
+    assert await store.take("c:abc") == Taken(None, None)
+    assert await store.take("abc") == Taken(None, "family")
