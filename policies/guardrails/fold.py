@@ -10,9 +10,10 @@ ligatures, no-break spaces), and a look-alike of an ASCII character folded to it
 confusables data (UTS #39, as `confusable_homoglyphs` ships it: NFKC leaves U+0261 `ɡ` and
 Cyrillic letters alone). ASCII is never changed, so an ASCII text needs no copy at all.
 
-The table is built once, by the first `Detector` (start-up); `fold` is one `str.translate` and,
-only when the copy holds a finding, a walk over the changed characters to map its span back to
-the original, so a redaction replaces the characters the finding was made of.
+The table is built once, by the first `Detector` (start-up); `fold` finds the characters that
+may change with one regular expression (at C speed), replaces them, and, only when the copy
+holds a finding, walks over them to map its span back to the original, so a redaction
+replaces the characters the finding was made of.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ _LRM = "\u200e"  # the data wraps right-to-left characters in it
 
 @dataclass(frozen=True, slots=True)
 class Table:
-    replace: dict[int, str]  # for str.translate: a changed character -> what it becomes
-    changed: re.Pattern[str]  # one of those characters
+    replace: dict[int, str]  # a changed character's code point -> what it becomes
+    changed: re.Pattern[str]  # maybe one of those characters (an astral one: any)
 
 
 @functools.cache
@@ -55,7 +56,10 @@ def table() -> Table:
                 replace[i] = "".join(look_alikes.get(x, x) for x in n)
             elif c in look_alikes:
                 replace[i] = look_alikes[c]
-    return Table(replace, re.compile(_char_class(sorted(replace))))
+    # every astral character is a candidate: a character class holds the BMP in one bitmap,
+    # but tries each range beyond it in turn, for every character it reads
+    bmp = sorted(i for i in replace if i <= 0xFFFF)
+    return Table(replace, re.compile(_char_class(bmp)[:-1] + "\U00010000-\U0010ffff]"))
 
 
 class Folded:
@@ -93,8 +97,11 @@ class Folded:
         starts: list[int] = []
         shift = 0
         for m in tab.changed.finditer(self.original):
+            by = tab.replace.get(ord(m.group()))
+            if by is None:
+                continue
             at = m.start()
-            width = len(tab.replace[ord(m.group())])
+            width = len(by)
             starts.append(at + shift)
             self._ends.append(at + shift + width)
             self._origins.append(at)
@@ -108,7 +115,14 @@ def fold(text: str) -> Folded | None:
     if text.isascii():
         return None
     tab = table()
-    folded = text.translate(tab.replace)
+    candidates = len(tab.changed.findall(text))  # at C speed
+    if not candidates:
+        return None
+    replace = tab.replace
+    if candidates * 10 < len(text):  # a few: each replaced on its own
+        folded = tab.changed.sub(lambda m: replace.get(ord(m[0]), m[0]), text)
+    else:  # many (Cyrillic or Greek prose): a lookup per character is cheaper than a call
+        folded = text.translate(replace)
     return None if folded == text else Folded(text, folded)
 
 

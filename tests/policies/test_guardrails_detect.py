@@ -134,6 +134,16 @@ def test_a_secret_hidden_by_invisible_or_look_alike_characters_is_found(secret: 
     assert ALL.redact(around.format(secret)) == (around.format("[REDACTED:secret]"), {"secret"})
 
 
+def test_a_secret_in_cyrillic_prose_is_redacted_where_it_lies() -> None:
+    # most of the text folds (Cyrillic look-alikes): the copy is made another way
+    around = ("\u041e\u0442\u0447\u0451\u0442 \u043e \u043f\u043e\u0441\u0442\u0430"
+              "\u0432\u043a\u0435, \u043a\u043b\u044e\u0447 {} \u043f\u043e\u043b"
+              "\u0443\u0447\u0435\u043d.")
+    for secret in HIDDEN.values():
+        assert ALL.redact(around.format(secret)) == (around.format("[REDACTED:secret]"),
+                                                     {"secret"})
+
+
 def test_a_removed_character_next_to_a_secret_still_bounds_it() -> None:
     # the original reads the zero-width space as a break; its folded copy would not
     text = "word\u200bAKIAIOSFODNN7EXAMPLE"
