@@ -16,6 +16,7 @@ import jwt
 import orjson
 import pytest
 
+from proxy.db import Database
 from proxy.oauth.keys import KeyRing
 from tests.e2e.test_oauth_sdk import (INITIALIZE, MCP_HEADERS, REDIRECT_URI, Browser, Gw,
                                       browser, flow, oauth_gateway, query)
@@ -39,7 +40,11 @@ def expired_copy(gw: Gw, access_token: str) -> str:
     claims = jwt.decode(access_token, options={"verify_signature": False})
     now = int(time.time())
     claims.update(iat=now - 800, exp=now - 120, jti=secrets.token_urlsafe(12))
-    key = KeyRing(gw.db_path, "test-secret", 86400, 600).current
+    database = Database(gw.db_path)
+    try:
+        key = KeyRing(database, "test-secret", 86400, 600).current
+    finally:
+        database.close()
     return jwt.encode(claims, key.private, algorithm="ES256", headers={"kid": key.kid})
 
 
