@@ -16,6 +16,7 @@ from proxy.api.context import EXTENSION as API_EXTENSION
 from proxy.api.endpoint import audited
 from proxy.audit.record import AuditRecord
 from proxy.connect.manager import ConnectFailed, Connections
+from proxy.edge.paths import segment
 from proxy.errors import GatewayError, NotFound, NotPermitted, NotSignedIn, StoreUnavailable
 from proxy.people.accounts import User
 from proxy.people.signin import COOKIE, Web, page, see_other
@@ -73,13 +74,13 @@ async def connect(upstream: str) -> Response:
         return page("Not found", "<p>No upstream by that name needs a connection.</p>", 404)
     user, cookie = await _signed_in(here)
     if user is None or cookie is None:
-        return see_other("/signin?" + urlencode({"next": f"/connect/{upstream}"}))
+        return see_other("/signin?" + urlencode({"next": f"/connect/{segment(upstream)}"}))
     if request.args.get("start") != "1":
         body = (f"<p>Connect your <strong>{html.escape(upstream)}</strong> account to the "
                 f"Tollhouse identity <strong>{html.escape(user.name)}</strong>.</p>"
                 f"<p>Calls you make through Tollhouse to {html.escape(upstream)} will use "
                 "that account.</p>"
-                f"<p><a href='/connect/{html.escape(upstream)}?start=1'>Continue to "
+                f"<p><a href='/connect/{segment(upstream)}?start=1'>Continue to "
                 f"{html.escape(upstream)}</a></p>")
         return page(f"Connect {upstream}", body)
     try:
@@ -125,10 +126,10 @@ async def connections_page() -> Response:
         return see_other("/signin?next=/connections")
     rows = []
     for name, status in (await here.connections.statuses(user.principal().key)).items():
-        action = (f"<form method='post' action='/connections/{html.escape(name)}/disconnect'>"
+        action = (f"<form method='post' action='/connections/{segment(name)}/disconnect'>"
                   "<button type='submit'>Disconnect</button></form>"
                   if status != "not_connected" else
-                  f"<a href='/connect/{html.escape(name)}'>Connect</a>")
+                  f"<a href='/connect/{segment(name)}'>Connect</a>")
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{status}</td><td>{action}</td></tr>")
     return page("Your connections", "<table><tr><th>upstream</th><th>status</th><th></th>"
                                     f"</tr>{''.join(rows)}</table>")
