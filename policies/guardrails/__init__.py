@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import orjson
 
 from policies.guardrails.detect import Detector
+from policies.guardrails.fold import table as fold_table
 from policies.guardrails.inspect import scan
 from policies.guardrails.pinning import Pins
 from policies.guardrails.screen import Limits, screen
@@ -104,6 +105,7 @@ class Guardrails:
 
     def __init__(self, cfg: Config, pins: Pins | None = None, hidden: Hidden | None = None
                  ) -> None:
+        fold_table()  # screening and detection fold non-ASCII text: built at start-up
         self._rules = tuple(_Rule(r, Detector(r.detect, phone_region=r.phone_region))
                             for r in cfg.guardrails)
         self._screening = {u.name: u.screening for u in cfg.upstreams}

@@ -12,7 +12,8 @@ The rules (README, "Guardrails"):
 - `oversized`: a description over `max_description_chars`, or schemas over
   `max_schema_bytes` (serialized), where instructions hide from a reviewer.
 Every string in the definition is read: its description, title and the descriptions, titles,
-defaults and enum values nested in its schemas.
+defaults and enum values nested in its schemas; the `instructions.*` rules read their folded
+copy too (`fold.py`: look-alike letters and invisible characters do not break a phrase).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from policies.guardrails.fold import fold
 
 INVISIBLE = re.compile("[\U000e0000-\U000e007f\u200b-\u200f\u202a-\u202e\u2060-\u2064"
                        "\u2066-\u2069\ufeff\u180e\u061c]")
@@ -67,7 +70,9 @@ def screen(item: dict[str, Any], limits: Limits) -> list[str]:
     if any(INVISIBLE.search(t) for t in texts):
         broken.append("invisible")
     joined = "\n".join(texts)
-    broken.extend(rule for rule, pattern in RULES if pattern.search(joined))
+    folded = fold(joined)  # "Ign\u043ere" (a Cyrillic o) read as "Ignore" too
+    read = joined if folded is None else f"{joined}\n{folded.text}"
+    broken.extend(rule for rule, pattern in RULES if pattern.search(read))
     description = item.get("description")
     if isinstance(description, str) and len(description) > limits.max_description_chars or sum(len(orjson.dumps(item.get(k))) for k in ("inputSchema", "outputSchema",
                                                        "arguments")) > limits.max_schema_bytes:
