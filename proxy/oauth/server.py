@@ -3,7 +3,9 @@
 Client secrets and refresh tokens are stored only as SHA-256 hashes (both are 256-bit random
 values). Codes live a minute in the live-state store (proxy.state.codes) and are used once; a
 code presented twice revokes what it produced. Refresh tokens rotate on every use, and a refresh token used twice revokes its
-whole family (RFC 9700 / OAuth 2.1). Access tokens are short-lived ES256 JWTs whose audience
+whole family (RFC 9700 / OAuth 2.1), except that its client presenting it again within
+`refresh_grace_s` gets the same new tokens (proxy.oauth.grace). Redirect URIs follow RFC 8252
+(proxy.oauth.redirects). Access tokens are short-lived ES256 JWTs whose audience
 is one endpoint's resource URL (RFC 8707).
 
 No scope is ever granted. Tollhouse has no model of which scopes a person may hold, so a
