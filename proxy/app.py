@@ -355,7 +355,8 @@ class Serving:
             observer=_observer(parts.request_log, metrics, state.tracing, state.api.seen),
             session_ended=metrics.session_ended if metrics is not None else None,
             endpoints=virtual, cursor_key=_cursor_key(given),
-            max_response_bytes=cfg.server.max_response_bytes)
+            max_response_bytes=cfg.server.max_response_bytes,
+            resumable=parts.stores.resumable)
         endpoints.changed = registry.changed = partial(state.gateway.virtual.members_changed,
                                                        virtual)
         state.gateway.tenants = Tenants(destinations, upstream.pool, state.gateway.spawn,

@@ -39,15 +39,17 @@ from proxy.errors import (
 )
 from proxy.jsonrpc import McpMessage, upstream_error_type
 from proxy.live import Live
-from proxy.mcp import eras, guards
+from proxy.mcp import eras, guards, resume
 from proxy.mcp.exchange import EdgeRequest, EdgeResponse
 from proxy.mcp.forward import Forwarded, Forwarder, Leg
 from proxy.mcp.relay import JsonRelay, StreamEnd, StreamRelay
+from proxy.mcp.resume import RESUME_GRACE_S, ResumedRelay, Resumption
 from proxy.mcp.sse import HEAD_BYTES
 from proxy.observability import Observer, Observers
 from proxy.observability.logs import trace_id
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
 from proxy.state.bridge import BridgeStore
+from proxy.state.resumable import ResumableStore
 from proxy.state.inflight import EndReason, Later, call_key
 from proxy.state.sessions import Fetched
 from proxy.upstream import BodyChunks, UpstreamClient, UpstreamRoute
@@ -78,7 +80,8 @@ class Gateway:
                  tenants: Tenants | None = None,
                  endpoints: Mapping[str, VirtualRoute] | None = None,
                  cursor_key: bytes = b"",
-                 max_response_bytes: int = 16 * 1024 * 1024) -> None:
+                 max_response_bytes: int = 16 * 1024 * 1024,
+                 resumable: ResumableStore | None = None) -> None:
         self.routes = routes  # live: the registry changes it, each call reads it
         self.endpoints = {} if endpoints is None else endpoints  # proxy/virtual: live too
         self.auth = authenticator
@@ -103,6 +106,8 @@ class Gateway:
         # per-caller upstreams; create_app gives one with the egress check and pools
         self.tenants = tenants or Tenants(None, lambda: None, self.spawn)
         self._listening: set[StreamRelay] = set()  # the GET streams open now
+        # an answer that reaches the client on a resumed stream, recorded: proxy/mcp/resume.py
+        self.resumption = None if resumable is None else Resumption(resumable, audit)
 
     @property
     def chain(self) -> Chain:
@@ -227,9 +232,12 @@ class Gateway:
                 record.session_hash = session.id_hash
             headers = {"Mcp-Session-Id": session.id} if session is not None else {}
             if response.headers.get("content-type", "").startswith("text/event-stream"):
+                resumable = self._resumable(route, session, forwarded.leg, key, msg, record,
+                                            ctx, started)
                 end = StreamEnd(self.inflight, self.audit, key, partial(
                     forward.notify_cancelled, route, forwarded.leg, msg.id),
-                    forwarded.leg.bridged, observer=self.observer)
+                    forwarded.leg.bridged, observer=self.observer,
+                    resumable=None if resumable is None else self.resumption.store)
                 refuse, outgoing = forwarded.leg.bridged, None
                 if isinstance(route, VirtualRoute):  # a member's requests reach the client
                     refuse = self.virtual.refuses_requests(forwarded.leg, ctx)
@@ -240,7 +248,8 @@ class Gateway:
                                     on_done=end, on_answer=end.answered,
                                     hold_limit=self.max_response_bytes if held else None,
                                     notice=_heard(chain.noticer(msg, ctx), ctx, record),
-                                    outgoing=outgoing, view_limit=self.max_response_bytes)
+                                    outgoing=outgoing, view_limit=self.max_response_bytes,
+                                    on_resumable=resumable)
                 handed_over = True  # the relay owns the response and the registration now
                 return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
             data, rest = await self.forward.json_body(forwarded, held=held, head=HEAD_BYTES,
@@ -278,6 +287,19 @@ class Gateway:
                     await forwarded.response.aclose()
         # answered: out of the registry and past its deadline, it waits for its record
         return await self._answer(record, started, answer, msg.id)
+
+    def _resumable(self, route: Route, session: Session | None, leg: Leg, key: str,
+                   msg: McpMessage, record: AuditRecord, ctx: CallContext, started: float
+                   ) -> Callable[[], Awaitable[bool]] | None:
+        """A streamed call a client could resume on another GET (a session on a legacy
+        upstream's own stream): what keeps its context once the stream shows an event id."""
+        if self.resumption is None or session is None or leg.bridged \
+                or isinstance(route, VirtualRoute):
+            return None
+        started_at = time.time() - (time.perf_counter() - started)
+        return self.resumption.remembering(
+            key, route.total_timeout_s + RESUME_GRACE_S,
+            lambda: resume.context(msg, record, ctx, started_at))
 
     async def _answer_here(self, route: Route, msg: McpMessage, leg: Leg,
                            rewrite: Rewrite | None, ctx: CallContext, record: AuditRecord
@@ -355,8 +377,16 @@ class Gateway:
             record.note = "upstream offers no GET stream"
             return EdgeResponse(405, stream)
         headers = {"Mcp-Session-Id": session.id} if session is not None else {}
-        relay = StreamRelay(BodyChunks(stream), stream.aclose, spawn=self.spawn,
-                            on_done=self._stopped_listening)
+        if session is not None and self.resumption is not None \
+                and "last-event-id" in req.headers:  # a call's stream, resumed: its answer
+            relay: StreamRelay = ResumedRelay(
+                BodyChunks(stream), stream.aclose, spawn=self.spawn,
+                on_done=self._stopped_listening, limit=self.max_response_bytes,
+                settle=partial(self.resumption.settle, self.live.chain, route.name, session,
+                               principal))
+        else:
+            relay = StreamRelay(BodyChunks(stream), stream.aclose, spawn=self.spawn,
+                                on_done=self._stopped_listening)
         self._listening.add(relay)
         if self.draining:  # began to drain while the upstream answered
             relay.end()

@@ -42,6 +42,7 @@ from proxy.mcp.sse import HEAD_BYTES, EventSplitter, LargeEvent, event_data, wit
 from proxy.observability import Observer
 from proxy.state import CallHandle, InFlightRegistry
 from proxy.state.inflight import EndReason
+from proxy.state.resumable import ResumableStore
 
 log = logging.getLogger("tollhouse.relay")
 
@@ -70,6 +71,7 @@ class StreamRelay:
         notice: Notice | None = None,
         outgoing: Callable[[dict[str, Any]], bool] | None = None,
         view_limit: int | None = None,
+        on_resumable: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self._close = close
         self.request_id = request_id
@@ -82,6 +84,11 @@ class StreamRelay:
         # the answer (or the last event) goes out once this says its record is durable
         self._on_answer = on_answer
         self._answer_due = False
+        # a call whose upstream stream shows an event id can be resumed on any replica: its
+        # context is kept (proxy/mcp/resume.py) before the client holds an id to resume with
+        self._on_resumable = on_resumable
+        self._resumable_due: Callable[[], Awaitable[bool]] | None = None
+        self.remembered = False  # the context is kept: the call's end settles it
         self._spawn = spawn
         self._rewrite = rewrite
         self._notice = notice  # None: notifications pass unread (no rule reads them)
@@ -115,6 +122,9 @@ class StreamRelay:
 
     async def __anext__(self) -> bytes:
         out = await self._next()
+        if self._resumable_due is not None:
+            remember, self._resumable_due = self._resumable_due, None
+            self.remembered = await remember()
         if self._answer_due and self._on_answer is not None:
             self._answer_due = False
             if not await self._on_answer(self):  # kept nowhere: the answer is withheld
@@ -285,6 +295,8 @@ class StreamRelay:
             if not watching and self._notice is None and self._outgoing is None:
                 out.append(event)  # the answer was in this batch
                 continue
+            if self._on_resumable is not None and watching and _has_id(event):
+                self._resumable_due, self._on_resumable = self._on_resumable, None  # once
             data = event_data(event)
             if not data:
                 out.append(event)
@@ -390,6 +402,11 @@ class StreamRelay:
             self._spawn(self.aclose())
 
 
+def _has_id(event: bytes) -> bool:
+    """The event carries an `id:` field (what a client resumes from)."""
+    return event.startswith(b"id:") or b"\nid:" in event
+
+
 class JsonRelay(StreamRelay):
     """A JSON answer nobody rewrites (`Forwarder.must_hold`), passed on as it arrives: the
     body is scanned on the way (`AnswerScan`) and its last chunk kept back until the whole
@@ -450,11 +467,14 @@ class StreamEnd:
     for an upstream that learns it from the closed request), and the call's one audit record
     is written."""
 
-    __slots__ = ("_audit", "_bridged", "_inflight", "_key", "_notify", "_observer")
+    __slots__ = ("_audit", "_bridged", "_inflight", "_key", "_notify", "_observer",
+                 "_resumable")
 
     def __init__(self, inflight: InFlightRegistry, audit: AuditSink, key: str,
                  notify: Callable[[str], None], bridged: bool, *,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None,
+                 resumable: ResumableStore | None = None) -> None:
+        self._resumable = resumable  # where a resumable call's context is settled
         self._inflight = inflight
         self._audit = audit
         self._observer = observer  # told when the call ends (metrics, the request log)
@@ -486,6 +506,8 @@ class StreamEnd:
                     self._notify(EndReason.DISCONNECTED)
             record.accepted = True
             self._audit.emit(record)
+            if relay.remembered and self._resumable is not None:
+                self._resumable.settled(self._key, answered=False)
         if self._observer is not None:
             self._observer.end(record)
 
@@ -497,4 +519,9 @@ class StreamEnd:
             return True
         record.accepted = True
         record.duration_ms = (time.perf_counter() - relay.started) * 1000
-        return await self._audit.write(record)
+        durable = await self._audit.write(record)
+        if relay.remembered and self._resumable is not None:
+            # the client got this answer (or the gateway's error in its place): a replay of
+            # the upstream's answer is delivered again only if that was the answer itself
+            self._resumable.settled(self._key, answered=durable and relay.answered)
+        return durable

@@ -26,6 +26,7 @@ from proxy.state.inflight import InFlightRegistry, MemoryInFlight, SharedInFligh
 from proxy.state.leases import LeaseStore, MemoryLeases, RedisLeases
 from proxy.state.lockouts import LockoutStore, MemoryLockoutStore, RedisLockoutStore
 from proxy.state.ratelimit import MemoryRateLimitStore, RateLimitStore, RedisRateLimitStore
+from proxy.state.resumable import MemoryResumable, RedisResumable, ResumableStore
 from proxy.state.revocations import MemoryRevocationStore, RedisRevocationStore, RevocationStore
 from proxy.state.rotations import MemoryRotationStore, RedisRotationStore, RotationStore
 from proxy.state.sessions import MemorySessionStore, RedisSessionStore, SessionStore
@@ -55,6 +56,7 @@ class Stores:
     consent_flows: FlowStore
     leases: LeaseStore  # who refreshes a person's upstream token (proxy.connect.manager)
     rotations: RotationStore  # refresh rotations within oauth_server.refresh_grace_s
+    resumable: ResumableStore  # resumable calls' contexts (proxy/mcp/resume.py)
     shared: Shared | None = None  # the Redis connection, when the state is shared
 
     async def start(self) -> None:
@@ -91,6 +93,7 @@ def open_stores(cfg: Config, clock: Callable[[], float] = time.monotonic) -> Sto
         consent_flows=MemoryFlowStore(FLOW_TTL_S, 100_000, clock),
         leases=MemoryLeases(clock=clock),
         rotations=MemoryRotationStore(oauth.refresh_grace_s, clock=clock),
+        resumable=MemoryResumable(clock=clock),
     )
 
 
@@ -112,5 +115,6 @@ def _redis_stores(cfg: Config) -> Stores:
         consent_flows=RedisFlowStore(shared, "consent", FLOW_TTL_S),
         leases=RedisLeases(shared),
         rotations=RedisRotationStore(shared, oauth.refresh_grace_s),
+        resumable=RedisResumable(shared),
         shared=shared,
     )

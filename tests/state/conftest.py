@@ -20,6 +20,7 @@ from proxy.state.codes import CodeStore, MemoryCodeStore, RedisCodeStore
 from proxy.state.flows import FlowStore, MemoryFlowStore, RedisFlowStore
 from proxy.state.lockouts import LockoutStore, MemoryLockoutStore, RedisLockoutStore
 from proxy.state.ratelimit import MemoryRateLimitStore, RateLimitStore, RedisRateLimitStore
+from proxy.state.resumable import MemoryResumable, RedisResumable, ResumableStore
 from proxy.state.revocations import MemoryRevocationStore, RedisRevocationStore, RevocationStore
 from proxy.state.rotations import MemoryRotationStore, RedisRotationStore, RotationStore
 from proxy.state.sessions import MemorySessionStore, RedisSessionStore, SessionStore
@@ -68,6 +69,9 @@ class MemoryBackend:
 
     def rate_limits(self) -> RateLimitStore:
         return MemoryRateLimitStore(clock=self.clock)
+
+    def resumable(self) -> ResumableStore:
+        return MemoryResumable(clock=self.clock)
 
 
 # ARGV: the prefix, the milliseconds to move by, the rate-limit buckets' prefix
@@ -136,6 +140,9 @@ class RedisBackend:
 
     def rate_limits(self) -> RateLimitStore:
         return RedisRateLimitStore(self.shared)
+
+    def resumable(self) -> ResumableStore:
+        return RedisResumable(self.shared)
 
 
 Backend = MemoryBackend | RedisBackend

@@ -1,0 +1,226 @@
+"""A call's answer that reaches the client on a resumed stream, held to the call's own rules.
+
+An upstream with an event store lets a client whose POST stream broke resume it with a GET
+carrying `Last-Event-ID`; the upstream replays what it sent after that event, the call's answer
+included. The call's own relay never sees that answer: its replica may be dead (kill -9), or
+it ended the call when the client went away. Without this module the replay went out as it
+came: no audit record, no usage event, no result guardrail or profile.
+
+So, for a call on a session whose upstream stream carries event ids:
+- the replica that runs it leaves the call's context in the shared store (`remember`, before
+  the client holds an event id to resume with), and marks it settled once its own record is
+  written (`StreamEnd`);
+- a resumed stream on any replica reads every event whole (`ResumedRelay`); an answer among
+  them is `settle`d before it goes out: an open context is recorded here (durably, with its
+  usage event, as the call's own record would have been: the audit log's and the outbox's
+  unique call id keep it once), its result rewritten by the call's rules; one settled as
+  answered is rewritten and passes unrecorded (recorded already); one settled as unanswered
+  (the call was cancelled or failed, and recorded so) and one nobody left (its replica died
+  before the store had it, or the store is out of reach) are withheld: the client gets
+  seed 004's `-32000` for that id instead, and the latter is audited as failed.
+
+No answer leaves without a record, and no record says other than what the client got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from proxy.audit import AuditRecord, AuditSink
+from proxy.auth.principal import Principal
+from proxy.chain import CallContext, Chain
+from proxy.errors import (
+    Cancelled,
+    GatewayError,
+    StoreUnavailable,
+    UpstreamStreamCut,
+    render,
+    sse_event,
+)
+from proxy.jsonrpc import McpMessage, response_outcome, upstream_error_type
+from proxy.mcp import guards
+from proxy.mcp.relay import StreamRelay
+from proxy.mcp.sse import EventSplitter, event_data, with_data
+from proxy.state import Session
+from proxy.state.inflight import EndReason, call_key
+from proxy.state.resumable import UNANSWERED, Claimed, ResumableStore
+
+log = logging.getLogger("tollhouse.resume")
+
+# how long past the call's own deadline a resumed stream may still bring its answer
+RESUME_GRACE_S = 300.0
+# the params a result rule reads (what the call names); never its arguments
+_NAMING = ("name", "uri")
+
+
+def context(msg: McpMessage, record: AuditRecord, ctx: CallContext, started_at: float
+            ) -> dict[str, Any]:
+    """What a resumed answer's record and rewrite need of the call; never an argument."""
+    params = msg.params or {}
+    return {"method": msg.method, "params": {k: params[k] for k in _NAMING if k in params},
+            "tool": record.tool, "call_id": record.call_id, "note": ctx.audit_note,
+            "session_hash": record.session_hash, "upstream": record.upstream,
+            "bytes_in": record.bytes_in, "trace_id": record.trace_id,
+            "upstream_url": ctx.upstream_url, "era": ctx.era, "started_at": started_at}
+
+
+class Resumption:
+    """The two ends: `remembering` for the replica that runs a call, `settle` for the one
+    that relays a resumed stream."""
+
+    def __init__(self, store: ResumableStore, audit: AuditSink) -> None:
+        self.store = store
+        self.audit = audit
+
+    def remembering(self, key: str, ttl_s: float, build: Callable[[], dict[str, Any]]
+                    ) -> Callable[[], Awaitable[bool]]:
+        """The relay's `on_resumable`: the call's context kept, once the upstream's stream
+        shows an event id (so only for resumable streams); False when it could not be kept
+        (a resumed answer is then withheld)."""
+
+        async def remember() -> bool:
+            try:
+                await self.store.remember(key, build(), ttl_s)
+            except StoreUnavailable as exc:
+                log.warning("a resumable call's context could not be kept (%s): an answer on "
+                            "a resumed stream will be withheld", exc.audit_reason)
+                return False
+            return True
+
+        return remember
+
+    async def settle(self, chain: Chain, endpoint: str, session: Session,
+                     principal: Principal, obj: dict[str, Any], event: bytes) -> bytes:
+        """What goes out in place of `event`, the answer `obj` replayed on a resumed stream."""
+        request_id = obj.get("id")
+        key = call_key(endpoint, principal.key, session.id, request_id)
+        try:
+            claimed = await self.store.claim(key)
+        except StoreUnavailable as exc:
+            log.warning("a resumed answer withheld: the store is out of reach (%s)",
+                        exc.audit_reason)
+            claimed = None
+        if claimed is None:
+            return await self._withheld(endpoint, session, principal, request_id)
+        if claimed.state == UNANSWERED:  # the call ended unanswered, and was recorded so
+            return sse_event(render(Cancelled(EndReason.DISCONNECTED), request_id)[2])
+        record = self._record(endpoint, session, principal, request_id, claimed)
+        outcome = response_outcome(obj, request_id)
+        ok, error = outcome if outcome is not None else (False, "not a JSON-RPC response")
+        msg, ctx = _call(claimed.context, endpoint, principal, session, request_id)
+        out = event
+        try:
+            rewrite = chain.rewriter(msg, ctx)
+            result = obj.get("result")
+            if ok and rewrite is not None and isinstance(result, dict) and rewrite(result):
+                out = with_data(event, orjson.dumps(obj))
+        except GatewayError as exc:  # a rule that refuses the result answers instead
+            record.fail(exc)
+            out = sse_event(render(exc, request_id)[2])
+        else:
+            if not ok:
+                record.status, record.error_message = "error", error
+                record.error_type = upstream_error_type(error or "")
+        if not claimed.open:  # recorded by the call's own replica: delivered again only
+            return out
+        record.note = _noted(ctx.audit_note, "answered on a resumed stream")
+        record.bytes_out = len(out)
+        if not await self._write(record):
+            return sse_event(render(StoreUnavailable("the audit log"), request_id)[2])
+        return out
+
+    def _record(self, endpoint: str, session: Session, principal: Principal,
+                request_id: Any, claimed: Claimed) -> AuditRecord:
+        c = claimed.context
+        return AuditRecord(
+            endpoint=endpoint, method=c.get("method"), request_id=guards.id_text(request_id),
+            principal=principal.subject, tool=c.get("tool"), era=c.get("era") or "legacy",
+            session_hash=session.id_hash, call_id=c.get("call_id"), upstream=c.get("upstream"),
+            bytes_in=int(c.get("bytes_in") or 0), trace_id=c.get("trace_id") or "",
+            duration_ms=max(0.0, (time.time() - float(c.get("started_at") or 0)) * 1000))
+
+    async def _withheld(self, endpoint: str, session: Session, principal: Principal,
+                        request_id: Any) -> bytes:
+        exc = UpstreamStreamCut("upstream answer on a resumed stream withheld: no replica "
+                                "kept its call to record it")
+        record = AuditRecord(endpoint=endpoint, request_id=guards.id_text(request_id),
+                             principal=principal.subject, session_hash=session.id_hash)
+        record.fail(exc)
+        out = sse_event(render(exc, request_id)[2])
+        record.bytes_out = len(out)
+        await self._write(record)  # withheld either way
+        return out
+
+    async def _write(self, record: AuditRecord) -> bool:
+        record.accepted = True
+        return await self.audit.write(record)
+
+
+def _call(c: dict[str, Any], endpoint: str, principal: Principal, session: Session,
+          request_id: Any) -> tuple[McpMessage, CallContext]:
+    """The call as the rules that read its result see it: method, what it names, who."""
+    params = c.get("params") if isinstance(c.get("params"), dict) else {}
+    msg = McpMessage("request", request_id, c.get("method"), params, b"")
+    ctx = CallContext(principal, endpoint, str(c.get("upstream_url") or ""),
+                      era=str(c.get("era") or "legacy"), session_hash=session.id_hash,
+                      api_key_id=principal.api_key_id)
+    ctx.call_id, ctx.audit_note = c.get("call_id"), c.get("note")
+    return msg, ctx
+
+
+def _noted(note: str | None, text: str) -> str:
+    return text if not note else f"{note}; {text}"
+
+
+class ResumedRelay(StreamRelay):
+    """A resumed stream (a GET with `Last-Event-ID`): each event read whole, up to `limit`;
+    an answer (a JSON-RPC response) goes out as `settle` returns it, the rest as it came. An
+    event past the limit, or an upstream that breaks, ends the stream (the client may resume
+    again)."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], close: Callable[[], Awaitable[None]], *,
+                 settle: Callable[[dict[str, Any], bytes], Awaitable[bytes]], limit: int,
+                 **kwargs: Any) -> None:
+        super().__init__(chunks, close, **kwargs)
+        self._settle = settle
+        self._whole = EventSplitter(limit)
+
+    async def _next(self) -> bytes:
+        while not self._finished:
+            try:
+                events = self._whole.feed(await self._chunks.__anext__())
+            except StopAsyncIteration:
+                break
+            except asyncio.CancelledError:
+                self.disconnected = True
+                await self.aclose()
+                raise
+            except ValueError:
+                log.warning("a resumed stream ended: an event past server.max_response_bytes")
+                break
+            except GatewayError:  # the upstream broke, or a drain closed it
+                break
+            out = [await self._resumed(event) for event in events]
+            if out:
+                return b"".join(out)
+        self._finished = True
+        await self.aclose()
+        raise StopAsyncIteration
+
+    async def _resumed(self, event: bytes) -> bytes:
+        data = event_data(event)
+        if not data:
+            return event
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return event  # not a message: nothing to settle
+        if not isinstance(obj, dict) or "method" in obj or "id" not in obj:
+            return event  # a notification or an upstream request: as on any GET stream
+        return await self._settle(obj, event)
