@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
+import pytest
 import jwt
 import orjson
 from quart import Quart
@@ -947,7 +948,9 @@ async def consented_tokens(e: Env, browser: httpx.AsyncClient, client_id: str,
     assert consent is not None
     back = await browser.post(f"{e.url}/oauth/authorize", headers={"Origin": e.url},
                               data={"consent": consent.group(1), "decision": "allow"})
-    code = parse_qs(urlsplit(back.headers["location"]).query)["code"][0]
+    answered = parse_qs(urlsplit(back.headers["location"]).query)
+    assert "code" in answered, answered.get("error")
+    code = answered["code"][0]
     return await token_request(e, {"grant_type": "authorization_code", "code": code,
                                    "redirect_uri": REDIRECT, "code_verifier": verifier,
                                    "client_id": client_id})
@@ -970,21 +973,30 @@ async def test_a_role_grants_access_through_allow_groups(tmp_path: Path) -> None
             prm = await anonymous.get(f"{e.url}/.well-known/oauth-protected-resource/mcp/teamed")
         assert prm.status_code == 200 and prm.json()["resource"] == f"{e.url}/mcp/teamed"
         client_id = await oauth_client(e)
+        # without the role, pat is refused at consent (a token every call would refuse helps
+        # nobody: issue 45): the client is sent access_denied
+        browser = await signed_in(e, "pat", "pat-password")
+        try:
+            with pytest.raises(AssertionError, match="access_denied"):
+                await consented_tokens(e, browser, client_id, "teamed")
+        finally:
+            await browser.aclose()
+        given = await e.admin.patch(e.api("/users/pat"), json={"roles": ["ops"]})
+        assert given.status_code == 200
         browser = await signed_in(e, "pat", "pat-password")
         try:
             tokens = await consented_tokens(e, browser, client_id, "teamed")
         finally:
             await browser.aclose()
-        refused = await mcp_call(e, "teamed", tokens["access_token"])
-        assert refused.status_code == 403, refused.text
-        # given the role: the gateway reads who a token's user is now, so the token issued
-        # before the change opens the endpoint on its next call
-        given = await e.admin.patch(e.api("/users/pat"), json={"roles": ["ops"]})
-        assert given.status_code == 200
         allowed = await mcp_call(e, "teamed", tokens["access_token"])
         assert ok(allowed) and allowed.json()["result"]["content"][0]["text"] == "hi"
-        assert jwt.decode(tokens["access_token"], options={"verify_signature": False}
-                          )["groups"] == []  # not because the token says so
+        # the gateway reads who a token's user is now: the role taken away closes the
+        # endpoint to the token that carries it, and given back opens it again
+        await e.admin.patch(e.api("/users/pat"), json={"roles": []})
+        refused = await mcp_call(e, "teamed", tokens["access_token"])
+        assert refused.status_code == 403, refused.text
+        await e.admin.patch(e.api("/users/pat"), json={"roles": ["ops"]})
+        assert ok(await mcp_call(e, "teamed", tokens["access_token"]))
         # and a new token (here by refresh, which reads the user again) carries the role
         tokens = await refreshed(e, client_id, tokens)
         assert jwt.decode(tokens["access_token"], options={"verify_signature": False}
