@@ -37,6 +37,7 @@ from proxy.auth.keys import KeyIndex
 from proxy.bodycap import BodyCap
 from proxy.chain import Chain
 from proxy.config import Config, parse_networks
+from proxy.confine import Environment
 from proxy.connect import routes as connect_routes
 from proxy.connect.guarded import GuardedClient
 from proxy.connect.manager import Connections
@@ -423,9 +424,10 @@ class Serving:
                         len(self.gateway.inflight), grace_s)
         return left
 
-    async def reload(self, path: Path) -> bool:
-        """SIGHUP: the config file at `path` applied from the next call (proxy.reload)."""
-        return await reload.reload(self, path)
+    async def reload(self, path: Path, env: Environment | None = None) -> bool:
+        """SIGHUP: the config file at `path` applied from the next call (proxy.reload), its
+        `${VAR}`s read from `env` (os.environ without it)."""
+        return await reload.reload(self, path, env)
 
     async def close(self) -> None:
         parts = self.parts

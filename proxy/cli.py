@@ -116,10 +116,11 @@ def _config_arg(p: argparse.ArgumentParser) -> None:
                    help="path to the TOML config (default: $TOLLHOUSE_CONFIG)")
 
 
-def _load(args: argparse.Namespace) -> tuple[Config, Path]:
+def _load(args: argparse.Namespace,
+          env: Mapping[str, str] | None = None) -> tuple[Config, Path]:
     if not args.config:
         raise ConfigError("config: no file given: pass --config PATH or set TOLLHOUSE_CONFIG")
-    return load(args.config), Path(args.config).resolve().parent
+    return load(args.config, env), Path(args.config).resolve().parent
 
 
 def _logging(level: str, prefix: str = "", log_format: str = "text") -> None:
@@ -131,21 +132,21 @@ def _logging(level: str, prefix: str = "", log_format: str = "text") -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    cfg, base_dir = _load(args)
-    _check_secrets(cfg, base_dir, os.environ)
+    env = confine.Environment(os.environ)  # from here on the config and secrets read this
+    cfg, base_dir = _load(args, env)
+    _check_secrets(cfg, base_dir, env)
     _logging(args.log_level, log_format=cfg.observability.log_format)
-    confine.undumpable()  # its environment holds the secrets: closed to what it starts
+    confine.undumpable()  # the environment of its exec holds the secrets: closed to others
+    env.withdraw()  # and os.environ holds them no more
     if cfg.server.workers > 1:
-        return _serve_workers(cfg, Path(args.config).resolve(), args.log_level)
-    from proxy.app import create_app
-
+        return _serve_workers(cfg, Path(args.config).resolve(), args.log_level, env)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler reloads
-    app = create_app(cfg, base_dir=base_dir)
+    app = serving_app(cfg, base_dir, env)
     tune_collector(app, cfg.server)
     log.info("tollhouse listening on %s, endpoints: %s", cfg.server.listen, _endpoints(cfg))
     try:
         run_loop(_run_hypercorn(app, [cfg.server.listen], cfg.server.shutdown_grace_s,
-                                config_path=Path(args.config).resolve()),
+                                config_path=Path(args.config).resolve(), env=env),
                  cfg.server.event_loop)
     except OSError as exc:
         print(f"tollhouse: cannot listen on {cfg.server.listen}: {exc.strerror}",
@@ -154,11 +155,23 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def serving_app(cfg: Config, base_dir: Path, env: confine.Environment) -> Any:
+    """The app `serve` (or a worker) runs, with the secrets it reads by name taken from `env`,
+    the environment it started with, never from os.environ."""
+    from proxy.app import create_app
+    from proxy.connect.vault import keys_from_env
+
+    per_user = any(u.auth == "per_user" for u in cfg.upstreams)
+    return create_app(cfg, base_dir=base_dir, secret_key=env.get("TOLLHOUSE_SECRET_KEY", ""),
+                      vault_keys=keys_from_env(env) if per_user else None)
+
+
 def _endpoints(cfg: Config) -> str:
     return ", ".join(f"/mcp/{u.name}" for u in cfg.upstreams) or "(none)"
 
 
-def _serve_workers(cfg: Config, config_path: Path, log_level: str) -> int:
+def _serve_workers(cfg: Config, config_path: Path, log_level: str,
+                   env: confine.Environment) -> int:
     """`server.workers` > 1 (proxy.workers): the address bound and the schema migrated here,
     once, before any worker starts; then the workers, supervised until a stop signal."""
     from proxy import workers
@@ -183,7 +196,7 @@ def _serve_workers(cfg: Config, config_path: Path, log_level: str) -> int:
             log.info("tollhouse listening on %s with %d workers, endpoints: %s", where,
                      cfg.server.workers, _endpoints(cfg))
 
-        return workers.serve(cfg, config_path, sock, log_level, announce)
+        return workers.serve(cfg, config_path, sock, log_level, announce, env)
 
 
 def _check_secrets(cfg: Config, base_dir: Path, env: Mapping[str, str]) -> None:
@@ -336,12 +349,14 @@ def run_loop(main: Coroutine[Any, Any, T], event_loop: str = "asyncio") -> T:
 async def _run_hypercorn(app: Any, binds: list[str], grace_s: float,
                          stop: asyncio.Event | None = None,
                          on_signal: Callable[[int], None] | None = None,
-                         config_path: Path | None = None) -> None:
+                         config_path: Path | None = None,
+                         env: confine.Environment | None = None) -> None:
     """Serve `app` until SIGINT/SIGTERM (or `stop`); `on_signal` hears which signal stopped
     it. A stop signal drains a Tollhouse app first (`Serving.drain`: new calls refused, calls
     in flight given up to `grace_s`), then Hypercorn closes the connections within what is
     left of it; a second stop signal changes nothing. With `config_path`, SIGHUP reloads the
-    config from it (`Serving.reload`)."""
+    config from it (`Serving.reload`), its `${VAR}`s read from `env`, the environment the
+    process started with (os.environ without it)."""
     from hypercorn.asyncio import serve
     from hypercorn.config import Config as HyperConfig
 
@@ -389,7 +404,7 @@ async def _run_hypercorn(app: Any, binds: list[str], grace_s: float,
         if serving is None or config_path is None:
             return
         async with reloading:
-            await serving.reload(config_path)
+            await serving.reload(config_path, env)
             refreeze()
 
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -22,6 +22,7 @@ from policies import build_egress, default_policies
 from policies.access import Access
 from proxy.chain import Chain
 from proxy.config import Config, ConfigError, UpstreamConfig, load, validate
+from proxy.confine import Environment
 from proxy.live import Live
 from proxy.metering import build_backend
 from proxy.observability.metrics import timed
@@ -37,12 +38,18 @@ FIXED = ("server", "auth", "database", "state", "oauth_server", "egress.metadata
          "observability")  # the metrics, tracer and log format are built once, at start
 
 
-async def reload(serving: Serving, path: Path) -> bool:
+async def reload(serving: Serving, path: Path, env: Environment | None = None) -> bool:
     """SIGHUP: apply the config file at `path` from the next call on, as the module says.
-    One log line either way; a file that fails changes nothing."""
+    One log line either way; a file that fails changes nothing. `${VAR}` is read from `env`,
+    the environment the process started with (its secrets are out of os.environ), and a
+    name read for the first time leaves os.environ as well."""
     try:
         running = serving.gateway.live.cfg
-        read = await asyncio.to_thread(load, path)  # off the loop: files are read
+        try:
+            read = await asyncio.to_thread(load, path, env)  # off the loop: files are read
+        finally:
+            if env is not None:
+                env.withdraw()
         fixed = fixed_changes(running, read)
         cfg = applied(running, read)
         await asyncio.to_thread(validate, cfg, path.parent)

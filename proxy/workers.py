@@ -12,9 +12,11 @@ request of a session may land on any worker, which is why more than one worker n
 Why exec and not fork: nothing of the supervisor (threads, a Redis connection, an event loop,
 pooled database connections) can leak into a worker half-initialised, and a restarted worker
 starts exactly like the first ones. A worker does not read the config file at start: the
-supervisor sends it the config it checked (pickled on the worker's stdin, with the file's path,
-secrets included, never logged), so a worker restarted after the file was edited still matches
-its siblings. SIGHUP to the supervisor checks the file once (a broken one is one log line, and
+supervisor sends it the config it checked (pickled on the worker's stdin, with the file's path
+and the environment `serve` started with, secrets included, never logged), so a worker
+restarted after the file was edited still matches its siblings. A worker's own environment is
+the supervisor's os.environ, which no longer holds a secret (`confine.Environment`): a worker
+reads its secrets and, on a reload, the file's `${VAR}`s from the copy it was sent. SIGHUP to the supervisor checks the file once (a broken one is one log line, and
 nothing is forwarded), keeps the result for the workers it starts later, and forwards SIGHUP to
 every worker that serves (one still starting gets it once it serves); each worker then re-reads
 the file and applies it to its next call (`Serving.reload`).
@@ -68,6 +70,7 @@ from prometheus_client.multiprocess import mark_process_dead
 
 from proxy import confine
 from proxy.config import Config
+from proxy.confine import Environment
 from proxy.observability.metrics import MULTIPROC_ENV
 
 log = logging.getLogger("tollhouse.workers")
@@ -134,6 +137,8 @@ class Supervisor:
     log_level: str
     announce: Callable[[], None]  # the one "listening" line, once the first worker serves
     clock: Callable[[], float] = time.monotonic
+    # the environment serve started with: the file's ${VAR}s and the workers' secrets
+    env: Environment = field(default_factory=lambda: Environment(os.environ))
     slots: list[_Slot] = field(default_factory=list)
     stopping: bool = False
     unclean: bool = False  # a worker stopped by an error or a kill, not by draining
@@ -324,7 +329,7 @@ class Supervisor:
         self._selector.register(ready_r, selectors.EVENT_READ, slot)
         assert proc.stdin is not None
         try:
-            proc.stdin.write(pickle.dumps((self.cfg, self.config_path)))
+            proc.stdin.write(pickle.dumps((self.cfg, self.config_path, self.env.copy())))
             slot.config = self.cfg
             proc.stdin.close()
         except BrokenPipeError:  # it died at once; _reap tells
@@ -339,7 +344,10 @@ class Supervisor:
         from proxy.reload import applied
 
         try:
-            cfg = applied(self.cfg, load(self.config_path))
+            try:
+                cfg = applied(self.cfg, load(self.config_path, self.env))
+            finally:
+                self.env.withdraw()  # a ${VAR} named for the first time leaves os.environ
             validate(cfg, self.base_dir)
         except ConfigError as exc:
             log.error("SIGHUP: config reload from %s refused, nothing changed: %s",
@@ -407,9 +415,9 @@ def _how(code: int) -> str:
 
 
 def serve(cfg: Config, config_path: Path, sock: socket.socket, log_level: str,
-          announce: Callable[[], None]) -> int:
+          announce: Callable[[], None], env: Environment) -> int:
     """Run `cfg.server.workers` workers on `sock` until stopped; the exit status."""
-    return Supervisor(cfg, config_path, sock, log_level, announce).run()
+    return Supervisor(cfg, config_path, sock, log_level, announce, env=env).run()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,24 +454,25 @@ def worker_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler reloads
     _follow_parent(args.parent)
-    cfg, config_path = pickle.loads(sys.stdin.buffer.read())
+    cfg, config_path, values = pickle.loads(sys.stdin.buffer.read())
     assert isinstance(cfg, Config) and isinstance(config_path, Path)
+    env = Environment(values)
     base_dir = config_path.parent
     with open(os.devnull, "rb") as null:
         os.dup2(null.fileno(), 0)
 
     from proxy import cli
-    from proxy.app import create_app
     from proxy.config import ConfigError
 
     cli._logging(args.log_level, prefix=f"worker={args.index} pid={os.getpid()} ",
                  log_format=cfg.observability.log_format)
-    confine.undumpable()  # as the supervisor: its environment holds the secrets
+    confine.undumpable()  # as the supervisor: its memory holds the secrets
     try:
-        app = create_app(cfg, base_dir=base_dir)
+        app = cli.serving_app(cfg, base_dir, env)
     except ConfigError as exc:
         print(f"tollhouse: {exc}", file=sys.stderr)
         return 2
+    env.withdraw()  # as serve does (its os.environ, the supervisor's, holds none of them)
     index, ready_fd = args.index, args.ready_fd
     cli.tune_collector(app, cfg.server)  # before the readiness below: it runs first
 
@@ -482,7 +491,7 @@ def worker_main(argv: list[str] | None = None) -> int:
                  signal.Signals(signum).name)
 
     cli.run_loop(cli._run_hypercorn(app, [f"fd://{args.fd}"], cfg.server.shutdown_grace_s,
-                                    on_signal=stopping, config_path=config_path),
+                                    on_signal=stopping, config_path=config_path, env=env),
                  cfg.server.event_loop)
     log.info("worker %d (pid %d) stopped", index, os.getpid())
     return 0
