@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from mcp import types
 
-from proxy import cli
+from proxy import cli, confine
 from proxy.config import ConfigError, from_dict
 from proxy.oauth.keys import KeyRing
 from tests import helpers, state_backends
@@ -315,3 +315,23 @@ async def test_a_reload_reads_the_environment_serve_started_with(tmp_path: Path,
             report = await _environment(gw)
     _holds_none(report, {"TOLLHOUSE_SECRET_KEY", "IDP_SECRET", "UPSTREAM_KEY", "LATER_KEY"})
     assert report["marked"] == []
+
+
+def test_what_leaves_the_environment_and_what_stays(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    """Every variable a ${VAR} read and every TOLLHOUSE_* one leave os.environ; the process's
+    own stay even when the config names them, and one nothing read stays."""
+    for name in [n for n in os.environ if n.startswith("TOLLHOUSE_")]:  # (the suite's own)
+        monkeypatch.delenv(name)  # back when the test ends, as is everything set below
+    for name, value in {"UP_TOKEN": "t", "TOLLHOUSE_UNREAD": "u", "UNREAD": "v",
+                        "HOME": str(tmp_path), "LC_ALL": "C.UTF-8"}.items():
+        monkeypatch.setenv(name, value)
+    env = confine.Environment(os.environ)
+    cfg = from_dict({"upstreams": [{"name": "a", "url": "http://127.0.0.1:9/mcp", "headers": {
+        "X-Token": "${UP_TOKEN}", "X-Home": "${HOME}", "X-Lc": "${LC_ALL}"}}]}, env=env)
+    assert cfg.upstreams[0].headers["X-Token"] == "t"
+    assert sorted(env.withdraw()) == ["TOLLHOUSE_UNREAD", "UP_TOKEN"]
+    assert "UP_TOKEN" not in os.environ and "TOLLHOUSE_UNREAD" not in os.environ
+    assert (os.environ["HOME"], os.environ["LC_ALL"], os.environ["UNREAD"]) == (
+        str(tmp_path), "C.UTF-8", "v")
+    assert env.copy()["UP_TOKEN"] == "t"  # the private copy keeps it, for reloads and workers
