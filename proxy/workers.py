@@ -16,10 +16,11 @@ supervisor sends it the config it checked (pickled on the worker's stdin, with t
 and the environment `serve` started with, secrets included, never logged), so a worker
 restarted after the file was edited still matches its siblings. A worker's own environment is
 the supervisor's os.environ, which no longer holds a secret (`confine.Environment`): a worker
-reads its secrets and, on a reload, the file's `${VAR}`s from the copy it was sent. SIGHUP to the supervisor checks the file once (a broken one is one log line, and
-nothing is forwarded), keeps the result for the workers it starts later, and forwards SIGHUP to
-every worker that serves (one still starting gets it once it serves); each worker then re-reads
-the file and applies it to its next call (`Serving.reload`).
+reads its secrets and, on a reload, the file's `${VAR}`s from the copy it was sent. SIGHUP to
+the supervisor checks the file once (a broken one is one log line, and nothing is forwarded),
+keeps the result for the workers it starts later, and forwards SIGHUP to every worker that
+serves (one still starting gets it once it serves); each worker then re-reads the file and
+applies it to its next call (`Serving.reload`).
 
 Supervision:
 - The first worker starts alone; the others only once it serves. A first worker that exits
@@ -310,7 +311,7 @@ class Supervisor:
         ready_r, ready_w = os.pipe()
         listen_fd = self.sock.fileno()
         root = str(Path(__file__).resolve().parent.parent)  # this very `proxy` package
-        env = dict(os.environ)
+        env = dict(os.environ)  # without the secrets: serve withdrew them (confine.Environment)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         env[MULTIPROC_ENV] = self.metrics_dir
         argv = [sys.executable, "-m", "proxy.workers", "--index", str(slot.index),
