@@ -9,7 +9,7 @@ a database driver (tests/policies/test_imports.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from policies.access import Access
 from policies.egress import Destinations, Egress, UpstreamEgress
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from proxy.chain import Policy
     from proxy.config import Config
     from proxy.egress import IPNetwork
+    from proxy.published import Published
     from proxy.state.ratelimit import RateLimitStore
 
 
@@ -40,14 +41,16 @@ def build_egress(cfg: Config, destinations: Destinations,
 def default_policies(cfg: Config, metering: MeteringBackend | None = None,
                      egress: Egress | None = None,
                      rate_limits: RateLimitStore | None = None,
-                     pins: Pins | None = None, hidden: Hidden | None = None) -> list[Policy]:
+                     pins: Pins | None = None, hidden: Hidden | None = None,
+                     added_access: Published[Any] | None = None) -> list[Policy]:
     """The policies this config asks for; a policy with nothing to decide is left out, so it
     costs nothing on the hot path. `rate_limits` is the buckets' store, built with the other
     live state at start-up (proxy.state.open_stores); it is needed when the config has rate
-    limits."""
+    limits. `added_access` is where the management API's registries publish the rules of
+    what they add (`Access.published()`), the same table across reloads."""
     policies: list[Policy] = []
     if Access.wanted(cfg) or cfg.auth.mode == "jwt":  # the API may add rules at run time
-        policies.append(Access(cfg))
+        policies.append(Access(cfg, added_access))
     if cfg.rate_limits:
         if rate_limits is None:
             raise ValueError("rate limits are configured but no rate-limit store was given")

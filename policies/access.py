@@ -20,6 +20,7 @@ from proxy.chain import CallContext
 from proxy.config import AccessConfig, Config
 from proxy.errors import Forbidden, HiddenTool
 from proxy.jsonrpc import McpMessage
+from proxy.published import Published
 
 _REMEMBERED = 4096  # names (or group sets) whose verdict a profile (or rule set) keeps
 
@@ -128,24 +129,28 @@ class Access:
     name: ClassVar[str] = "access"
     order: ClassVar[int] = 100
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, added: Published[_Rules] | None = None) -> None:
+        """`added`: the rules of the endpoints the management API added (`published()`),
+        which its registries publish; the config file's are compiled here."""
         self._rules = {u.name: _compile(u.access) for u in cfg.upstreams}
         self._rules.update({e.name: _compile(e.access) for e in cfg.endpoints})
+        self._added = added if added is not None else self.published()
         self._public_url = cfg.server.public_url.rstrip("/")
 
-    def set(self, endpoint: str, access: AccessConfig | None) -> None:
-        """An endpoint's rules changed (the management API): they apply from the next call."""
-        if access is None:
-            self._rules.pop(endpoint, None)
-        else:
-            self._rules[endpoint] = _compile(access)
+    @staticmethod
+    def published() -> Published[_Rules]:
+        """The table the management API's rules are published in (endpoint -> AccessConfig)."""
+        return Published(_compile)
+
+    def _of(self, endpoint: str) -> _Rules | None:
+        return self._rules.get(endpoint) or self._added.current.get(endpoint)
 
     def refusal(self, endpoint: str, principal: Principal) -> str | None:
         """Why `principal` may not use `endpoint` at all, or None: what the consent page
         answers before a token is issued that every call would refuse. Names the rules (and a
         bare name in allow_subjects that differs from the caller's subject only by its
         `local:` prefix), never other people's names."""
-        rules = self._rules.get(endpoint)
+        rules = self._of(endpoint)
         if rules is None or not rules.restricts or _admitted(rules, principal):
             return None
         why = (f"{principal.subject} is not in the access rules of endpoint {endpoint} "
@@ -164,7 +169,7 @@ class Access:
             any(e.access != AccessConfig() for e in cfg.endpoints)
 
     async def check(self, call: McpMessage, ctx: CallContext) -> None:
-        rules = self._rules.get(ctx.endpoint)
+        rules = self._rules.get(ctx.endpoint) or self._added.current.get(ctx.endpoint)
         if rules is None:
             return
         principal = ctx.principal
@@ -196,7 +201,7 @@ class Access:
         listing = _LISTS.get(call.method or "")
         if listing is None:  # (a tools/call: the common case)
             return None
-        rules = self._rules.get(ctx.endpoint)
+        rules = self._of(ctx.endpoint)
         if rules is None or not rules.filters:
             return None
         key, field, kind = listing

@@ -49,6 +49,8 @@ from proxy.live import Live
 from proxy.mcp.asgi import McpEdge
 from proxy.mcp.gateway import Gateway
 from proxy.metering import OutboxWorker, build_backend
+from proxy.mirror import POLL_S as REGISTRY_POLL_S
+from proxy.mirror import Mirrors
 from proxy.oauth import keys as oauth_keys
 from proxy.oauth import routes as oauth_routes
 from proxy.oauth.cap import OAuthBodyCap
@@ -63,7 +65,7 @@ from proxy.people.accounts import Accounts
 from proxy.people.live import LiveUsers
 from proxy.people.signin import Web
 from proxy.pins import DatabasePins
-from proxy.registry import POLL_S as REGISTRY_POLL_S
+from proxy.published import Published
 from proxy.registry import Registry
 from proxy.seen import LastSeen
 from proxy.state import Stores, open_stores
@@ -288,7 +290,7 @@ class Serving:
     upstream: UpstreamClient
     audit: AuditSink
     registry: Registry
-    registry_watch: asyncio.Task[None]
+    mirrors: Mirrors  # the registry's, the virtual endpoints', the pins' and the keys'
     keys: KeyIndex | None
     worker_task: asyncio.Task[None] | None
     destinations: Destinations
@@ -299,12 +301,16 @@ class Serving:
     pin_store: DatabasePins | None = None
     pins: Pins | None = None
     hidden: Hidden | None = None
+    added_access: Published[Any] | None = None  # the API's rules, which its registries publish
 
     @classmethod
     async def open(cls, parts: Parts, app: Quart) -> Serving:
         cfg, given, state = parts.cfg, parts.given, parts.state
+        mirrors = Mirrors(given.registry_poll_s)
+        added_access, added_destinations = Access.published(), Destinations.published()
         destinations = Destinations((), given.resolver or SystemResolver(),
-                                    parse_addresses(cfg.egress.metadata_addresses))
+                                    parse_addresses(cfg.egress.metadata_addresses),
+                                    added=added_destinations)
         egress = build_egress(cfg, destinations, parts.trusted)
         upstream = UpstreamClient(given.upstream_transport, destinations=destinations)
         database = parts.database
@@ -319,18 +325,16 @@ class Serving:
             audit.on_fallback = metrics.audit_fallback.inc
         backend = timed(build_backend(cfg.metering, upstream.http), metrics) \
             if cfg.metering.enabled else None
-        pin_store = DatabasePins(parts.database)
-        pins, hidden = Pins(pin_store), Hidden()  # read at start-up, then kept in step
+        pin_store = DatabasePins(parts.database, mirrors)
+        pins, hidden = pin_store.pins, Hidden()  # read at start-up, then kept in step
         chain = Chain(default_policies(cfg, metering=backend, egress=egress,
                                        rate_limits=parts.stores.rate_limits,
-                                       pins=pins, hidden=hidden))
-        keys = KeyIndex(parts.database) if cfg.auth.mode == "jwt" else None
-        access = next((p for p in chain.policies if isinstance(p, Access)), None)
-        registry = Registry(cfg, parts.routes, egress, access, parts.database,
-                            poll_s=given.registry_poll_s)
+                                       pins=pins, hidden=hidden, added_access=added_access))
+        keys = KeyIndex(parts.database, mirrors) if cfg.auth.mode == "jwt" else None
+        registry = Registry(cfg, parts.routes, mirrors, added_access, added_destinations,
+                            parts.database)
         virtual = {e.name: VirtualRoute.from_config(e) for e in cfg.endpoints}
-        endpoints = Endpoints(cfg, virtual, registry, access, parts.database,
-                              poll_s=given.registry_poll_s)
+        endpoints = Endpoints(cfg, virtual, registry, mirrors, added_access, parts.database)
         registry.reserved = virtual.__contains__
         state.api = Api(registry, keys, parts.database, parts.web, parts.stores.lockouts,
                         parts.web.accounts if parts.web is not None
@@ -364,9 +368,7 @@ class Serving:
                                         _people_attributes(parts, state.api.accounts))
         if parts.connections is not None:  # per_user with a per-caller URL: whose server
             parts.connections.people = state.gateway.tenants.people
-        watch = asyncio.get_running_loop().create_task(registry.watch())
-        endpoints.start()
-        pin_store.start(pins, given.registry_poll_s)  # decisions of other processes, polled
+        mirrors.start()  # what other processes change: servers, endpoints, pins, polled
         assert state.api.seen is not None
         await state.api.seen.start()
         await parts.stores.start()
@@ -374,8 +376,9 @@ class Serving:
         if metrics is not None and metrics.multiproc_dir is not None:
             # one of several workers: its own gauges reach a scrape on any of them
             sampler = asyncio.get_running_loop().create_task(_sample(metrics, audit))
-        serving = cls(parts, upstream, audit, registry, watch, keys, None, destinations, backend,
-                      sampler=sampler, pin_store=pin_store, pins=pins, hidden=hidden)
+        serving = cls(parts, upstream, audit, registry, mirrors, keys, None, destinations,
+                      backend, sampler=sampler, pin_store=pin_store, pins=pins, hidden=hidden,
+                      added_access=added_access)
         serving.deliver_through(backend)
         return serving
 
@@ -438,6 +441,7 @@ class Serving:
             grace = max(self.drain_deadline - asyncio.get_running_loop().time(), 1.0)
         if parts.state.gateway is not None:
             await parts.state.gateway.drain(grace)
+        await self.mirrors.stop()
         if self.pin_store is not None:
             await self.pin_store.aclose()
         if parts.state.api is not None and parts.state.api.seen is not None:
@@ -458,13 +462,9 @@ class Serving:
             parts.state.tracing = None
         if parts.connections is not None:
             await parts.connections.aclose()
+        await self.mirrors.aclose()  # the reads in progress gave their connections back
         if self.keys is not None:
             self.keys.close()
-        self.registry_watch.cancel()
-        await asyncio.wait({self.registry_watch}, timeout=5)
-        self.registry.close()
-        if parts.state.api is not None and parts.state.api.endpoints is not None:
-            await parts.state.api.endpoints.close()
         await parts.stores.aclose()
         parts.health.close()
         parts.database.close()

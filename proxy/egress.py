@@ -28,6 +28,7 @@ from typing import Literal, Protocol
 from urllib.parse import urlsplit
 
 from proxy.errors import UpstreamFailure, UpstreamUnavailable
+from proxy.published import Published
 
 Zone = Literal["loopback", "lan", "remote"]
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -240,7 +241,10 @@ class Destinations:
 
     def __init__(self, upstreams: Iterable[UpstreamEgress], resolver: Resolver,
                  metadata: Collection[IPAddress] = _DEFAULT_METADATA,
-                 clock: Callable[[], float] = time.monotonic, pin_ttl_s: float = 30.0) -> None:
+                 clock: Callable[[], float] = time.monotonic, pin_ttl_s: float = 30.0,
+                 added: Published[Destination] | None = None) -> None:
+        """`added`: the destinations of the servers the management API added
+        (`published()`), which its registry publishes; the config file's are `add`ed."""
         self._resolver = resolver
         self._metadata = frozenset(unwrap(ip) for ip in metadata)
         self._clock = clock
@@ -251,8 +255,23 @@ class Destinations:
         # (the addresses it admitted) and not parsed and classified again on every call
         self._literal: dict[str, Sequence[str]] = {}
         self._local: set[str] = set()
+        self._added = added if added is not None else self.published()
+        self._added.on_change.append(self._forget)
         for upstream in upstreams:
             self.add(upstream)
+
+    @staticmethod
+    def published() -> Published[Destination]:
+        """The table the management API's servers are published in (name -> UpstreamEgress
+        with a host: an administrator's URL, checked as the operator's)."""
+        return Published(lambda u: Destination.of(u.host, u.port, u.zones,
+                                                  named_by_operator=True))
+
+    def _forget(self, names: set[str]) -> None:
+        """Published destinations changed or went: what was checked of them is no more."""
+        for name in names:
+            self._pins.pop(name, None)
+            self._literal.pop(name, None)
 
     def add(self, upstream: UpstreamEgress) -> None:
         if not upstream.host:  # a local (stdio) process: nothing is dialled, nothing to check
@@ -280,6 +299,9 @@ class Destinations:
         self._literal.pop(name, None)
         self._local.discard(name)
 
+    def _destination(self, name: str) -> Destination | None:
+        return self._destinations.get(name) or self._added.current.get(name)
+
     def pinned(self, name: str) -> list[str] | None:
         """The addresses checked most recently for `name`, while the pin lasts."""
         pin = self._pins.get(name)
@@ -303,7 +325,7 @@ class Destinations:
             return ()
         addresses = self._literal.get(name)
         if addresses is None:
-            dest = self._destinations.get(name)
+            dest = self._destination(name)
             if dest is None:
                 raise _denied(name, "no egress entry for this upstream")
             try:
@@ -312,7 +334,7 @@ class Destinations:
                 raise _denied(name, str(exc)) from None
             except OSError:
                 raise UpstreamUnavailable() from None
-            if dest.literal is not None and self._destinations.get(name) is dest:
+            if dest.literal is not None and self._destination(name) is dest:
                 self._literal[name] = addresses
         self._pins[name] = _Pin(addresses, self._clock() + self._pin_ttl_s)
         return addresses

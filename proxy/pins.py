@@ -7,17 +7,17 @@ statement its kind needs: a first definition is inserted only if absent, a chang
 noted only where it is not the approved or the rejected one, an approval or rejection lands
 only on the definition the administrator saw. So processes racing on one pin end with one.
 
-Several gateways (and workers) on one database agree like the server registry's: every write
-bumps `tool_pins_version` (a trigger), each process polls it on a timer (`watch`, every
-`poll_s`; never per call) and reloads the view when it moved, and the API's routes `sync`
-first. A decision made through any process reaches the others' edges within `poll_s`. A write
-that fails is logged and the view stands until the next reload shows the database's.
+Several gateways (and workers) on one database agree like the server registry's: the table
+is a mirror (proxy.mirror): every write bumps `tool_pins_version` (a trigger), each process
+polls it on the mirrors' timer (never per call) and reloads the view when it moved, and the
+API's routes `sync` first. A reload is read behind the writes made before it, on the writer.
+A decision made through any process reaches the others' edges within `poll_s`. A write that
+fails is logged and the view stands until the next reload shows the database's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -26,10 +26,10 @@ import orjson
 
 from policies.guardrails.pinning import Change, Pin, Pins
 from proxy.db import Database
+from proxy.mirror import Mirrors
 
 log = logging.getLogger("tollhouse.pins")
 
-POLL_S = 1.0  # how often a process looks for decisions other processes made
 _COLUMNS = ("endpoint", "name", "approved", "definition", "pending", "pending_definition",
             "rejected", "updated_at")
 _KEY = "WHERE endpoint = ? AND name = ?"
@@ -47,27 +47,31 @@ _UPDATES: dict[Change, str] = {
 
 @dataclass(frozen=True, slots=True)
 class _Reload:
-    pins: Pins
-    done: asyncio.Future[None]
+    done: asyncio.Future[tuple[int, list[Pin]]]
 
 
 class DatabasePins:
-    def __init__(self, database: Database) -> None:
+    """The store and the view it keeps in step (`pins`, read when this is made). Without
+    `mirrors`, it has its own, which `aclose` closes; with them, their owner does."""
+
+    def __init__(self, database: Database, mirrors: Mirrors | None = None) -> None:
         self._db = database
+        self._own = mirrors is None
+        self._mirrors = Mirrors() if mirrors is None else mirrors
         self._insert = database.insert_ignore("tool_pins", _COLUMNS)
         self._updates = {change: database.sql(f"UPDATE tool_pins {text}")
                          for change, text in _UPDATES.items()}
         self._queue: asyncio.Queue[tuple[Pin, Change] | _Reload] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._watch: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
-        self._version = -1
+        self._mirror = self._mirrors.mirror(
+            "pinned tool definitions", self._read_version, self._read_all, self._apply,
+            errors=database.errors, load=self._read_behind_writes)
+        self.pins = Pins(self)
 
     # -- reading -------------------------------------------------------------------------------
 
     def load(self) -> list[Pin]:
-        self._version, pins = self._read_all()
-        return pins
+        return self._mirror.load_now()
 
     def _read_all(self) -> tuple[int, list[Pin]]:
         with self._db.transaction() as conn:
@@ -85,29 +89,18 @@ class DatabasePins:
                 "SELECT version FROM tool_pins_version WHERE id = 1"), ()).fetchone()
         return int(row[0]) if row else 0
 
-    def start(self, pins: Pins, poll_s: float = POLL_S) -> None:
-        """Keep `pins` in step with the database, each `poll_s`, until `aclose`."""
-        self._stop = asyncio.Event()
-        self._watch = asyncio.get_running_loop().create_task(self._watching(pins, poll_s))
+    async def _read_behind_writes(self) -> tuple[int, list[Pin]]:
+        done: asyncio.Future[tuple[int, list[Pin]]] = asyncio.get_running_loop().create_future()
+        self._enqueue(_Reload(done))
+        return await done
 
-    async def _watching(self, pins: Pins, poll_s: float) -> None:
-        # stopped between reads, never cancelled inside one: a read's thread holds a connection
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), poll_s)
-            if self._stop.is_set():
-                return
-            try:
-                if await asyncio.to_thread(self._read_version) != self._version:
-                    await self.sync(pins)
-            except self._db.errors as exc:
-                log.warning("pinned tool definitions: cannot read the database (%s)", exc)
+    def _apply(self, pins: list[Pin]) -> None:
+        if self.pins.reload(pins):  # a change made here meanwhile: read again once written
+            self._mirror.stale()
 
-    async def sync(self, pins: Pins) -> None:
+    async def sync(self) -> None:
         """`pins` as the database has them, after every change made here so far is written."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._enqueue(_Reload(pins, done))
-        await done
+        await self._mirror.reload()
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -153,8 +146,8 @@ class DatabasePins:
             try:
                 if isinstance(item, _Reload):
                     await self._reload(item)
-                elif not await asyncio.to_thread(self.write, *item):
-                    self._version = -1  # not as this process saw it: read the row again
+                elif not await self._mirrors.run(self.write, *item):
+                    self._mirror.stale()  # not as this process saw it: read the row again
             except Exception:
                 pin = item[0] if isinstance(item, tuple) else None
                 log.exception("could not write the pin of %s/%s",
@@ -163,16 +156,15 @@ class DatabasePins:
                 self._queue.task_done()
 
     async def _reload(self, item: _Reload) -> None:
-        item.pins.begin_reload()
+        self.pins.begin_reload()
         try:
-            version, pins = await asyncio.to_thread(self._read_all)
+            read = await self._mirrors.run(self._read_all)
         except Exception as exc:  # noqa: BLE001 - whatever it is, the waiter gets it
             if not item.done.done():
                 item.done.set_exception(exc)
             return
-        self._version = -1 if item.pins.reload(pins) else version
         if not item.done.done():
-            item.done.set_result(None)
+            item.done.set_result(read)
 
     async def flush(self) -> None:
         """Every change made so far is written (the API's answers wait for it; so does close)."""
@@ -180,13 +172,11 @@ class DatabasePins:
             await self._queue.join()
 
     async def aclose(self) -> None:
-        if self._watch is not None:
-            self._stop.set()
-            await asyncio.gather(self._watch, return_exceptions=True)
-            self._watch = None
         await self.flush()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
             self._queue = None
+        if self._own:
+            await self._mirrors.aclose()

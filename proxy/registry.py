@@ -8,143 +8,114 @@ policy like every other upstream. Several gateways on one database share the reg
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 from pydantic import ValidationError
 
-from policies.access import Access
-from policies.egress import Egress, UpstreamEgress
 from proxy import db
-from proxy.config import AccessConfig, Config, ToolProfile, UpstreamConfig
+from proxy.config import (
+    AccessConfig,
+    Config,
+    ToolProfile,
+    UpstreamConfig,
+    validate_upstream_egress,
+)
+from proxy.egress import Destination, UpstreamEgress
 from proxy.errors import ApiError, BadRequest, Conflict, Invalid, NotFound
+from proxy.mirror import Mirrors
+from proxy.published import Published
 from proxy.schema import AccessIn, ServerIn, ServerOut
 from proxy.stored import StoredSpecs
 from proxy.upstream import UpstreamRoute
 
 log = logging.getLogger("tollhouse.registry")
 
-POLL_S = 1.0  # how often a gateway looks for changes other gateways made
-
 
 class Registry:
     """The servers, in memory for the edge, in the database for every gateway on it. Writes go
     to the database first (one transaction each, the row's change and its check together) and
-    are applied here only once committed; every gateway polls the `servers_version` counter
-    (`watch`, each `poll_s`) and reloads what changed, and the API's own routes `sync` first,
-    so a change made through any gateway's API reaches this one's edge within `poll_s` and its
-    API at once. `sleep` is what `watch` waits with between polls (tests pass their own)."""
+    are applied here only once committed; the table is a mirror (proxy.mirror) every gateway
+    polls, and the API's own routes `sync` first, so a change made through any gateway's API
+    reaches this one's edge within the mirrors' `poll_s` and its API at once. What the policies
+    read of the servers (their access rules, their egress destinations) is published whole
+    (proxy.published) in `access` and `destinations`."""
 
-    def __init__(self, cfg: Config, routes: dict[str, UpstreamRoute], egress: Egress,
-                 access: Access | None = None, database: db.Target | None = None, *,
-                 poll_s: float = POLL_S,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-        self._poll_s = poll_s
-        self._sleep = sleep
-        self._access = access
+    def __init__(self, cfg: Config, routes: dict[str, UpstreamRoute], mirrors: Mirrors,
+                 access: Published[Any], destinations: Published[Destination],
+                 database: db.Target | None = None) -> None:
         self._public_url = cfg.server.public_url.rstrip("/")
         self._config = {u.name: u for u in cfg.upstreams}
         self._routes = routes
-        self._egress = egress
+        self._access = access
+        self._destinations = destinations
         self._database = db.resolve(cfg.database.url if database is None else database)
         self._rows = StoredSpecs(self._database, "servers", ServerIn, "server")
-        self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-registry")
         self._api: dict[str, ServerIn] = {}
         self.reserved: Callable[[str], bool] = lambda name: False  # names served otherwise
         self.changed: Callable[[], None] | None = None  # told after each change is applied
-        self._lock = asyncio.Lock()
-        self._version = -1
-        self._apply(*self._read_all())
+        self._mirror = mirrors.mirror(
+            "server registry", self._rows.read_version,
+            lambda: self._rows.read_all(lambda name: name in self._config), self._apply,
+            errors=self._database.errors)
+        self._apply(self._mirror.load_now())
 
-    @contextlib.asynccontextmanager
-    async def changing(self) -> AsyncIterator[None]:
-        """Held while a reload swaps the tables this registry writes into (`rebase`), so no
-        write of the API lands in a table being replaced."""
-        async with self._lock:
-            yield
+    def changing(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Held while a reload swaps the config's servers (`rebase`), so no write of the API
+        lands in between."""
+        return self._mirror.changing()
 
-    def rebase(self, cfg: Config, egress: Egress, access: Access | None) -> None:
-        """A reload: the config's servers are now `cfg`'s (their routes already in place),
-        the egress and access tables new ones; every server of the API is installed in them
-        again, as it is. One the file now names is the file's; one it no longer names is read
-        from the database at the next `sync`. Called inside `changing()`."""
+    def rebase(self, cfg: Config) -> None:
+        """A reload: the config's servers are now `cfg`'s (their routes already in place). One
+        of the API the file now names is the file's; one it no longer names is read from the
+        database at the next `sync`. Called inside `changing()`."""
         self._config = {u.name: u for u in cfg.upstreams}
-        self._egress, self._access = egress, access
-        servers, self._api = self._api, {}
-        for name, server in servers.items():
-            if name in self._config:
-                continue
-            try:
-                self._install(server)
-            except ValueError as exc:  # the new egress rules refuse it
-                log.error("server %r cannot be served here (%s)", name, exc)
-                self._uninstall(name)
-        self._version = -1
-        if self.changed is not None:
-            self.changed()
+        for name in [n for n in self._api if n in self._config]:
+            del self._api[name]  # the file's now: its route is in place
+        self._published()
+        self._mirror.stale()
 
     # -- reading -------------------------------------------------------------------------------
 
-    def _read_all(self) -> tuple[int, dict[str, ServerIn]]:
-        return self._rows.read_all(lambda name: name in self._config)
-
-    def _read_version(self) -> int:
-        return self._rows.read_version()
-
-    def _apply(self, version: int, servers: dict[str, ServerIn]) -> None:
-        """Make the edge serve exactly `servers` (beside the config's), as of `version`."""
+    def _apply(self, servers: dict[str, ServerIn]) -> None:
+        """Make the edge serve exactly `servers` (beside the config's)."""
         for name in [n for n in self._api if n not in servers]:
-            self._uninstall(name)
+            del self._api[name]
+            self._routes.pop(name, None)
         for name, server in servers.items():
             if self._api.get(name) != server:
                 try:
                     self._install(server)
                 except ValueError as exc:  # stored by a gateway with other egress rules
                     log.error("server %r cannot be served here (%s)", name, exc)
-                    self._uninstall(name)
-        self._version = version
+                    self._api.pop(name, None)
+                    self._routes.pop(name, None)
+        self._published()
+
+    def _published(self) -> None:
+        """The servers changed: what the policies read of them, and who follows them."""
+        self._access.publish("servers", {n: access_config(s.access)
+                                         for n, s in self._api.items()})
+        self._destinations.publish("servers", {n: _egress(s) for n, s in self._api.items()})
         if self.changed is not None:  # a virtual endpoint's member may have come or gone
             self.changed()
 
     async def sync(self) -> None:
         """Catch up with changes other gateways (or processes) made, if any."""
-        async with self._lock:
-            if await self._run(self._read_version) != self._version:
-                self._apply(*await self._run(self._read_all))
-
-    async def watch(self) -> None:
-        """Poll for changes made elsewhere until cancelled; a database error waits a turn."""
-        while True:
-            await self._sleep(self._poll_s)
-            try:
-                await self.sync()
-            except self._database.errors as exc:
-                log.warning("server registry: cannot read the database (%s)", exc)
+        await self._mirror.sync()
 
     def _install(self, server: ServerIn) -> None:
         upstream = UpstreamConfig(name=server.name, url=str(server.url),
                                   timeout_s=server.timeout_s,
                                   total_timeout_s=server.total_timeout_s,
                                   zones=list(server.zones), era=server.era)
-        self._egress.add(UpstreamEgress.from_url(upstream.name, upstream.url, upstream.zones,
-                                                 []))
-        if self._access is not None:
-            self._access.set(server.name, _access_config(server.access))
+        _egress(server)  # raises ValueError if it may not be served
         self._routes[server.name] = UpstreamRoute.from_config(upstream)
         self._api[server.name] = server
-
-    def _uninstall(self, name: str) -> None:
-        self._api.pop(name, None)
-        self._routes.pop(name, None)
-        self._egress.discard(name)
-        if self._access is not None:
-            self._access.set(name, None)
 
     def _out(self, name: str) -> ServerOut:
         if name in self._config:
@@ -212,27 +183,23 @@ class Registry:
 
     async def delete(self, name: str) -> None:
         self._config_is_read_only(name)
-        async with self._lock:
+        async with self._mirror.changing():
             try:
-                await self._run(self._delete_row, name)
+                await self._mirror.run(self._delete_row, name)
             finally:  # deleted, or refused (named by keys, gone already): as it is now
-                await self._catch_up()
+                await self._mirror.catch_up()
 
     async def _write(self, name: str, fn: Any, *args: Any) -> ServerOut:
-        async with self._lock:
+        async with self._mirror.changing():
             try:
-                server: ServerIn = await self._run(fn, *args)
+                server: ServerIn = await self._mirror.run(fn, *args)
             except ApiError:  # taken or gone: another gateway wrote; see what it did
-                await self._catch_up()
+                await self._mirror.catch_up()
                 raise
             self._install(server)  # validated before the write: it cannot fail here
-            await self._catch_up()
+            self._published()  # its route and its rules in the same step
+            await self._mirror.catch_up()
             return self._out(name)
-
-    async def _catch_up(self) -> None:
-        """After our own write: reload if anyone else wrote too (else just note the version)."""
-        version, servers = await self._run(self._read_all)
-        self._apply(version, servers)
 
     def _config_is_read_only(self, name: str) -> None:
         if name in self._config:
@@ -241,13 +208,9 @@ class Registry:
 
     def _validate(self, server: ServerIn) -> None:
         try:
-            self._egress.validate(UpstreamEgress.from_url(server.name, str(server.url),
-                                                          list(server.zones), []))
+            _egress(server)
         except ValueError as exc:
             raise BadRequest(f"server '{server.name}': {exc}") from None
-
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
 
     def _insert_row(self, server: ServerIn) -> ServerIn:
         return self._rows.insert(server.name, server)
@@ -268,11 +231,19 @@ class Registry:
 
         self._rows.delete(name, unnamed_by_keys)
 
-    def close(self) -> None:
-        self._db.shutdown(wait=False)
 
 
-def _access_config(access: AccessIn) -> AccessConfig:
+def _egress(server: ServerIn) -> UpstreamEgress:
+    """The server's destination, which the egress policy checks; ValueError if its zones
+    or URL cannot be served (the API refuses such a server before it is stored)."""
+    egress = UpstreamEgress.from_url(server.name, str(server.url), list(server.zones), [])
+    validate_upstream_egress(f"upstream {server.name!r}", egress.zones, [], {})
+    return egress
+
+
+def access_config(access: AccessIn) -> AccessConfig:
+    """The rules of a server or virtual endpoint of the API, as the access policy reads
+    them."""
     data = access.model_dump()
     groups = {g: ToolProfile(**p) for g, p in data.pop("group_tools").items()}
     return AccessConfig(**data, group_tools=groups)

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from policies import build_egress, default_policies
-from policies.access import Access
 from proxy.chain import Chain
 from proxy.config import Config, ConfigError, UpstreamConfig, load, validate
 from proxy.confine import Environment
@@ -88,16 +87,16 @@ async def _apply(serving: Serving, cfg: Config) -> None:
         egress = build_egress(cfg, serving.destinations, parts.trusted)  # half of it
         chain = Chain(default_policies(cfg, metering=backend, egress=egress,
                                        rate_limits=parts.stores.rate_limits,
-                                       pins=serving.pins, hidden=serving.hidden))
-        access = next((p for p in chain.policies if isinstance(p, Access)), None)
+                                       pins=serving.pins, hidden=serving.hidden,
+                                       added_access=serving.added_access))
         for name in gone:
             parts.routes.pop(name, None)
             serving.destinations.discard(name)
         parts.routes.update(routes)
-        serving.registry.rebase(cfg, egress, access)
+        serving.registry.rebase(cfg)
         api = parts.state.api
         if api is not None and api.endpoints is not None:  # virtual endpoints, the same way
-            api.endpoints.rebase(cfg, access)
+            api.endpoints.rebase(cfg)
         gateway.live = Live(cfg, chain)
     serving.backend = backend
     serving.deliver_through(backend)

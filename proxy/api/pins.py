@@ -53,8 +53,8 @@ async def reject(who: Caller, api: Api, record: AuditRecord, server: str, tool: 
 
 async def _sync(api: Api) -> None:
     """What every gateway on the database decided and recorded so far, as it is now."""
-    if api.pin_store is not None and api.pins is not None:
-        await api.pin_store.sync(api.pins)
+    if api.pin_store is not None:
+        await api.pin_store.sync()
 
 
 async def _decide(api: Api, record: AuditRecord, server: str, tool: str, decision: str

@@ -11,19 +11,18 @@ after the lookup did, and lookups arriving together share one such read.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import re
 import secrets
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
 
 import orjson
 
 from proxy import db
+from proxy.mirror import Mirrors
 
 PREFIX = "th_"
 _FORMAT = re.compile(r"^th_([a-z0-9]{10})_([A-Za-z0-9_-]{43})$")
@@ -177,23 +176,28 @@ def revoke(target: db.Target, key_id: str) -> bool:
 # -- the gateway side --------------------------------------------------------------------------
 
 class KeyIndex:
-    """Every key, in memory, reloaded in a worker thread when the table changed."""
+    """Every key, in memory: a mirror (proxy.mirror) of the table, looked at before each
+    lookup, never polled. Without `mirrors` it has its own, which `close` closes."""
 
-    def __init__(self, target: db.Target) -> None:
+    def __init__(self, target: db.Target, mirrors: Mirrors | None = None) -> None:
         self._db = db.resolve(target)
         self._owns_db = self._db is not target
         self._db.ensure_schema()
+        self._own = mirrors is None
+        self._mirrors = Mirrors() if mirrors is None else mirrors
         # SQLite file: PRAGMA data_version on a connection of our own that never writes
         self._watch: db.Connection | None = (
             self._db.connect() if self._db.dialect == "sqlite" and not self._db.memory
             else None)
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-keys")
         self._counter_conn: db.Connection | None = None
-        self._waiters: list[asyncio.Future[int]] = []
-        self._poller: asyncio.Task[None] | None = None
-        self._version, self._keys = self._read_all(
-            self._data_version() if self._watch is not None else None)
-        self._lock = asyncio.Lock()
+        self._mirror = self._mirrors.mirror(
+            "API keys", self._counter, self._read_all, self._apply, errors=self._db.errors,
+            polled=False, instant=self._data_version if self._watch is not None else None)
+        self._keys: dict[str, ApiKey] = {}
+        self._apply(self._mirror.load_now())
+
+    def _apply(self, keys: dict[str, ApiKey]) -> None:
+        self._keys = keys
 
     def _data_version(self) -> int:
         # Reads the WAL index in shared memory: no disk I/O, microseconds.
@@ -201,7 +205,7 @@ class KeyIndex:
         return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
 
     def _counter(self) -> int:
-        """The change counter (on the worker thread). PostgreSQL: one round trip on a
+        """The change counter (on the mirrors' pool). PostgreSQL: one round trip on a
         connection of our own in autocommit, reopened once if it was lost."""
         if not self._db.postgresql:
             with self._db.transaction() as conn:
@@ -221,65 +225,21 @@ class KeyIndex:
                     raise
         raise AssertionError("unreachable")
 
-    def _read_all(self, version: int | None) -> tuple[int, dict[str, ApiKey]]:
-        """(the version, every key). With no SQLite data_version given, the counter is read
-        first: a write between it and the rows only causes one more reload."""
+    def _read_all(self) -> tuple[int, dict[str, ApiKey]]:
+        """(the counter, every key): the counter is read first, so a write between it and the
+        rows only causes one more reload. (On a SQLite file the mirror goes by data_version,
+        read before this.)"""
         with self._db.transaction() as conn:
-            if version is None:
-                row = conn.execute(self._db.sql(_COUNTER), (1,)).fetchone()
-                version = int(row[0]) if row else 0
+            row = conn.execute(self._db.sql(_COUNTER), (1,)).fetchone()
             rows = conn.execute(self._db.sql(f"SELECT {_COLUMNS} FROM api_keys"), ()).fetchall()
-        return version, {r[0]: _row(r) for r in rows}
-
-    async def _current(self) -> int:
-        """The change counter, read after this call began; concurrent callers share a read."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[int] = loop.create_future()
-        self._waiters.append(waiter)
-        if self._poller is None or self._poller.done():
-            self._poller = loop.create_task(self._poll())
-        return await waiter
-
-    async def _poll(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._waiters:
-            # whoever waits now joins this read; whoever arrives during it, the next one
-            batch, self._waiters = self._waiters, []
-            try:
-                version = await loop.run_in_executor(self._thread, self._counter)
-            except Exception as exc:  # noqa: BLE001 - each waiter gets the failure
-                for waiter in batch:
-                    if not waiter.done():
-                        waiter.set_exception(exc)
-                continue
-            for waiter in batch:
-                if not waiter.done():
-                    waiter.set_result(version)
-
-    async def _refresh(self) -> None:
-        if self._watch is not None:
-            version = self._data_version()
-        else:
-            version = await self._current()
-        if version == self._version:
-            return
-        async with self._lock:
-            # SQLite: the version is read before the rows (a write in between only causes one
-            # more reload); PostgreSQL: the reload reads the counter itself
-            fresh: int | None = None
-            if self._watch is not None:
-                fresh = version = self._data_version()
-            if version != self._version:
-                loop = asyncio.get_running_loop()
-                self._version, self._keys = await loop.run_in_executor(
-                    self._thread, self._read_all, fresh)
+        return (int(row[0]) if row else 0), {r[0]: _row(r) for r in rows}
 
     async def lookup(self, token: str) -> ApiKey | None:
         """The active key this token proves, or None (unknown, wrong secret, revoked, expired)."""
         parts = split(token)
         if parts is None:
             return None
-        await self._refresh()
+        await self._mirror.sync()  # a revoked key fails on its very next request
         key = self._keys.get(parts[0])
         if key is None:
             return None
@@ -290,7 +250,8 @@ class KeyIndex:
         return key
 
     def close(self) -> None:
-        self._thread.shutdown(wait=True)
+        if self._own:
+            self._mirrors.close()
         if self._watch is not None:
             self._watch.close()
         if self._counter_conn is not None:

@@ -1,26 +1,26 @@
 """The virtual endpoints the edge serves: the config file's (read-only, `source: config`) and
 those created through /api/v1/endpoints (table `endpoints`, `source: api`). Like the server
 registry (proxy/registry.py): a write goes to the database first, then into the edge's live
-table, so it applies from the next request; every gateway on the database polls the
-`endpoints_version` counter (`watch`) and reloads what changed. A name or alias that collides
+table, so it applies from the next request; the table is a mirror (proxy.mirror) that every
+gateway on the database polls by its `endpoints_version` counter. The rules of the API's
+endpoints are published for the access policy (proxy.published). A name or alias that collides
 is refused (409) with the same line a config file's collision stops start-up with."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
-from policies.access import Access
 from proxy import db
 from proxy.config import Config, EndpointConfig
 from proxy.errors import ApiError, BadRequest, Conflict, Invalid, NotFound
-from proxy.registry import POLL_S, Registry, _access_config
+from proxy.mirror import Mirrors
+from proxy.published import Published
+from proxy.registry import Registry, access_config
 from proxy.schema import AccessIn
 from proxy.stored import StoredSpecs
 from proxy.virtual.naming import config_collision
@@ -32,97 +32,60 @@ log = logging.getLogger("tollhouse.virtual.registry")
 
 class Endpoints:
     def __init__(self, cfg: Config, live: dict[str, VirtualRoute], servers: Registry,
-                 access: Access | None, database: db.Target | None = None, *,
-                 poll_s: float = POLL_S,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 mirrors: Mirrors, access: Published[Any],
+                 database: db.Target | None = None) -> None:
         self._config = {e.name: e for e in cfg.endpoints}
         self._live = live  # the gateway's table: the config's endpoints are in it already
         self._servers = servers
-        self._access = access
+        self._access = access  # where the rules of the API's endpoints are published
         self._public_url = cfg.server.public_url.rstrip("/")
-        self._poll_s = poll_s
-        self._sleep = sleep
         self._database = db.resolve(cfg.database.url if database is None else database)
         self._rows = StoredSpecs(self._database, "endpoints", EndpointIn, "endpoint")
-        self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-endpoints")
         self._api: dict[str, EndpointIn] = {}
-        self._lock = asyncio.Lock()
-        self._version = -1
-        self._watch: asyncio.Task[None] | None = None
         self.changed: Callable[[], None] | None = None  # told after each change is applied
-        self._apply(*self._read_all())
+        self._mirror = mirrors.mirror(
+            "endpoint registry", self._rows.read_version,
+            lambda: self._rows.read_all(lambda name: name in self._config), self._apply,
+            errors=self._database.errors)
+        self._apply(self._mirror.load_now())
 
     # -- reading and applying ------------------------------------------------------------------
 
-    def _read_all(self) -> tuple[int, dict[str, EndpointIn]]:
-        return self._rows.read_all(lambda name: name in self._config)
-
-    def _read_version(self) -> int:
-        return self._rows.read_version()
-
-    def _apply(self, version: int, endpoints: dict[str, EndpointIn]) -> None:
+    def _apply(self, endpoints: dict[str, EndpointIn]) -> None:
         for name in [n for n in self._api if n not in endpoints]:
             self._api.pop(name)
             self._live.pop(name, None)
-            if self._access is not None:
-                self._access.set(name, None)
         for name, endpoint in endpoints.items():
             if self._api.get(name) != endpoint:
                 self._install(endpoint)
-        self._version = version
-        self._changed()
+        self._published()
 
-    def _changed(self) -> None:
-        """The live table changed: whoever follows the members (the merged GET streams,
-        which tell their clients the lists changed) looks again."""
+    def _published(self) -> None:
+        """The live table changed: its rules are published, and whoever follows the members
+        (the merged GET streams, which tell their clients the lists changed) looks again."""
+        self._access.publish("endpoints", {n: access_config(e.access)
+                                           for n, e in self._api.items()})
         if self.changed is not None:
             self.changed()
 
     def _install(self, endpoint: EndpointIn) -> None:
-        cfg = _config(endpoint)
-        if self._access is not None:
-            self._access.set(cfg.name, cfg.access)
-        self._live[cfg.name] = VirtualRoute.from_config(cfg)
-        self._api[cfg.name] = endpoint
+        self._live[endpoint.name] = VirtualRoute.from_config(_config(endpoint))
+        self._api[endpoint.name] = endpoint
 
-    def rebase(self, cfg: Config, access: Access | None) -> None:
-        """A reload: the config's endpoints are now `cfg`'s (their rules are in `access`,
-        built from it), and every endpoint of the API is installed again in the new access
-        table, as it is (else its rules would be gone: nothing would be hidden any more)."""
+    def rebase(self, cfg: Config) -> None:
+        """A reload: the config's endpoints are now `cfg`'s; one of the API the file now
+        names is the file's, one it no longer names is read at the next `sync`."""
         self._config = {e.name: e for e in cfg.endpoints}
         for name in [n for n in self._live if n not in self._api]:
             self._live.pop(name)
         self._live.update({e.name: VirtualRoute.from_config(e) for e in cfg.endpoints})
-        self._access = access
-        endpoints, self._api = self._api, {}
-        for name, endpoint in endpoints.items():
-            if name not in self._config:
-                self._install(endpoint)
-        self._version = -1
-        self._changed()
+        for name in [n for n in self._api if n in self._config]:
+            del self._api[name]
+        self._published()
+        self._mirror.stale()
 
     async def sync(self) -> None:
-        async with self._lock:
-            if await self._run(self._read_version) != self._version:
-                self._apply(*await self._run(self._read_all))
-
-    def start(self) -> None:
-        self._watch = asyncio.get_running_loop().create_task(self._poll())
-
-    async def _poll(self) -> None:
-        while True:
-            await self._sleep(self._poll_s)
-            try:
-                await self.sync()
-            except self._database.errors as exc:
-                log.warning("endpoint registry: cannot read the database (%s)", exc)
-
-    async def close(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            await asyncio.wait({self._watch}, timeout=5)
-        # a read still running gives its connection back before the database closes
-        await asyncio.wait_for(asyncio.to_thread(self._db.shutdown, True), timeout=5)
+        await self._mirror.sync()
 
     # -- the API -------------------------------------------------------------------------------
 
@@ -178,11 +141,11 @@ class Endpoints:
 
     async def delete(self, name: str) -> None:
         self._config_is_read_only(name)
-        async with self._lock:
+        async with self._mirror.changing():
             try:
-                await self._run(self._delete_row, name)
+                await self._mirror.run(self._rows.delete, name)
             finally:
-                self._apply(*await self._run(self._read_all))
+                await self._mirror.catch_up()
 
     def _config_is_read_only(self, name: str) -> None:
         if name in self._config:
@@ -197,18 +160,16 @@ class Endpoints:
             raise Conflict(clash)
 
     async def _write(self, name: str, fn: Any, *args: Any) -> EndpointOut:
-        async with self._lock:
+        async with self._mirror.changing():
             try:
-                endpoint: EndpointIn = await self._run(fn, *args)
+                endpoint: EndpointIn = await self._mirror.run(fn, *args)
             except ApiError:
-                self._apply(*await self._run(self._read_all))
+                await self._mirror.catch_up()
                 raise
             self._install(endpoint)
-            self._apply(*await self._run(self._read_all))
+            self._published()  # its route and its rules in the same step
+            await self._mirror.catch_up()
             return self._out(name)
-
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
 
     def _insert_row(self, endpoint: EndpointIn) -> EndpointIn:
         return self._rows.insert(endpoint.name, endpoint)
@@ -216,13 +177,10 @@ class Endpoints:
     def _update_row(self, name: str, change: Callable[[EndpointIn], EndpointIn]) -> EndpointIn:
         return self._rows.update(name, change)
 
-    def _delete_row(self, name: str) -> None:
-        self._rows.delete(name)
-
 
 def _config(endpoint: EndpointIn) -> EndpointConfig:
     return EndpointConfig(name=endpoint.name, members=list(endpoint.members),
                           separator=endpoint.separator, list_timeout_s=endpoint.list_timeout_s,
                           aliases=dict(endpoint.aliases),
-                          access=_access_config(endpoint.access),
+                          access=access_config(endpoint.access),
                           total_timeout_s=endpoint.total_timeout_s)

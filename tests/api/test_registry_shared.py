@@ -12,12 +12,15 @@ from typing import Any
 import httpx
 import orjson
 
+from policies.access import Access
 from proxy.api.models import ServerIn
 from proxy.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from proxy.db import Database
 from proxy.demo import demo_app
+from proxy.egress import Destinations
+from proxy.mirror import Mirrors
 from proxy.registry import Registry
 from proxy.upstream import UpstreamRoute
 from tests import db_backends
@@ -219,7 +222,7 @@ async def test_a_put_lists_a_name_mismatch_beside_the_schema_problems() -> None:
 
 
 async def test_watch_reloads_what_another_gateway_wrote_once_a_poll() -> None:
-    """`watch` waits `poll_s` with the sleep it was given between polls: here each wait
+    """The mirrors wait `poll_s` with the sleep they were given between polls: here each wait
     lasts until the test lets it end."""
     url = db_backends.url()
     cfg = from_dict({"database": {"url": url}}, env={})
@@ -232,34 +235,20 @@ async def test_watch_reloads_what_another_gateway_wrote_once_a_poll() -> None:
         await turns.get()
 
     routes: dict[str, UpstreamRoute] = {}
-    egress: Any = AnyEgress()
-    here = Registry(cfg, routes, egress, database=database, poll_s=7.5, sleep=sleep)
-    elsewhere = Registry(cfg, {}, egress, database=database)
-    watching = asyncio.create_task(here.watch())
+    here_mirrors, elsewhere_mirrors = Mirrors(poll_s=7.5, sleep=sleep), Mirrors()
+    Registry(cfg, routes, here_mirrors, Access.published(), Destinations.published(),
+             database)
+    elsewhere = Registry(cfg, {}, elsewhere_mirrors, Access.published(),
+                         Destinations.published(), database)
     try:
-        await until(lambda: waits == [7.5], what="the first wait")
-        await elsewhere.create(ServerIn.model_validate(
-            {"name": "late", "url": "http://127.0.0.1:9/mcp", "zones": ["loopback"]}))
-        assert "late" not in routes  # not before the next poll
-        turns.put_nowait(None)
-        await until(lambda: len(waits) == 2, what="the next wait")  # polled, and waiting again
-        assert "late" in routes and waits == [7.5, 7.5]
+        async with here_mirrors.running():
+            await until(lambda: waits == [7.5], what="the first wait")
+            await elsewhere.create(ServerIn.model_validate(
+                {"name": "late", "url": "http://127.0.0.1:9/mcp", "zones": ["loopback"]}))
+            assert "late" not in routes  # not before the next poll
+            turns.put_nowait(None)
+            await until(lambda: len(waits) == 2, what="the next wait")  # polled, waiting again
+            assert "late" in routes and waits == [7.5, 7.5]
     finally:
-        watching.cancel()
-        await asyncio.wait({watching})
-        here.close()
-        elsewhere.close()
+        await elsewhere_mirrors.aclose()
         database.close()
-
-
-class AnyEgress:
-    """An egress policy that admits every server (this test is about the poll)."""
-
-    def add(self, upstream: object) -> None:
-        pass
-
-    def discard(self, name: str) -> None:
-        pass
-
-    def validate(self, upstream: object) -> None:
-        pass

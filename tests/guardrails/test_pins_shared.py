@@ -17,6 +17,7 @@ from policies.guardrails.pinning import Pins
 from proxy.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.db import Database
+from proxy.mirror import Mirrors
 from proxy.pins import DatabasePins
 from tests import db_backends
 from tests.e2e.conftest import stack_config
@@ -31,9 +32,11 @@ OTHER = {**TOOL, "description": "second"}
 
 @dataclass
 class Processes:
-    """Two processes' pin stores and books on one database (each book read at its start)."""
+    """Two processes' pin stores and books on one database (each book read at its start);
+    the first one's mirrors poll every 20 ms once started."""
 
     database: Database
+    mirrors: Mirrors
     one: DatabasePins
     two: DatabasePins
     a: Pins
@@ -43,10 +46,13 @@ class Processes:
 @pytest.fixture
 async def pair() -> AsyncIterator[Processes]:
     database = db_backends.open_database()
-    one, two = DatabasePins(database), DatabasePins(database)
-    yield Processes(database, one, two, Pins(one), Pins(two))
+    mirrors = Mirrors(poll_s=0.02)
+    one, two = DatabasePins(database, mirrors), DatabasePins(database)
+    yield Processes(database, mirrors, one, two, one.pins, two.pins)
+    await mirrors.stop()
     await one.aclose()
     await two.aclose()
+    await mirrors.aclose()
 
 
 async def test_two_processes_racing_on_a_first_definition_keep_one_pin(pair: Processes) -> None:
@@ -54,7 +60,7 @@ async def test_two_processes_racing_on_a_first_definition_keep_one_pin(pair: Pro
     # each saw the tool first, with another definition: the database keeps one of them
     assert a.verdict("e", TOOL) == "new" and b.verdict("e", OTHER) == "new"
     await asyncio.gather(pair.one.flush(), pair.two.flush())
-    await asyncio.gather(pair.one.sync(a), pair.two.sync(b))
+    await asyncio.gather(pair.one.sync(), pair.two.sync())
     pin_a, pin_b = a.get("e", "t"), b.get("e", "t")
     assert pin_a is not None and pin_b is not None
     assert pin_a.approved == pin_b.approved and pin_a.definition == pin_b.definition
@@ -62,7 +68,7 @@ async def test_two_processes_racing_on_a_first_definition_keep_one_pin(pair: Pro
     loser = OTHER if pin_a.definition == TOOL else TOOL
     assert a.verdict("e", loser) == b.verdict("e", loser) == "changed"
     await asyncio.gather(pair.one.flush(), pair.two.flush())
-    await pair.two.sync(b)
+    await pair.two.sync()
     assert [(pin.name, pin.pending_definition) for pin in b.pending()] == [("t", loser)]
 
 
@@ -72,15 +78,15 @@ async def test_a_first_definition_never_overwrites_a_recorded_pin(pair: Processe
     await pair.one.flush()
     assert b.verdict("e", OTHER) == "new"  # stale: the row is there already
     await pair.two.flush()
-    await pair.two.sync(b)
+    await pair.two.sync()
     pin = b.get("e", "t")
     assert pin is not None and pin.definition == TOOL and pin.pending_definition == OTHER
     assert b.verdict("e", OTHER) == "changed"
 
 
 async def test_the_timer_brings_another_process_s_decisions(pair: Processes) -> None:
-    here, there, mine, theirs = pair.one, pair.two, pair.a, pair.b
-    here.start(mine, poll_s=0.02)
+    there, mine, theirs = pair.two, pair.a, pair.b
+    pair.mirrors.start()
     assert theirs.verdict("e", TOOL) == "new"
     assert theirs.verdict("e", OTHER) == "changed"
     await there.flush()

@@ -3,7 +3,6 @@ starts from, on SQLite and PostgreSQL alike."""
 
 from __future__ import annotations
 
-from policies.guardrails.pinning import Pins
 from proxy.db import Database
 from proxy.pins import DatabasePins
 from tests import db_backends
@@ -15,19 +14,21 @@ async def test_pins_survive_a_restart() -> None:
     database = Database(db_backends.url())
     try:
         store = DatabasePins(database)
-        pins = Pins(store)
+        pins = store.pins
         assert pins.verdict("e", TOOL) == "new"
         changed = {**TOOL, "description": "second: ünïcode"}
         assert pins.verdict("e", changed) == "changed"
         await store.aclose()
 
         second = DatabasePins(database)
-        again = Pins(second)  # a new process reads what the first wrote
+        again = second.pins  # a new process reads what the first wrote
         [pending] = again.pending()
         assert (pending.endpoint, pending.name) == ("e", "t")
         assert pending.definition == TOOL and pending.pending_definition == changed
         assert again.verdict("e", TOOL) == "same"  # changed back: nothing waits any more
         await second.aclose()
-        assert Pins(DatabasePins(database)).pending() == []
+        third = DatabasePins(database)
+        assert third.pins.pending() == []
+        await third.aclose()
     finally:
         database.close()
