@@ -112,6 +112,12 @@ class Chain:
 
         return all_of
 
+    def notices(self, endpoint: str) -> bool:
+        """Whether any policy may read the notifications of a call on `endpoint` (one whose
+        `noticer` says nothing narrower is taken to read them all)."""
+        return any(p.notices(endpoint) if hasattr(p, "notices") else True
+                   for p in self._noticers)
+
     async def run(self, call: McpMessage, ctx: CallContext, *,
                   only: Collection[str] | None = None, without: Collection[str] = ()) -> None:
         """`only`, `without`: a virtual endpoint runs some policies per member (proxy/virtual)."""

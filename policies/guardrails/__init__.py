@@ -226,6 +226,12 @@ class Guardrails:
 
         return notice
 
+    def notices(self, endpoint: str) -> bool:
+        """Whether a rule reads the results (so the notifications) of some call on
+        `endpoint`: a resumed stream holds its notifications for the answer's rules."""
+        return any("results" in r.cfg.on and (not r.cfg.endpoints or endpoint in r.cfg.endpoints)
+                   for r in self._rules)
+
     def _result_rules(self, call: McpMessage, ctx: CallContext) -> tuple[_Rule, ...]:
         use = _USES.get(call.method or "")
         if use is None or not self._rules or call.params is None:

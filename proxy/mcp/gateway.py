@@ -379,11 +379,12 @@ class Gateway:
         headers = {"Mcp-Session-Id": session.id} if session is not None else {}
         if session is not None and self.resumption is not None \
                 and "last-event-id" in req.headers:  # a call's stream, resumed: its answer
+            chain = self.live.chain
             relay: StreamRelay = ResumedRelay(
                 BodyChunks(stream), stream.aclose, spawn=self.spawn,
                 on_done=self._stopped_listening, limit=self.max_response_bytes,
-                settle=partial(self.resumption.settle, self.live.chain, route.name, session,
-                               principal))
+                settle=partial(self.resumption.settle, chain, route.name, session, principal),
+                hold_notices=chain.notices(route.name))
         else:
             relay = StreamRelay(BodyChunks(stream), stream.aclose, spawn=self.spawn,
                                 on_done=self._stopped_listening)

@@ -27,14 +27,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
 
 from proxy.audit import AuditRecord, AuditSink
 from proxy.auth.principal import Principal
-from proxy.chain import CallContext, Chain
+from proxy.chain import NOTICED, CallContext, Chain, Notice
 from proxy.errors import (
     Cancelled,
     GatewayError,
@@ -96,8 +96,11 @@ class Resumption:
         return remember
 
     async def settle(self, chain: Chain, endpoint: str, session: Session,
-                     principal: Principal, obj: dict[str, Any], event: bytes) -> bytes:
-        """What goes out in place of `event`, the answer `obj` replayed on a resumed stream."""
+                     principal: Principal, obj: dict[str, Any], event: bytes,
+                     held: Sequence[bytes] = ()) -> bytes:
+        """What goes out in place of `event`, the answer `obj` replayed on a resumed stream,
+        and of `held`, the notifications replayed before it (each as the call's rules keep,
+        change or drop it; none where the call is unknown)."""
         request_id = obj.get("id")
         key = call_key(endpoint, principal.key, session.id, request_id)
         try:
@@ -114,6 +117,7 @@ class Resumption:
         outcome = response_outcome(obj, request_id)
         ok, error = outcome if outcome is not None else (False, "not a JSON-RPC response")
         msg, ctx = _call(claimed.context, endpoint, principal, session, request_id)
+        before = _noticed(chain.noticer(msg, ctx), held) if held else b""
         out = event
         try:
             rewrite = chain.rewriter(msg, ctx)
@@ -128,12 +132,12 @@ class Resumption:
                 record.status, record.error_message = "error", error
                 record.error_type = upstream_error_type(error or "")
         if not claimed.open:  # recorded by the call's own replica: delivered again only
-            return out
+            return before + out
         record.note = _noted(ctx.audit_note, "answered on a resumed stream")
         record.bytes_out = len(out)
         if not await self._write(record):
             return sse_event(render(StoreUnavailable("the audit log"), request_id)[2])
-        return out
+        return before + out
 
     def _record(self, endpoint: str, session: Session, principal: Principal,
                 request_id: Any, claimed: Claimed) -> AuditRecord:
@@ -174,6 +178,21 @@ def _call(c: dict[str, Any], endpoint: str, principal: Principal, session: Sessi
     return msg, ctx
 
 
+def _noticed(notice: Notice | None, held: Sequence[bytes]) -> bytes:
+    """The held notifications as the call's rules leave them."""
+    if notice is None:
+        return b"".join(held)
+    out = []
+    for event in held:
+        obj = orjson.loads(event_data(event))  # (held only when it parsed)
+        verdict = notice(obj)
+        if verdict == "changed":
+            event = with_data(event, orjson.dumps(obj))
+        if verdict != "dropped":
+            out.append(event)
+    return b"".join(out)
+
+
 def _noted(note: str | None, text: str) -> str:
     return text if not note else f"{note}; {text}"
 
@@ -185,11 +204,18 @@ class ResumedRelay(StreamRelay):
     again)."""
 
     def __init__(self, chunks: AsyncIterator[bytes], close: Callable[[], Awaitable[None]], *,
-                 settle: Callable[[dict[str, Any], bytes], Awaitable[bytes]], limit: int,
-                 **kwargs: Any) -> None:
+                 settle: Callable[[dict[str, Any], bytes, Sequence[bytes]], Awaitable[bytes]],
+                 limit: int, hold_notices: bool = False, **kwargs: Any) -> None:
         super().__init__(chunks, close, **kwargs)
         self._settle = settle
         self._whole = EventSplitter(limit)
+        self._limit = limit
+        # where a rule may read a call's notifications, those replayed before its answer wait
+        # for it (whose call they belong to is known only then): a stream that ends first
+        # sends none of them, and the client's next resume replays them again
+        self._hold_notices = hold_notices
+        self._held: list[bytes] = []
+        self._held_size = 0
 
     async def _next(self) -> bytes:
         while not self._finished:
@@ -206,9 +232,9 @@ class ResumedRelay(StreamRelay):
                 break
             except GatewayError:  # the upstream broke, or a drain closed it
                 break
-            out = [await self._resumed(event) for event in events]
+            out = b"".join([await self._resumed(event) for event in events])
             if out:
-                return b"".join(out)
+                return out
         self._finished = True
         await self.aclose()
         raise StopAsyncIteration
@@ -221,6 +247,23 @@ class ResumedRelay(StreamRelay):
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
             return event  # not a message: nothing to settle
-        if not isinstance(obj, dict) or "method" in obj or "id" not in obj:
-            return event  # a notification or an upstream request: as on any GET stream
-        return await self._settle(obj, event)
+        if not isinstance(obj, dict):
+            return event
+        if "method" in obj:
+            if self._hold_notices and "id" not in obj and obj["method"] in NOTICED:
+                return self._hold(event)
+            return event  # an upstream request, or a notification nobody reads
+        if "id" not in obj:
+            return event
+        held, self._held, self._held_size = self._held, [], 0
+        return await self._settle(obj, event, held)
+
+    def _hold(self, event: bytes) -> bytes:
+        self._held_size += len(event)
+        if self._held_size > self._limit:  # kept back, never let through unread
+            log.warning("a resumed stream's notifications past server.max_response_bytes "
+                        "before its answer: left out")
+            self._held, self._held_size = [], 0
+            return b""
+        self._held.append(event)
+        return b""

@@ -5,6 +5,8 @@ tests/replicas/test_resumed_answer.py."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
+
 import orjson
 import pytest
 
@@ -13,7 +15,7 @@ from proxy.audit import MemoryAuditSink
 from proxy.auth.principal import Principal
 from proxy.chain import Chain
 from proxy.config import from_dict
-from proxy.mcp.resume import Resumption
+from proxy.mcp.resume import ResumedRelay, Resumption
 from proxy.mcp.sse import event_data
 from proxy.state.inflight import call_key
 from proxy.state.resumable import ANSWERED, MemoryResumable
@@ -101,3 +103,59 @@ async def test_an_answer_nobody_kept_the_call_of_is_withheld_and_audited_as_fail
     assert (record.status, record.request_id, record.principal) == (
         "error", "7", "alice")
     assert "resumed stream withheld" in (record.error_message or "")
+
+
+def log_event(text: str) -> bytes:
+    note = {"jsonrpc": "2.0", "method": "notifications/message",
+            "params": {"level": "info", "data": text}}
+    return b"id: 8\ndata: " + orjson.dumps(note) + b"\n\n"
+
+
+async def test_held_notifications_go_out_before_the_answer_as_the_call_s_rules_leave_them(
+        parts: tuple) -> None:
+    store, audit, resumption = parts
+    await store.remember(call_key("up", ALICE.key, "sid", 7), CONTEXT, 60)
+    obj, event = answer()
+    out = await resumption.settle(CHAIN, "up", SESSION, ALICE, obj, event,
+                                  [log_event(f"key={SECRET}"), log_event("plain")])
+    assert SECRET not in out.decode()
+    texts = [orjson.loads(event_data(e + b"\n\n")) for e in out.split(b"\n\n") if e]
+    assert [t.get("params", {}).get("data") for t in texts[:2]] == [
+        "key=[REDACTED:secret]", "plain"]
+    assert texts[2]["id"] == 7
+    assert "guardrail keys: redact secret in notifications/message" in audit.records[0].note
+
+
+async def test_held_notifications_of_a_call_nobody_kept_are_left_out(parts: tuple) -> None:
+    _, _, resumption = parts
+    obj, event = answer()
+    out = await resumption.settle(CHAIN, "up", SESSION, ALICE, obj, event,
+                                  [log_event(f"key={SECRET}")])
+    assert b"notifications/message" not in out and SECRET not in out.decode()
+
+
+async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
+@pytest.mark.parametrize("hold", [True, False])
+async def test_a_resumed_relay_holds_notices_for_the_answer_only_where_a_rule_reads_them(
+        hold: bool) -> None:
+    settled: list[tuple[dict[str, object], list[bytes]]] = []
+
+    async def settle(obj: dict[str, object], event: bytes, held: Sequence[bytes]) -> bytes:
+        settled.append((obj, list(held)))
+        return b"".join(held) + event
+
+    async def close() -> None:
+        return None
+
+    notice, (obj, event) = log_event("x"), answer()
+    request = b'id: 5\ndata: {"jsonrpc":"2.0","id":"s1","method":"elicitation/create"}\n\n'
+    relay = ResumedRelay(chunks(notice, request, event[:10], event[10:]), close,
+                         settle=settle, limit=1 << 20, hold_notices=hold)
+    out = [piece async for piece in relay]
+    assert b"".join(out) == (request + notice + event if hold else notice + request + event)
+    assert out[0] == (request if hold else notice)  # a request to the client is never held
+    assert settled == [(obj, [notice] if hold else [])]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp import types
 from mcp.server.mcpserver import Context, MCPServer
 
 from proxy.audit import query
@@ -65,6 +66,9 @@ async def held() -> AsyncIterator[Held]:
         await ctx.report_progress(1, 2)
         started.set()
         await release.wait()
+        note = types.LoggingMessageNotification(params=types.LoggingMessageNotificationParams(
+            level="info", data=f"log key={SECRET}"))
+        await ctx.session.send_notification(note, related_request_id=ctx.request_id)
         return f"{text} key={SECRET}"
 
     app = server.streamable_http_app(streamable_http_path="/mcp",
@@ -78,8 +82,13 @@ async def test_an_answer_resumed_through_another_replica_is_recorded_billed_and_
     config = {"metering": {"hook": f"{__name__}:METER", "timeout_ms": 2000},
               "guardrails": [{"name": "keys", "tools": ["hold"], "on": ["results"],
                               "detect": ["secrets"], "action": "redact"}]}
+    logged: list[Any] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logged.append(params.data)
+
     async with open_cluster(tmp_path, held.url, era="legacy", config=config) as cluster, \
-            connect(cluster.endpoint) as client:
+            connect(cluster.endpoint, logging_callback=on_log) as client:
         progressed = asyncio.Event()
 
         async def on_progress(value: float, total: float | None, message: str | None) -> None:
@@ -97,6 +106,9 @@ async def test_an_answer_resumed_through_another_replica_is_recorded_billed_and_
         # (the dead replica answers nothing: whatever the client gets came through the other)
         result = await asyncio.wait_for(call, DEADLINE_S)
         assert result.content[0].text == "resumed key=[REDACTED:secret]"
+        # the log line the call sent before its answer, replayed with it: the call's rules
+        # read it as they would have on the call's own stream
+        assert logged == ["log key=[REDACTED:secret]"]
 
     records = [r for r in query(cluster.database_url, limit=100) if r["method"] == "tools/call"]
     assert len(records) == 1, records
@@ -105,6 +117,7 @@ async def test_an_answer_resumed_through_another_replica_is_recorded_billed_and_
     assert record["request_id"] == str(ran.rpc["id"])
     assert "answered on a resumed stream" in (record["note"] or "")
     assert "guardrail keys: redact secret in result" in (record["note"] or "")
+    assert "guardrail keys: redact secret in notifications/message" in (record["note"] or "")
     assert record["call_id"]
     assert rows(cluster.database_url, "SELECT count(*) FROM usage_outbox WHERE call_id = ?",
                 record["call_id"]) == [(1,)]
