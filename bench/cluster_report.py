@@ -112,7 +112,12 @@ def report(args: argparse.Namespace, tally: Tally, traffic_s: float, faults: lis
             without_record[ledger.principal_of[call_id]].append(call_id)
     orphans = sum(len(v) for v in without_record.values())
     lost_audit: list[Answered] = []
-    twice_audit, not_ok, lost_usage, twice_usage, stood_in = [], [], [], [], []
+    twice_audit: list[Answered] = []
+    not_ok: list[Answered] = []
+    other_session: list[Answered] = []
+    lost_usage: list[Answered] = []
+    twice_usage: list[Answered] = []
+    stood_in: list[str] = []
     for call in tally.answered:
         found = by_call.get((call.principal, call.request_id), [])
         if not found:
@@ -126,6 +131,8 @@ def report(args: argparse.Namespace, tally: Tally, traffic_s: float, faults: lis
             twice_audit.append(call)
         if not any(r.status == "ok" for r in found):
             not_ok.append(call)
+        if call.session_hash and any(r.session_hash != call.session_hash for r in found):
+            other_session.append(call)
         times = [ledger.times[r.call_id] for r in found if r.call_id]
         if not any(times):
             lost_usage.append(call)
@@ -151,6 +158,8 @@ def report(args: argparse.Namespace, tally: Tally, traffic_s: float, faults: lis
         f"| lost audit (answered, no `tools/call` record) | {len(lost_audit)} |",
         f"| duplicated audit (answered, two or more records) | {len(twice_audit)} |",
         f"| audited as not served (answered, no record `ok`) | {len(not_ok)} |",
+        f"| audited under another session (SDK: a record's session hash is not the client's) "
+        f"| {len(other_session)} |",
         f"| lost usage (answered, no usage event delivered) | {len(lost_usage)} |",
         f"| duplicated usage (answered, its event delivered more than once: at-least-once) "
         f"| {len(twice_usage)} |", "",

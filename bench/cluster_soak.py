@@ -329,9 +329,9 @@ async def main() -> None:
         callers += [modern_caller(i, url, secret, tally, args.max_delay_ms, rng)
                     for i in range(args.clients_modern)]
         plan = schedule(args.duration, args.kill_every)
-        restarts, *_ = await asyncio.gather(run_faults(replicas, plan, tally, faults, http),
-                                            *callers)
-        await asyncio.gather(*restarts)
+        faulting = asyncio.create_task(run_faults(replicas, plan, tally, faults, http))
+        await asyncio.gather(*callers)
+        await asyncio.gather(*await faulting)
         traffic_s = tally.now()
         for r in replicas:  # a replica that died by itself: started again to drain its claim
             if not r.up:

@@ -97,7 +97,7 @@ def main() -> None:
     cfg.bind = [f"127.0.0.1:{args.port}"]
     cfg.accesslog = None
     cfg.graceful_timeout = 1
-    asyncio.run(serve(app, cfg))  # type: ignore[arg-type]
+    asyncio.run(serve(app, cfg))
 
 
 if __name__ == "__main__":
