@@ -4,6 +4,7 @@ drained; then every answered call reconciled against the audit log and the usage
 
     .venv/bin/python bench/cluster_soak.py [--duration 600] [--replicas 3] [--kill-every 30]
         [--clients-sdk 4] [--clients-modern 2] [--balancer haproxy|nginx] [--max-delay-ms 300]
+        [--source DIR]  # the replicas from another checkout's `proxy`: a before/after figure
 
 Not part of CI: a figure (bench/README.md, "Cluster soak"). Everything listens on 127.0.0.1.
 The run makes a fresh PostgreSQL database (127.0.0.1:5432, trust) and a fresh Redis key
@@ -57,8 +58,8 @@ from variants import JWT_AUTH, delete_keys
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 PYTHON = sys.executable
-POSTGRES = os.environ.get("TOLLHOUSE_SOAK_POSTGRES", "postgresql://postgres@127.0.0.1:5432")
-REDIS = os.environ.get("TOLLHOUSE_SOAK_REDIS", "redis://127.0.0.1:6379/0")
+POSTGRES = "postgresql://postgres@127.0.0.1:5432"  # trust auth; a database per run
+REDIS = "redis://127.0.0.1:6379/0"  # a key prefix per run
 RESTART_AFTER_S = 3.0
 START_DEADLINE_S = 60.0  # a replica imports everything and migrates: seconds on a busy box
 SHUTDOWN_GRACE_S = 5
