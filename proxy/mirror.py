@@ -139,7 +139,9 @@ class Mirror(Generic[T]):
 
     async def sync(self) -> None:
         """Catch up with changes other processes made, if any; wait for a write in progress."""
-        if await self._current() == self._seen and not self._lock.locked():
+        instant = self._instant  # (inline: a key lookup asks before every call it decides)
+        version = instant() if instant is not None else await self._current()
+        if version == self._seen and not self._lock.locked():
             return
         async with self._lock:
             if await self._current() != self._seen:
