@@ -8,7 +8,8 @@ drained; then every answered call reconciled against the audit log and the usage
 
 Not part of CI: a figure (bench/README.md, "Cluster soak"). Everything listens on 127.0.0.1.
 The run makes a fresh PostgreSQL database (127.0.0.1:5432, trust) and a fresh Redis key
-prefix (127.0.0.1:6379), and drops both at the end; its logs stay in the directory it prints.
+prefix (127.0.0.1:6379), and drops both at the end; its logs (and `report.md`) stay in the
+directory it prints.
 
 * upstream: `cluster_upstream.py`, the official SDK's `MCPServer` with an event store, its
   `echo` answering after a random 0-`--max-delay-ms` ms, so kills land mid-call and a 2025-11-25
@@ -343,8 +344,10 @@ async def main() -> None:
             r.signal(signal.SIGTERM)
         exits = [await r.exited(SHUTDOWN_GRACE_S + 30) for r in replicas]
         rows = audit_rows(database_url)
-        print(report(args, tally, traffic_s, faults, ledger, rows, undelivered, exits,
-                     (tmp / "balancer.log").read_text(errors="replace"), replicas), flush=True)
+        text = report(args, tally, traffic_s, faults, ledger, rows, undelivered, exits,
+                      (tmp / "balancer.log").read_text(errors="replace"), replicas)
+        (tmp / "report.md").write_text(text + "\n")
+        print(text, flush=True)
     finally:
         await http.aclose()
         for r in replicas:
