@@ -112,6 +112,13 @@ class Chain:
 
         return all_of
 
+    def hides(self, listing: McpMessage, ctx: CallContext) -> bool:
+        """Whether any policy may hide from this caller a name that `listing` (a */list)
+        gives, so that a name the upstream does not have must answer as a hidden one does
+        (proxy.mcp.names); one that rewrites the list and says nothing narrower is taken to."""
+        return any(p.hides(listing, ctx) if hasattr(p, "hides")
+                   else p.rewriter(listing, ctx) is not None for p in self._rewriters)
+
     def notices(self, endpoint: str) -> bool:
         """Whether any policy may read the notifications of a call on `endpoint` (one whose
         `noticer` says nothing narrower is taken to read them all)."""

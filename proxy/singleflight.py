@@ -21,6 +21,10 @@ class SingleFlight(Generic[K, V]):
         self._running: dict[K, asyncio.Future[V]] = {}
         self._detached = detached
 
+    def running(self, key: K) -> bool:
+        """Whether a call for `key` is in flight now (a `run` would wait for it)."""
+        return key in self._running
+
     async def run(self, key: K, call: Callable[[], Awaitable[V]]) -> V:
         """`call()`'s result, shared with everyone who asks for `key` while it runs. A
         failure reaches every waiter and is not remembered: the next ask calls again. A

@@ -241,6 +241,17 @@ class Guardrails:
             return ()
         return tuple(r for r in self._rules if r.applies(ctx.endpoint, name, "results"))
 
+    def hides(self, call: McpMessage, ctx: CallContext) -> bool:
+        """Whether screening or pinning may hide a name the list `call` gives (a flagged
+        definition in mode "hide", a changed pinned tool in mode "approve"); "warn" hides
+        nothing."""
+        listing = _LISTS.get(call.method or "")
+        if listing is None:
+            return False
+        if self._screening.get(ctx.endpoint, DEFAULT_SCREENING).mode == "hide":
+            return True
+        return listing[2] == "tool" and self._pinning.get(ctx.endpoint, "off") == "approve"
+
     def _lists(self, call: McpMessage, ctx: CallContext) -> bool:
         # a server added through /api/v1 has no table of its own: the defaults apply to it
         screening = self._screening.get(ctx.endpoint, DEFAULT_SCREENING)

@@ -9,6 +9,8 @@ relay, or the GatewayError it amounts to. The three retries:
 - a `per_user` upstream that refused the person's token (401): refreshed once, sent again;
 - a legacy `initialize` that a 2026-07-28-only upstream refused: answered by the gateway from
   the upstream's `server/discover`.
+On a plain endpoint it also keeps the tools and prompts the upstream lists (`proxy.mcp.names`):
+a call naming one the upstream does not have is answered here as a hidden one is, never sent.
 It also carries what has no call to answer (a notification, a client's response, the GET stream,
 DELETE) and the cancel notices a legacy upstream needs. The spine (`gateway.py`) holds one.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import secrets
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -25,10 +28,11 @@ import httpx
 import orjson
 
 from proxy.auth.principal import Principal
-from proxy.chain import CallContext, Rewrite
+from proxy.chain import CallContext, Chain, Rewrite
 from proxy.connect.manager import Connections, UpstreamNotConnected
 from proxy.errors import (
     GatewayError,
+    InvalidParams,
     MethodNotFound,
     SessionNotFound,
     UpstreamBadGateway,
@@ -37,9 +41,10 @@ from proxy.errors import (
     UpstreamProtocolError,
 )
 from proxy.jsonrpc import McpMessage, response_outcome
-from proxy.mcp import bridge, eras
+from proxy.mcp import bridge, eras, names
 from proxy.mcp.bridge import Bridge
 from proxy.mcp.exchange import EdgeRequest
+from proxy.mcp.sse import EventSplitter, event_data
 from proxy.state import Session, SessionStore
 from proxy.state.bridge import BridgeStore
 from proxy.traced import CURRENT
@@ -70,9 +75,12 @@ class Leg:
     legacy_result: bool = False
     bearer: str | None = None  # this person's own upstream token (per_user upstreams)
     route: UpstreamRoute | None = None  # where it went (a virtual endpoint's member)
+    learn: Rewrite | None = None  # a list's reader, before any rule filters it (names.py)
 
     def rewrite(self, rewrite: Rewrite | None, method: str | None) -> Rewrite | None:
-        """The policies' result rewrite, plus what this leg's bridge does to a result."""
+        """The policies' result rewrite, plus what this leg's bridge does to a result (and,
+        first, what the gateway learns from it)."""
+        rewrite = after(self.learn, rewrite)
         if self.bridged and not self.legacy_result:
             return _with_completion(rewrite, method)
         if self.to_legacy_client:
@@ -99,14 +107,21 @@ class Forwarder:
         self.identity = identity
         self.connections = connections
         self._spawn = spawn
+        self.names = names.Names()  # what each plain upstream lists
+        self.max_response_bytes = 16 * 1024 * 1024  # a fresh list, at most (the spine sets it)
 
     # -- a call --------------------------------------------------------------------------
 
     async def call(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
-                   session: Session | None, ctx: CallContext, into: Forwarded) -> None:
+                   session: Session | None, ctx: CallContext, into: Forwarded, *,
+                   chain: Chain | None = None) -> None:
         """Forward the call; `into` holds the leg from the moment it is chosen (so a call
         cancelled while it waits can tell its upstream on the right session) and, at the end,
-        the upstream's 2xx answer."""
+        the upstream's 2xx answer. `chain`: the call came to the upstream's own endpoint with
+        these policies, and where they hide names from the caller, the tool and prompt names
+        are learned and checked here (`proxy.mcp.names`; a virtual endpoint has its own)."""
+        if chain is not None and msg.method in names.CALLS:
+            await self._known(route, req, msg, session, ctx, chain)
         leg = into.leg = await self._leg(route, req, msg, session, ctx)
         leg.route = route
         if leg.local is not None:
@@ -126,6 +141,87 @@ class Forwarder:
         await self._check_status(response, session, call_id=msg.id,
                                  modern=ctx.era == "modern")
         into.response = response
+        if chain is not None and msg.method in names.LISTS \
+                and chain.hides(msg, ctx):  # names hidden from this caller: learned
+            into.leg.learn = self.names.reader(self._identity(route, ctx, msg.method), msg)
+
+    # -- the names an upstream has ---------------------------------------------------------
+
+    async def _known(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+                     session: Session | None, ctx: CallContext, chain: Chain) -> None:
+        """Return when the named tool or prompt may be the upstream's; raise the answer a
+        hidden one gets (`InvalidParams`, audited as an error with that message) when a
+        whole list, fresh if the name was not on the last, does not name it. A name the
+        gateway cannot decide on (no whole list to be had) goes on, and so does any name
+        where the policies hide none from this caller (nothing for an answer to give away:
+        the upstream answers as it always did)."""
+        kind, listing = names.CALLS[msg.method or ""]
+        name = (msg.params or {}).get("name")
+        if not isinstance(name, str):
+            return  # malformed: the upstream answers it
+        identity = self._identity(route, ctx, listing)
+        if self.names.known(identity, name) or not chain.hides(_LISTING[listing], ctx):
+            return
+        await self.names.look_again(identity, ctx.principal.key, ctx.clock(), lambda: (
+            self._list_afresh(route, req, msg, session, ctx, listing, identity)))
+        if self.names.known(identity, name) is False:
+            raise InvalidParams(names.unknown(kind, name))
+
+    def _identity(self, route: UpstreamRoute, ctx: CallContext, listing: str
+                  ) -> names.Identity:
+        """Whose list a name is looked up in: the upstream's (a per-caller URL's resolved
+        one has its own state key), and the caller's own where the upstream may list other
+        names to another caller."""
+        per_caller = route.local or route.identity != "none" or (
+            self.connections is not None and route.name in self.connections.upstreams)
+        return self.names.identity(route.state_key, ctx.principal.key if per_caller else None,
+                                   names.LISTS[listing][0])
+
+    async def _list_afresh(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+                           session: Session | None, ctx: CallContext, listing: str,
+                           identity: names.Identity) -> None:
+        """The upstream's whole list, asked for as this caller on this caller's leg (its
+        session, its token), every page followed up to MAX_PAGES, and learned. A failure is
+        logged: the names stay as they were."""
+        key = names.LISTS[listing][1]
+        found: list[str] = []
+        cursor: str | None = None
+        try:
+            for _ in range(names.MAX_PAGES):
+                lreq, lmsg = _listing(req, msg, listing, cursor)
+                into = Forwarded(Leg([]))
+                await self.call(route, lreq, lmsg, session, ctx, into)
+                if into.response is None:  # answered by the gateway: not the upstream's
+                    return
+                result = await self._result(into.response, lmsg.id)
+                listed = names.listed_names(result, key)
+                if listed is None:  # not a list: nothing to tell unknown names by
+                    return
+                found += listed
+                nxt = result.get("nextCursor")
+                if not (isinstance(nxt, str) and nxt):
+                    self.names.learn(identity, found, whole=True)
+                    return
+                cursor = nxt
+            self.names.learn(identity, found, whole=False)
+        except GatewayError as exc:
+            log.info("%s: no fresh %s to look a name up in: %s", route.name, listing, exc)
+
+    async def _result(self, response: httpx.Response, request_id: Any) -> dict[str, Any]:
+        """The result of a request the gateway made itself, from its JSON or SSE answer
+        (closed here); an error answer is an `UpstreamFailure`."""
+        try:
+            if response.headers.get("content-type", "").startswith("text/event-stream"):
+                return await result_from_stream(response, request_id, self.max_response_bytes)
+            if not response.headers.get("content-type", "").startswith("application/json"):
+                raise UpstreamProtocolError("upstream sent an unexpected content type")
+            data, _ = await read_head(response, 0, self.max_response_bytes)
+        finally:
+            await response.aclose()
+        try:
+            return _result_of(orjson.loads(data), request_id)
+        except orjson.JSONDecodeError:
+            raise UpstreamProtocolError() from None
 
     async def _send(self, route: UpstreamRoute, leg: Leg, msg: McpMessage) -> httpx.Response:
         headers, body = leg.headers, leg.body or msg.body
@@ -183,9 +279,10 @@ class Forwarder:
         """THE hook point for "this answer must be held whole and rewritten": True when a
         result rewrite is due (`rewrite`: the policies' `Chain.rewriter`, access profiles and
         result guardrails, with what `Leg.rewrite` adds for a bridge), or the gateway learns
-        from the answer (a tools/list: metrics, a per-user upstream's last list). A held
-        answer is bounded by `server.max_response_bytes`; any other answer streams through
-        as it arrives, at any size, its id and outcome read on the way (`proxy.mcp.scan`)."""
+        from the answer (a tools/list: metrics, a per-user upstream's last list; a filtered
+        tools/list or prompts/list: the names the upstream has, `Leg.learn`). A held answer is bounded by
+        `server.max_response_bytes`; any other answer streams through as it arrives, at any
+        size, its id and outcome read on the way (`proxy.mcp.scan`)."""
         return rewrite is not None or msg.method == "tools/list"
 
     async def json_body(self, forwarded: Forwarded, *, held: bool, limit: int, head: int
@@ -401,6 +498,78 @@ class Forwarder:
             return False
         await self.bridge.mark_modern_only(route)
         return True
+
+
+# what the policies are asked whether they hide names from a caller's list (by its method)
+_LISTING = {method: McpMessage("request", None, method, None, b"") for method in names.LISTS}
+
+
+def after(seen: Rewrite | None, rewrite: Rewrite | None) -> Rewrite | None:
+    """`rewrite`, with `seen` reading the result first (a rewrite that changes nothing)."""
+    if seen is None or rewrite is None:
+        return seen or rewrite
+
+    def both(result: dict[str, Any]) -> bool:
+        seen(result)
+        return rewrite(result)
+
+    return both
+
+
+def _listing(req: EdgeRequest, msg: McpMessage, method: str, cursor: str | None
+             ) -> tuple[EdgeRequest, McpMessage]:
+    """A list request the gateway sends for a caller's call `msg`, in the call's era: its
+    protocol version and envelope (no progress token), under an id of the gateway's own."""
+    params: dict[str, Any] = {}
+    meta = (msg.params or {}).get("_meta")
+    if isinstance(meta, dict):
+        params["_meta"] = {k: v for k, v in meta.items() if k != "progressToken"}
+    if cursor:
+        params["cursor"] = cursor
+    request_id = f"tollhouse-{secrets.token_urlsafe(12)}"
+    body = orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method,
+                         "params": params})
+    headers = {k: v for k in ("content-type", "mcp-protocol-version")
+               if (v := req.headers.get(k)) is not None}
+    if req.headers.get("mcp-method") is not None:  # a 2026-07-28 request mirrors its method
+        headers["mcp-method"] = method
+
+    async def read() -> bytes:
+        return body
+
+    return (EdgeRequest(headers, read, req.peer, forwarded=req.forwarded),
+            McpMessage("request", request_id, method, params, body))
+
+
+def _result_of(obj: Any, request_id: Any) -> dict[str, Any]:
+    outcome = response_outcome(obj, request_id)
+    if outcome is None:
+        raise UpstreamProtocolError()
+    ok, error = outcome
+    if not ok:
+        raise UpstreamFailure(f"upstream answered an error: {(error or '')[:200]}")
+    result = obj.get("result")
+    if not isinstance(result, dict):
+        raise UpstreamProtocolError()
+    return result
+
+
+async def result_from_stream(response: httpx.Response, request_id: Any, limit: int
+                             ) -> dict[str, Any]:
+    """The result of a request the gateway made itself, from the upstream's SSE answer:
+    read whole (up to `limit`), the event that answers `request_id` found in it."""
+    data, _ = await read_head(response, 0, limit)
+    for event in EventSplitter().feed(data + b"\n\n"):
+        raw = event_data(event)
+        if not raw:
+            continue
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if response_outcome(obj, request_id) is not None:
+            return _result_of(obj, request_id)
+    raise UpstreamProtocolError()
 
 
 def _refusing_input(rewrite: Rewrite | None) -> Rewrite:

@@ -96,7 +96,7 @@ class Gateway:
         self.forward = Forwarder(upstream, sessions, bridged, identity=identity,
                                  connections=connections, spawn=self.spawn)
         self.virtual = VirtualForwarder(self.forward, routes, cursor_key)
-        self.virtual.max_response_bytes = max_response_bytes
+        self.virtual.max_response_bytes = self.forward.max_response_bytes = max_response_bytes
         self._later = later  # the clock deadlines run on (the loop's unless a test gives one)
         # metrics, the request log (and a tracer): told when each message begins and ends
         self.observer: Observer = observer or Observers()
@@ -215,7 +215,7 @@ class Gateway:
                 record.note = ctx.audit_note
             else:
                 forward = self.forward
-                await self.forward.call(route, req, msg, session, ctx, forwarded)
+                await self.forward.call(route, req, msg, session, ctx, forwarded, chain=chain)
             rewrite = forwarded.leg.rewrite(_noting(chain.rewriter(msg, ctx), ctx, record),
                                             msg.method)
             held = self.forward.must_hold(msg, rewrite)

@@ -44,10 +44,16 @@ from proxy.errors import (
     UpstreamUnavailable,
 )
 from proxy.jsonrpc import McpMessage, response_outcome
-from proxy.mcp import bridge, eras
+from proxy.mcp import bridge, eras, names
 from proxy.mcp.exchange import EdgeRequest
-from proxy.mcp.forward import Forwarded, Forwarder, Leg, person_header
-from proxy.mcp.sse import EventSplitter, event_data
+from proxy.mcp.forward import (
+    Forwarded,
+    Forwarder,
+    Leg,
+    after,
+    person_header,
+    result_from_stream,
+)
 from proxy.state import Session
 from proxy.upstream import UpstreamRoute
 from proxy.upstream.client import read_head
@@ -71,7 +77,6 @@ PER_MEMBER = ("access", "egress")  # what a list asks of each member it reaches
 CAPABILITIES = ("tools", "prompts", "resources", "logging", "completions")
 LIST_CHANGED = ("tools", "prompts", "resources")  # relayed as the endpoint's own
 RELAYED = ("sampling", "elicitation", "roots")  # a client's capabilities a member may use
-RELIST_S = 2.0  # a caller's missed name looks in the members' lists again at most this often
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,8 +97,8 @@ class VirtualForwarder:
         self.max_response_bytes = 16 * 1024 * 1024
         # exposed name -> (member, member's name), per endpoint and kind: learned from lists
         self._names: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
-        # (endpoint, kind, caller) -> when its members were last listed for a name it missed
-        self._relisted: dict[tuple[str, str, str], float] = {}
+        # when a caller's missed name last had the members listed again, per endpoint and kind
+        self._relists = names.Relists()
         self._stragglers: set[asyncio.Task[Any]] = set()
         # the merged GET streams open now, with the gateway session and caller of each
         self._listening: dict[Merged, tuple[Session, Principal]] = {}
@@ -156,7 +161,7 @@ class VirtualForwarder:
             await self._merged(route, _request(msg, listing), None, ctx, chain)
             owner = self._owner(route, kind, exposed)
         if owner is None or owner[0] not in self.routes:
-            raise InvalidParams(_unknown(kind, exposed))
+            raise InvalidParams(names.unknown(kind, exposed))
         member, name = owner
         renamed = {**params, field: name}
         body = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "method": msg.method,
@@ -179,14 +184,7 @@ class VirtualForwarder:
         """A name not learned is looked for in the members' lists again, at most once per
         RELIST_S per endpoint and caller: a caller sending names no member has costs the
         members one list a while, not one per call."""
-        key = (route.name, kind, ctx.principal.key)
-        now, last = ctx.clock(), self._relisted.get(key)
-        if last is not None and now - last < RELIST_S:
-            return False
-        if len(self._relisted) >= 4096:
-            self._relisted.clear()
-        self._relisted[key] = now
-        return True
+        return self._relists.may((route.name, kind, ctx.principal.key), ctx.clock())
 
     # -- forwarding ----------------------------------------------------------------------
 
@@ -483,7 +481,7 @@ class VirtualForwarder:
         into = Forwarded(Leg([]))
         await self.forward.call(member, mreq, mmsg, None, self._context(ctx, member, leg=True),
                                 into)
-        rewrite = into.leg.rewrite(_after(seen, chain.rewriter(mmsg, mctx)), mmsg.method)
+        rewrite = into.leg.rewrite(after(seen, chain.rewriter(mmsg, mctx)), mmsg.method)
         if into.response is None:
             result = into.leg.local or {}
             if rewrite is not None:
@@ -491,7 +489,8 @@ class VirtualForwarder:
             return result
         try:
             if into.response.headers.get("content-type", "").startswith("text/event-stream"):
-                result = await _from_stream(into.response, mmsg.id, self.max_response_bytes)
+                result = await result_from_stream(into.response, mmsg.id,
+                                                  self.max_response_bytes)
                 if rewrite is not None:
                     rewrite(result)
                 return result
@@ -558,8 +557,7 @@ class VirtualForwarder:
 
         def reader(member: str) -> Rewrite:
             def read(result: dict[str, Any]) -> bool:
-                listed[member] = [i[field] for i in result.get(key) or []
-                                  if isinstance(i, dict) and isinstance(i.get(field), str)]
+                listed[member] = names.listed_names(result, key, field) or []
                 return False
             return read
 
@@ -672,18 +670,6 @@ def _relayed(envelope: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def _after(seen: Rewrite | None, rewrite: Rewrite | None) -> Rewrite | None:
-    """`rewrite`, with `seen` reading the result first (a rewrite that changes nothing)."""
-    if seen is None or rewrite is None:
-        return seen or rewrite
-
-    def both(result: dict[str, Any]) -> bool:
-        seen(result)
-        return rewrite(result)
-
-    return both
-
-
 def _checked(route: VirtualRoute, msg: McpMessage, ctx: CallContext) -> Target:
     """The member a routed message goes to, as `check` left it: its context the member's, the
     message the member's (so a rewritten message keeps its routing)."""
@@ -694,22 +680,13 @@ def _checked(route: VirtualRoute, msg: McpMessage, ctx: CallContext) -> Target:
     return Target(ctx.endpoint, name, msg)
 
 
-NOUNS = {"tool": "Unknown tool: ", "prompt": "Unknown prompt: ", "uri": "Resource not found: "}
-
-
-def _unknown(kind: str, exposed: str) -> str:
-    """What a name nothing answers to is answered with: the text policies/access.py gives a
-    hidden one, so that a caller cannot tell the two apart."""
-    return NOUNS[kind] + exposed
-
-
 def _hidden(exc: HiddenTool, msg: McpMessage) -> HiddenTool:
     """A member's (or a second name's) refusal, answered by the name the caller used; the
     audit keeps the rule that decided."""
     field, kind = ROUTED[msg.method or ""]
     exposed = str((msg.params or {}).get(field))
     hidden = HiddenTool(exc.reason, exposed)
-    hidden.detail = _unknown(kind, exposed)
+    hidden.detail = names.unknown(kind, exposed)
     hidden.decided_by = exc.decided_by
     return hidden
 
@@ -728,28 +705,6 @@ def _request(msg: McpMessage, method: str, cursor: str | None = None) -> McpMess
         params["cursor"] = cursor
     return McpMessage("request", msg.id if msg.id is not None else "tollhouse-virtual",
                       method, params, b"")
-
-
-async def _from_stream(response: Any, request_id: Any, limit: int) -> dict[str, Any]:
-    data, _ = await read_head(response, 0, limit)
-    for event in EventSplitter().feed(data + b"\n\n"):
-        raw = event_data(event)
-        if not raw:
-            continue
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            continue
-        outcome = response_outcome(obj, request_id)
-        if outcome is None:
-            continue
-        ok, error = outcome
-        if not ok:
-            raise UpstreamFailure(f"member answered an error: {(error or '')[:200]}")
-        result = obj.get("result")
-        if isinstance(result, dict):
-            return result
-    raise UpstreamProtocolError()
 
 
 async def _empty() -> bytes:
