@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from proxy.config import RateLimitRule, parse_rate, validate_rules
+from proxy.config.rates import US
 from proxy.errors import RateLimited
-from proxy.state.ratelimit import US, Limit, RateLimitStore
+from proxy.state.ratelimit import Limit, RateLimitStore
 
 if TYPE_CHECKING:
     from proxy.chain import CallContext

@@ -11,8 +11,8 @@ DNS answer that changes between check and connect (rebinding) cannot move the co
 
 `Destinations` keeps one pin per upstream, for the egress policy's check and the upstream
 client's dial. The data side (who may receive what) is the egress policy's, in
-policies/egress.py; this module knows nothing of callers, and imports no HTTP client, so the
-config and the policies can use its zone rules.
+policies/egress.py; this module knows nothing of callers, and imports no HTTP client. The
+zone names and the metadata addresses are the config language's (proxy.config.zones).
 """
 
 from __future__ import annotations
@@ -24,26 +24,28 @@ import socket
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
-from urllib.parse import urlsplit
+from typing import Protocol
 
+from proxy.config.zones import (
+    API_DEFAULT_ZONES,
+    DEFAULT_METADATA_ADDRESSES,
+    ZONES,
+    IPAddress,
+    IPNetwork,
+    Zone,
+    host_port,
+)
 from proxy.errors import UpstreamFailure, UpstreamUnavailable
 from proxy.published import Published
 
-Zone = Literal["loopback", "lan", "remote"]
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+__all__ = [  # with the zone rules of the config language (proxy.config.zones), re-exported
+    "API_DEFAULT_ZONES", "DEFAULT_METADATA_ADDRESSES", "DIAL", "ZONES", "Destination",
+    "Destinations", "EgressDestinationDenied", "IPAddress", "IPNetwork", "Refused", "Resolver",
+    "SystemResolver", "UpstreamEgress", "Zone", "admit", "classify", "is_metadata",
+    "parse_addresses", "unwrap",
+]
 
-ZONES: tuple[Zone, ...] = ("loopback", "lan", "remote")
-API_DEFAULT_ZONES: tuple[Zone, ...] = ("remote",)  # an upstream registered at run time
 DIAL = "tollhouse.dial"  # the httpx request extension: the addresses `admit` answered
-
-# Instance metadata and credential endpoints: AWS (IMDS v4/v6, ECS task role, EKS pod
-# identity), GCP, Azure (IMDS, WireServer), Alibaba, Tencent, Oracle Classic.
-DEFAULT_METADATA_ADDRESSES: tuple[str, ...] = (
-    "169.254.169.254", "fd00:ec2::254", "169.254.170.2", "169.254.170.23", "fd00:ec2::23",
-    "fd20:ce::254", "168.63.129.16", "100.100.100.200", "169.254.0.23", "192.0.0.192",
-)
 
 _THIS_HOST = ipaddress.ip_network("0.0.0.0/8")  # connect() to 0.x reaches this host on Linux
 _LAN = tuple(ipaddress.ip_network(n) for n in (
@@ -155,14 +157,11 @@ class UpstreamEgress:
     @classmethod
     def from_url(cls, name: str, url: str, zones: Iterable[str] = ZONES,
                  collections: Iterable[str] = ()) -> UpstreamEgress:
-        if "{" in url:  # per-caller (proxy.upstream.template): each resolved URL is added as
+        if "{" in url:  # per-caller (proxy.config.template): each resolved URL is added as
             # it is made (`Destinations.add_resolved`); this entry resolves nowhere
             return cls(name, "per-caller.invalid", 443, tuple(zones), tuple(collections))
-        parts = urlsplit(url)
-        if not parts.hostname:
-            raise ValueError(f"{url!r} has no host")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        return cls(name, parts.hostname.lower(), port, tuple(zones), tuple(collections))
+        host, port = host_port(url)
+        return cls(name, host, port, tuple(zones), tuple(collections))
 
     @classmethod
     def local(cls, name: str, collections: Iterable[str] = ()) -> UpstreamEgress:

@@ -309,7 +309,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(16, "a change counter for the pinned tool definitions", (
         *_change_counter("tool_pins", each="STATEMENT"),
     )),
-    # per-caller upstreams (proxy.upstream.template): a person's attributes fill a URL's
+    # per-caller upstreams (proxy.config.template): a person's attributes fill a URL's
     # placeholders no token claim does, and the audit names the origin a call was sent to
     Migration(17, "per-caller upstreams: users' attributes, the audit's resolved upstream", (
         AddColumn("users", "attributes", "TEXT NOT NULL DEFAULT '{}'"),

@@ -93,7 +93,7 @@ class KeyCreated(KeyOut):
 
 
 # what fills a per-caller upstream URL's placeholders no token claim fills
-# (proxy.upstream.template): names as a claim's, values short text
+# (proxy.config.template): names as a claim's, values short text
 AttributeName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")]
 AttributeValue = Annotated[str, Field(max_length=253)]
 Attributes = Annotated[dict[AttributeName, AttributeValue], Field(max_length=64)]

@@ -320,7 +320,7 @@ def _static_key(iss: IssuerConfig, base_dir: Path) -> Any:
 
 
 def _claims_of(cfg: Config) -> tuple[str, ...]:
-    """The claims per-caller upstream URLs are filled from (proxy.upstream.template)."""
+    """The claims per-caller upstream URLs are filled from (proxy.config.template)."""
     return tuple(sorted({p.claim or name for u in cfg.upstreams
                          for name, p in u.placeholders.items()}))
 

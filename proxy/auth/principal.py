@@ -22,7 +22,7 @@ class Principal:
     api_key_id: str | None = None
     key_endpoints: frozenset[str] = field(default_factory=frozenset)  # empty: every endpoint
     role: str = ""
-    # the token's claims a per-caller upstream URL is filled from (proxy.upstream.template),
+    # the token's claims a per-caller upstream URL is filled from (proxy.config.template),
     # as text; only those the config names are kept
     claims: tuple[tuple[str, str], ...] = ()
 

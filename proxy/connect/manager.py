@@ -178,7 +178,7 @@ class Connections:
         if not up.templated:
             return self.resource(upstream)  # (empty for a stdio upstream that names none)
         from proxy.auth.principal import Principal
-        from proxy.upstream.template import SUBJECT, Missing, UrlTemplate
+        from proxy.config.template import SUBJECT, Missing, UrlTemplate
 
         template = self._templates.get(upstream)
         if template is None:  # parsed once (the config check parsed it already)

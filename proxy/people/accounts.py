@@ -55,7 +55,7 @@ class User:
     is_admin: bool
     groups: frozenset[str]  # the identity provider's groups and the custom roles
     roles: frozenset[str] = frozenset()  # the custom roles alone
-    # what a per-caller upstream URL may be filled from (proxy.upstream.template), sorted
+    # what a per-caller upstream URL may be filled from (proxy.config.template), sorted
     attributes: tuple[tuple[str, str], ...] = ()
 
     @property

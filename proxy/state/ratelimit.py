@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from proxy.config.rates import US  # the clock's ticks, which the config's rate check knows
+
 if TYPE_CHECKING:
     from proxy.state.shared import Shared
-
-US = 1_000_000
 
 
 class Limit(NamedTuple):

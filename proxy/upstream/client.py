@@ -11,12 +11,13 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from http.cookiejar import CookieJar, DefaultCookiePolicy
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import orjson
 
 from proxy.config import UpstreamConfig
+from proxy.config.template import UrlTemplate
 from proxy.egress import DIAL, Destinations
 from proxy.errors import (
     NO_ID,
@@ -27,9 +28,6 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-
-if TYPE_CHECKING:
-    from proxy.upstream.template import UrlTemplate
 
 # What a client's request may carry upstream. Everything else (the client's Authorization,
 # cookies, hop-by-hop headers, the client's session id) stays at the gateway.
@@ -91,8 +89,6 @@ class UpstreamRoute:
         t = cfg.timeout_s
         template = None
         if cfg.templated:
-            from proxy.upstream.template import UrlTemplate
-
             template = UrlTemplate.parse(cfg.url, {n: (p.claim, p.attribute, p.pattern)
                                                    for n, p in cfg.placeholders.items()})
         call = httpx.Timeout(t, connect=t, read=t, write=t, pool=t)

@@ -1,4 +1,4 @@
-"""Per-caller upstreams: the step that turns a templated route (proxy.upstream.template) into
+"""Per-caller upstreams: the step that turns a templated route (proxy.config.template) into
 the concrete route of this caller's own server, before anything is sent.
 
 A resolved route is an ordinary `UpstreamRoute` under the endpoint's name, with its own URL,
@@ -19,11 +19,11 @@ from typing import Any, Protocol
 import httpx
 
 from proxy.auth.principal import Principal
+from proxy.config.template import SUBJECT, Missing
 from proxy.egress import Destinations
 from proxy.errors import StoreUnavailable, UpstreamFailure
 from proxy.people.live import LiveUsers, StoreDown, UsersTable
 from proxy.upstream.client import UpstreamRoute
-from proxy.upstream.template import SUBJECT, Missing
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 

@@ -19,11 +19,11 @@ import policies
 import proxy
 from policies.egress import EgressDenied
 from proxy import errors
+from proxy.config.template import Missing
 from proxy.connect.guarded import EgressRefused
 from proxy.connect.manager import UpstreamNeedsReconnect, UpstreamNotConnected
 from proxy.egress import EgressDestinationDenied
 from proxy.errors import SURFACES, GatewayError, Surface, render
-from proxy.upstream.template import Missing
 from proxy.upstream.tenants import NoUpstreamForCaller
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,9 +11,9 @@ import pytest
 
 from proxy.auth.principal import Principal
 from proxy.cli import main
+from proxy.config.template import Missing, UrlTemplate
 from proxy.egress import Destinations, EgressDestinationDenied
 from proxy.upstream.client import UpstreamRoute
-from proxy.upstream.template import Missing, UrlTemplate
 from proxy.upstream.tenants import NoUpstreamForCaller, Tenants
 from tests.helpers import jwt_auth
 

@@ -10,6 +10,10 @@ so no value adds a dot, an `@` or a port; in the port, digits 1-65535; in the pa
 encoded whole (`/`, `%`, `?` and `#` among them), and never a `.` or `..` segment. Anything
 else is "no upstream for this caller", and nothing is dialled. The URL a value makes is checked
 by the egress rules like any configured upstream's (proxy.upstream.tenants).
+
+The template is a value of the config language (an upstream's `url`), so it lives here, below
+the upstream client and the connect flow that fill it: the check at load and every later parse
+are the same code.
 """
 
 from __future__ import annotations
