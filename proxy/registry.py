@@ -9,7 +9,6 @@ policy like every other upstream. Several gateways on one database share the reg
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -18,18 +17,12 @@ import orjson
 from pydantic import ValidationError
 
 from proxy import db
-from proxy.config import (
-    AccessConfig,
-    Config,
-    ToolProfile,
-    UpstreamConfig,
-    validate_upstream_egress,
-)
+from proxy.config import Config, UpstreamConfig, validate_upstream_egress
 from proxy.egress import Destination, UpstreamEgress
 from proxy.errors import ApiError, BadRequest, Conflict, Invalid, NotFound
 from proxy.mirror import Mirrors
 from proxy.published import Published
-from proxy.schema import AccessIn, ServerIn, ServerOut
+from proxy.schema import ServerIn, ServerOut
 from proxy.stored import StoredSpecs
 from proxy.upstream import UpstreamRoute
 
@@ -98,8 +91,7 @@ class Registry:
 
     def _published(self) -> None:
         """The servers changed: what the policies read of them, and who follows them."""
-        self._access.publish("servers", {n: access_config(s.access)
-                                         for n, s in self._api.items()})
+        self._access.publish("servers", {n: s.access for n, s in self._api.items()})
         self._destinations.publish("servers", {n: _egress(s) for n, s in self._api.items()})
         if self.changed is not None:  # a virtual endpoint's member may have come or gone
             self.changed()
@@ -112,7 +104,8 @@ class Registry:
         upstream = UpstreamConfig(name=server.name, url=str(server.url),
                                   timeout_s=server.timeout_s,
                                   total_timeout_s=server.total_timeout_s,
-                                  zones=list(server.zones), era=server.era)
+                                  zones=list(server.zones), era=server.era,
+                                  access=server.access)
         _egress(server)  # raises ValueError if it may not be served
         self._routes[server.name] = UpstreamRoute.from_config(upstream)
         self._api[server.name] = server
@@ -123,7 +116,7 @@ class Registry:
             return ServerOut(name=u.name, url=u.url, timeout_s=u.timeout_s,
                              total_timeout_s=u.total_timeout_s, zones=list(u.zones), era=u.era,
                              source="config", mcp_url=f"{self._public_url}/mcp/{u.name}",
-                             access=AccessIn.model_validate(dataclasses.asdict(u.access)))
+                             access=u.access)
         s = self._api[name]
         return ServerOut(name=s.name, url=str(s.url), timeout_s=s.timeout_s,
                          total_timeout_s=s.total_timeout_s, zones=list(s.zones), era=s.era,
@@ -240,10 +233,3 @@ def _egress(server: ServerIn) -> UpstreamEgress:
     validate_upstream_egress(f"upstream {server.name!r}", egress.zones, [], {})
     return egress
 
-
-def access_config(access: AccessIn) -> AccessConfig:
-    """The rules of a server or virtual endpoint of the API, as the access policy reads
-    them."""
-    data = access.model_dump()
-    groups = {g: ToolProfile(**p) for g, p in data.pop("group_tools").items()}
-    return AccessConfig(**data, group_tools=groups)

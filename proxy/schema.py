@@ -6,20 +6,37 @@ both).
 Request bodies are strict where JSON has a type of its own: a boolean is true or false (never
 "yes" or 1), a number is a JSON number (never "5" or true; an integer is a number). A PATCH
 field that cannot be null is a 422 when sent as null: its default of None stands for "not
-sent", which the routes read as "unchanged"."""
+sent", which the routes read as "unchanged".
+
+A body that carries a config table has one definition, the config's dataclass: `body_of`
+derives the body model from its fields (`AccessIn` from `proxy.config.AccessConfig`), and a
+field typed `Access` holds the `AccessConfig` itself, which the registries publish to the
+access policy as they store it."""
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    HttpUrl,
+    TypeAdapter,
+    create_model,
+)
+from pydantic_core import core_schema
 
-NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-Zone = Literal["loopback", "lan", "remote"]
+from proxy.config import AccessConfig, ToolProfile, UpstreamConfig
+from proxy.config.values import NAME as _NAME
+from proxy.config.zones import API_DEFAULT_ZONES, Zone
 
-
-def _remote() -> list[Zone]:
-    return ["remote"]
+NAME = _NAME.pattern  # the config's name rule
 
 
 class Strict(BaseModel):
@@ -37,25 +54,64 @@ def number(default: Any = None, **constraints: Any) -> Any:
     return Field(default, strict=True, allow_inf_nan=False, **constraints)
 
 
-class ToolProfileIn(Strict):
-    tools_allow: list[str] = Field(default_factory=list)
-    tools_deny: list[str] = Field(default_factory=list)
+# -- a config table as a body: one definition for both ------------------------------------------
+
+def body_of(table: type[Any], name: str,
+            nested: Mapping[type[Any], type[BaseModel]] | None = None) -> type[Strict]:
+    """The strict body model of the config dataclass `table`: its fields, types and defaults
+    (and its docstring, if written), each nested dataclass as the body model `nested` names.
+    The model validates and documents the body; `TableBody` hands on the dataclass itself."""
+    swap = dict(nested or {})
+    hints = typing.get_type_hints(table)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(table):
+        default: Any = (Field(default_factory=f.default_factory)
+                        if f.default_factory is not dataclasses.MISSING else f.default)
+        fields[f.name] = (_swapped(hints[f.name], swap),
+                          ... if default is dataclasses.MISSING else default)
+    doc = table.__doc__ if not (table.__doc__ or "").startswith(f"{table.__name__}(") else None
+    model: type[Strict] = create_model(name, __base__=Strict, __module__=__name__,
+                                       __doc__=doc, **fields)
+    return model
 
 
-class AccessIn(Strict):
-    """Who may use the endpoint, and which tools, prompts and resources (glob patterns)."""
+def _swapped(tp: Any, swap: Mapping[type[Any], type[BaseModel]]) -> Any:
+    if tp in swap:
+        return swap[tp]
+    args = typing.get_args(tp)
+    if not args:
+        return tp
+    return typing.get_origin(tp)[tuple(_swapped(a, swap) for a in args)]
 
-    allow_subjects: list[str] = Field(default_factory=list)
-    allow_groups: list[str] = Field(default_factory=list)
-    allow_scopes: list[str] = Field(default_factory=list)
-    allow_keys: list[str] = Field(default_factory=list)
-    tools_allow: list[str] = Field(default_factory=list)
-    tools_deny: list[str] = Field(default_factory=list)
-    group_tools: dict[str, ToolProfileIn] = Field(default_factory=dict)
-    prompts_allow: list[str] = Field(default_factory=list)
-    prompts_deny: list[str] = Field(default_factory=list)
-    resources_allow: list[str] = Field(default_factory=list)
-    resources_deny: list[str] = Field(default_factory=list)
+
+@dataclasses.dataclass(frozen=True)
+class TableBody:
+    """`Annotated[SomeConfig, TableBody(SomeIn)]`: a field that /api/v1 validates, documents
+    and answers as the body model `SomeIn` (derived with `body_of`), holding the config
+    dataclass itself, so nothing converts between the two by hand."""
+
+    model: type[BaseModel]
+
+    def __get_pydantic_core_schema__(self, source: type[Any],
+                                     handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        table = TypeAdapter(source)
+
+        def validate(value: Any, body: Callable[[Any], BaseModel]) -> Any:
+            if isinstance(value, source):  # built from the config file already
+                return value
+            return table.validate_python(body(value).model_dump())
+
+        return core_schema.no_info_wrap_validator_function(
+            validate, handler.generate_schema(self.model),
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                dataclasses.asdict, when_used="unless-none"))
+
+
+ToolProfileIn = body_of(ToolProfile, "ToolProfileIn")
+AccessIn = body_of(AccessConfig, "AccessIn", {ToolProfile: ToolProfileIn})
+# who may use a server or virtual endpoint, and which tools, prompts and resources: the config's
+# `access` table, as the API's bodies carry it
+Access = Annotated[AccessConfig, TableBody(AccessIn)]
 
 
 def _no_credentials(url: HttpUrl) -> HttpUrl:
@@ -73,11 +129,11 @@ class ServerIn(Strict):
 
     name: str = Field(pattern=NAME)
     url: UpstreamUrl
-    timeout_s: float = number(30.0, gt=0, le=3600)
-    total_timeout_s: float = number(300.0, gt=0, le=86400)
-    zones: list[Zone] = Field(default_factory=_remote, min_length=1)
+    timeout_s: float = number(UpstreamConfig.timeout_s, gt=0, le=3600)
+    total_timeout_s: float = number(UpstreamConfig.total_timeout_s, gt=0, le=86400)
+    zones: list[Zone] = Field(default_factory=lambda: list(API_DEFAULT_ZONES), min_length=1)
     era: Literal["auto", "legacy", "modern"] = "auto"
-    access: AccessIn = Field(default_factory=AccessIn)
+    access: Access = Field(default_factory=AccessConfig)
 
 
 class ServerPatch(Strict):
@@ -88,7 +144,7 @@ class ServerPatch(Strict):
     total_timeout_s: float = number(gt=0, le=86400)
     zones: list[Zone] = unsent(min_length=1)
     era: Literal["auto", "legacy", "modern"] = unsent()
-    access: AccessIn = unsent()
+    access: Access = unsent()
 
 
 class ServerOut(BaseModel):
@@ -100,4 +156,4 @@ class ServerOut(BaseModel):
     era: str
     source: Literal["config", "api"]
     mcp_url: str
-    access: AccessIn
+    access: Access

@@ -130,6 +130,8 @@ class ToolProfile:
 
 @dataclass(frozen=True)
 class AccessConfig:
+    """Who may use the endpoint, and which tools, prompts and resources (glob patterns)."""
+
     allow_subjects: list[str] = field(default_factory=list)
     allow_groups: list[str] = field(default_factory=list)
     allow_scopes: list[str] = field(default_factory=list)

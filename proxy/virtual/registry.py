@@ -8,7 +8,6 @@ is refused (409) with the same line a config file's collision stops start-up wit
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -21,8 +20,7 @@ from proxy.config.endpoints import config_collision
 from proxy.errors import ApiError, BadRequest, Conflict, Invalid, NotFound
 from proxy.mirror import Mirrors
 from proxy.published import Published
-from proxy.registry import Registry, access_config
-from proxy.schema import AccessIn
+from proxy.registry import Registry
 from proxy.stored import StoredSpecs
 from proxy.virtual.route import VirtualRoute
 from proxy.virtual.schema import EndpointIn, EndpointOut
@@ -63,8 +61,7 @@ class Endpoints:
     def _published(self) -> None:
         """The live table changed: its rules are published, and whoever follows the members
         (the merged GET streams, which tell their clients the lists changed) looks again."""
-        self._access.publish("endpoints", {n: access_config(e.access)
-                                           for n, e in self._api.items()})
+        self._access.publish("endpoints", {n: e.access for n, e in self._api.items()})
         if self.changed is not None:
             self.changed()
 
@@ -92,11 +89,8 @@ class Endpoints:
     def _out(self, name: str) -> EndpointOut:
         if name in self._config:
             e = self._config[name]
-            return EndpointOut(name=e.name, members=list(e.members), separator=e.separator,
-                               list_timeout_s=e.list_timeout_s,
-                               total_timeout_s=e.total_timeout_s, aliases=dict(e.aliases),
-                               access=AccessIn.model_validate(dataclasses.asdict(e.access)),
-                               source="config", mcp_url=f"{self._public_url}/mcp/{e.name}")
+            return EndpointOut(**vars(e), source="config",
+                               mcp_url=f"{self._public_url}/mcp/{e.name}")
         s = self._api[name]
         return EndpointOut(**s.model_dump(), source="api",
                            mcp_url=f"{self._public_url}/mcp/{s.name}")
@@ -179,8 +173,5 @@ class Endpoints:
 
 
 def _config(endpoint: EndpointIn) -> EndpointConfig:
-    return EndpointConfig(name=endpoint.name, members=list(endpoint.members),
-                          separator=endpoint.separator, list_timeout_s=endpoint.list_timeout_s,
-                          aliases=dict(endpoint.aliases),
-                          access=access_config(endpoint.access),
-                          total_timeout_s=endpoint.total_timeout_s)
+    """The endpoint as the config would have it: EndpointIn has EndpointConfig's fields."""
+    return EndpointConfig(**dict(endpoint))

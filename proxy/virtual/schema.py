@@ -7,10 +7,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from proxy.schema import NAME, AccessIn, Strict, number, unsent
+from proxy.config import AccessConfig, EndpointConfig
+from proxy.config.endpoints import SEPARATOR_RULE
+from proxy.schema import NAME, Access, Strict, number, unsent
 
 Member = Annotated[str, Field(pattern=NAME)]
-SEPARATOR = r"^[A-Za-z0-9_.-]{1,8}$"
+SEPARATOR = SEPARATOR_RULE.pattern
 
 
 class EndpointIn(Strict):
@@ -18,11 +20,11 @@ class EndpointIn(Strict):
 
     name: str = Field(pattern=NAME)
     members: list[Member] = Field(min_length=1, max_length=64)
-    separator: str = Field("__", pattern=SEPARATOR)
-    list_timeout_s: float = number(2.0, gt=0, le=60)
-    total_timeout_s: float = number(300.0, gt=0, le=86400)
+    separator: str = Field(EndpointConfig.separator, pattern=SEPARATOR)
+    list_timeout_s: float = number(EndpointConfig.list_timeout_s, gt=0, le=60)
+    total_timeout_s: float = number(EndpointConfig.total_timeout_s, gt=0, le=86400)
     aliases: dict[str, str] = Field(default_factory=dict)
-    access: AccessIn = Field(default_factory=AccessIn)
+    access: Access = Field(default_factory=AccessConfig)
 
 
 class EndpointPatch(Strict):
@@ -33,7 +35,7 @@ class EndpointPatch(Strict):
     list_timeout_s: float = number(gt=0, le=60)
     total_timeout_s: float = number(gt=0, le=86400)
     aliases: dict[str, str] = unsent()
-    access: AccessIn = unsent()
+    access: Access = unsent()
 
 
 class EndpointOut(BaseModel):
@@ -43,6 +45,6 @@ class EndpointOut(BaseModel):
     list_timeout_s: float
     total_timeout_s: float
     aliases: dict[str, str]
-    access: AccessIn
+    access: Access
     source: Literal["config", "api"]
     mcp_url: str
