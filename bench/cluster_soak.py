@@ -4,7 +4,7 @@ drained; then every answered call reconciled against the audit log and the usage
 
     .venv/bin/python bench/cluster_soak.py [--duration 600] [--replicas 3] [--kill-every 30]
         [--clients-sdk 4] [--clients-modern 2] [--balancer haproxy|nginx] [--max-delay-ms 300]
-        [--source DIR]  # the replicas from another checkout's `proxy`: a before/after figure
+        [--source DIR]  # replicas from another checkout (before/after a change)
 
 Not part of CI: a figure (bench/README.md, "Cluster soak"). Everything listens on 127.0.0.1.
 The run makes a fresh PostgreSQL database (127.0.0.1:5432, trust) and a fresh Redis key
@@ -238,7 +238,11 @@ async def run_faults(replicas: list[Replica], plan: list[tuple[float, str]], tal
             fault.note = f"exited {fault.exit_code} after {tally.now() - fault.at:.1f} s"
         await asyncio.sleep(RESTART_AFTER_S)
         replica.start()
-        await replica.ready(http)
+        try:
+            await replica.ready(http)
+        except RuntimeError as exc:  # the run goes on without it; the report says so
+            fault.note = f"{fault.note}; not back: {exc}".lstrip("; ")
+            return
         fault.back_at = tally.now()
 
     for at, kind in plan:
@@ -279,9 +283,9 @@ async def main() -> None:
                         help="each echo answers after a random 0..N ms")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--source", type=Path, default=REPO,
-                        help="a checkout whose `proxy` the replicas run (`python -m proxy` "
-                             "there), e.g. `git archive <commit> proxy | tar -x -C DIR`; "
-                             "default: this one")
+                        help="a checkout whose `proxy` and `policies` the replicas run "
+                             "(`python -m proxy` there), e.g. `git archive <commit> proxy "
+                             "policies | tar -x -C DIR`; default: this one")
     args = parser.parse_args()
     if args.replicas < 2:
         parser.error("--replicas: at least 2 (a killed replica's calls need another)")
@@ -335,10 +339,13 @@ async def main() -> None:
         await asyncio.gather(*callers)
         await asyncio.gather(*await faulting)
         traffic_s = tally.now()
-        for r in replicas:  # a replica that died by itself: started again to drain its claim
+        for r in replicas:  # one that died or did not come back: started again, for its claim
             if not r.up:
                 r.start()
-        await asyncio.gather(*(r.ready(http) for r in replicas))
+        for outcome in await asyncio.gather(*(r.ready(http) for r in replicas),
+                                            return_exceptions=True):
+            if isinstance(outcome, Exception):
+                print(f"at the end: {outcome}", flush=True)
         undelivered = await outbox_drained(database_url)
         for r in replicas:
             r.signal(signal.SIGTERM)
