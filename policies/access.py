@@ -229,21 +229,20 @@ class Access:
 def _named(call: McpMessage) -> tuple[str, str, str] | None:
     """(name, which profile, noun) of what `call` uses; None for a method that names nothing,
     or a malformed one (the upstream answers it)."""
-    params = call.params
+    params: dict[str, Any] | None = call.params
     if params is None:
         return None
     use = _USES.get(call.method or "")
-    if use is None:
-        if call.method != "completion/complete":
-            return None
+    if use is None and call.method == "completion/complete":
         ref = params.get("ref")
-        use = _REFS.get(ref.get("type")) if isinstance(ref, dict) else None
-        if use is None:
-            return None
-        params = ref
-    field, kind, noun = use
+        kind = ref.get("type") if isinstance(ref, dict) else None
+        use = _REFS.get(kind) if isinstance(kind, str) else None
+        params = ref if use is not None else None
+    if use is None or params is None:
+        return None
+    field, profile, noun = use
     name = params.get(field)
-    return (name, kind, noun) if isinstance(name, str) else None
+    return (name, profile, noun) if isinstance(name, str) else None
 
 
 def _admitted(rules: _Rules, principal: Principal) -> bool:

@@ -50,33 +50,32 @@ async def test_completions_and_subscriptions_answer_to_the_prompt_and_resource_r
     """completion/complete and resources/(un)subscribe name a prompt or resource as the calls
     do: a denied one answers as unknown and never reaches the upstream; an allowed one does."""
     access = {"prompts_deny": ["internal-*"], "resources_deny": ["file:///secret/*"]}
+    secret_template = ResourceTemplateReference(type="ref/resource", uri="file:///secret/{n}")
     async with open_stack(tmp_path, stateful_sse_app, config={"auth": jwt_auth()},
-                          access=access) as stack:
-        async with connect(stack.endpoint, headers=bearer("alice", ["eng"])) as client:
-            denied: list[tuple[Callable[[], Awaitable[Any]], str]] = [
-                (lambda: client.complete(PromptReference(type="ref/prompt", name="internal-plan"),
-                                 {"name": "a", "value": "b"}), "Unknown prompt: internal-plan"),
-                (lambda: client.complete(ResourceTemplateReference(type="ref/resource",
-                                                           uri="file:///secret/{name}"),
-                                 {"name": "name", "value": "k"}),
-                 "Resource not found: file:///secret/{name}"),
-                (lambda: client.subscribe_resource("file:///secret/key"),
-                 "Resource not found: file:///secret/key"),
-                (lambda: client.unsubscribe_resource("file:///secret/key"),
-                 "Resource not found: file:///secret/key")]
-            for request, message in denied:
-                with pytest.raises(MCPError) as info:
-                    await request()
-                assert (info.value.error.code, info.value.error.message) == (-32602, message)
-            assert stack.probe.posts("completion/complete") == []
-            assert stack.probe.posts("resources/subscribe") == []
-            assert stack.probe.posts("resources/unsubscribe") == []
-            # an allowed name reaches the upstream (which has no such prompt or subscriptions,
-            # and answers so itself)
-            with contextlib.suppress(MCPError):
-                await client.complete(PromptReference(type="ref/prompt", name="plan"),
-                                      {"name": "a", "value": "b"})
-            with contextlib.suppress(MCPError):
-                await client.subscribe_resource("file:///public/readme")
-            assert len(stack.probe.posts("completion/complete")) == 1
-            assert len(stack.probe.posts("resources/subscribe")) == 1
+                          access=access) as stack, \
+            connect(stack.endpoint, headers=bearer("alice", ["eng"])) as client:
+        denied: list[tuple[Callable[[], Awaitable[Any]], str]] = [
+            (lambda: client.complete(PromptReference(type="ref/prompt", name="internal-plan"),
+                                     {"name": "a", "value": "b"}),
+             "Unknown prompt: internal-plan"),
+            (lambda: client.complete(secret_template, {"name": "n", "value": "k"}),
+             "Resource not found: file:///secret/{n}"),
+            (lambda: client.subscribe_resource("file:///secret/key"),
+             "Resource not found: file:///secret/key"),
+            (lambda: client.unsubscribe_resource("file:///secret/key"),
+             "Resource not found: file:///secret/key")]
+        for request, message in denied:
+            with pytest.raises(MCPError) as info:
+                await request()
+            assert (info.value.error.code, info.value.error.message) == (-32602, message)
+        for method in ("completion/complete", "resources/subscribe", "resources/unsubscribe"):
+            assert stack.probe.posts(method) == []
+        # an allowed name reaches the upstream (which has no such prompt or subscriptions,
+        # and answers so itself)
+        with contextlib.suppress(MCPError):
+            await client.complete(PromptReference(type="ref/prompt", name="plan"),
+                                  {"name": "a", "value": "b"})
+        with contextlib.suppress(MCPError):
+            await client.subscribe_resource("file:///public/readme")
+        assert len(stack.probe.posts("completion/complete")) == 1
+        assert len(stack.probe.posts("resources/subscribe")) == 1
