@@ -5,9 +5,12 @@
     guards    Origin, media types, the caller's address, the parse
     eras      which era a message belongs to; the 2026-07-28 checks (seed 003's table)
     gateway   the spine: POST, GET, DELETE, top to bottom, one audit record each
-    forward   the leg a call takes to its upstream, the retries, one-way sends
+    forwarding  what the spine asks of an upstream kind (`Forwarding`), chosen once per route
+    forward   a plain upstream's forwarding: the leg a call takes, the retries, one-way sends
+    names     the tools and prompts a plain upstream lists (unknown names answered here)
     bridge    each upstream's era, and the legacy sessions held for sessionless callers
     relay     an upstream SSE stream relayed event by event; how a streamed call ends
+    resume    an answer on a resumed stream, recorded and held to the call's rules first
     sse       SSE framing
 
 Identity (proxy/auth), the policies (policies/ through proxy/chain.py) and the upstream

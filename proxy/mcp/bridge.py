@@ -20,7 +20,12 @@ from typing import Any
 import orjson
 
 from proxy import __version__
-from proxy.errors import GatewayError, UpstreamFailure, UpstreamProtocolError
+from proxy.errors import (
+    GatewayError,
+    UpstreamBadGateway,
+    UpstreamFailure,
+    UpstreamProtocolError,
+)
 from proxy.jsonrpc import McpMessage
 from proxy.mcp import eras
 from proxy.mcp.sse import EventSplitter, event_data
@@ -43,7 +48,6 @@ class Bridge:
     def __init__(self, upstream: UpstreamClient, store: BridgeStore) -> None:
         self._upstream = upstream
         self._store = store
-        self.store = store  # what proxy/virtual reads to end the sessions it holds
         self._probes: SingleFlight[str, Learned] = SingleFlight()
         self._opening: SingleFlight[tuple[str, str], HeldSession] = SingleFlight()
 
@@ -118,6 +122,45 @@ class Bridge:
 
     async def forget(self, route: UpstreamRoute, principal_key: str) -> None:
         await self._store.forget(route.state_key, principal_key)
+
+    async def answer(self, route: UpstreamRoute, principal_key: str, body: bytes,
+                     extra: list[tuple[str, str]]) -> int | None:
+        """A client's answer sent on, on the session held for the principal: the upstream's
+        status, or None when no session is held. An upstream failure is 502."""
+        held = await self._store.session(route.state_key, principal_key)
+        if held is None:
+            return None
+        headers = self._upstream.headers(route, {}, held.upstream_session_id, extra=[
+            JSON_TYPES, *extra, ("mcp-protocol-version", LEGACY_VERSION)])
+        try:
+            response = await self._upstream.open(route, "POST", headers, body)
+            await response.aclose()
+        except UpstreamFailure as exc:
+            raise UpstreamBadGateway(exc.wire_message) from None
+        return int(response.status_code)
+
+    async def listen(self, route: UpstreamRoute, principal_key: str,
+                     extra: list[tuple[str, str]] | None) -> Any:
+        """The GET stream on the session held for the principal (opened now if none is), an
+        `httpx.Response` still open; None when the upstream is stateless."""
+        held = await self.session(route, principal_key, extra)
+        if held.upstream_session_id is None:
+            return None
+        headers = self._upstream.headers(route, {}, held.upstream_session_id, get=True, extra=[
+            *(extra or []), ("mcp-protocol-version", LEGACY_VERSION)])
+        return await self._upstream.open(route, "GET", headers, stream_timeout=True)
+
+    async def end(self, route: UpstreamRoute, principal_key: str) -> None:
+        """Forget the session held for the principal, and DELETE it upstream."""
+        held = await self._store.session(route.state_key, principal_key)
+        if held is None:
+            return
+        await self._store.forget(route.state_key, principal_key)
+        if held.upstream_session_id is not None:
+            headers = self._upstream.headers(route, {"mcp-protocol-version": LEGACY_VERSION},
+                                             held.upstream_session_id)
+            response = await self._upstream.open(route, "DELETE", headers)
+            await response.aclose()
 
     async def _open(self, route: UpstreamRoute, extra: list[tuple[str, str]] | None
                     ) -> HeldSession:

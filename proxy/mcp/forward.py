@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import logging
 import secrets
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from proxy.auth.principal import Principal
 from proxy.chain import CallContext, Chain, Rewrite
 from proxy.connect.manager import Connections, UpstreamNotConnected
 from proxy.errors import (
+    Draining,
     GatewayError,
     InvalidParams,
     MethodNotFound,
@@ -43,7 +44,7 @@ from proxy.errors import (
 from proxy.jsonrpc import McpMessage, response_outcome
 from proxy.mcp import bridge, eras, names
 from proxy.mcp.bridge import Bridge
-from proxy.mcp.exchange import EdgeRequest
+from proxy.mcp.forwarding import Listened, NoStream, Outgoing
 from proxy.mcp.sse import EventSplitter, event_data
 from proxy.state import Session, SessionStore
 from proxy.state.bridge import BridgeStore
@@ -100,7 +101,7 @@ class Forwarded:
 class Forwarder:
     def __init__(self, upstream: UpstreamClient, sessions: SessionStore, bridged: BridgeStore,
                  *, identity: IdentityForwarder, connections: Connections | None,
-                 spawn: Spawn) -> None:
+                 spawn: Spawn, max_response_bytes: int = 16 * 1024 * 1024) -> None:
         self.upstream = upstream
         self.bridge = Bridge(upstream, bridged)
         self.sessions = sessions
@@ -108,12 +109,12 @@ class Forwarder:
         self.connections = connections
         self._spawn = spawn
         self.names = names.Names()  # what each plain upstream lists
-        self.max_response_bytes = 16 * 1024 * 1024  # a fresh list, at most (the spine sets it)
+        self.max_response_bytes = max_response_bytes  # a fresh list, at most
 
     # -- a call --------------------------------------------------------------------------
 
-    async def call(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
-                   session: Session | None, ctx: CallContext, into: Forwarded, *,
+    async def call(self, route: UpstreamRoute, headers: Mapping[str, str], msg: McpMessage,
+                   session: Session | None, ctx: CallContext, into: Forwarded,
                    chain: Chain | None = None) -> None:
         """Forward the call; `into` holds the leg from the moment it is chosen (so a call
         cancelled while it waits can tell its upstream on the right session) and, at the end,
@@ -121,14 +122,14 @@ class Forwarder:
         these policies, and where they hide names from the caller, the tool and prompt names
         are learned and checked here (`proxy.mcp.names`; a virtual endpoint has its own)."""
         if chain is not None and msg.method in names.CALLS:
-            await self._known(route, req, msg, session, ctx, chain)
-        leg = into.leg = await self._leg(route, req, msg, session, ctx)
+            await self._known(route, headers, msg, session, ctx, chain)
+        leg = into.leg = await self._leg(route, headers, msg, session, ctx)
         leg.route = route
         if leg.local is not None:
             return
         response = await self._send(route, leg, msg)
         try:
-            retried = await self._retry(route, req, msg, session, ctx, leg, response)
+            retried = await self._retry(route, headers, msg, session, ctx, leg, response)
         except BaseException:
             await response.aclose()
             raise
@@ -147,7 +148,7 @@ class Forwarder:
 
     # -- the names an upstream has ---------------------------------------------------------
 
-    async def _known(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+    async def _known(self, route: UpstreamRoute, headers: Mapping[str, str], msg: McpMessage,
                      session: Session | None, ctx: CallContext, chain: Chain) -> None:
         """Return when the named tool or prompt may be the upstream's; raise the answer a
         hidden one gets (`InvalidParams`, audited as an error with that message) when a
@@ -163,7 +164,7 @@ class Forwarder:
         if self.names.known(identity, name) or not chain.hides(_LISTING[listing], ctx):
             return
         await self.names.look_again(identity, ctx.principal.key, ctx.clock(), lambda: (
-            self._list_afresh(route, req, msg, session, ctx, listing, identity)))
+            self._list_afresh(route, headers, msg, session, ctx, listing, identity)))
         if self.names.known(identity, name) is False:
             raise InvalidParams(names.unknown(kind, name))
 
@@ -177,7 +178,7 @@ class Forwarder:
         return self.names.identity(route.state_key, ctx.principal.key if per_caller else None,
                                    names.LISTS[listing][0])
 
-    async def _list_afresh(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+    async def _list_afresh(self, route: UpstreamRoute, headers: Mapping[str, str], msg: McpMessage,
                            session: Session | None, ctx: CallContext, listing: str,
                            identity: names.Identity) -> None:
         """The upstream's whole list, asked for as this caller on this caller's leg (its
@@ -188,9 +189,9 @@ class Forwarder:
         cursor: str | None = None
         try:
             for _ in range(names.MAX_PAGES):
-                lreq, lmsg = _listing(req, msg, listing, cursor)
+                lheaders, lmsg = _listing(headers, msg, listing, cursor)
                 into = Forwarded(Leg([]))
-                await self.call(route, lreq, lmsg, session, ctx, into)
+                await self.call(route, lheaders, lmsg, session, ctx, into)
                 if into.response is None:  # answered by the gateway: not the upstream's
                     return
                 result = await self._result(into.response, lmsg.id)
@@ -230,7 +231,7 @@ class Forwarder:
             headers, body = trace.upstream(route, msg, headers, body)
         return await self.upstream.open(route, "POST", headers, body)
 
-    async def _retry(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+    async def _retry(self, route: UpstreamRoute, headers: Mapping[str, str], msg: McpMessage,
                      session: Session | None, ctx: CallContext, leg: Leg,
                      response: httpx.Response) -> tuple[Leg, httpx.Response | None] | None:
         """The call again when its first answer calls for it (see the module docstring);
@@ -245,10 +246,10 @@ class Forwarder:
             fresh = await self.connections.refresh(route.name, ctx.principal.key, leg.bearer)
         elif msg.method == "initialize" and status >= 400 and await self._modern_only(route):
             await response.aclose()  # a 2026-07-28-only upstream refused a legacy opening
-            return await self._leg(route, req, msg, session, ctx), None
+            return await self._leg(route, headers, msg, session, ctx), None
         else:
             return None
-        leg = await self._leg(route, req, msg, session, ctx, fresh)
+        leg = await self._leg(route, headers, msg, session, ctx, fresh)
         return leg, await self._send(route, leg, msg)
 
     async def _check_status(self, response: httpx.Response, session: Session | None, *,
@@ -323,35 +324,74 @@ class Forwarder:
             self.connections.last_lists[(route.state_key, "tools/list")] = copy.deepcopy(
                 obj["result"])
 
+    # -- the spine's view of a plain upstream (proxy.mcp.forwarding) ----------------------
+
+    relays_client_cancel = True  # a client's notifications/cancelled goes on by one_way
+
+    async def check(self, route: UpstreamRoute, chain: Chain, msg: McpMessage,
+                    ctx: CallContext) -> CallContext:
+        await chain.run(msg, ctx)
+        return ctx
+
+    def views(self, route: UpstreamRoute, leg: Leg, session: Session | None,
+              ctx: CallContext) -> tuple[bool, Outgoing | None]:
+        """A legacy upstream's request to a 2026-07-28 caller ends the call: nothing can
+        carry the question. Nothing else is viewed on the way."""
+        return leg.bridged, None
+
+    def resumable(self, leg: Leg) -> bool:
+        """The upstream's own stream reaches the client (no bridge): the client may resume
+        it with Last-Event-ID."""
+        return not leg.bridged
+
     # -- no call to answer -----------------------------------------------------------------
 
-    async def one_way(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
-                      session: Session | None, principal: Principal) -> None:
+    async def one_way(self, route: UpstreamRoute, headers: Mapping[str, str], msg: McpMessage,
+                      session: Session | None, ctx: CallContext) -> None:
         """A notification or a client's response, sent on, on the caller's own upstream
         session (an upstream takes an answer only on the session it asked on; a local process
-        also by the person). An upstream failure is 502 with no id (the 2025-11-25 transport);
-        the upstream's own 4xx error is relayed."""
-        headers = self.upstream.headers(
-            route, req.headers, session.upstream_session_id if session else None,
-            extra=person_header(route, principal))
+        also by the person). A 2026-07-28 upstream has no use for either (it learns of a cancel
+        from the closed request): nothing is sent. An upstream failure is 502 with no id (the
+        2025-11-25 transport); the upstream's own 4xx error is relayed."""
+        if ctx.era == "modern" or (session is not None and session.bridged_envelope is not None):
+            return
+        sent = self.upstream.headers(
+            route, headers, session.upstream_session_id if session else None,
+            extra=person_header(route, ctx.principal))
         body, trace = msg.body, CURRENT.get()
         if trace is not None:
-            headers, body = trace.upstream(route, msg, headers, body)
+            sent, body = trace.upstream(route, msg, sent, body)
         try:
-            response = await self.upstream.open(route, "POST", headers, body)
+            response = await self.upstream.open(route, "POST", sent, body)
             await self._check_status(response, session)
             await response.aclose()
         except UpstreamFailure as exc:
             raise UpstreamBadGateway(exc.wire_message) from None
 
-    async def listen(self, route: UpstreamRoute, req: EdgeRequest, session: Session | None
-                     ) -> httpx.Response | dict[str, str]:
+    async def listen(self, route: UpstreamRoute, headers: Mapping[str, str],
+                     session: Session | None, principal: Principal, draining: bool
+                     ) -> Listened | NoStream:
+        """The upstream's GET stream (resumable when the client resumes a call's stream with
+        Last-Event-ID), or NoStream: a legacy client's session on a 2026-07-28 upstream has
+        none, nor has an upstream that answers 405."""
+        if session is not None and session.bridged_envelope is not None:
+            return NoStream({"Allow": "POST, DELETE"}, "no GET stream on a 2026-07-28 upstream")
+        if draining:
+            raise Draining()
+        response = await self._open_stream(route, headers, session)
+        if isinstance(response, dict):  # the spec's own answer: no GET stream offered
+            return NoStream(response, "upstream offers no GET stream")
+        return Listened(BodyChunks(response), response.aclose,
+                        resumable=session is not None and "last-event-id" in headers)
+
+    async def _open_stream(self, route: UpstreamRoute, headers: Mapping[str, str],
+                           session: Session | None) -> httpx.Response | dict[str, str]:
         """The upstream's GET stream, open; or, when it offers none (405), the Allow header
         to answer with. An upstream failure is 502, its own 4xx error relayed."""
-        headers = self.upstream.headers(
-            route, req.headers, session.upstream_session_id if session else None, get=True)
+        sent = self.upstream.headers(
+            route, headers, session.upstream_session_id if session else None, get=True)
         try:
-            response = await self.upstream.open(route, "GET", headers, stream_timeout=True)
+            response = await self.upstream.open(route, "GET", sent, stream_timeout=True)
         except UpstreamFailure as exc:
             raise UpstreamBadGateway(exc.wire_message) from None
         status = response.status_code
@@ -368,15 +408,15 @@ class Forwarder:
             raise UpstreamBadGateway("upstream GET stream is not text/event-stream")
         return response
 
-    async def end(self, route: UpstreamRoute, req: EdgeRequest, session: Session
+    async def end(self, route: UpstreamRoute, headers: Mapping[str, str], session: Session
                   ) -> dict[str, str] | None:
         """DELETE the upstream session, if there is one; None once it is gone (a 404 too),
         or, when the upstream lets no client end a session (405), the Allow header."""
         if session.upstream_session_id is None:
             return None
-        headers = self.upstream.headers(route, req.headers, session.upstream_session_id)
+        sent = self.upstream.headers(route, headers, session.upstream_session_id)
         try:
-            response = await self.upstream.open(route, "DELETE", headers)
+            response = await self.upstream.open(route, "DELETE", sent)
             status = response.status_code
             try:
                 relayed = None if status in (404, 405) else await rejection(response)
@@ -414,16 +454,42 @@ class Forwarder:
 
         self._spawn(send())
 
+    # -- a session the bridge holds for a caller (a virtual endpoint's member) -------------
+
+    async def era_of(self, route: UpstreamRoute) -> str:
+        """The era the upstream speaks (learned once, when configured `auto`)."""
+        return route.era if route.era != "auto" else await self.bridge.era(route)
+
+    async def answer_held(self, route: UpstreamRoute, principal: Principal, body: bytes
+                          ) -> int | None:
+        """A client's answer sent on, on the session held for `principal`: the upstream's
+        HTTP status, or None when no session is held (the request went with it)."""
+        extra = [*(self.identity.headers(route, principal) or []),
+                 *person_header(route, principal)]  # a local member binds answers to it
+        return await self.bridge.answer(route, principal.key, body, extra)
+
+    async def listen_held(self, route: UpstreamRoute, principal: Principal, holder: str
+                          ) -> httpx.Response | None:
+        """The GET stream on the session held for `holder` (opened now if none is), as
+        `principal`; None for a stateless upstream (no stream to listen on)."""
+        response: httpx.Response | None = await self.bridge.listen(
+            route, holder, self.identity.headers(route, principal))
+        return response
+
+    async def end_held(self, route: UpstreamRoute, holder: str) -> None:
+        """Forget the session held for `holder`, and end it upstream."""
+        await self.bridge.end(route, holder)
+
     # -- choosing the leg --------------------------------------------------------------------
 
-    async def _leg(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+    async def _leg(self, route: UpstreamRoute, headers: Mapping[str, str], msg: McpMessage,
                    session: Session | None, ctx: CallContext, bearer: str | None = None
                    ) -> Leg:
         identity = self.identity.headers(route, ctx.principal)
         if route.local:  # a local process: chosen per person (per_user), answers bound to them
             identity = [*(identity or []), *person_header(route, ctx.principal)]
         if self.connections is None or route.name not in self.connections.upstreams:
-            return await self._route_leg(route, req, msg, session, ctx, identity)
+            return await self._route_leg(route, headers, msg, session, ctx, identity)
         try:
             bearer = bearer or await self.connections.access_token(route.name,
                                                                    ctx.principal.key)
@@ -433,11 +499,11 @@ class Forwarder:
                 return Leg([], local=copy.deepcopy(last))
             raise
         identity = [*(identity or []), ("authorization", f"Bearer {bearer}")]
-        leg = await self._route_leg(route, req, msg, session, ctx, identity)
+        leg = await self._route_leg(route, headers, msg, session, ctx, identity)
         leg.bearer = bearer
         return leg
 
-    async def _route_leg(self, route: UpstreamRoute, req: EdgeRequest, msg: McpMessage,
+    async def _route_leg(self, route: UpstreamRoute, headers: Mapping[str, str], msg: McpMessage,
                          session: Session | None, ctx: CallContext,
                          identity: list[tuple[str, str]] | None) -> Leg:
         if ctx.era == "legacy":
@@ -448,10 +514,10 @@ class Forwarder:
             if session is not None and session.bridged_envelope is not None:
                 return self._to_modern(route, msg, session, identity)
             usid = session.upstream_session_id if session else None
-            return Leg(self.upstream.headers(route, req.headers, usid, extra=identity), usid,
+            return Leg(self.upstream.headers(route, headers, usid, extra=identity), usid,
                        session.protocol_version if session else None)
         if await self.bridge.era(route) == "modern":
-            return Leg(self.upstream.headers(route, req.headers, None, extra=identity,
+            return Leg(self.upstream.headers(route, headers, None, extra=identity,
                                              modern=True), notify=False)
         return await self._to_legacy(route, msg, ctx, identity)
 
@@ -516,8 +582,8 @@ def after(seen: Rewrite | None, rewrite: Rewrite | None) -> Rewrite | None:
     return both
 
 
-def _listing(req: EdgeRequest, msg: McpMessage, method: str, cursor: str | None
-             ) -> tuple[EdgeRequest, McpMessage]:
+def _listing(headers: Mapping[str, str], msg: McpMessage, method: str, cursor: str | None
+             ) -> tuple[dict[str, str], McpMessage]:
     """A list request the gateway sends for a caller's call `msg`, in the call's era: its
     protocol version and envelope (no progress token), under an id of the gateway's own."""
     params: dict[str, Any] = {}
@@ -529,16 +595,11 @@ def _listing(req: EdgeRequest, msg: McpMessage, method: str, cursor: str | None
     request_id = f"tollhouse-{secrets.token_urlsafe(12)}"
     body = orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method,
                          "params": params})
-    headers = {k: v for k in ("content-type", "mcp-protocol-version")
-               if (v := req.headers.get(k)) is not None}
-    if req.headers.get("mcp-method") is not None:  # a 2026-07-28 request mirrors its method
-        headers["mcp-method"] = method
-
-    async def read() -> bytes:
-        return body
-
-    return (EdgeRequest(headers, read, req.peer, forwarded=req.forwarded),
-            McpMessage("request", request_id, method, params, body))
+    sent = {k: v for k in ("content-type", "mcp-protocol-version")
+            if (v := headers.get(k)) is not None}
+    if headers.get("mcp-method") is not None:  # a 2026-07-28 request mirrors its method
+        sent["mcp-method"] = method
+    return sent, McpMessage("request", request_id, method, params, body)
 
 
 def _result_of(obj: Any, request_id: Any) -> dict[str, Any]:

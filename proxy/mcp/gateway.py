@@ -42,6 +42,7 @@ from proxy.live import Live
 from proxy.mcp import eras, guards, resume
 from proxy.mcp.exchange import EdgeRequest, EdgeResponse
 from proxy.mcp.forward import Forwarded, Forwarder, Leg
+from proxy.mcp.forwarding import Forwarding, NoStream, Route, Routed
 from proxy.mcp.relay import JsonRelay, StreamEnd, StreamRelay
 from proxy.mcp.resume import RESUME_GRACE_S, ResumedRelay, Resumption
 from proxy.mcp.sse import HEAD_BYTES
@@ -49,8 +50,8 @@ from proxy.observability import Observer, Observers
 from proxy.observability.logs import trace_id
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
 from proxy.state.bridge import BridgeStore
-from proxy.state.resumable import ResumableStore
 from proxy.state.inflight import EndReason, Later, call_key
+from proxy.state.resumable import ResumableStore
 from proxy.state.sessions import Fetched
 from proxy.upstream import BodyChunks, UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
@@ -59,8 +60,7 @@ from proxy.virtual import VirtualForwarder, VirtualRoute
 
 log = logging.getLogger("tollhouse.gateway")
 
-Route = UpstreamRoute | VirtualRoute  # an upstream's own endpoint, or a virtual one
-Bodyless = Callable[[Route, EdgeRequest, "Session | None", AuditRecord, Principal],
+Bodyless = Callable[[Routed, EdgeRequest, "Session | None", AuditRecord, Principal],
                     Awaitable[EdgeResponse]]
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
@@ -94,9 +94,12 @@ class Gateway:
         self.allowed_origins = allowed_origins
         self.trusted_proxies = trusted_proxies  # parsed once, by create_app
         self.forward = Forwarder(upstream, sessions, bridged, identity=identity,
-                                 connections=connections, spawn=self.spawn)
-        self.virtual = VirtualForwarder(self.forward, routes, cursor_key)
-        self.virtual.max_response_bytes = self.forward.max_response_bytes = max_response_bytes
+                                 connections=connections, spawn=self.spawn,
+                                 max_response_bytes=max_response_bytes)
+        self.virtual = VirtualForwarder(self.forward, routes, cursor_key, max_response_bytes)
+        # a kind of upstream of its own (proxy.mcp.forwarding), by endpoint name: looked up
+        # before the upstreams and the virtual endpoints
+        self.mounts: dict[str, Routed] = {}
         self._later = later  # the clock deadlines run on (the loop's unless a test gives one)
         # metrics, the request log (and a tracer): told when each message begins and ends
         self.observer: Observer = observer or Observers()
@@ -113,21 +116,33 @@ class Gateway:
     def chain(self) -> Chain:
         return self.live.chain
 
-    def route(self, name: str) -> UpstreamRoute | VirtualRoute:
-        route = self.routes.get(name) or self.endpoints.get(name)
-        if route is None:
-            raise EndpointNotFound()
-        return route
+    def route(self, name: str) -> Routed:
+        """The endpoint's route and the forwarding of its kind, chosen once per request."""
+        mounted = self.mounts.get(name)
+        if mounted is not None:
+            return mounted
+        route = self.routes.get(name)
+        if route is not None:
+            return Routed(route, self.forward)
+        endpoint = self.endpoints.get(name)
+        if endpoint is not None:
+            return Routed(endpoint, self.virtual)
+        raise EndpointNotFound()
+
+    def mount(self, name: str, route: Route, forwarding: Forwarding) -> None:
+        """Serve `name` with a forwarding of its own (a new kind of upstream): the spine does
+        not change for it."""
+        self.mounts[name] = Routed(route, forwarding)
 
     # -- POST: one JSON-RPC message ----------------------------------------------------------
 
-    async def post(self, route: Route, req: EdgeRequest) -> EdgeResponse:
+    async def post(self, routed: Routed, req: EdgeRequest) -> EdgeResponse:
         started = time.perf_counter()
         chain = self.live.chain  # this call's rules, whatever a reload does meanwhile
         version = req.headers.get("mcp-protocol-version")
         modern_claim = eras.claims_modern(version)
         # the header's claim until the body says otherwise, so refusals before parsing name it
-        record = AuditRecord(endpoint=route.name, era="modern" if modern_claim else "legacy")
+        record = AuditRecord(endpoint=routed.name, era="modern" if modern_claim else "legacy")
         self.observer.begin(record)
         traceparent = req.headers.get("traceparent")
         if traceparent is not None:
@@ -145,9 +160,10 @@ class Gateway:
             guards.check_media(req.headers)
             caller = guards.caller(req, self.trusted_proxies)
             principal = await self.auth.authenticate(req.headers.get("authorization"),
-                                                     route.name, caller)
+                                                     routed.name, caller)
             record.principal = principal.subject
-            route = await self._resolve(route, principal, record)
+            routed = await self._resolve(routed, principal, record)
+            route = routed.route
             session = None if fetched is None else await self._session(fetched, route,
                                                                        principal)
             if session is not None:
@@ -166,16 +182,13 @@ class Gateway:
                               session_hash=record.session_hash, arguments_size=len(body),
                               api_key_id=principal.api_key_id, peer_ip=req.peer,
                               headers=req.forwarded, dial_key=route.dial_key)
-            if msg.kind != "response":
-                if isinstance(route, VirtualRoute):  # the member's rules too: proxy/virtual
-                    ctx = await self.virtual.check(route, chain, msg, ctx)
-                else:
-                    await chain.run(msg, ctx)
+            if msg.kind != "response":  # the chain, once per target (a virtual: the member's)
+                ctx = await routed.forwarding.check(route, chain, msg, ctx)
                 record.call_id, record.note = ctx.call_id, ctx.audit_note
                 msg = ctx.message or msg  # a guardrail redacted its arguments
             if msg.kind == "request":
-                return await self._call(route, req, msg, session, ctx, record, started, chain)
-            answer = await self._one_way(route, req, msg, session, ctx)
+                return await self._call(routed, req, msg, session, ctx, record, started, chain)
+            answer = await self._one_way(routed, req, msg, session, ctx)
             record.http_status = answer.status
             self._done(record, started)  # a notification or a response is not audited
             return answer
@@ -187,17 +200,18 @@ class Gateway:
             request_id = msg.id if msg is not None else guards.late_id(exc, body)
             return await self._refuse(exc, record, started, request_id)
         except Exception:
-            log.exception("unexpected failure on /mcp/%s", route.name)
+            log.exception("unexpected failure on /mcp/%s", routed.name)
             return await self._refuse(InternalError(), record, started, msg.id if msg else None)
         finally:
             if fetched is not None:
                 fetched.drop()  # unread when the request failed first
 
-    async def _call(self, route: Route, req: EdgeRequest, msg: McpMessage,
+    async def _call(self, routed: Routed, req: EdgeRequest, msg: McpMessage,
                     session: Session | None, ctx: CallContext, record: AuditRecord,
                     started: float, chain: Chain) -> EdgeResponse:
         """A request: registered in flight (cancellable, under its deadline), forwarded, and
         answered; a streamed answer keeps the registration until the stream ends."""
+        route, forwarding = routed.route, routed.forwarding
         handle = CallHandle()
         if msg.method != "subscriptions/listen":  # a listen stream lasts as long as the client
             handle.deadline(route.total_timeout_s, self._later)
@@ -209,13 +223,8 @@ class Gateway:
         handed_over = False
         try:
             record.upstream_started = time.perf_counter()  # the upstream leg (its metric)
-            if isinstance(route, VirtualRoute):
-                forward: Any = self.virtual
-                await self.virtual.call(route, req, msg, session, ctx, forwarded, chain)
-                record.note = ctx.audit_note
-            else:
-                forward = self.forward
-                await self.forward.call(route, req, msg, session, ctx, forwarded, chain=chain)
+            await forwarding.call(route, req.headers, msg, session, ctx, forwarded, chain)
+            record.note = ctx.audit_note
             rewrite = forwarded.leg.rewrite(_noting(chain.rewriter(msg, ctx), ctx, record),
                                             msg.method)
             held = self.forward.must_hold(msg, rewrite)
@@ -232,16 +241,13 @@ class Gateway:
                 record.session_hash = session.id_hash
             headers = {"Mcp-Session-Id": session.id} if session is not None else {}
             if response.headers.get("content-type", "").startswith("text/event-stream"):
-                resumable = self._resumable(route, session, forwarded.leg, key, msg, record,
+                resumable = self._resumable(routed, session, forwarded.leg, key, msg, record,
                                             ctx, started)
                 end = StreamEnd(self.inflight, self.audit, key, partial(
-                    forward.notify_cancelled, route, forwarded.leg, msg.id),
+                    forwarding.notify_cancelled, route, forwarded.leg, msg.id),
                     forwarded.leg.bridged, observer=self.observer,
-                    resumable=None if resumable is None else self.resumption.store)
-                refuse, outgoing = forwarded.leg.bridged, None
-                if isinstance(route, VirtualRoute):  # a member's requests reach the client
-                    refuse = self.virtual.refuses_requests(forwarded.leg, ctx)
-                    outgoing = self.virtual.outgoing(route, forwarded.leg, session, ctx)
+                    resumable=self.resumption.store if resumable and self.resumption else None)
+                refuse, outgoing = forwarding.views(route, forwarded.leg, session, ctx)
                 relay = StreamRelay(BodyChunks(response), response.aclose, request_id=msg.id,
                                     handle=handle, record=record, started=started,
                                     spawn=self.spawn, rewrite=rewrite, refuse_requests=refuse,
@@ -257,7 +263,7 @@ class Gateway:
             if rest is not None:  # large, and nobody rewrites it: streamed as it arrives
                 handle.close()  # the upstream has answered: no deadline cuts the body
                 end = StreamEnd(self.inflight, self.audit, key, partial(
-                    forward.notify_cancelled, route, forwarded.leg, msg.id),
+                    forwarding.notify_cancelled, route, forwarded.leg, msg.id),
                     forwarded.leg.bridged, observer=self.observer)
                 relay = JsonRelay(data, rest, response.aclose, request_id=msg.id,
                                   handle=handle, record=record, started=started,
@@ -265,7 +271,7 @@ class Gateway:
                                   on_answer=end.answered)
                 handed_over = True
                 return EdgeResponse(200, {**JSON_HEADERS, **headers}, stream=relay)
-            data, error = forward.json_answer(route, msg, forwarded, rewrite, data)
+            data, error = forwarding.json_answer(route, msg, forwarded, rewrite, data)
             if error is not None:
                 record.status, record.error_message = "error", error
                 record.error_type = upstream_error_type(error)
@@ -275,10 +281,9 @@ class Gateway:
             leg = forwarded.leg
             if not handle.absorb():  # the client went away: clean up, let the cancel go on
                 self._disconnected(record, started)
-                self._forwarder(route).notify_cancelled(route, leg, msg.id,
-                                                        EndReason.DISCONNECTED)
+                forwarding.notify_cancelled(route, leg, msg.id, EndReason.DISCONNECTED)
                 raise
-            return await self._cancelled(route, msg, ctx, handle, leg, record, started)
+            return await self._cancelled(routed, msg, ctx, handle, leg, record, started)
         finally:
             if not handed_over:
                 handle.close()
@@ -288,14 +293,15 @@ class Gateway:
         # answered: out of the registry and past its deadline, it waits for its record
         return await self._answer(record, started, answer, msg.id)
 
-    def _resumable(self, route: Route, session: Session | None, leg: Leg, key: str,
+    def _resumable(self, routed: Routed, session: Session | None, leg: Leg, key: str,
                    msg: McpMessage, record: AuditRecord, ctx: CallContext, started: float
                    ) -> Callable[[], Awaitable[bool]] | None:
-        """A streamed call a client could resume on another GET (a session on a legacy
+        """A streamed call a client could resume on another GET (a session, and the
         upstream's own stream): what keeps its context once the stream shows an event id."""
-        if self.resumption is None or session is None or leg.bridged \
-                or isinstance(route, VirtualRoute):
+        if self.resumption is None or session is None \
+                or not routed.forwarding.resumable(leg):
             return None
+        route = routed.route
         started_at = time.time() - (time.perf_counter() - started)
         return self.resumption.remembering(
             key, route.total_timeout_s + RESUME_GRACE_S,
@@ -320,121 +326,91 @@ class Gateway:
         record.bytes_out = len(data)
         return EdgeResponse(200, headers, data)
 
-    async def _one_way(self, route: Route, req: EdgeRequest, msg: McpMessage,
+    async def _one_way(self, routed: Routed, req: EdgeRequest, msg: McpMessage,
                        session: Session | None, ctx: CallContext) -> EdgeResponse:
         """A notification or a response to a server-to-client request: 202. A cancel naming
-        one of this caller's calls in flight ends it. A 2026-07-28 upstream has no use for
-        either (it learns of a cancel from the closed request): answered here."""
+        one of this caller's calls in flight ends it; the forwarding sends on what its
+        upstream needs."""
         target = msg.params.get("requestId") if msg.params is not None else None
         if msg.method == "notifications/cancelled" and isinstance(target, (str, int)):
-            await self.inflight.cancel(call_key(route.name, ctx.principal.key,
+            await self.inflight.cancel(call_key(routed.name, ctx.principal.key,
                                                 session.id if session else "", target),
                                        EndReason.CANCELLED)
-        headers = {"Mcp-Session-Id": session.id} if session is not None else {}
-        if isinstance(route, VirtualRoute) and msg.kind == "response":
-            await self.virtual.respond(route, msg, session, ctx)  # to the member that asked
-            return EdgeResponse(202, headers)
-        if ctx.era == "modern" or (session is not None and session.bridged_envelope is not None) \
-                or isinstance(route, VirtualRoute):  # its members are told nothing one-way
-            return EdgeResponse(202, headers)
-        await self.forward.one_way(route, req, msg, session, ctx.principal)
-        return EdgeResponse(202, headers)
+        await routed.forwarding.one_way(routed.route, req.headers, msg, session, ctx)
+        return EdgeResponse(202, {"Mcp-Session-Id": session.id} if session is not None else {})
 
-    async def _cancelled(self, route: Route, msg: McpMessage, ctx: CallContext,
+    async def _cancelled(self, routed: Routed, msg: McpMessage, ctx: CallContext,
                          handle: CallHandle, leg: Leg, record: AuditRecord,
                          started: float) -> EdgeResponse:
         """A deliberate end (the client's cancel, the deadline): -32800, and the upstream told
         unless the client's own notifications/cancelled is on its way there."""
         assert handle.reason is not None
-        virtual = isinstance(route, VirtualRoute)  # a client's cancel stops at the gateway
-        if handle.reason is not EndReason.CANCELLED or ctx.era == "modern" or virtual:
-            self._forwarder(route).notify_cancelled(route, leg, msg.id, handle.reason)
+        forwarding = routed.forwarding
+        if handle.reason is not EndReason.CANCELLED or ctx.era == "modern" \
+                or not forwarding.relays_client_cancel:
+            forwarding.notify_cancelled(routed.route, leg, msg.id, handle.reason)
         return await self._refuse(Cancelled(handle.reason), record, started, msg.id)
 
     # -- GET: the server-to-client stream; DELETE: end the session ---------------------------
 
-    async def get(self, route: Route, req: EdgeRequest) -> EdgeResponse:
+    async def get(self, routed: Routed, req: EdgeRequest) -> EdgeResponse:
         """The server-to-client stream, relayed. Audited once, when it opens or is refused;
         an upstream failure is 502 with no upstream status, body or headers."""
-        return await self._bodyless(route, req, "GET", self._listen)
+        return await self._bodyless(routed, req, "GET", self._listen)
 
-    async def delete(self, route: Route, req: EdgeRequest) -> EdgeResponse:
+    async def delete(self, routed: Routed, req: EdgeRequest) -> EdgeResponse:
         """End a session here and upstream. Audited once; an upstream failure is 502 and
         leaves the session as it was."""
-        return await self._bodyless(route, req, "DELETE", self._end)
+        return await self._bodyless(routed, req, "DELETE", self._end)
 
-    async def _listen(self, route: Route, req: EdgeRequest, session: Session | None,
+    async def _listen(self, routed: Routed, req: EdgeRequest, session: Session | None,
                       record: AuditRecord, principal: Principal) -> EdgeResponse:
-        if isinstance(route, VirtualRoute):
-            return await self._listen_virtual(route, session, record, principal)
-        if session is not None and session.bridged_envelope is not None:
-            record.note = "no GET stream on a 2026-07-28 upstream"
-            return EdgeResponse(405, {"Allow": "POST, DELETE"})
-        if self.draining:
-            raise Draining()
-        stream = await self.forward.listen(route, req, session)
-        if isinstance(stream, dict):  # the spec's own answer: no GET stream offered
-            record.note = "upstream offers no GET stream"
-            return EdgeResponse(405, stream)
-        headers = {"Mcp-Session-Id": session.id} if session is not None else {}
-        if session is not None and self.resumption is not None \
-                and "last-event-id" in req.headers:  # a call's stream, resumed: its answer
-            chain = self.live.chain
+        listened = await routed.forwarding.listen(routed.route, req.headers, session,
+                                                  principal, self.draining)
+        if isinstance(listened, NoStream):
+            record.note = listened.note
+            return EdgeResponse(405, listened.allow)
+        stopped = listened.stopped
+
+        async def done(relay: StreamRelay) -> None:
+            self._listening.discard(relay)
+            if stopped is not None:
+                stopped()
+
+        if listened.resumable and session is not None and self.resumption is not None:
+            chain = self.live.chain  # a call's stream, resumed: its answer is settled first
             relay: StreamRelay = ResumedRelay(
-                BodyChunks(stream), stream.aclose, spawn=self.spawn,
-                on_done=self._stopped_listening, limit=self.max_response_bytes,
-                settle=partial(self.resumption.settle, chain, route.name, session, principal),
-                hold_notices=chain.notices(route.name))
+                listened.chunks, listened.close, spawn=self.spawn, on_done=done,
+                limit=self.max_response_bytes,
+                settle=partial(self.resumption.settle, chain, routed.name, session, principal),
+                hold_notices=chain.notices(routed.name))
         else:
-            relay = StreamRelay(BodyChunks(stream), stream.aclose, spawn=self.spawn,
-                                on_done=self._stopped_listening)
+            relay = StreamRelay(listened.chunks, listened.close, spawn=self.spawn, on_done=done)
         self._listening.add(relay)
         if self.draining:  # began to drain while the upstream answered
             relay.end()
+        headers = {"Mcp-Session-Id": session.id} if session is not None else {}
         return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
 
-    async def _listen_virtual(self, route: VirtualRoute, session: Session | None,
-                              record: AuditRecord, principal: Principal) -> EdgeResponse:
-        """The members' GET streams merged (proxy/virtual/listen.py), for a gateway session."""
-        if session is None:
-            record.note = "no GET stream without a session on a virtual endpoint"
-            return EdgeResponse(405, {"Allow": "POST, DELETE"})
-        if self.draining:
-            raise Draining()
-        merged = await self.virtual.listen(route, session, principal)
-
-        async def stopped(relay: StreamRelay) -> None:
-            self.virtual.stopped_listening(merged)
-            await self._stopped_listening(relay)
-
-        relay = StreamRelay(merged, merged.aclose, spawn=self.spawn, on_done=stopped)
-        self._listening.add(relay)
-        if self.draining:
-            relay.end()
-        return EdgeResponse(200, {**SSE_HEADERS, "Mcp-Session-Id": session.id}, stream=relay)
-
-    async def _stopped_listening(self, relay: StreamRelay) -> None:
-        self._listening.discard(relay)
-
-    async def _end(self, route: Route, req: EdgeRequest, session: Session | None,
+    async def _end(self, routed: Routed, req: EdgeRequest, session: Session | None,
                    record: AuditRecord, principal: Principal) -> EdgeResponse:
         if session is None:
             raise InvalidRequest("Invalid Request: Mcp-Session-Id header required")
-        refused = await self._forwarder(route).end(route, req, session)
+        refused = await routed.forwarding.end(routed.route, req.headers, session)
         if refused is not None:
             record.note = "upstream does not let clients end sessions"
             return EdgeResponse(405, refused)
         await self.sessions.delete(session.id)
         if self._session_ended is not None:
-            self._session_ended(route.name, session.created_at)
+            self._session_ended(routed.name, session.created_at)
         return EdgeResponse(200)
 
-    async def _bodyless(self, route: Route, req: EdgeRequest, method: str,
+    async def _bodyless(self, routed: Routed, req: EdgeRequest, method: str,
                         step: Bodyless) -> EdgeResponse:
         """GET and DELETE: Origin, identity and session, as for a POST, then `step`; one audit
         record either way. Neither exists in the 2026-07-28 era: one that claims it is 405."""
         started = time.perf_counter()
-        record = AuditRecord(endpoint=route.name, method=method)
+        record = AuditRecord(endpoint=routed.name, method=method)
         self.observer.begin(record)
         if "traceparent" in req.headers:
             record.trace_id = trace_id(req.headers["traceparent"])
@@ -445,31 +421,28 @@ class Gateway:
                 record.era = "modern"
                 raise MethodNotAllowed(headers={"Allow": "POST"})
             principal = await self.auth.authenticate(req.headers.get("authorization"),
-                                                     route.name,
+                                                     routed.name,
                                                      guards.caller(req, self.trusted_proxies))
             record.principal = principal.subject
-            route = await self._resolve(route, principal, record)
+            routed = await self._resolve(routed, principal, record)
             eras.check_header(version)
             session_id = req.headers.get("mcp-session-id")
             session = None if session_id is None else await self._session(
-                self.sessions.fetch(session_id), route, principal)
+                self.sessions.fetch(session_id), routed.route, principal)
             if session is not None:
                 record.session_hash = session.id_hash
             return await self._answer(record, started,
-                                      await step(route, req, session, record, principal), None)
+                                      await step(routed, req, session, record, principal), None)
         except asyncio.CancelledError:  # the client went away before the answer
             self._disconnected(record, started)
             raise
         except GatewayError as exc:
             return await self._refuse(exc, record, started, None)
         except Exception:
-            log.exception("unexpected failure on %s /mcp/%s", method, route.name)
+            log.exception("unexpected failure on %s /mcp/%s", method, routed.name)
             return await self._refuse(InternalError(), record, started, None)
 
     # -- shared steps ------------------------------------------------------------------------
-
-    def _forwarder(self, route: Route | VirtualRoute) -> Any:
-        return self.virtual if isinstance(route, VirtualRoute) else self.forward
 
     async def _session(self, fetched: Fetched, route: Route, principal: Principal
                        ) -> Session:
@@ -479,14 +452,14 @@ class Gateway:
             raise SessionNotFound()
         return session
 
-    async def _resolve(self, route: Route, principal: Principal, record: AuditRecord
-                       ) -> Route:
+    async def _resolve(self, routed: Routed, principal: Principal, record: AuditRecord
+                       ) -> Routed:
         """A per-caller upstream: this caller's own server (or NoUpstreamForCaller)."""
-        if route.template is None or isinstance(route, VirtualRoute):
-            return route
-        resolved = await self.tenants.resolve(route, principal)
+        if routed.route.template is None:
+            return routed
+        resolved = await self.tenants.resolve(routed.route, principal)
         record.upstream = resolved.origin
-        return resolved
+        return Routed(resolved, routed.forwarding)
 
     async def _refuse(self, exc: GatewayError, record: AuditRecord, started: float,
                       request_id: Any) -> EdgeResponse:

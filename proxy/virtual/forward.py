@@ -33,30 +33,28 @@ from proxy import __version__
 from proxy.auth.principal import Principal
 from proxy.chain import CallContext, Chain, Rewrite
 from proxy.errors import (
+    Draining,
     GatewayError,
     HiddenTool,
     InternalError,
     InvalidParams,
     MethodNotFound,
-    UpstreamBadGateway,
     UpstreamFailure,
     UpstreamProtocolError,
     UpstreamUnavailable,
 )
-from proxy.jsonrpc import McpMessage, response_outcome
+from proxy.jsonrpc import McpMessage
 from proxy.mcp import bridge, eras, names
-from proxy.mcp.exchange import EdgeRequest
 from proxy.mcp.forward import (
     Forwarded,
     Forwarder,
     Leg,
     after,
-    person_header,
     result_from_stream,
 )
+from proxy.mcp.forwarding import Listened, NoStream, Outgoing
 from proxy.state import Session
 from proxy.upstream import UpstreamRoute
-from proxy.upstream.client import read_head
 from proxy.virtual import naming
 from proxy.virtual.cursor import Cursors
 from proxy.virtual.listen import Merged
@@ -88,13 +86,13 @@ class Target:
 
 class VirtualForwarder:
     def __init__(self, forward: Forwarder, routes: Mapping[str, UpstreamRoute],
-                 cursor_key: bytes) -> None:
+                 cursor_key: bytes, max_response_bytes: int = 16 * 1024 * 1024) -> None:
         self.forward = forward
         self.routes = routes  # the spine's live table: members are read from it per call
         self.cursors = Cursors(cursor_key)
-        # a member's list answer is held whole to be merged: at most this (the spine sets
-        # server.max_response_bytes)
-        self.max_response_bytes = 16 * 1024 * 1024
+        # a member's list answer is held whole to be merged: at most this
+        # (server.max_response_bytes)
+        self.max_response_bytes = max_response_bytes
         # exposed name -> (member, member's name), per endpoint and kind: learned from lists
         self._names: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         # when a caller's missed name last had the members listed again, per endpoint and kind
@@ -188,7 +186,7 @@ class VirtualForwarder:
 
     # -- forwarding ----------------------------------------------------------------------
 
-    async def call(self, route: VirtualRoute, req: EdgeRequest, msg: McpMessage,
+    async def call(self, route: VirtualRoute, headers: Mapping[str, str], msg: McpMessage,
                    session: Session | None, ctx: CallContext, into: Forwarded,
                    chain: Chain) -> None:
         method = msg.method or ""
@@ -204,8 +202,8 @@ class VirtualForwarder:
         elif method in ROUTED:
             target = _checked(route, msg, ctx)
             member = await self._member(route, target.member, session)
-            mreq, mmsg = self._outbound(req, target.msg, target.name, session)
-            await self.forward.call(member, mreq, mmsg, None,
+            mheaders, mmsg = _outbound(target.msg, target.name, session)
+            await self.forward.call(member, mheaders, mmsg, None,
                                     self._context(ctx, member, leg=True), into)
             into.leg.route = member
             if not modern:  # a member is spoken to as a 2026-07-28 caller would
@@ -218,20 +216,30 @@ class VirtualForwarder:
 
     # -- what a member sends the client, and the client's answers --------------------------
 
-    def outgoing(self, route: VirtualRoute, leg: Leg, session: Session | None,
-                 ctx: CallContext) -> Callable[[dict[str, Any]], bool] | None:
-        """The relay's view of a member's requests and notifications on a call's stream (None
-        for a call answered without a member)."""
-        if leg.route is None:
-            return None
+    relays_client_cancel = False  # a client's cancel stops at the gateway: no member hears it
+
+    def views(self, route: VirtualRoute, leg: Leg, session: Session | None,
+              ctx: CallContext) -> tuple[bool, Outgoing | None]:
+        """What the relay does with a member's requests and notifications on a call's
+        stream: a legacy member's request to a 2026-07-28 client ends the call, as on a plain
+        endpoint's era bridge (nothing can carry the question; a legacy client's can); each
+        is viewed (`_outgoing`: the member named, a request's id sealed)."""
+        refuse = leg.bridged and ctx.era == "modern"
+        if leg.route is None:  # answered without a member
+            return refuse, None
         bound = _bound(session, ctx.principal.key)
         member = leg.route.name
-        return lambda obj: self._outgoing(route.name, member, bound, obj)
+        return refuse, lambda obj: self._outgoing(route.name, member, bound, obj)
 
-    def refuses_requests(self, leg: Leg, ctx: CallContext) -> bool:
-        """A legacy member's request to a 2026-07-28 client ends the call, as on a plain
-        endpoint's era bridge: nothing can carry the question (a legacy client's can)."""
-        return leg.bridged and ctx.era == "modern"
+    def resumable(self, leg: Leg) -> bool:
+        return False  # a member's stream is not the client's to resume
+
+    async def one_way(self, route: VirtualRoute, headers: Mapping[str, str], msg: McpMessage,
+                      session: Session | None, ctx: CallContext) -> None:
+        """A client's answer goes to the member that asked; its members are told nothing
+        else one-way (a client's cancel ends the call here)."""
+        if msg.kind == "response":
+            await self.respond(route, msg, session, ctx)
 
     def _outgoing(self, endpoint: str, member: str, bound: str, obj: dict[str, Any]) -> bool:
         method = obj.get("method")
@@ -264,31 +272,31 @@ class VirtualForwarder:
             return
         name, original = opened
         member = await self._member(route, name, session)
-        held = await self.forward.bridge.store.session(member.state_key, ctx.principal.key)
-        if held is None:  # the member session is gone, and the request with it
-            log.info("/mcp/%s: an answer for member %s, whose session is gone: dropped",
-                     route.name, name)
-            return
         body = orjson.loads(msg.body)
         body["id"] = original
-        extra = [*(self.forward.identity.headers(member, ctx.principal) or []),
-                 *person_header(member, ctx.principal),  # a local member binds answers to it
-                 ("mcp-protocol-version", bridge.LEGACY_VERSION)]
-        headers = self.forward.upstream.headers(member, {"content-type": "application/json"},
-                                                held.upstream_session_id, extra=extra)
-        try:
-            response = await self.forward.upstream.open(member, "POST", headers,
-                                                        orjson.dumps(body))
-            await response.aclose()
-        except UpstreamFailure as exc:
-            raise UpstreamBadGateway(exc.wire_message) from None
-        if response.status_code >= 300:
-            log.info("/mcp/%s: member %s refused an answer: HTTP %d", route.name, name,
-                     response.status_code)
+        status = await self.forward.answer_held(member, ctx.principal, orjson.dumps(body))
+        if status is None:  # the member session is gone, and the request with it
+            log.info("/mcp/%s: an answer for member %s, whose session is gone: dropped",
+                     route.name, name)
+        elif status >= 300:
+            log.info("/mcp/%s: member %s refused an answer: HTTP %d", route.name, name, status)
 
     # -- the GET stream --------------------------------------------------------------------
 
-    async def listen(self, route: VirtualRoute, session: Session, principal: Principal
+    async def listen(self, route: VirtualRoute, headers: Mapping[str, str],
+                     session: Session | None, principal: Principal, draining: bool
+                     ) -> Listened | NoStream:
+        """The members' GET streams merged (proxy/virtual/listen.py), for a gateway session:
+        none without one."""
+        if session is None:
+            return NoStream({"Allow": "POST, DELETE"},
+                            "no GET stream without a session on a virtual endpoint")
+        if draining:
+            raise Draining()
+        merged = await self._merge(route, session, principal)
+        return Listened(merged, merged.aclose, stopped=partial(self.stopped_listening, merged))
+
+    async def _merge(self, route: VirtualRoute, session: Session, principal: Principal
                      ) -> Merged:
         """The merged GET stream of the legacy members, each on the member session held for
         this gateway session (opened now if there is none). A member that offers no GET
@@ -357,15 +365,9 @@ class VirtualForwarder:
             member = await self._member(route, name, session)
             if member.era != "legacy":
                 return name, None
-            identity = self.forward.identity.headers(member, principal)
-            held = await self.forward.bridge.session(member, session.principal_key, identity)
-            if held.upstream_session_id is None:  # stateless: no stream to listen on
+            response = await self.forward.listen_held(member, principal, session.principal_key)
+            if response is None:  # stateless: no stream to listen on
                 return name, None
-            headers = self.forward.upstream.headers(
-                member, {}, held.upstream_session_id, get=True,
-                extra=[*(identity or []), ("mcp-protocol-version", bridge.LEGACY_VERSION)])
-            response = await self.forward.upstream.open(member, "GET", headers,
-                                                        stream_timeout=True)
         except GatewayError as exc:
             log.info("/mcp/%s: no GET stream from member %s: %s", route.name, name, exc)
             return name, None
@@ -397,14 +399,14 @@ class VirtualForwarder:
         base = self.routes.get(name)
         if base is None:
             raise UpstreamUnavailable(f"member {name} is not registered")
-        era = base.era if base.era != "auto" else await self.forward.bridge.era(base)
+        era = await self.forward.era_of(base)
         if session is None:  # a 2026-07-28 caller is refused a member's requests: none declared
             return dataclasses.replace(base, era=era, state_key=f"{base.state_key} @{route.name}")
         return dataclasses.replace(base, era=era,
                                    state_key=f"{base.state_key} @{route.name}/{session.id_hash}",
                                    client_capabilities=_relayed(session.bridged_envelope))
 
-    async def end(self, route: VirtualRoute, req: EdgeRequest, session: Session
+    async def end(self, route: VirtualRoute, headers: Mapping[str, str], session: Session
                   ) -> dict[str, str] | None:
         """A legacy client's DELETE: the member sessions held for its gateway session are
         ended too (best effort: a member that fails keeps its session until it expires)."""
@@ -415,17 +417,7 @@ class VirtualForwarder:
     async def _end_member(self, route: VirtualRoute, name: str, session: Session) -> None:
         try:
             member = await self._member(route, name, session)
-            store = self.forward.bridge.store
-            held = await store.session(member.state_key, session.principal_key)
-            if held is None:
-                return
-            await store.forget(member.state_key, session.principal_key)
-            if held.upstream_session_id is not None:
-                headers = self.forward.upstream.headers(
-                    member, {"mcp-protocol-version": bridge.LEGACY_VERSION},
-                    held.upstream_session_id)
-                response = await self.forward.upstream.open(member, "DELETE", headers)
-                await response.aclose()
+            await self.forward.end_held(member, session.principal_key)
         except GatewayError as exc:
             log.info("/mcp/%s: could not end the session at member %s: %s", route.name, name,
                      exc)
@@ -441,46 +433,19 @@ class VirtualForwarder:
                            api_key_id=ctx.api_key_id, peer_ip=ctx.peer_ip, headers=ctx.headers,
                            clock=ctx.clock)
 
-    @staticmethod
-    def _outbound(req: EdgeRequest, msg: McpMessage, name: str | None,
-                  session: Session | None) -> tuple[EdgeRequest, McpMessage]:
-        """The member's request: always on the member's own era through the Forwarder (as
-        a 2026-07-28 caller would, so that its sessions are held per endpoint and caller);
-        a legacy client's request gets the envelope its initialize declared."""
-        params = dict(msg.params or {})
-        meta = params.get("_meta")
-        if not (isinstance(meta, dict) and eras.PV in meta):
-            declared = session.bridged_envelope if session is not None else None
-            envelope = bridge.envelope_for(declared or {eras.CLIENT_CAPS: {},
-                                                        eras.CLIENT_INFO: bridge.CLIENT_INFO})
-            params["_meta"] = {**(meta if isinstance(meta, dict) else {}), **envelope}
-        body = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "method": msg.method,
-                             "params": params})
-        headers = {"content-type": "application/json",
-                   "mcp-protocol-version": eras.MODERN_VERSIONS[0], "mcp-method": msg.method or ""}
-        if name is not None:
-            headers["mcp-name"] = bridge.encode_header(name)
-        out = McpMessage("request", msg.id, msg.method, params, body)
-
-        async def read() -> bytes:
-            return body
-
-        return EdgeRequest(headers, read, req.peer, forwarded=req.forwarded), out
-
     async def _ask(self, route: VirtualRoute, member_name: str, msg: McpMessage,
                    ctx: CallContext, chain: Chain, session: Session | None,
-                   req: EdgeRequest | None = None, seen: Rewrite | None = None
-                   ) -> dict[str, Any]:
+                   seen: Rewrite | None = None) -> dict[str, Any]:
         """One member's result for a message the gateway fans out (a list, discover), with the
         member's own access and egress decisions and its result rewriters applied (`seen`
         reads it before they do)."""
         member = await self._member(route, member_name, session)
         mctx = self._context(ctx, member)
         await chain.run(msg, mctx, only=PER_MEMBER)
-        mreq, mmsg = self._outbound(req or _NO_REQUEST, msg, None, session)
+        mheaders, mmsg = _outbound(msg, None, session)
         into = Forwarded(Leg([]))
-        await self.forward.call(member, mreq, mmsg, None, self._context(ctx, member, leg=True),
-                                into)
+        await self.forward.call(member, mheaders, mmsg, None,
+                                self._context(ctx, member, leg=True), into)
         rewrite = into.leg.rewrite(after(seen, chain.rewriter(mmsg, mctx)), mmsg.method)
         if into.response is None:
             result = into.leg.local or {}
@@ -707,9 +672,25 @@ def _request(msg: McpMessage, method: str, cursor: str | None = None) -> McpMess
                       method, params, b"")
 
 
-async def _empty() -> bytes:
-    return b""
-
-
-_NO_REQUEST = EdgeRequest({}, _empty)
 _NO_POLICIES = Chain(())
+
+
+def _outbound(msg: McpMessage, name: str | None, session: Session | None
+              ) -> tuple[dict[str, str], McpMessage]:
+    """The member's request: always on the member's own era through the Forwarder (as a
+    2026-07-28 caller would, so that its sessions are held per endpoint and caller); a legacy
+    client's request gets the envelope its initialize declared."""
+    params = dict(msg.params or {})
+    meta = params.get("_meta")
+    if not (isinstance(meta, dict) and eras.PV in meta):
+        declared = session.bridged_envelope if session is not None else None
+        envelope = bridge.envelope_for(declared or {eras.CLIENT_CAPS: {},
+                                                    eras.CLIENT_INFO: bridge.CLIENT_INFO})
+        params["_meta"] = {**(meta if isinstance(meta, dict) else {}), **envelope}
+    body = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "method": msg.method,
+                         "params": params})
+    headers = {"content-type": "application/json",
+               "mcp-protocol-version": eras.MODERN_VERSIONS[0], "mcp-method": msg.method or ""}
+    if name is not None:
+        headers["mcp-name"] = bridge.encode_header(name)
+    return headers, McpMessage("request", msg.id, msg.method, params, body)
