@@ -1,10 +1,32 @@
-"""The edge's plain view of one HTTP exchange: what the gateway's spine reads and answers,
-free of the web framework."""
+"""One HTTP exchange at the MCP edge: the edge's plain view of it (`EdgeRequest`,
+`EdgeResponse`, free of the web framework) and the one object that owns its audit record's
+life (`Exchange`)."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
+
+from proxy.audit import AuditRecord, AuditSink
+from proxy.chain import Rewrite
+from proxy.errors import (
+    Cancelled,
+    EndpointNotFound,
+    GatewayError,
+    StoreUnavailable,
+    ToolResultDenial,
+    render,
+)
+from proxy.jsonrpc import McpMessage
+from proxy.observability import Observer
+from proxy.state.inflight import EndReason
+
+log = logging.getLogger("tollhouse.gateway")
+
+CANCELLED = str(Cancelled.code)  # error_type of a call the client went away from
 
 
 @dataclass(slots=True)
@@ -22,3 +44,129 @@ class EdgeResponse:
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
     stream: AsyncIterator[bytes] | None = None
+
+
+class Exchange:
+    """One inbound message's audit record, from its arrival to its one write: every way a
+    message ends goes through one method here, whoever sees it end (the gateway, a relay):
+
+        answer        an answer, once its record is durable (or 503 when it can be kept nowhere)
+        refuse        a refusal: its error rendered, recorded, and answered as above
+        disconnected  the client went away before any answer: recorded as cancelled
+        done          a message that is not audited (a notification, an unknown endpoint)
+        write         a streamed answer about to go out: its record, durably
+        ended         a streamed call's end, however it ended (the relay's last step)
+
+    The observers are told when it begins and, once, when it ends; they read the record and
+    never write it. The record is `accepted` once handed to the sink, and not changed after."""
+
+    __slots__ = ("_audit", "_observer", "record", "started")
+
+    def __init__(self, record: AuditRecord, audit: AuditSink, observer: Observer) -> None:
+        self.record = record
+        self.started = time.perf_counter()
+        self._audit = audit
+        self._observer = observer
+        observer.begin(record)
+
+    def seeing(self, msg: McpMessage, rewrite: Rewrite | None) -> Rewrite | None:
+        """`rewrite`, for a tools/call with the result seen first: one with `isError: true`
+        makes the record's `error_type` `tool_error` (the conventions' error.type), whichever
+        observers are on."""
+        if msg.method != "tools/call":
+            return rewrite
+        record = self.record
+
+        def seen(result: dict[str, Any]) -> bool:
+            if result.get("isError") is True:
+                record.error_type = "tool_error"
+            return rewrite(result) if rewrite is not None else False
+
+        return seen
+
+    def _accept(self) -> None:
+        self.record.accepted = True  # not changed after this, nor handed to the sink again
+        self.record.duration_ms = (time.perf_counter() - self.started) * 1000
+
+    def done(self) -> None:
+        """The end of a message that is not audited."""
+        self.record.duration_ms = (time.perf_counter() - self.started) * 1000
+        self._observer.end(self.record)
+
+    def disconnected(self, reason: EndReason | None = None) -> None:
+        """Nobody to answer: the record is written without waiting for it, cancelled (a
+        disconnect is a cancellation, seed 004; `reason`, a deliberate end met mid-send). One
+        already accepted (a client gone while its answer's record was being written) stands."""
+        record = self.record
+        if record.accepted:
+            return
+        if reason is not None:
+            record.fail(Cancelled(reason))
+        else:
+            record.status, record.error_message = "cancelled", EndReason.DISCONNECTED.value
+            record.error_type = CANCELLED
+        self._accept()
+        self._audit.emit(record)
+        self._observer.end(record)
+
+    async def answer(self, answer: EdgeResponse, request_id: Any) -> EdgeResponse:
+        """`answer` once its record is durable (committed, or in the audit fallback file): a
+        client never holds an answer whose audit record and usage event a crash could still
+        lose. A record that could be kept nowhere turns the answer into 503 (-32000,
+        Retry-After, the gateway's log says why): the client must not take an unrecorded call
+        as done."""
+        record = self.record
+        if record.accepted:
+            return answer
+        record.http_status = answer.status
+        if not await self.write():
+            if answer.stream is not None:
+                await cast(Any, answer.stream).aclose()
+            log.error("/mcp/%s: an answer withheld: its audit record could not be written",
+                      record.endpoint)
+            status, headers, body = render(StoreUnavailable("the audit log"), request_id)
+            answer = EdgeResponse(status, headers, body)
+        self._observer.end(record)
+        return answer
+
+    async def refuse(self, exc: GatewayError, request_id: Any) -> EdgeResponse:
+        """The refusal in its documented shape, recorded (an unknown endpoint: not audited)."""
+        record = self.record
+        if isinstance(exc, ToolResultDenial) and record.era == "modern":
+            exc.result_type = "complete"  # a 2026-07-28 client reads no result without it
+        status, headers, body = render(exc, request_id)
+        answer = EdgeResponse(status, headers, body)
+        if record.accepted:
+            return answer
+        record.fail(exc)
+        record.bytes_out = len(body)
+        record.http_status = status
+        if isinstance(exc, EndpointNotFound):
+            self.done()
+            return answer
+        return await self.answer(answer, request_id)
+
+    async def write(self) -> bool:
+        """Accept the record and write it durably; False if it could be kept nowhere. A
+        record accepted already (written, or emitted) is not written again."""
+        if self.record.accepted:
+            return True
+        self._accept()
+        return await self._audit.write(self.record)
+
+    def ended(self, disconnected: bool, reason: EndReason | None) -> bool:
+        """A streamed call's end: the record, unless written with its answer, is emitted as
+        it stands, or as cancelled when the client went away mid-stream (`reason`: a
+        deliberate end met mid-send). True when the upstream must be told of the disconnect.
+        The observers are told the call ended."""
+        record = self.record
+        told = False
+        if not record.accepted:
+            if disconnected:
+                told = reason is None
+                self.disconnected(reason)
+                return told
+            self._accept()
+            self._audit.emit(record)
+        self._observer.end(record)
+        return told

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import orjson
 
@@ -33,14 +33,11 @@ from proxy.errors import (
     InvalidRequest,
     MethodNotAllowed,
     SessionNotFound,
-    StoreUnavailable,
-    ToolResultDenial,
-    render,
 )
 from proxy.jsonrpc import McpMessage, upstream_error_type
 from proxy.live import Live
 from proxy.mcp import eras, guards, resume
-from proxy.mcp.exchange import EdgeRequest, EdgeResponse
+from proxy.mcp.exchange import EdgeRequest, EdgeResponse, Exchange
 from proxy.mcp.forward import Forwarded, Forwarder, Leg
 from proxy.mcp.forwarding import Forwarding, NoStream, Route, Routed
 from proxy.mcp.relay import JsonRelay, StreamEnd, StreamRelay
@@ -65,7 +62,6 @@ Bodyless = Callable[[Routed, EdgeRequest, "Session | None", AuditRecord, Princip
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
 JSON_HEADERS = {"Content-Type": "application/json"}
-CANCELLED = str(Cancelled.code)  # error_type of a call the client went away from
 
 
 class Gateway:
@@ -137,13 +133,12 @@ class Gateway:
     # -- POST: one JSON-RPC message ----------------------------------------------------------
 
     async def post(self, routed: Routed, req: EdgeRequest) -> EdgeResponse:
-        started = time.perf_counter()
         chain = self.live.chain  # this call's rules, whatever a reload does meanwhile
         version = req.headers.get("mcp-protocol-version")
         modern_claim = eras.claims_modern(version)
         # the header's claim until the body says otherwise, so refusals before parsing name it
         record = AuditRecord(endpoint=routed.name, era="modern" if modern_claim else "legacy")
-        self.observer.begin(record)
+        exchange = Exchange(record, self.audit, self.observer)
         traceparent = req.headers.get("traceparent")
         if traceparent is not None:
             record.trace_id = trace_id(traceparent)
@@ -187,31 +182,32 @@ class Gateway:
                 record.call_id, record.note = ctx.call_id, ctx.audit_note
                 msg = ctx.message or msg  # a guardrail redacted its arguments
             if msg.kind == "request":
-                return await self._call(routed, req, msg, session, ctx, record, started, chain)
+                return await self._call(routed, req, msg, session, ctx, exchange, chain)
             answer = await self._one_way(routed, req, msg, session, ctx)
             record.http_status = answer.status
-            self._done(record, started)  # a notification or a response is not audited
+            exchange.done()  # a notification or a response is not audited
             return answer
         except asyncio.CancelledError:
             if record.status != "cancelled":  # gone before the call (which audits its own)
-                self._disconnected(record, started)
+                exchange.disconnected()
             raise
         except GatewayError as exc:
             request_id = msg.id if msg is not None else guards.late_id(exc, body)
-            return await self._refuse(exc, record, started, request_id)
+            return await exchange.refuse(exc, request_id)
         except Exception:
             log.exception("unexpected failure on /mcp/%s", routed.name)
-            return await self._refuse(InternalError(), record, started, msg.id if msg else None)
+            return await exchange.refuse(InternalError(), msg.id if msg else None)
         finally:
             if fetched is not None:
                 fetched.drop()  # unread when the request failed first
 
     async def _call(self, routed: Routed, req: EdgeRequest, msg: McpMessage,
-                    session: Session | None, ctx: CallContext, record: AuditRecord,
-                    started: float, chain: Chain) -> EdgeResponse:
+                    session: Session | None, ctx: CallContext, exchange: Exchange,
+                    chain: Chain) -> EdgeResponse:
         """A request: registered in flight (cancellable, under its deadline), forwarded, and
         answered; a streamed answer keeps the registration until the stream ends."""
         route, forwarding = routed.route, routed.forwarding
+        record, started = exchange.record, exchange.started
         handle = CallHandle()
         if msg.method != "subscriptions/listen":  # a listen stream lasts as long as the client
             handle.deadline(route.total_timeout_s, self._later)
@@ -228,11 +224,12 @@ class Gateway:
             rewrite = forwarded.leg.rewrite(_noting(chain.rewriter(msg, ctx), ctx, record),
                                             msg.method)
             held = self.forward.must_hold(msg, rewrite)
-            rewrite = self.observer.results(msg, record, rewrite)  # readers see either kind
+            # readers see either kind; a tool error is marked where the result is seen
+            rewrite = self.observer.results(msg, record, exchange.seeing(msg, rewrite))
             response = forwarded.response
             if response is None:  # answered here: past its deadline, it waits for its record
                 handle.close()
-                return await self._answer(record, started, await self._answer_here(
+                return await exchange.answer(await self._answer_here(
                     route, msg, forwarded.leg, rewrite, ctx, record), msg.id)
             if msg.method == "initialize":
                 session = await self.sessions.create(
@@ -243,13 +240,13 @@ class Gateway:
             if response.headers.get("content-type", "").startswith("text/event-stream"):
                 resumable = self._resumable(routed, session, forwarded.leg, key, msg, record,
                                             ctx, started)
-                end = StreamEnd(self.inflight, self.audit, key, partial(
+                end = StreamEnd(self.inflight, exchange, key, partial(
                     forwarding.notify_cancelled, route, forwarded.leg, msg.id),
-                    forwarded.leg.bridged, observer=self.observer,
+                    forwarded.leg.bridged,
                     resumable=self.resumption.store if resumable and self.resumption else None)
                 refuse, outgoing = forwarding.views(route, forwarded.leg, session, ctx)
                 relay = StreamRelay(BodyChunks(response), response.aclose, request_id=msg.id,
-                                    handle=handle, record=record, started=started,
+                                    handle=handle, record=record,
                                     spawn=self.spawn, rewrite=rewrite, refuse_requests=refuse,
                                     on_done=end, on_answer=end.answered,
                                     hold_limit=self.max_response_bytes if held else None,
@@ -262,11 +259,11 @@ class Gateway:
                                                       limit=self.max_response_bytes)
             if rest is not None:  # large, and nobody rewrites it: streamed as it arrives
                 handle.close()  # the upstream has answered: no deadline cuts the body
-                end = StreamEnd(self.inflight, self.audit, key, partial(
+                end = StreamEnd(self.inflight, exchange, key, partial(
                     forwarding.notify_cancelled, route, forwarded.leg, msg.id),
-                    forwarded.leg.bridged, observer=self.observer)
+                    forwarded.leg.bridged)
                 relay = JsonRelay(data, rest, response.aclose, request_id=msg.id,
-                                  handle=handle, record=record, started=started,
+                                  handle=handle, record=record,
                                   spawn=self.spawn, rewrite=rewrite, on_done=end,
                                   on_answer=end.answered)
                 handed_over = True
@@ -280,10 +277,10 @@ class Gateway:
         except asyncio.CancelledError:
             leg = forwarded.leg
             if not handle.absorb():  # the client went away: clean up, let the cancel go on
-                self._disconnected(record, started)
+                exchange.disconnected()
                 forwarding.notify_cancelled(route, leg, msg.id, EndReason.DISCONNECTED)
                 raise
-            return await self._cancelled(routed, msg, ctx, handle, leg, record, started)
+            return await self._cancelled(routed, msg, ctx, handle, leg, exchange)
         finally:
             if not handed_over:
                 handle.close()
@@ -291,7 +288,7 @@ class Gateway:
                 if forwarded.response is not None:
                     await forwarded.response.aclose()
         # answered: out of the registry and past its deadline, it waits for its record
-        return await self._answer(record, started, answer, msg.id)
+        return await exchange.answer(answer, msg.id)
 
     def _resumable(self, routed: Routed, session: Session | None, leg: Leg, key: str,
                    msg: McpMessage, record: AuditRecord, ctx: CallContext, started: float
@@ -340,8 +337,7 @@ class Gateway:
         return EdgeResponse(202, {"Mcp-Session-Id": session.id} if session is not None else {})
 
     async def _cancelled(self, routed: Routed, msg: McpMessage, ctx: CallContext,
-                         handle: CallHandle, leg: Leg, record: AuditRecord,
-                         started: float) -> EdgeResponse:
+                         handle: CallHandle, leg: Leg, exchange: Exchange) -> EdgeResponse:
         """A deliberate end (the client's cancel, the deadline): -32800, and the upstream told
         unless the client's own notifications/cancelled is on its way there."""
         assert handle.reason is not None
@@ -349,7 +345,7 @@ class Gateway:
         if handle.reason is not EndReason.CANCELLED or ctx.era == "modern" \
                 or not forwarding.relays_client_cancel:
             forwarding.notify_cancelled(routed.route, leg, msg.id, handle.reason)
-        return await self._refuse(Cancelled(handle.reason), record, started, msg.id)
+        return await exchange.refuse(Cancelled(handle.reason), msg.id)
 
     # -- GET: the server-to-client stream; DELETE: end the session ---------------------------
 
@@ -409,9 +405,8 @@ class Gateway:
                         step: Bodyless) -> EdgeResponse:
         """GET and DELETE: Origin, identity and session, as for a POST, then `step`; one audit
         record either way. Neither exists in the 2026-07-28 era: one that claims it is 405."""
-        started = time.perf_counter()
         record = AuditRecord(endpoint=routed.name, method=method)
-        self.observer.begin(record)
+        exchange = Exchange(record, self.audit, self.observer)
         if "traceparent" in req.headers:
             record.trace_id = trace_id(req.headers["traceparent"])
         try:
@@ -431,16 +426,16 @@ class Gateway:
                 self.sessions.fetch(session_id), routed.route, principal)
             if session is not None:
                 record.session_hash = session.id_hash
-            return await self._answer(record, started,
-                                      await step(routed, req, session, record, principal), None)
+            return await exchange.answer(await step(routed, req, session, record, principal),
+                                         None)
         except asyncio.CancelledError:  # the client went away before the answer
-            self._disconnected(record, started)
+            exchange.disconnected()
             raise
         except GatewayError as exc:
-            return await self._refuse(exc, record, started, None)
+            return await exchange.refuse(exc, None)
         except Exception:
             log.exception("unexpected failure on %s /mcp/%s", method, routed.name)
-            return await self._refuse(InternalError(), record, started, None)
+            return await exchange.refuse(InternalError(), None)
 
     # -- shared steps ------------------------------------------------------------------------
 
@@ -460,64 +455,6 @@ class Gateway:
         resolved = await self.tenants.resolve(routed.route, principal)
         record.upstream = resolved.origin
         return Routed(resolved, routed.forwarding)
-
-    async def _refuse(self, exc: GatewayError, record: AuditRecord, started: float,
-                      request_id: Any) -> EdgeResponse:
-        if isinstance(exc, ToolResultDenial) and record.era == "modern":
-            exc.result_type = "complete"  # a 2026-07-28 client reads no result without it
-        status, headers, body = render(exc, request_id)
-        answer = EdgeResponse(status, headers, body)
-        if record.accepted:
-            return answer
-        record.fail(exc)
-        record.bytes_out = len(body)
-        record.http_status = status
-        if isinstance(exc, EndpointNotFound):
-            self._done(record, started)
-            return answer
-        return await self._answer(record, started, answer, request_id)
-
-    def _disconnected(self, record: AuditRecord, started: float) -> None:
-        """Nobody to answer: the record is written without waiting for it. One already
-        accepted (a client gone while its answer's record was being written) stands."""
-        if not record.accepted:
-            record.status, record.error_message = "cancelled", EndReason.DISCONNECTED.value
-            record.error_type = CANCELLED  # a disconnect is a cancellation (seed 004)
-            self._accept(record, started)
-            self.audit.emit(record)
-            self.observer.end(record)
-
-    async def _answer(self, record: AuditRecord, started: float, answer: EdgeResponse,
-                      request_id: Any) -> EdgeResponse:
-        """`answer` once its record is durable (committed, or in the audit fallback file): a
-        client never holds an answer whose audit record and usage event a crash could still
-        lose. A record that could be kept nowhere turns the answer into 503 (-32000, Retry-After,
-        the gateway's log says why): the client must not take an unrecorded call as done."""
-        if record.accepted:
-            return answer
-        record.http_status = answer.status
-        self._accept(record, started)
-        durable = await self.audit.write(record)
-        if not durable:
-            if answer.stream is not None:
-                await cast(Any, answer.stream).aclose()
-            log.error("/mcp/%s: an answer withheld: its audit record could not be written",
-                      record.endpoint)
-            status, headers, body = render(StoreUnavailable("the audit log"), request_id)
-            answer = EdgeResponse(status, headers, body)
-        self.observer.end(record)
-        return answer
-
-    @staticmethod
-    def _accept(record: AuditRecord, started: float) -> None:
-        record.accepted = True  # not changed after this, nor handed to the sink again
-        if started:
-            record.duration_ms = (time.perf_counter() - started) * 1000
-
-    def _done(self, record: AuditRecord, started: float) -> None:
-        """The end of a message that is not audited (a notification, an unknown endpoint)."""
-        record.duration_ms = (time.perf_counter() - started) * 1000
-        self.observer.end(record)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import orjson
 
-from proxy.audit import AuditRecord, AuditSink
+from proxy.audit import AuditRecord
 from proxy.chain import NOTICED, Notice
 from proxy.errors import (
     Cancelled,
@@ -37,9 +36,9 @@ from proxy.errors import (
     sse_event,
 )
 from proxy.jsonrpc import response_outcome, upstream_error_type
+from proxy.mcp.exchange import Exchange
 from proxy.mcp.scan import AnswerScan
 from proxy.mcp.sse import HEAD_BYTES, EventSplitter, LargeEvent, event_data, with_data
-from proxy.observability import Observer
 from proxy.state import CallHandle, InFlightRegistry
 from proxy.state.inflight import EndReason
 from proxy.state.resumable import ResumableStore
@@ -61,7 +60,6 @@ class StreamRelay:
         request_id: Any = NO_REQUEST,
         handle: CallHandle | None = None,
         record: AuditRecord | None = None,
-        started: float = 0.0,
         on_done: Callable[[StreamRelay], Awaitable[None]] | None = None,
         spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
         rewrite: Callable[[dict[str, Any]], bool] | None = None,
@@ -77,7 +75,6 @@ class StreamRelay:
         self.request_id = request_id
         self.handle = handle
         self.record = record
-        self.started = started
         self.answered = False
         self.disconnected = False
         self._on_done = on_done
@@ -391,8 +388,6 @@ class StreamRelay:
         except Exception:  # a broken connection is closed either way
             log.debug("closing the upstream stream failed", exc_info=True)
         finally:
-            if self.record is not None and not self.record.accepted:
-                self.record.duration_ms = (time.perf_counter() - self.started) * 1000
             if self._on_done is not None:
                 await self._on_done(self)
 
@@ -464,62 +459,43 @@ class JsonRelay(StreamRelay):
 class StreamEnd:
     """What happens when a streamed call's relay ends, however it ends: the call leaves the
     in-flight registry, the upstream is told of a call that did not finish (`notify`, a no-op
-    for an upstream that learns it from the closed request), and the call's one audit record
-    is written."""
+    for an upstream that learns it from the closed request), its resumable context is settled,
+    and its exchange writes the one audit record."""
 
-    __slots__ = ("_audit", "_bridged", "_inflight", "_key", "_notify", "_observer",
-                 "_resumable")
+    __slots__ = ("_bridged", "_exchange", "_inflight", "_key", "_notify", "_resumable")
 
-    def __init__(self, inflight: InFlightRegistry, audit: AuditSink, key: str,
+    def __init__(self, inflight: InFlightRegistry, exchange: Exchange, key: str,
                  notify: Callable[[str], None], bridged: bool, *,
-                 observer: Observer | None = None,
                  resumable: ResumableStore | None = None) -> None:
-        self._resumable = resumable  # where a resumable call's context is settled
         self._inflight = inflight
-        self._audit = audit
-        self._observer = observer  # told when the call ends (metrics, the request log)
+        self._exchange = exchange
         self._key = key
         self._notify = notify
         self._bridged = bridged  # a client's own cancel never reaches a bridged upstream
+        self._resumable = resumable  # where a resumable call's context is settled
 
     async def __call__(self, relay: StreamRelay) -> None:
         handle = relay.handle
+        reason = None if handle is None else handle.reason
         if handle is not None:
             handle.close()
             self._inflight.discard(self._key, handle)
-            if handle.reason is not None and (handle.reason is not EndReason.CANCELLED
-                                              or self._bridged):
-                self._notify(handle.reason)
+            if reason is not None and (reason is not EndReason.CANCELLED or self._bridged):
+                self._notify(reason)
         if relay.refused is not None:
             self._notify(relay.refused)
-        record = relay.record
-        if record is None:
-            return
-        if not record.accepted:  # else it was written when the answer went out
-            if relay.disconnected:
-                if handle is not None and handle.reason is not None:
-                    record.fail(Cancelled(handle.reason))  # ended mid-send: already notified
-                else:
-                    record.status = "cancelled"
-                    record.error_message = EndReason.DISCONNECTED.value
-                    record.error_type = str(Cancelled.code)  # a disconnect is a cancellation
-                    self._notify(EndReason.DISCONNECTED)
-            record.accepted = True
-            self._audit.emit(record)
-            if relay.remembered and self._resumable is not None:
-                self._resumable.settled(self._key, answered=False)
-        if self._observer is not None:
-            self._observer.end(record)
+        unanswered = not self._exchange.record.accepted  # else written as the answer went out
+        if self._exchange.ended(relay.disconnected, reason):
+            self._notify(EndReason.DISCONNECTED)
+        if unanswered and relay.remembered and self._resumable is not None:
+            self._resumable.settled(self._key, answered=False)
 
     async def answered(self, relay: StreamRelay) -> bool:
         """The stream's answer is about to go out: its record first, durably (see
-        `Gateway._answer`); False if it could be kept nowhere."""
-        record = relay.record
-        if record is None or record.accepted:
+        `Exchange.answer`); False if it could be kept nowhere."""
+        if self._exchange.record.accepted:
             return True
-        record.accepted = True
-        record.duration_ms = (time.perf_counter() - relay.started) * 1000
-        durable = await self._audit.write(record)
+        durable = await self._exchange.write()
         if relay.remembered and self._resumable is not None:
             # the client got this answer (or the gateway's error in its place): a replay of
             # the upstream's answer is delivered again only if that was the answer itself

@@ -186,8 +186,6 @@ class Metrics:
                 ) -> Rewrite | None:
         if msg.method == "tools/list":
             return self._learning(record.endpoint, rewrite)
-        if msg.method == "tools/call":
-            return _marking(record, rewrite)
         return rewrite
 
     # -- the rest --------------------------------------------------------------------------
@@ -290,16 +288,6 @@ class TimedBackend:
             return answer
         finally:
             self._histogram.observe(time.perf_counter() - started)
-
-
-def _marking(record: AuditRecord, rewrite: Rewrite | None) -> Rewrite:
-    """A tools/call result with isError: true is `tool_error` (the conventions' error.type)."""
-    def mark(result: dict[str, Any]) -> bool:
-        if result.get("isError") is True:
-            record.error_type = "tool_error"
-        return rewrite(result) if rewrite is not None else False
-
-    return mark
 
 
 def _guard(failure: Any) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.audit.record import AuditRecord
+from proxy.audit.record import AuditRecord, MemoryAuditSink
 from proxy.errors import (
     BodyTooLarge,
     Forbidden,
@@ -27,6 +27,8 @@ from proxy.errors import (
     UpstreamTimeout,
 )
 from proxy.jsonrpc import McpMessage
+from proxy.mcp.exchange import Exchange
+from proxy.observability import Observers
 from proxy.observability.metrics import MAX_TOOLS, OTHER, Metrics, bounded_error
 
 SERVER = "mcp_server_operation_duration_seconds"
@@ -106,10 +108,12 @@ def test_the_tool_list_is_bounded_per_endpoint() -> None:
     assert dict(next(iter(_series(metrics, SERVER))))["gen_ai_tool_name"] == OTHER
 
 
-def test_an_iserror_result_is_tool_error() -> None:
-    metrics = Metrics()
+def test_an_iserror_result_is_tool_error_whichever_observers_are_on() -> None:
+    """Marked where the result is seen (the call's exchange), not by the metrics observer:
+    the log line and the trace say the same with metrics off (no observer at all here)."""
     record = AuditRecord(endpoint="e", method="tools/call", tool="t")
-    rewrite = metrics.results(McpMessage("request", 1, "tools/call", {}, b""), record, None)
+    exchange = Exchange(record, MemoryAuditSink(), Observers())
+    rewrite = exchange.seeing(McpMessage("request", 1, "tools/call", {}, b""), None)
     assert rewrite is not None
     assert rewrite({"content": [], "isError": False}) is False and record.error_type is None
     assert rewrite({"content": [], "isError": True}) is False
