@@ -40,7 +40,7 @@ from proxy.mcp import eras, guards, resume
 from proxy.mcp.exchange import EdgeRequest, EdgeResponse, Exchange
 from proxy.mcp.forward import Forwarded, Forwarder, Leg
 from proxy.mcp.forwarding import Forwarding, NoStream, Route, Routed
-from proxy.mcp.relay import JsonRelay, StreamEnd, StreamRelay
+from proxy.mcp.relay import Carried, JsonRelay, StreamEnd, StreamRelay, Views
 from proxy.mcp.resume import RESUME_GRACE_S, ResumedRelay, Resumption
 from proxy.mcp.sse import HEAD_BYTES
 from proxy.observability import Observer, Observers
@@ -245,14 +245,12 @@ class Gateway:
                     forwarded.leg.bridged,
                     resumable=self.resumption.store if resumable and self.resumption else None)
                 refuse, outgoing = forwarding.views(route, forwarded.leg, session, ctx)
-                relay = StreamRelay(BodyChunks(response), response.aclose, request_id=msg.id,
-                                    handle=handle, record=record,
-                                    spawn=self.spawn, rewrite=rewrite, refuse_requests=refuse,
-                                    on_done=end, on_answer=end.answered,
-                                    hold_limit=self.max_response_bytes if held else None,
-                                    notice=_heard(chain.noticer(msg, ctx), ctx, record),
-                                    outgoing=outgoing, view_limit=self.max_response_bytes,
-                                    on_resumable=resumable)
+                views = Views(rewrite, _heard(chain.noticer(msg, ctx), ctx, record), refuse,
+                              outgoing, self.max_response_bytes if held else None,
+                              self.max_response_bytes)
+                relay = StreamRelay(BodyChunks(response), response.aclose, call=Carried(
+                    msg.id, record, handle, end.answered, resumable), views=views,
+                    spawn=self.spawn, on_done=end)
                 handed_over = True  # the relay owns the response and the registration now
                 return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
             data, rest = await self.forward.json_body(forwarded, held=held, head=HEAD_BYTES,
@@ -262,10 +260,9 @@ class Gateway:
                 end = StreamEnd(self.inflight, exchange, key, partial(
                     forwarding.notify_cancelled, route, forwarded.leg, msg.id),
                     forwarded.leg.bridged)
-                relay = JsonRelay(data, rest, response.aclose, request_id=msg.id,
-                                  handle=handle, record=record,
-                                  spawn=self.spawn, rewrite=rewrite, on_done=end,
-                                  on_answer=end.answered)
+                relay = JsonRelay(data, rest, response.aclose, call=Carried(
+                    msg.id, record, handle, end.answered), views=Views(rewrite),
+                    spawn=self.spawn, on_done=end)
                 handed_over = True
                 return EdgeResponse(200, {**JSON_HEADERS, **headers}, stream=relay)
             data, error = forwarding.json_answer(route, msg, forwarded, rewrite, data)

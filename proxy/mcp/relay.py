@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -49,58 +50,76 @@ NO_REQUEST = object()
 UNHELD = 1 << 62  # the splitter's bound when nothing holds events (they pass on past HEAD_BYTES)
 
 
+@dataclass(slots=True)
+class Carried:
+    """The call a relay carries (none for a GET stream): its request id (the answer is the
+    response to it), its handle (deadline, cancel), its record (bytes out, the answer's
+    outcome), what writes the record before the answer goes out (`answered`: False when it
+    could be kept nowhere, and the answer is withheld), and what keeps a resumable call's
+    context once the stream shows an event id (`remember`, proxy/mcp/resume.py)."""
+
+    request_id: Any
+    record: AuditRecord | None = None
+    handle: CallHandle | None = None
+    answered: Callable[[StreamRelay], Awaitable[bool]] | None = None
+    remember: Callable[[], Awaitable[bool]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Views:
+    """What a relay does with what it reads: `rewrite` the answer's result (held whole, up to
+    `hold_limit`, when set), `notice` each notification a policy reads (keep, change, drop),
+    `refuse_requests` (a request the client cannot answer ends the call), and `outgoing`: a
+    virtual endpoint's view of each upstream request or notification (the member named, a
+    request's id sealed; True when it changed the message), each held whole up to the hold
+    limit or, when the answer is not held, `view_limit`."""
+
+    rewrite: Callable[[dict[str, Any]], bool] | None = None
+    notice: Notice | None = None
+    refuse_requests: bool = False
+    outgoing: Callable[[dict[str, Any]], bool] | None = None
+    hold_limit: int | None = None
+    view_limit: int | None = None
+
+
+NO_VIEWS = Views()
+
+
 class StreamRelay:
     """Async iterator of bytes for the client; `aclose` is always safe to call again."""
 
-    def __init__(
-        self,
-        chunks: AsyncIterator[bytes],
-        close: Callable[[], Awaitable[None]],
-        *,
-        request_id: Any = NO_REQUEST,
-        handle: CallHandle | None = None,
-        record: AuditRecord | None = None,
-        on_done: Callable[[StreamRelay], Awaitable[None]] | None = None,
-        spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
-        rewrite: Callable[[dict[str, Any]], bool] | None = None,
-        refuse_requests: bool = False,
-        on_answer: Callable[[StreamRelay], Awaitable[bool]] | None = None,
-        hold_limit: int | None = None,
-        notice: Notice | None = None,
-        outgoing: Callable[[dict[str, Any]], bool] | None = None,
-        view_limit: int | None = None,
-        on_resumable: Callable[[], Awaitable[bool]] | None = None,
-    ) -> None:
+    def __init__(self, chunks: AsyncIterator[bytes], close: Callable[[], Awaitable[None]], *,
+                 call: Carried | None = None, views: Views = NO_VIEWS,
+                 spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
+                 on_done: Callable[[StreamRelay], Awaitable[None]] | None = None) -> None:
         self._close = close
-        self.request_id = request_id
-        self.handle = handle
-        self.record = record
+        self._chunks = chunks  # errors already mapped at the upstream boundary
+        self._spawn = spawn
+        self._on_done = on_done  # however it ends (the call's end: proxy/mcp/relay StreamEnd)
+        self.request_id = NO_REQUEST if call is None else call.request_id
+        self.record = None if call is None else call.record
+        self.handle = handle = None if call is None else call.handle
+        # the answer (or the last event) goes out once this says its record is durable
+        self._on_answer = None if call is None else call.answered
+        self._answer_due = False
         self.answered = False
         self.disconnected = False
-        self._on_done = on_done
-        # the answer (or the last event) goes out once this says its record is durable
-        self._on_answer = on_answer
-        self._answer_due = False
+        self.refused: str | None = None  # why the gateway ended the call itself
         # a call whose upstream stream shows an event id can be resumed on any replica: its
         # context is kept (proxy/mcp/resume.py) before the client holds an id to resume with
-        self._on_resumable = on_resumable
+        self._on_resumable = None if call is None else call.remember
         self._resumable_due: Callable[[], Awaitable[bool]] | None = None
         self.remembered = False  # the context is kept: the call's end settles it
-        self._spawn = spawn
-        self._rewrite = rewrite
-        self._notice = notice  # None: notifications pass unread (no rule reads them)
-        self._refuse_requests = refuse_requests
-        # a virtual endpoint's view of each upstream request or notification (proxy/virtual:
-        # the member named, a request's id sealed); True when it changed the message
-        self._outgoing = outgoing
-        self.refused: str | None = None  # why the gateway ended the call itself
-        self._chunks = chunks  # errors already mapped at the upstream boundary
+        self._rewrite = views.rewrite
+        self._notice = views.notice  # None: notifications pass unread (no rule reads them)
+        self._refuse_requests = views.refuse_requests
+        self._outgoing = views.outgoing
         # None: no event is held past HEAD_BYTES; else each is held whole, up to this size
-        self._hold_limit = hold_limit
+        self._hold_limit = views.hold_limit
         # with `outgoing`, a request or notification is held whole to be viewed, up to the
         # hold limit, or this when the answer is not held (None: `outgoing` sees none larger
         # than HEAD_BYTES)
-        self._view_limit = view_limit if outgoing is not None else None
+        self._view_limit = views.view_limit if views.outgoing is not None else None
         # the held bound is kept per event by `_take`: only what must be held is bounded by it
         self._splitter = EventSplitter(UNHELD)
         self._judged = False  # the pending event of a held stream was judged (`_unheld`)

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from proxy.audit import AuditRecord
-from proxy.mcp.relay import StreamRelay
+from proxy.mcp.relay import Carried, StreamRelay, Views
 from tests.fuzz.fuzz_sse import dispatched
 
 
@@ -75,9 +75,10 @@ def check(data: bytes) -> None:
     chunk, flags, stream = data[0] % 32, data[1], data[2:]
     request_id: Any = "1" if flags & 4 else 1
     record = AuditRecord(endpoint="e")
-    relay = StreamRelay(_chunks(stream, chunk), _close, request_id=request_id, record=record,
-                        rewrite=_rewrite if flags & 1 else None,
-                        refuse_requests=bool(flags & 2))
+    relay = StreamRelay(_chunks(stream, chunk), _close,
+                        call=Carried(request_id, record=record),
+                        views=Views(rewrite=_rewrite if flags & 1 else None,
+                                    refuse_requests=bool(flags & 2)))
     sent = _drain(relay)
     seen = dispatched(b"".join(sent))
     answers = _answers(seen, request_id)

@@ -14,7 +14,7 @@ import pytest
 
 from proxy.audit import AuditRecord
 from proxy.errors import UpstreamStreamCut
-from proxy.mcp.relay import JsonRelay, StreamRelay
+from proxy.mcp.relay import Carried, JsonRelay, StreamRelay, Views
 from proxy.mcp.scan import CAPTURE_BYTES, AnswerScan
 from proxy.mcp.sse import HEAD_BYTES, LargeEvent
 from tests.helpers import DEADLINE_S
@@ -145,8 +145,9 @@ async def test_an_sse_answer_larger_than_the_head_passes_unchanged_and_is_read()
     note = b"event: message\ndata: " + orjson.dumps({"jsonrpc": "2.0", "method": "n"}) + b"\n\n"
     record = AuditRecord(endpoint="e")
     seen: list[dict[str, Any]] = []
-    relay = StreamRelay(chunks_of(split(note + event)), closed, request_id=5, record=record,
-                        rewrite=lambda result: seen.append(result) or False)
+    relay = StreamRelay(chunks_of(split(note + event)), closed,
+                        call=Carried(5, record=record),
+                        views=Views(rewrite=lambda result: seen.append(result) or False))
     assert await drain(relay) == note + event
     assert relay.answered and record.status == "ok" and seen == [{"isError": True}]
     assert record.bytes_out == len(note + event)
@@ -155,8 +156,9 @@ async def test_an_sse_answer_larger_than_the_head_passes_unchanged_and_is_read()
 async def test_a_held_sse_answer_over_its_limit_is_refused() -> None:
     event = b"data: " + big_answer(5, 2 * HEAD_BYTES) + b"\n\n"
     record = AuditRecord(endpoint="e")
-    relay = StreamRelay(chunks_of(split(event)), closed, request_id=5, record=record,
-                        hold_limit=HEAD_BYTES)
+    relay = StreamRelay(chunks_of(split(event)), closed,
+                        call=Carried(5, record=record),
+                        views=Views(hold_limit=HEAD_BYTES))
     out = await drain(relay)
     error = orjson.loads(out.rpartition(b"data: ")[2])
     assert error["id"] == 5 and error["error"]["code"] == -32000
@@ -167,8 +169,8 @@ async def test_a_held_sse_answer_over_its_limit_is_refused() -> None:
 async def test_an_sse_stream_cut_inside_a_large_event_ends_it_then_says_so() -> None:
     event = b"data: " + big_answer(5, 2 * HEAD_BYTES) + b"\n\n"
     record = AuditRecord(endpoint="e")
-    relay = StreamRelay(chunks_of(split(event[:-1000]), fail=True), closed, request_id=5,
-                        record=record)
+    relay = StreamRelay(chunks_of(split(event[:-1000]), fail=True), closed,
+                        call=Carried(5, record=record))
     out = await drain(relay)
     assert out.startswith(event[:-1000] + b"\n\n")
     error = orjson.loads(out[len(event) - 1000 + 2:].partition(b"data: ")[2])
@@ -188,8 +190,8 @@ async def test_a_json_answer_passes_unchanged_its_last_chunk_once_it_is_recorded
                                     relay.record.bytes_out == len(data))
         return True
 
-    relay = JsonRelay(parts[0], chunks_of(parts[1:]), closed, request_id="r", record=record,
-                      on_answer=answered)
+    relay = JsonRelay(parts[0], chunks_of(parts[1:]), closed,
+                      call=Carried("r", record=record, answered=answered))
     assert await drain(relay) == data
     assert recorded_before_last == [True]
     assert record.status == "error" and record.error_message == "upstream error -32050"
@@ -208,8 +210,8 @@ async def test_a_json_answer_that_cannot_be_finished_ends_short(parts: list[byte
         answered.append(True)
         return True
 
-    relay = JsonRelay(parts[0], chunks_of(parts[1:], fail=fail), closed, request_id="r",
-                      record=record, on_answer=on_answer)
+    relay = JsonRelay(parts[0], chunks_of(parts[1:], fail=fail), closed,
+                      call=Carried("r", record=record, answered=on_answer))
     out = await drain(relay)
     assert len(out) < sum(map(len, parts)) or not out  # the last chunk is never sent
     assert record.status == "error" and not answered
@@ -222,8 +224,8 @@ async def test_a_json_answer_kept_nowhere_is_withheld() -> None:
     async def kept_nowhere(relay: StreamRelay) -> bool:
         return False
 
-    relay = JsonRelay(parts[0], chunks_of(parts[1:]), closed, request_id=1,
-                      record=AuditRecord(endpoint="e"), on_answer=kept_nowhere)
+    relay = JsonRelay(parts[0], chunks_of(parts[1:]), closed,
+                      call=Carried(1, record=AuditRecord(endpoint="e"), answered=kept_nowhere))
     out = await drain(relay)
     assert data.startswith(out) and len(out) < len(data)
 
@@ -275,8 +277,9 @@ async def test_an_unmatched_call_s_stream_is_relayed_byte_for_byte(nl: bytes) ->
             + sse({"jsonrpc": "2.0", "id": 1, "result": {"note": SECRET}}, nl))
     rng = random.Random(3)
     for _ in range(20):
-        relay = StreamRelay(chunks_of(pieces(body, rng)), closed, request_id=1,
-                            rewrite=rewrite, notice=notice)
+        relay = StreamRelay(chunks_of(pieces(body, rng)), closed,
+                            call=Carried(1),
+                            views=Views(rewrite=rewrite, notice=notice))
         assert await drain(relay) == body
 
 
@@ -287,8 +290,9 @@ async def test_notifications_are_redacted_as_they_arrive_and_others_pass_unchang
     clean = progress_event("half way")
     body = log_event(f"key {SECRET}") + other + clean + progress_event(f"with {SECRET}") \
         + answer_event(1, f"and {SECRET}")
-    relay = StreamRelay(chunks_of(split(body, 7)), closed, request_id=1, rewrite=rewrite,
-                        notice=notice, hold_limit=1 << 20)
+    relay = StreamRelay(chunks_of(split(body, 7)), closed,
+                        call=Carried(1),
+                        views=Views(rewrite=rewrite, notice=notice, hold_limit=1 << 20))
     out = await drain(relay)
     assert SECRET not in out.decode()
     events = [orjson.loads(e.partition(b"data: ")[2]) for e in out.split(b"\n\n") if e]
@@ -308,8 +312,9 @@ async def test_a_denied_notification_is_dropped_and_the_call_goes_on() -> None:
     clean = log_event("starting")
     body = clean + log_event(f"key {SECRET}") + progress_event(SECRET) + answer_event(1, "ok")
     record = AuditRecord(endpoint="e")
-    relay = StreamRelay(chunks_of([body]), closed, request_id=1, rewrite=rewrite,
-                        notice=notice, hold_limit=1 << 20, record=record)
+    relay = StreamRelay(chunks_of([body]), closed,
+                        call=Carried(1, record=record),
+                        views=Views(rewrite=rewrite, notice=notice, hold_limit=1 << 20))
     out = await drain(relay)
     assert out == clean + answer_event(1, "ok")
     assert relay.answered and record.status == "ok"
@@ -320,8 +325,9 @@ async def test_a_denied_notification_is_dropped_and_the_call_goes_on() -> None:
 async def test_after_the_answer_notifications_are_still_inspected() -> None:
     _, notice, _ = guarded("redact")
     body = answer_event(1, "ok") + log_event(SECRET) + b"data: not json\n\n"
-    relay = StreamRelay(chunks_of([body]), closed, request_id=1, notice=notice,
-                        hold_limit=1 << 20)
+    relay = StreamRelay(chunks_of([body]), closed,
+                        call=Carried(1),
+                        views=Views(notice=notice, hold_limit=1 << 20))
     out = await drain(relay)
     redacted = orjson.loads(out.split(b"\n\n")[1].partition(b"data: ")[2])
     assert out.startswith(answer_event(1, "ok")) and out.count(b"\n\n") == 2
@@ -341,8 +347,9 @@ async def test_notifications_before_a_held_answer_reach_the_client_before_it() -
         sent_answer.set()
         yield answer_event(1, SECRET)
 
-    relay = StreamRelay(upstream(), closed, request_id=1, rewrite=rewrite, notice=notice,
-                        hold_limit=1 << 20)
+    relay = StreamRelay(upstream(), closed,
+                        call=Carried(1),
+                        views=Views(rewrite=rewrite, notice=notice, hold_limit=1 << 20))
     first = await asyncio.wait_for(relay.__anext__(), DEADLINE_S)
     second = await asyncio.wait_for(relay.__anext__(), DEADLINE_S)
     assert not sent_answer.is_set() and not relay.answered
@@ -378,8 +385,9 @@ async def test_a_large_event_that_is_not_the_answer_passes_on_as_it_arrives(
         yield answer_event(1, "ok")
 
     record = AuditRecord(endpoint="e")
-    relay = StreamRelay(upstream(), closed, request_id=1, rewrite=rewrite, notice=notice,
-                        hold_limit=HEAD_BYTES, record=record)
+    relay = StreamRelay(upstream(), closed,
+                        call=Carried(1, record=record),
+                        views=Views(rewrite=rewrite, notice=notice, hold_limit=HEAD_BYTES))
     head = await asyncio.wait_for(relay.__anext__(), DEADLINE_S)
     assert head == large[:HEAD_BYTES + 100] and relay.mid_event
     gate.set()
@@ -391,13 +399,15 @@ async def test_a_large_notification_a_rule_reads_is_held_whole_and_bounded() -> 
     rewrite, notice, _ = guarded("redact")
     within = big_notice("notifications/message", HEAD_BYTES // 2, f"key {SECRET} ")
     relay = StreamRelay(chunks_of(split(within + answer_event(1, "ok"))), closed,
-                        request_id=1, rewrite=rewrite, notice=notice, hold_limit=HEAD_BYTES)
+                        call=Carried(1),
+                        views=Views(rewrite=rewrite, notice=notice, hold_limit=HEAD_BYTES))
     out = await drain(relay)
     assert SECRET not in out.decode() and b"[REDACTED:secret]" in out and relay.answered
     over = big_notice("notifications/progress", 2 * HEAD_BYTES, f"key {SECRET} ")
     record = AuditRecord(endpoint="e")
-    relay = StreamRelay(chunks_of(split(over + answer_event(1, "ok"))), closed, request_id=1,
-                        rewrite=rewrite, notice=notice, hold_limit=HEAD_BYTES, record=record)
+    relay = StreamRelay(chunks_of(split(over + answer_event(1, "ok"))), closed,
+                        call=Carried(1, record=record),
+                        views=Views(rewrite=rewrite, notice=notice, hold_limit=HEAD_BYTES))
     out = await drain(relay)
     assert SECRET not in out.decode() and not relay.answered
     error = orjson.loads(out.rpartition(b"data: ")[2])
