@@ -167,7 +167,10 @@ class Gateway:
             record.method, record.tool = msg.method, msg.tool
             if msg.kind == "request":
                 record.request_id = guards.id_text(msg.id)
-            self.observer.parsed(record, msg, req.headers, req.peer)  # trace id, span
+            meta = msg.params.get("_meta") if msg.params is not None else None
+            if isinstance(meta, dict) and "traceparent" in meta:  # the message's own wins
+                record.trace_id = trace_id(meta["traceparent"]) or record.trace_id
+            self.observer.parsed(record, msg, req.headers, req.peer)  # the span
             if self.draining and msg.kind == "request":  # notifications, answers still pass
                 raise Draining()
             era = record.era = eras.settle(msg, req.headers, req.duplicated)

@@ -52,9 +52,7 @@ class RequestLog:
 
     def parsed(self, record: AuditRecord, msg: McpMessage, headers: Mapping[str, str],
                peer: str | None) -> None:
-        meta = msg.params.get("_meta") if msg.params is not None else None
-        if isinstance(meta, dict) and "traceparent" in meta:  # the MCP message's own wins
-            record.trace_id = trace_id(meta["traceparent"]) or record.trace_id
+        return None  # the spine has put the message's trace id on the record
 
     def results(self, msg: McpMessage, record: AuditRecord, rewrite: Rewrite | None
                 ) -> Rewrite | None:

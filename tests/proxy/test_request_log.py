@@ -4,12 +4,18 @@ and it is cut to a bounded length; a traceparent gives its trace id only when va
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import orjson
 import pytest
 
-from proxy.audit.record import AuditRecord
+from proxy.audit.record import AuditRecord, MemoryAuditSink
 from proxy.observability.logs import MAX_VALUE, JsonFormatter, RequestLog, trace_id
+from tests.e2e.conftest import open_stack
+from tests.e2e.sdk_client import connect
+from tests.e2e.upstreams import stateless_json_app
+
+META_TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def test_a_forged_value_stays_inside_its_field(caplog: pytest.LogCaptureFixture) -> None:
@@ -68,3 +74,16 @@ def test_httpx_does_not_log_every_request_at_info() -> None:
         assert chatty.isEnabledFor(logging.WARNING)
     finally:
         chatty.setLevel(before)
+
+
+async def test_the_message_s_own_traceparent_names_the_trace_with_tracing_off(
+        tmp_path: Path) -> None:
+    """The spine reads a `_meta.traceparent` onto the record, so the log line names it
+    whichever observers are on (here: no tracer), where the request log observer used to
+    write it."""
+    audit = MemoryAuditSink()
+    async with open_stack(tmp_path, stateless_json_app, audit=audit) as stack, \
+            connect(stack.endpoint) as client:
+        await client.call_tool("echo", {"text": "x"}, meta={"traceparent": META_TP})
+    (call,) = [r for r in audit.records if r.method == "tools/call"]
+    assert call.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
