@@ -30,7 +30,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proxy.api.context import EXTENSION
 from proxy.app import create_app
 from proxy.audit import rollup
 from proxy.config import from_dict
@@ -115,7 +114,7 @@ async def measure(url: str, runs: int, pages: tuple[str, ...] = PAGES, cold: boo
             times, size = [], 0
             for _ in range(runs):
                 if cold:
-                    app.extensions[EXTENSION].aggregates.clear()
+                    app.extensions["tollhouse"].api.aggregates.clear()
                 began = time.perf_counter()
                 response = await client.get(path)
                 body = await response.get_data()

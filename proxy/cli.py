@@ -415,10 +415,12 @@ async def _run_hypercorn(app: Any, binds: list[str], grace_s: float,
 
 
 def _serving(app: Any) -> Any:
-    """The app's `proxy.app.Serving` while it serves, else None (another ASGI app)."""
+    """The app's `proxy.serving.Serving` while it serves, else None (another ASGI app)."""
+    from proxy.held import EXTENSION
+
     extensions = getattr(app, "extensions", None)
-    state = extensions.get("tollhouse") if isinstance(extensions, dict) else None
-    return getattr(state, "serving", None)
+    services = extensions.get(EXTENSION) if isinstance(extensions, dict) else None
+    return getattr(services, "serving", None)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -193,6 +193,12 @@ class OutboxWorker:
         # its record() answers without waiting
         self.inline = bool(getattr(backend, "in_process", False))
 
+    def follow(self, backend: MeteringBackend, keep_delivered_s: float) -> None:
+        """A reload: deliver through `backend` from the next event on, and keep delivered
+        events `keep_delivered_s`."""
+        self.backend = backend
+        self.keep_delivered_s = keep_delivered_s
+
     def deliver_now(self, record: AuditRecord) -> bool:
         """Hand an in-process hook the usage event of `record` now, on the event loop, as the
         call ends: its record is in the audit journal already (a crash from here on replays it

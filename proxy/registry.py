@@ -40,7 +40,9 @@ class Registry:
 
     def __init__(self, cfg: Config, routes: dict[str, UpstreamRoute], mirrors: Mirrors,
                  access: Published[Any], destinations: Published[Destination],
-                 database: db.Target | None = None) -> None:
+                 database: db.Target | None = None, *,
+                 reserved: Callable[[str], bool] = lambda name: False,
+                 changed: Callable[[], None] | None = None) -> None:
         self._public_url = cfg.server.public_url.rstrip("/")
         self._config = {u.name: u for u in cfg.upstreams}
         self._routes = routes
@@ -49,8 +51,8 @@ class Registry:
         self._database = db.resolve(cfg.database.url if database is None else database)
         self._rows = StoredSpecs(self._database, "servers", ServerIn, "server")
         self._api: dict[str, ServerIn] = {}
-        self.reserved: Callable[[str], bool] = lambda name: False  # names served otherwise
-        self.changed: Callable[[], None] | None = None  # told after each change is applied
+        self.reserved = reserved  # names served otherwise (the virtual endpoints')
+        self.changed = changed  # told after each change is applied
         self._mirror = mirrors.mirror(
             "server registry", self._rows.read_version,
             lambda: self._rows.read_all(lambda name: name in self._config), self._apply,

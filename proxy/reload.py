@@ -18,17 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from policies import build_egress, default_policies
-from proxy.chain import Chain
+from proxy.compiled import compile
 from proxy.config import Config, ConfigError, UpstreamConfig, load, validate
 from proxy.confine import Environment
-from proxy.live import Live
-from proxy.metering import build_backend
-from proxy.observability.metrics import timed
-from proxy.upstream import UpstreamRoute
 
 if TYPE_CHECKING:
-    from proxy.app import Serving
+    from proxy.serving import Serving
 
 log = logging.getLogger("tollhouse")
 
@@ -69,37 +64,19 @@ async def reload(serving: Serving, path: Path, env: Environment | None = None) -
 
 
 async def _apply(serving: Serving, cfg: Config) -> None:
-    """Build everything the new config decides, then swap it in within one step of the
-    event loop: the route table, the registry's view, the policy chain."""
-    parts, gateway = serving.parts, serving.gateway
-    running = gateway.live.cfg
-    backend = serving.backend
-    if cfg.metering != running.metering:
-        backend = timed(build_backend(cfg.metering, serving.upstream.http), parts.metrics) \
-            if cfg.metering.enabled else None
-    parts.identity.prepare(cfg)
+    """Compile the new config as start-up does (proxy.compiled), then swap it in within one
+    step of the event loop: the route table, the registries' view, the policy chain."""
+    gateway, local = serving.gateway, serving.services.local
+    running = gateway.live
+    serving.services.identity.prepare(cfg)
     gateway.auth.keep_claims(cfg)  # a per-caller URL added or changed may name a new claim
-    routes = {u.name: UpstreamRoute.from_config(u, parts.local.transport(u))
-              for u in cfg.upstreams}
-    parts.local.keep_only({u.name for u in cfg.upstreams if u.stdio})
-    gone = {u.name for u in running.upstreams} - set(routes)
+    gone = {u.name for u in running.cfg.upstreams} - {u.name for u in cfg.upstreams}
     async with serving.registry.changing():  # from here on nothing awaits: no call sees
-        egress = build_egress(cfg, serving.destinations, parts.trusted)  # half of it
-        chain = Chain(default_policies(cfg, metering=backend, egress=egress,
-                                       rate_limits=parts.stores.rate_limits,
-                                       pins=serving.pins, hidden=serving.hidden,
-                                       added_access=serving.added_access))
-        for name in gone:
-            parts.routes.pop(name, None)
-            serving.destinations.discard(name)
-        parts.routes.update(routes)
-        serving.registry.rebase(cfg)
-        api = parts.state.api
-        if api is not None and api.endpoints is not None:  # virtual endpoints, the same way
-            api.endpoints.rebase(cfg)
-        gateway.live = Live(cfg, chain)
-    serving.backend = backend
-    serving.deliver_through(backend)
+        live = compile(cfg, serving.deps, running)  # half of it
+        local.keep_only({u.name for u in cfg.upstreams if u.stdio})
+        serving.swap(live, gone)
+    if serving.outbox is not None:
+        serving.outbox.use(live.backend, cfg.metering)
 
 
 def fixed_changes(running: Config, read: Config) -> list[str]:

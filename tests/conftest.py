@@ -14,7 +14,7 @@ import orjson
 import pytest
 import respx
 
-from proxy.app import State, create_app
+from proxy.app import Services, create_app
 from proxy.audit import MemoryAuditSink
 from proxy.config import Config, from_dict
 from proxy.mcp.gateway import Gateway
@@ -87,7 +87,7 @@ def mock_upstream(url: str = "http://upstream.test/mcp") -> MockUpstream:
 class RunningGateway:
     url: str
     audit: MemoryAuditSink
-    state: State
+    state: Services
     client: httpx.AsyncClient
 
     @property
@@ -124,7 +124,7 @@ async def running_gateway(cfg: Config, transport: httpx.AsyncBaseTransport | Non
     options.setdefault("resolver", FakeResolver())
     app = create_app(cfg, upstream_transport=transport, audit_sink=audit, later=later,
                      **options)
-    state: State = app.extensions["tollhouse"]
+    state: Services = app.extensions["tollhouse"]
     async with serve(app, sock=sock, graceful_timeout=1) as url, \
             httpx.AsyncClient(timeout=10) as client:
         yield RunningGateway(url, audit, state, client)

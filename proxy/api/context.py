@@ -1,6 +1,5 @@
 """What the management API's handlers work with: one `Api`, built when the app starts serving
-(the registry needs the running egress policy), kept on `app.extensions` by `provide` and
-fetched by `current`, the one way a handler reaches it."""
+(proxy.serving), which `proxy.api.endpoint` hands every handler."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cachetools import TTLCache
-from quart import Quart, current_app
 
 from policies.guardrails.pinning import Pins
 from proxy import db
@@ -28,7 +26,6 @@ from proxy.state.sessions import SessionStore
 if TYPE_CHECKING:
     from proxy.virtual.registry import Endpoints
 
-EXTENSION = "tollhouse.api"
 AGGREGATES_S = 15.0  # how stale an audit aggregate may be
 
 
@@ -69,14 +66,3 @@ class Api:
                 lambda: fn(self.database, **kwargs))
         return found
 
-
-def provide(app: Quart, api: Api) -> None:
-    app.extensions[EXTENSION] = api
-
-
-def current() -> Api:
-    """The serving app's `Api` (inside a request)."""
-    api: Api | None = current_app.extensions.get(EXTENSION)
-    if api is None:
-        raise RuntimeError("the management API is built when the app starts serving")
-    return api

@@ -12,11 +12,12 @@ from typing import Any
 from quart import Response, request
 
 from proxy.api.caller import Caller, authenticate
-from proxy.api.context import Api, current
+from proxy.api.context import Api
 from proxy.audit.record import AuditRecord, AuditSink
 from proxy.audit.summary import MANAGEMENT
 from proxy.edge.routes import nul_in_body
 from proxy.errors import GatewayError, Invalid, NotPermitted
+from proxy.held import held
 
 Handler = Callable[..., Awaitable[Response]]
 View = Handler  # what Quart serves: the same shape
@@ -52,6 +53,14 @@ def view(route: Route) -> View:
 
     endpoint.__name__ = route.endpoint
     return endpoint
+
+
+def current() -> Api:
+    """The serving app's `Api` (inside a request)."""
+    api = held().api
+    if api is None:
+        raise RuntimeError("the management API is built when the app starts serving")
+    return api
 
 
 async def _serve(route: Route, api: Api, path: dict[str, Any]) -> Response:

@@ -98,7 +98,9 @@ class DatabaseAuditSink:
                  fallback_path: str | None = None, tries: int = 5,
                  journal: str | Path | None = None,
                  journal_rotate_bytes: int = journals.ROTATE_BYTES,
-                 commit_window_s: float = 0.0) -> None:
+                 commit_window_s: float = 0.0,
+                 deliver: Callable[[AuditRecord], bool] | None = None,
+                 on_fallback: Callable[[int], None] | None = None) -> None:
         self._db = db.resolve(target)
         self._owns_db = self._db is not target
         if fallback_path is None:
@@ -108,9 +110,9 @@ class DatabaseAuditSink:
         self.on_outbox = on_outbox  # called (from the writer thread) after usage events land
         # an in-process metering hook's delivery at once (OutboxWorker.deliver_now), called on
         # the event loop once a metered record is in the journal: True if the hook took it
-        self.deliver: Callable[[AuditRecord], bool] | None = None
+        self.deliver = deliver
         # called (from the writer thread) with the count written to the fallback file (metrics)
-        self.on_fallback: Callable[[int], None] | None = None
+        self.on_fallback = on_fallback
         self._retry_backoff_s = retry_backoff_s
         self._batch_size = batch_size
         self._tries = tries

@@ -120,13 +120,13 @@ class Connections:
     def __init__(self, cfg: Config, vault: Vault, guarded: GuardedClient,
                  clock: Callable[[], float] = time.time, *, flows: FlowStore,
                  leases: LeaseStore | None = None, lease_s: float = REFRESH_LEASE_S,
-                 poll_s: float = REFRESH_POLL_S) -> None:
+                 poll_s: float = REFRESH_POLL_S, people: Any = None) -> None:
         self.public_url = cfg.server.public_url.rstrip("/")
         self.upstreams: dict[str, UpstreamConfig] = {
             u.name: u for u in cfg.upstreams if u.auth == "per_user"}
         self._vault = vault
         self._guarded = guarded
-        self.people: Any = None  # a per-caller upstream's attributes (proxy.upstream.tenants)
+        self.people = people  # a per-caller upstream's attributes (proxy.upstream.tenants)
         self._templates: dict[str, Any] = {}  # per-caller upstream URLs, parsed
         self._clock = clock
         # each upstream's authorization server and the gateway's client there, for the life

@@ -1,57 +1,50 @@
 """The connect pages and the person's connections: /connect/<upstream>, its callback,
 /connections, and /api/v1/me/connections (cookie-authenticated; a change must come from this
-gateway's own pages): module-level handlers over one `ConnectRoutes`."""
+gateway's own pages): module-level handlers over one `ConnectRoutes`, bound to them by
+`register`."""
 
 from __future__ import annotations
 
 import html
 import logging
 from dataclasses import dataclass
+from functools import partial
 from urllib.parse import urlencode
 
 import orjson
-from quart import Quart, Response, current_app, request
+from quart import Quart, Response, request
 
-from proxy.api.context import EXTENSION as API_EXTENSION
 from proxy.api.endpoint import audited
 from proxy.audit.record import AuditRecord
 from proxy.connect.manager import ConnectFailed, Connections
 from proxy.edge.paths import segment
 from proxy.errors import GatewayError, NotFound, NotPermitted, NotSignedIn, StoreUnavailable
+from proxy.held import held
 from proxy.people.accounts import User
 from proxy.people.signin import COOKIE, Web, page, see_other
 
 JSON = {"Content-Type": "application/json", "Cache-Control": "no-store"}
-EXTENSION = "tollhouse.connect"
 log = logging.getLogger("tollhouse.connect")
 
 
 @dataclass(frozen=True)
 class ConnectRoutes:
-    """What the connect pages work with, kept on `app.extensions`."""
+    """What the connect pages work with, bound to each handler when it is registered."""
 
     connections: Connections
     web: Web
 
 
 def register(app: Quart, connections: Connections, web: Web) -> None:
-    app.extensions[EXTENSION] = ConnectRoutes(connections, web)
-    app.add_url_rule("/connect/<upstream>", "connect", connect)
-    app.add_url_rule("/connect/<upstream>/callback", "callback", callback)
-    app.add_url_rule("/connections", "connections_page", connections_page)
-    app.add_url_rule("/connections/<upstream>/disconnect", "disconnect_form", disconnect_form,
-                     methods=["POST"])
-    app.add_url_rule("/api/v1/me/connections", "api_list", api_list)
-    app.add_url_rule("/api/v1/me/connections/<upstream>", "api_disconnect", api_disconnect,
-                     methods=["DELETE"])
-
-
-def current() -> ConnectRoutes:
-    """The serving app's connections and sign-in (inside a request)."""
-    routes: ConnectRoutes | None = current_app.extensions.get(EXTENSION)
-    if routes is None:
-        raise RuntimeError("no upstream on this gateway needs a connection")
-    return routes
+    here = ConnectRoutes(connections, web)
+    app.add_url_rule("/connect/<upstream>", "connect", partial(connect, here))
+    app.add_url_rule("/connect/<upstream>/callback", "callback", partial(callback, here))
+    app.add_url_rule("/connections", "connections_page", partial(connections_page, here))
+    app.add_url_rule("/connections/<upstream>/disconnect", "disconnect_form",
+                     partial(disconnect_form, here), methods=["POST"])
+    app.add_url_rule("/api/v1/me/connections", "api_list", partial(api_list, here))
+    app.add_url_rule("/api/v1/me/connections/<upstream>", "api_disconnect",
+                     partial(api_disconnect, here), methods=["DELETE"])
 
 
 async def _signed_in(here: ConnectRoutes) -> tuple[User | None, str | None]:
@@ -68,8 +61,7 @@ def _unreachable(upstream: str, exc: GatewayError, title: str = "Cannot connect"
                        "administrator.</p>", 502)
 
 
-async def connect(upstream: str) -> Response:
-    here = current()
+async def connect(here: ConnectRoutes, upstream: str) -> Response:
     if upstream not in here.connections.upstreams:
         return page("Not found", "<p>No upstream by that name needs a connection.</p>", 404)
     user, cookie = await _signed_in(here)
@@ -94,8 +86,7 @@ async def connect(upstream: str) -> Response:
     return see_other(location)
 
 
-async def callback(upstream: str) -> Response:
-    here = current()
+async def callback(here: ConnectRoutes, upstream: str) -> Response:
     if upstream not in here.connections.upstreams:
         return page("Not found", "<p>No upstream by that name.</p>", 404)
     user, cookie = await _signed_in(here)
@@ -119,8 +110,7 @@ async def callback(upstream: str) -> Response:
                              "<p><a href='/connections'>Your connections</a></p>")
 
 
-async def connections_page() -> Response:
-    here = current()
+async def connections_page(here: ConnectRoutes) -> Response:
     user, _ = await _signed_in(here)
     if user is None:
         return see_other("/signin?next=/connections")
@@ -135,8 +125,7 @@ async def connections_page() -> Response:
                                     f"</tr>{''.join(rows)}</table>")
 
 
-async def disconnect_form(upstream: str) -> Response:
-    here = current()
+async def disconnect_form(here: ConnectRoutes, upstream: str) -> Response:
     user, _ = await _signed_in(here)
     if user is None:
         return see_other("/signin?next=/connections")
@@ -147,8 +136,7 @@ async def disconnect_form(upstream: str) -> Response:
     return see_other("/connections")
 
 
-async def api_list() -> Response:
-    here = current()
+async def api_list(here: ConnectRoutes) -> Response:
     user, _ = await _signed_in(here)
     if user is None:
         raise NotSignedIn("not signed in")
@@ -157,8 +145,7 @@ async def api_list() -> Response:
     return Response(orjson.dumps({"items": items}), 200, JSON)
 
 
-async def api_disconnect(upstream: str) -> Response:
-    here = current()
+async def api_disconnect(here: ConnectRoutes, upstream: str) -> Response:
 
     async def change(record: AuditRecord) -> Response:  # audited as every /api/v1 change
         user, _ = await _signed_in(here)
@@ -172,5 +159,5 @@ async def api_disconnect(upstream: str) -> Response:
         await here.connections.disconnect(upstream, user.principal().key)
         return Response(b"", 204)
 
-    api = current_app.extensions.get(API_EXTENSION)
+    api = held().api
     return await audited(api.audit if api is not None else None, change)

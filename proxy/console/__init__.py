@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from quart import Blueprint, Quart, Response, current_app, request
+from quart import Blueprint, Quart, Response, request
 
 from proxy.console import admin, mine
 from proxy.console.guard import page, secure
@@ -18,18 +18,13 @@ from proxy.edge.paths import segment
 from proxy.people.accounts import User
 from proxy.people.signin import Web
 
-EXTENSION = "tollhouse.console"
 STYLESHEET = "/console/static/console.css"
 
 
-def _web() -> Web:
-    web: Web = current_app.extensions[EXTENSION]
-    return web
-
-
-def _bind(view: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+def _bind(view: Callable[..., Awaitable[Response]], web: Web
+          ) -> Callable[..., Awaitable[Response]]:
     async def bound(user: User, **path: Any) -> Response:
-        return await view(_web(), user, **path)
+        return await view(web, user, **path)
 
     bound.__name__ = view.__name__
     return bound
@@ -91,12 +86,11 @@ PAGES: tuple[tuple[str, str, Callable[..., Awaitable[Response]], bool], ...] = (
 
 
 def register(app: Quart, web: Web) -> None:
-    app.extensions[EXTENSION] = web
     bp = Blueprint("console", __name__, url_prefix="/console", template_folder="templates",
                    static_folder="static", static_url_path="/static")
     for rule, method, view, admin_only in PAGES:
         endpoint = f"{view.__name__}_{method.lower()}"
-        bp.add_url_rule(rule, endpoint, page(_web, admin=admin_only)(_bind(view)),
+        bp.add_url_rule(rule, endpoint, page(lambda: web, admin=admin_only)(_bind(view, web)),
                         methods=[method])
     bp.add_app_template_filter(_timestamp, "timestamp")
     bp.add_app_template_filter(segment, "segment")  # every name in a URL the pages build

@@ -11,15 +11,16 @@ import hashlib
 import html
 import secrets
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import unquote, urlencode
 
 import orjson
-from quart import Quart, Response, current_app, request
+from quart import Quart, Response, request
 
-from policies.access import Access
 from proxy.auth.lockout import Attempt
 from proxy.errors import OAuthError
+from proxy.held import held
 from proxy.oauth.cimd import MetadataDocuments
 from proxy.oauth.redirects import redirect_source
 from proxy.oauth.server import AuthorizationServer, Client
@@ -28,13 +29,13 @@ from proxy.people.signin import COOKIE, Web, page, see_other
 from proxy.state.flows import ForeignFlow
 
 JSON = {"Content-Type": "application/json", "Cache-Control": "no-store", "Pragma": "no-cache"}
-EXTENSION = "tollhouse.oauth"
 BASIC_CHALLENGE = {"WWW-Authenticate": 'Basic realm="tollhouse", charset="UTF-8"'}
 
 
 @dataclass(frozen=True)
 class OAuthRoutes:
-    """What the authorization server's routes work with, kept on `app.extensions`."""
+    """What the authorization server's routes work with, bound to each handler when it is
+    registered."""
 
     server: AuthorizationServer
     web: Web
@@ -43,22 +44,16 @@ class OAuthRoutes:
 
 def register(app: Quart, server: AuthorizationServer, web: Web,
              documents: MetadataDocuments | None = None) -> None:
-    app.extensions[EXTENSION] = OAuthRoutes(server, web, documents or MetadataDocuments())
-    app.add_url_rule("/.well-known/oauth-authorization-server", "metadata", metadata)
-    app.add_url_rule("/oauth/jwks.json", "jwks", jwks)
-    app.add_url_rule("/oauth/authorize", "authorize", authorize, methods=["GET"])
-    app.add_url_rule("/oauth/authorize", "decide", decide, methods=["POST"])
-    app.add_url_rule("/oauth/token", "token", token, methods=["POST"])
-    app.add_url_rule("/oauth/register", "register_client", register_client, methods=["POST"])
-    app.add_url_rule("/oauth/revoke", "revoke", revoke, methods=["POST"])
-
-
-def current() -> OAuthRoutes:
-    """The serving app's authorization server and its companions (inside a request)."""
-    routes: OAuthRoutes | None = current_app.extensions.get(EXTENSION)
-    if routes is None:
-        raise RuntimeError("the authorization server is not enabled on this gateway")
-    return routes
+    here = OAuthRoutes(server, web, documents or MetadataDocuments())
+    app.add_url_rule("/.well-known/oauth-authorization-server", "metadata",
+                     partial(metadata, here))
+    app.add_url_rule("/oauth/jwks.json", "jwks", partial(jwks, here))
+    app.add_url_rule("/oauth/authorize", "authorize", partial(authorize, here), methods=["GET"])
+    app.add_url_rule("/oauth/authorize", "decide", partial(decide, here), methods=["POST"])
+    app.add_url_rule("/oauth/token", "token", partial(token, here), methods=["POST"])
+    app.add_url_rule("/oauth/register", "register_client", partial(register_client, here),
+                     methods=["POST"])
+    app.add_url_rule("/oauth/revoke", "revoke", partial(revoke, here), methods=["POST"])
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -69,16 +64,15 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
 # the steps that touch live state are its async methods. An OAuthError raised here is
 # answered by the app's error handler (proxy.edge.routes) in RFC 6749's shape.
 
-async def metadata() -> Response:
-    return _json(current().server.metadata(), headers={"Cache-Control": "public, max-age=300"})
+async def metadata(here: OAuthRoutes) -> Response:
+    return _json(here.server.metadata(), headers={"Cache-Control": "public, max-age=300"})
 
 
-async def jwks() -> Response:
-    return _json(await current().server.keys.published(), headers={"Cache-Control": "public, max-age=300"})
+async def jwks(here: OAuthRoutes) -> Response:
+    return _json(await here.server.keys.published(), headers={"Cache-Control": "public, max-age=300"})
 
 
-async def authorize() -> Response:
-    here = current()
+async def authorize(here: OAuthRoutes) -> Response:
     params = {k: v for k, v in request.args.items()}
     # an error before the redirect URI is known to be registered is answered here, never
     # sent to a URI that is not registered
@@ -135,18 +129,12 @@ def _consent_page(title: str, body: str, redirect_uri: str) -> Response:
 def _refusal(endpoint: str, user: User) -> str | None:
     """Why `user` may not use `endpoint` by its access rules as the gateway applies them now
     (the running chain's access policy), or None."""
-    state = current_app.extensions.get("tollhouse")
-    gateway = getattr(state, "gateway", None)
-    if gateway is None:
-        return None
-    for policy in gateway.chain.policies:
-        if isinstance(policy, Access):
-            return policy.refusal(endpoint, user.principal())
-    return None
+    gateway = held().gateway
+    access = None if gateway is None else gateway.live.access
+    return None if access is None else access.refusal(endpoint, user.principal())
 
 
-async def decide() -> Response:
-    here = current()
+async def decide(here: OAuthRoutes) -> Response:
     if not here.web.same_origin(request.headers):
         raise OAuthError("access_denied", "the consent form must come from this gateway", 403)
     form = await request.form
@@ -174,8 +162,7 @@ async def decide() -> Response:
     return _back(redirect_uri, params, {"code": code, "iss": here.server.issuer})
 
 
-async def token() -> Response:
-    here = current()
+async def token(here: OAuthRoutes) -> Response:
     form = await _form()
     client = await _client(here, form)
     grant = form.get("grant_type")
@@ -187,16 +174,15 @@ async def token() -> Response:
                      "grant_type must be authorization_code or refresh_token")
 
 
-async def register_client() -> Response:
+async def register_client(here: OAuthRoutes) -> Response:
     try:
         document = orjson.loads(await request.get_data())
     except orjson.JSONDecodeError:
         raise OAuthError("invalid_client_metadata", "the body is not JSON") from None
-    return _json(await asyncio.to_thread(current().server.register, document), 201)
+    return _json(await asyncio.to_thread(here.server.register, document), 201)
 
 
-async def revoke() -> Response:
-    here = current()
+async def revoke(here: OAuthRoutes) -> Response:
     form = await _form()
     client = await _client(here, form)
     await here.server.revoke(client, form.get("token", ""))

@@ -14,6 +14,7 @@ import asyncio
 import hmac
 import ipaddress
 from collections.abc import Callable
+from typing import Protocol
 
 import orjson
 from quart import Quart, Response, request
@@ -27,18 +28,29 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JSON = {"Content-Type": "application/json", "Cache-Control": "no-store"}
 
 
-def register(app: Quart, cfg: ObservabilityConfig, metrics: Metrics | None, health: Health,
-             serving: Callable[[], object]) -> None:
-    """`serving()`: the app's Serving while it serves, else None (starting or stopped)."""
+class Serving(Protocol):
+    """What these routes read of the serving app (proxy.serving.Serving)."""
+
+    @property
+    def draining(self) -> bool: ...
+
+    @property
+    def health(self) -> Health: ...
+
+
+def register(app: Quart, cfg: ObservabilityConfig, metrics: Metrics | None,
+             serving: Callable[[], Serving | None]) -> None:
+    """`serving()`: the app's Serving while it serves, else None (starting or stopped); its
+    `health` probes the database and the live-state store."""
     token = cfg.metrics_token.encode()
 
     async def readyz() -> Response:
         now = serving()
         if now is None:
             return _ready(["starting"])
-        if getattr(now, "draining", False):
+        if now.draining:
             return _ready(["draining"])
-        readiness = await health.readiness()
+        readiness = await now.health.readiness()
         return _ready(list(readiness.down))
 
     async def scrape() -> Response:
@@ -50,7 +62,9 @@ def register(app: Quart, cfg: ObservabilityConfig, metrics: Metrics | None, heal
         if token and not _bearer_matches(request.headers.get("authorization", ""), token):
             raise OAuthError("unauthorized", "a valid metrics bearer token is required", 401,
                              headers={"WWW-Authenticate": 'Bearer realm="metrics"'})
-        await health.sample()
+        now = serving()
+        if now is not None:
+            await now.health.sample()
         if metrics.multiproc_dir is None:
             body = metrics.render()
         else:  # every worker's files are read: off the loop

@@ -353,7 +353,6 @@ def register(app: Quart, web: Callable[[], Web], cfg: OidcConfig,
     serves); `redirect_base` is the gateway's public URL without a trailing slash."""
     rp = OidcSignIn(cfg, http, f"{redirect_base.rstrip('/')}{CALLBACK_PATH}",
                     web().signin_flows, clock=lambda: web().clock())
-    app.extensions["tollhouse_oidc"] = rp
 
     @app.route("/signin/oidc", methods=["GET"])
     async def oidc_start() -> Response:

@@ -12,10 +12,11 @@ import html
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
-from quart import Quart, Response, current_app, request
+from quart import Quart, Response, request
 
 from proxy.auth.lockout import Attempt
 from proxy.auth.peer import client_address
@@ -139,34 +140,21 @@ def _form(next_url: str, error: str = "", oidc: bool = False) -> str:
             f"<p><button type='submit'>Sign in</button></p></form>{federated}")
 
 
-EXTENSION = "tollhouse.web"
-
-
 def register(app: Quart, web: Web) -> None:
-    """The sign-in and sign-out pages, over `web` (kept on `app.extensions`)."""
-    app.extensions[EXTENSION] = web
-    app.add_url_rule("/signin", "signin_page", signin_page, methods=["GET"])
-    app.add_url_rule("/signin", "signin_post", signin_post, methods=["POST"])
-    app.add_url_rule("/signout", "signout", signout, methods=["POST"])
+    """The sign-in and sign-out pages, over `web` (bound to each handler)."""
+    app.add_url_rule("/signin", "signin_page", partial(signin_page, web), methods=["GET"])
+    app.add_url_rule("/signin", "signin_post", partial(signin_post, web), methods=["POST"])
+    app.add_url_rule("/signout", "signout", partial(signout, web), methods=["POST"])
     app.add_url_rule("/signout", "signout_page", signout_page, methods=["GET"])
-    app.add_url_rule("/signin/done", "signed_in", signed_in)
+    app.add_url_rule("/signin/done", "signed_in", partial(signed_in, web))
 
 
-def current() -> Web:
-    """The serving app's `Web` (inside a request)."""
-    web: Web | None = current_app.extensions.get(EXTENSION)
-    if web is None:
-        raise RuntimeError("no person signs in on this gateway")
-    return web
-
-
-async def signin_page() -> Response:
+async def signin_page(w: Web) -> Response:
     return page("Sign in to Tollhouse", _form(safe_next(request.args.get("next")),
-                                              oidc=current().oidc_enabled))
+                                              oidc=w.oidc_enabled))
 
 
-async def signin_post() -> Response:
-    w = current()
+async def signin_post(w: Web) -> Response:
     if not w.same_origin(request.headers):
         return page("Forbidden", "<p>This form must be sent from this gateway.</p>", 403)
     form = await request.form
@@ -184,8 +172,7 @@ async def signin_post() -> Response:
     return await w.sign_in(user, next_url)
 
 
-async def signout() -> Response:
-    w = current()
+async def signout(w: Web) -> Response:
     if not w.same_origin(request.headers):
         return page("Forbidden", "<p>This form must be sent from this gateway.</p>", 403)
     cookie = request.cookies.get(COOKIE)
@@ -201,8 +188,8 @@ async def signout_page() -> Response:
                             "<button type='submit'>Sign out</button></form>")
 
 
-async def signed_in() -> Response:
-    user = await current().user(request.cookies.get(COOKIE))
+async def signed_in(w: Web) -> Response:
+    user = await w.user(request.cookies.get(COOKIE))
     if user is None:
         return see_other("/signin")
     return page("Signed in", f"<p>You are signed in as {html.escape(user.name)}.</p>"

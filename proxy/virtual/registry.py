@@ -31,7 +31,8 @@ log = logging.getLogger("tollhouse.virtual.registry")
 class Endpoints:
     def __init__(self, cfg: Config, live: dict[str, VirtualRoute], servers: Registry,
                  mirrors: Mirrors, access: Published[Any],
-                 database: db.Target | None = None) -> None:
+                 database: db.Target | None = None, *,
+                 changed: Callable[[], None] | None = None) -> None:
         self._config = {e.name: e for e in cfg.endpoints}
         self._live = live  # the gateway's table: the config's endpoints are in it already
         self._servers = servers
@@ -40,7 +41,7 @@ class Endpoints:
         self._database = db.resolve(cfg.database.url if database is None else database)
         self._rows = StoredSpecs(self._database, "endpoints", EndpointIn, "endpoint")
         self._api: dict[str, EndpointIn] = {}
-        self.changed: Callable[[], None] | None = None  # told after each change is applied
+        self.changed = changed  # told after each change is applied
         self._mirror = mirrors.mirror(
             "endpoint registry", self._rows.read_version,
             lambda: self._rows.read_all(lambda name: name in self._config), self._apply,

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from mcp import MCPError
 
-from proxy.app import State
+from proxy.app import Services
 from proxy.audit.record import AuditRecord
 from proxy.db import Database
 from proxy.demo import TOOLS
@@ -24,7 +24,7 @@ from tests.e2e.sdk_client import connect
 
 
 def seen_of(e: Env) -> LastSeen:
-    state: State = e.app.extensions["tollhouse"]
+    state: Services = e.app.extensions["tollhouse"]
     assert state.api is not None and state.api.seen is not None
     return state.api.seen
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from proxy.app import State, create_app
+from proxy.app import Services, create_app
 from proxy.audit import AuditSink, DatabaseAuditSink
 from proxy.config import Config, from_dict
 from proxy.mcp.gateway import Gateway
@@ -26,7 +26,7 @@ class Stack:
     upstream_url: str
     gateway_url: str
     probe: UpstreamProbe
-    state: State
+    state: Services
     db_path: str
 
     @property

@@ -17,7 +17,7 @@ import pytest
 from mcp import Client, MCPError
 from mcp.server.lowlevel import Server
 
-from proxy.app import State, create_app
+from proxy.app import Services, create_app
 from proxy.audit import query
 from proxy.config import from_dict
 from proxy.virtual import naming
@@ -93,7 +93,7 @@ class Team:
     url: str
     probes: dict[str, UpstreamProbe]
     switch: Switch
-    state: State
+    state: Services
     db: str
 
 

@@ -17,7 +17,7 @@ import pytest
 from mcp import Client, MCPError
 from mcp.server.mcpserver import Context, MCPServer
 
-from proxy.app import State, create_app
+from proxy.app import Services, create_app
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from proxy.virtual.schema import EndpointIn
@@ -56,7 +56,7 @@ def talker_app() -> ASGIApp:
 class Team:
     url: str
     alpha: UpstreamProbe
-    state: State
+    state: Services
 
     def get_open(self) -> bool:
         return any(x.method == "GET" and x.status == 200 for x in self.alpha.exchanges)
