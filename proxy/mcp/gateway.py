@@ -11,21 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from functools import partial
 from typing import Any
 
-import orjson
-
 from proxy.audit import AuditRecord, AuditSink
 from proxy.auth.authenticator import Authenticator
 from proxy.auth.principal import Principal
-from proxy.chain import CallContext, Chain, Notice, Rewrite, Verdict
+from proxy.chain import CallContext, Chain
 from proxy.connect.manager import Connections
 from proxy.egress import IPNetwork
 from proxy.errors import (
-    Cancelled,
     Draining,
     EndpointNotFound,
     GatewayError,
@@ -34,23 +30,23 @@ from proxy.errors import (
     MethodNotAllowed,
     SessionNotFound,
 )
-from proxy.jsonrpc import McpMessage, upstream_error_type
+from proxy.jsonrpc import McpMessage
 from proxy.live import Live
-from proxy.mcp import eras, guards, resume
+from proxy.mcp import eras, guards
+from proxy.mcp.call import SSE_HEADERS, Calls
 from proxy.mcp.exchange import EdgeRequest, EdgeResponse, Exchange
-from proxy.mcp.forward import Forwarded, Forwarder, Leg
+from proxy.mcp.forward import Forwarder
 from proxy.mcp.forwarding import Forwarding, NoStream, Route, Routed
-from proxy.mcp.relay import Carried, JsonRelay, StreamEnd, StreamRelay, Views
-from proxy.mcp.resume import RESUME_GRACE_S, ResumedRelay, Resumption
-from proxy.mcp.sse import HEAD_BYTES
+from proxy.mcp.relay import StreamRelay
+from proxy.mcp.resume import ResumedRelay, Resumption
 from proxy.observability import Observer, Observers
 from proxy.observability.logs import trace_id
-from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
+from proxy.state import InFlightRegistry, Session, SessionStore
 from proxy.state.bridge import BridgeStore
 from proxy.state.inflight import EndReason, Later, call_key
 from proxy.state.resumable import ResumableStore
 from proxy.state.sessions import Fetched
-from proxy.upstream import BodyChunks, UpstreamClient, UpstreamRoute
+from proxy.upstream import UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
 from proxy.upstream.tenants import Tenants
 from proxy.virtual import VirtualForwarder, VirtualRoute
@@ -59,9 +55,6 @@ log = logging.getLogger("tollhouse.gateway")
 
 Bodyless = Callable[[Routed, EdgeRequest, "Session | None", AuditRecord, Principal],
                     Awaitable[EdgeResponse]]
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-               "X-Accel-Buffering": "no"}
-JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class Gateway:
@@ -107,6 +100,9 @@ class Gateway:
         self._listening: set[StreamRelay] = set()  # the GET streams open now
         # an answer that reaches the client on a resumed stream, recorded: proxy/mcp/resume.py
         self.resumption = None if resumable is None else Resumption(resumable, audit)
+        self.calls = Calls(inflight=inflight, sessions=sessions, forward=self.forward,
+                           observer=self.observer, later=later, spawn=self.spawn,
+                           max_response_bytes=max_response_bytes, resumption=self.resumption)
 
     @property
     def chain(self) -> Chain:
@@ -185,7 +181,8 @@ class Gateway:
                 record.call_id, record.note = ctx.call_id, ctx.audit_note
                 msg = ctx.message or msg  # a guardrail redacted its arguments
             if msg.kind == "request":
-                return await self._call(routed, req, msg, session, ctx, exchange, chain)
+                return await self.calls.run(routed, req.headers, msg, session, ctx, exchange,
+                                            chain)
             answer = await self._one_way(routed, req, msg, session, ctx)
             record.http_status = answer.status
             exchange.done()  # a notification or a response is not audited
@@ -204,125 +201,6 @@ class Gateway:
             if fetched is not None:
                 fetched.drop()  # unread when the request failed first
 
-    async def _call(self, routed: Routed, req: EdgeRequest, msg: McpMessage,
-                    session: Session | None, ctx: CallContext, exchange: Exchange,
-                    chain: Chain) -> EdgeResponse:
-        """A request: registered in flight (cancellable, under its deadline), forwarded, and
-        answered; a streamed answer keeps the registration until the stream ends."""
-        route, forwarding = routed.route, routed.forwarding
-        record, started = exchange.record, exchange.started
-        handle = CallHandle()
-        if msg.method != "subscriptions/listen":  # a listen stream lasts as long as the client
-            handle.deadline(route.total_timeout_s, self._later)
-        key = call_key(route.name, ctx.principal.key, session.id if session else "", msg.id)
-        self.inflight.add(key, handle)
-        # until the leg is chosen, a cancel notice goes on the caller's session as it stands
-        forwarded = Forwarded(Leg([], session.upstream_session_id if session else None,
-                                  session.protocol_version if session else None))
-        handed_over = False
-        try:
-            record.upstream_started = time.perf_counter()  # the upstream leg (its metric)
-            await forwarding.call(route, req.headers, msg, session, ctx, forwarded, chain)
-            record.note = ctx.audit_note
-            rewrite = forwarded.leg.rewrite(_noting(chain.rewriter(msg, ctx), ctx, record),
-                                            msg.method)
-            held = self.forward.must_hold(msg, rewrite)
-            # readers see either kind; a tool error is marked where the result is seen
-            rewrite = self.observer.results(msg, record, exchange.seeing(msg, rewrite))
-            response = forwarded.response
-            if response is None:  # answered here: past its deadline, it waits for its record
-                handle.close()
-                return await exchange.answer(await self._answer_here(
-                    route, msg, forwarded.leg, rewrite, ctx, record), msg.id)
-            if msg.method == "initialize":
-                session = await self.sessions.create(
-                    route.session_endpoint, ctx.principal.key,
-                    response.headers.get("mcp-session-id"), _protocol_version(msg))
-                record.session_hash = session.id_hash
-            headers = {"Mcp-Session-Id": session.id} if session is not None else {}
-            if response.headers.get("content-type", "").startswith("text/event-stream"):
-                resumable = self._resumable(routed, session, forwarded.leg, key, msg, record,
-                                            ctx, started)
-                end = StreamEnd(self.inflight, exchange, key, partial(
-                    forwarding.notify_cancelled, route, forwarded.leg, msg.id),
-                    forwarded.leg.bridged,
-                    resumable=self.resumption.store if resumable and self.resumption else None)
-                refuse, outgoing = forwarding.views(route, forwarded.leg, session, ctx)
-                views = Views(rewrite, _heard(chain.noticer(msg, ctx), ctx, record), refuse,
-                              outgoing, self.max_response_bytes if held else None,
-                              self.max_response_bytes)
-                relay = StreamRelay(BodyChunks(response), response.aclose, call=Carried(
-                    msg.id, record, handle, end.answered, resumable), views=views,
-                    spawn=self.spawn, on_done=end)
-                handed_over = True  # the relay owns the response and the registration now
-                return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
-            data, rest = await self.forward.json_body(forwarded, held=held, head=HEAD_BYTES,
-                                                      limit=self.max_response_bytes)
-            if rest is not None:  # large, and nobody rewrites it: streamed as it arrives
-                handle.close()  # the upstream has answered: no deadline cuts the body
-                end = StreamEnd(self.inflight, exchange, key, partial(
-                    forwarding.notify_cancelled, route, forwarded.leg, msg.id),
-                    forwarded.leg.bridged)
-                relay = JsonRelay(data, rest, response.aclose, call=Carried(
-                    msg.id, record, handle, end.answered), views=Views(rewrite),
-                    spawn=self.spawn, on_done=end)
-                handed_over = True
-                return EdgeResponse(200, {**JSON_HEADERS, **headers}, stream=relay)
-            data, error = forwarding.json_answer(route, msg, forwarded, rewrite, data)
-            if error is not None:
-                record.status, record.error_message = "error", error
-                record.error_type = upstream_error_type(error)
-            record.bytes_out = len(data)
-            answer = EdgeResponse(200, {**JSON_HEADERS, **headers}, data)
-        except asyncio.CancelledError:
-            leg = forwarded.leg
-            if not handle.absorb():  # the client went away: clean up, let the cancel go on
-                exchange.disconnected()
-                forwarding.notify_cancelled(route, leg, msg.id, EndReason.DISCONNECTED)
-                raise
-            return await self._cancelled(routed, msg, ctx, handle, leg, exchange)
-        finally:
-            if not handed_over:
-                handle.close()
-                self.inflight.discard(key, handle)
-                if forwarded.response is not None:
-                    await forwarded.response.aclose()
-        # answered: out of the registry and past its deadline, it waits for its record
-        return await exchange.answer(answer, msg.id)
-
-    def _resumable(self, routed: Routed, session: Session | None, leg: Leg, key: str,
-                   msg: McpMessage, record: AuditRecord, ctx: CallContext, started: float
-                   ) -> Callable[[], Awaitable[bool]] | None:
-        """A streamed call a client could resume on another GET (a session, and the
-        upstream's own stream): what keeps its context once the stream shows an event id."""
-        if self.resumption is None or session is None \
-                or not routed.forwarding.resumable(leg):
-            return None
-        route = routed.route
-        started_at = time.time() - (time.perf_counter() - started)
-        return self.resumption.remembering(
-            key, route.total_timeout_s + RESUME_GRACE_S,
-            lambda: resume.context(msg, record, ctx, started_at))
-
-    async def _answer_here(self, route: Route, msg: McpMessage, leg: Leg,
-                           rewrite: Rewrite | None, ctx: CallContext, record: AuditRecord
-                           ) -> EdgeResponse:
-        """A result the gateway gives itself: discover or initialize built for a bridge."""
-        assert leg.local is not None
-        record.upstream_started = 0.0  # no upstream leg to measure
-        if rewrite is not None:
-            rewrite(leg.local)
-        headers = dict(JSON_HEADERS)
-        if msg.method == "initialize":  # a legacy client's session onto a 2026-07-28 upstream
-            session = await self.sessions.create(route.session_endpoint, ctx.principal.key,
-                                                 None, leg.local.get("protocolVersion"),
-                                                 eras.envelope_of_initialize(msg))
-            record.session_hash = session.id_hash
-            headers["Mcp-Session-Id"] = session.id
-        data = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "result": leg.local})
-        record.bytes_out = len(data)
-        return EdgeResponse(200, headers, data)
-
     async def _one_way(self, routed: Routed, req: EdgeRequest, msg: McpMessage,
                        session: Session | None, ctx: CallContext) -> EdgeResponse:
         """A notification or a response to a server-to-client request: 202. A cancel naming
@@ -335,17 +213,6 @@ class Gateway:
                                        EndReason.CANCELLED)
         await routed.forwarding.one_way(routed.route, req.headers, msg, session, ctx)
         return EdgeResponse(202, {"Mcp-Session-Id": session.id} if session is not None else {})
-
-    async def _cancelled(self, routed: Routed, msg: McpMessage, ctx: CallContext,
-                         handle: CallHandle, leg: Leg, exchange: Exchange) -> EdgeResponse:
-        """A deliberate end (the client's cancel, the deadline): -32800, and the upstream told
-        unless the client's own notifications/cancelled is on its way there."""
-        assert handle.reason is not None
-        forwarding = routed.forwarding
-        if handle.reason is not EndReason.CANCELLED or ctx.era == "modern" \
-                or not forwarding.relays_client_cancel:
-            forwarding.notify_cancelled(routed.route, leg, msg.id, handle.reason)
-        return await exchange.refuse(Cancelled(handle.reason), msg.id)
 
     # -- GET: the server-to-client stream; DELETE: end the session ---------------------------
 
@@ -478,37 +345,3 @@ class Gateway:
         """At shutdown: let background work (cancel notices, stream clean-up) finish."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout)
-
-
-def _noting(rewrite: Rewrite | None, ctx: CallContext, record: AuditRecord) -> Rewrite | None:
-    """The policies' rewrite, and what it notes (a guardrail's finding) into the record."""
-    if rewrite is None:
-        return None
-
-    def noted(result: dict[str, Any]) -> bool:
-        try:
-            return rewrite(result)
-        finally:  # a refused result (raised) is noted too
-            record.note = ctx.audit_note
-
-    return noted
-
-
-def _heard(notice: Notice | None, ctx: CallContext, record: AuditRecord) -> Notice | None:
-    """The policies' notification inspection, and what it notes into the record (until the
-    record is written with the answer)."""
-    if notice is None:
-        return None
-
-    def noted(message: dict[str, Any]) -> Verdict:
-        verdict = notice(message)
-        if not record.accepted:
-            record.note = ctx.audit_note
-        return verdict
-
-    return noted
-
-
-def _protocol_version(msg: McpMessage) -> str | None:
-    version = (msg.params or {}).get("protocolVersion")
-    return version if isinstance(version, str) else None
