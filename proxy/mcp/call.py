@@ -29,8 +29,9 @@ from proxy.errors import Cancelled
 from proxy.jsonrpc import McpMessage, upstream_error_type
 from proxy.mcp import eras, resume
 from proxy.mcp.exchange import EdgeResponse, Exchange
-from proxy.mcp.forward import Forwarded, Forwarder, Leg
+from proxy.mcp.forward import Forwarded, Forwarder
 from proxy.mcp.forwarding import Routed
+from proxy.mcp.legs import Leg
 from proxy.mcp.relay import Carried, JsonRelay, StreamEnd, StreamRelay, Views
 from proxy.mcp.resume import RESUME_GRACE_S, Resumption
 from proxy.mcp.sse import HEAD_BYTES

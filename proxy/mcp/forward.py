@@ -1,9 +1,10 @@
-"""Step 4 of the path: forwarding to the upstream.
+"""Forwarding a call to a plain upstream (a URL, a caller's own URL, a local process).
 
-A `Forwarder` chooses the leg each call takes (the headers, the upstream session, a person's own
-upstream token, a bridge between the eras), sends it, makes the retries a call may need, and
-hands back the upstream's answer with its status checked: a 2xx still open for the spine to
-relay, or the GatewayError it amounts to. The three retries:
+A `Forwarder` is a plain upstream's `Forwarding` (proxy/mcp/forwarding.py): it has the leg each
+call takes chosen (`proxy.mcp.legs`: the headers, the upstream session, a person's own upstream
+token, a bridge between the eras), sends it, makes the retries a call may need, and hands back
+the upstream's answer with its status checked: a 2xx still open for the spine to relay, or the
+GatewayError it amounts to. The three retries:
 - a 2026-07-28 caller bridged onto a legacy upstream whose session the upstream forgot (404):
   the session is reopened and the call sent again;
 - a `per_user` upstream that refused the person's token (401): refreshed once, sent again;
@@ -29,12 +30,11 @@ import orjson
 
 from proxy.auth.principal import Principal
 from proxy.chain import CallContext, Chain, Rewrite
-from proxy.connect.manager import Connections, UpstreamNotConnected
+from proxy.connect.manager import Connections
 from proxy.errors import (
     Draining,
     GatewayError,
     InvalidParams,
-    MethodNotFound,
     SessionNotFound,
     UpstreamBadGateway,
     UpstreamFailure,
@@ -42,51 +42,20 @@ from proxy.errors import (
     UpstreamProtocolError,
 )
 from proxy.jsonrpc import McpMessage, response_outcome
-from proxy.mcp import bridge, eras, names
+from proxy.mcp import names
 from proxy.mcp.bridge import Bridge
 from proxy.mcp.forwarding import Listened, NoStream, Outgoing
+from proxy.mcp.legs import Leg, Legs, person_header
 from proxy.mcp.sse import EventSplitter, event_data
 from proxy.state import Session, SessionStore
 from proxy.state.bridge import BridgeStore
 from proxy.traced import CURRENT
 from proxy.upstream import NO_CALL, BodyChunks, UpstreamClient, UpstreamRoute, read_head, rejection
 from proxy.upstream.identity import IdentityForwarder
-from proxy.upstream.stdio import PERSON_HEADER
 
 log = logging.getLogger("tollhouse.forward")
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
-
-
-@dataclass(slots=True)
-class Leg:
-    """How one call reaches its upstream: the headers, the upstream session (if any), and
-    whether the gateway bridges the eras on the way."""
-
-    headers: list[tuple[str, str]]
-    upstream_session_id: str | None = None
-    protocol_version: str | None = None
-    bridged: bool = False  # a 2026-07-28 caller on a legacy upstream
-    notify: bool = True  # a legacy upstream learns of a cancellation by notification
-    local: dict[str, Any] | None = None  # a result the gateway answers itself
-    body: bytes | None = None  # the request as the upstream needs it, when not as sent
-    to_legacy_client: bool = False  # a legacy client bridged onto a 2026-07-28-only upstream
-    # a bridged leg whose result goes to a legacy client after all (a virtual endpoint speaks
-    # to a legacy member as a 2026-07-28 caller would, for a client of either era): as it is
-    legacy_result: bool = False
-    bearer: str | None = None  # this person's own upstream token (per_user upstreams)
-    route: UpstreamRoute | None = None  # where it went (a virtual endpoint's member)
-    learn: Rewrite | None = None  # a list's reader, before any rule filters it (names.py)
-
-    def rewrite(self, rewrite: Rewrite | None, method: str | None) -> Rewrite | None:
-        """The policies' result rewrite, plus what this leg's bridge does to a result (and,
-        first, what the gateway learns from it)."""
-        rewrite = after(self.learn, rewrite)
-        if self.bridged and not self.legacy_result:
-            return _with_completion(rewrite, method)
-        if self.to_legacy_client:
-            return _refusing_input(rewrite)
-        return rewrite
 
 
 @dataclass(slots=True)
@@ -104,6 +73,7 @@ class Forwarder:
                  spawn: Spawn, max_response_bytes: int = 16 * 1024 * 1024) -> None:
         self.upstream = upstream
         self.bridge = Bridge(upstream, bridged)
+        self.legs = Legs(upstream, self.bridge, identity, connections)
         self.sessions = sessions
         self.identity = identity
         self.connections = connections
@@ -123,7 +93,7 @@ class Forwarder:
         are learned and checked here (`proxy.mcp.names`; a virtual endpoint has its own)."""
         if chain is not None and msg.method in names.CALLS:
             await self._known(route, headers, msg, session, ctx, chain)
-        leg = into.leg = await self._leg(route, headers, msg, session, ctx)
+        leg = into.leg = await self.legs.choose(route, headers, msg, session, ctx)
         leg.route = route
         if leg.local is not None:
             return
@@ -244,12 +214,12 @@ class Forwarder:
         elif status == 401 and leg.bearer is not None and self.connections is not None:
             await response.aclose()  # this person's upstream token was refused: refresh once
             fresh = await self.connections.refresh(route.name, ctx.principal.key, leg.bearer)
-        elif msg.method == "initialize" and status >= 400 and await self._modern_only(route):
+        elif msg.method == "initialize" and status >= 400 and await self.legs.modern_only(route):
             await response.aclose()  # a 2026-07-28-only upstream refused a legacy opening
-            return await self._leg(route, headers, msg, session, ctx), None
+            return await self.legs.choose(route, headers, msg, session, ctx), None
         else:
             return None
-        leg = await self._leg(route, headers, msg, session, ctx, fresh)
+        leg = await self.legs.choose(route, headers, msg, session, ctx, fresh)
         return leg, await self._send(route, leg, msg)
 
     async def _check_status(self, response: httpx.Response, session: Session | None, *,
@@ -480,106 +450,8 @@ class Forwarder:
         """Forget the session held for `holder`, and end it upstream."""
         await self.bridge.end(route, holder)
 
-    # -- choosing the leg --------------------------------------------------------------------
-
-    async def _leg(self, route: UpstreamRoute, headers: Mapping[str, str], msg: McpMessage,
-                   session: Session | None, ctx: CallContext, bearer: str | None = None
-                   ) -> Leg:
-        identity = self.identity.headers(route, ctx.principal)
-        if route.local:  # a local process: chosen per person (per_user), answers bound to them
-            identity = [*(identity or []), *person_header(route, ctx.principal)]
-        if self.connections is None or route.name not in self.connections.upstreams:
-            return await self._route_leg(route, headers, msg, session, ctx, identity)
-        try:
-            bearer = bearer or await self.connections.access_token(route.name,
-                                                                   ctx.principal.key)
-        except UpstreamNotConnected:
-            last = self.connections.last_lists.get((route.state_key, msg.method or ""))
-            if last is not None:  # clients can still discover the tools
-                return Leg([], local=copy.deepcopy(last))
-            raise
-        identity = [*(identity or []), ("authorization", f"Bearer {bearer}")]
-        leg = await self._route_leg(route, headers, msg, session, ctx, identity)
-        leg.bearer = bearer
-        return leg
-
-    async def _route_leg(self, route: UpstreamRoute, headers: Mapping[str, str], msg: McpMessage,
-                         session: Session | None, ctx: CallContext,
-                         identity: list[tuple[str, str]] | None) -> Leg:
-        if ctx.era == "legacy":
-            if msg.method == "initialize" and await self.bridge.modern_only(route):
-                discover = await self.bridge.discover(route)
-                return Leg([], local=bridge.initialize_from_discover(
-                    discover, (msg.params or {}).get("protocolVersion"), route.name))
-            if session is not None and session.bridged_envelope is not None:
-                return self._to_modern(route, msg, session, identity)
-            usid = session.upstream_session_id if session else None
-            return Leg(self.upstream.headers(route, headers, usid, extra=identity), usid,
-                       session.protocol_version if session else None)
-        if await self.bridge.era(route) == "modern":
-            return Leg(self.upstream.headers(route, headers, None, extra=identity,
-                                             modern=True), notify=False)
-        return await self._to_legacy(route, msg, ctx, identity)
-
-    async def _to_legacy(self, route: UpstreamRoute, msg: McpMessage, ctx: CallContext,
-                         identity: list[tuple[str, str]] | None) -> Leg:
-        """A 2026-07-28 caller on a legacy upstream, on the session the gateway holds for this
-        caller. Only the legacy era goes on: no 2026-only header, no envelope (a legacy-only
-        server may refuse any request that claims a later revision)."""
-        if msg.method == "subscriptions/listen":
-            raise MethodNotFound(data={"method": msg.method})
-        held = await self.bridge.session(route, ctx.principal.key, identity)
-        if msg.method == "server/discover":
-            return Leg([], local=eras.discover_from_initialize(held.initialize_result,
-                                                                route.name))
-        usid = held.upstream_session_id
-        headers = self.upstream.headers(route, {"content-type": "application/json"}, usid,
-                                        extra=identity)
-        headers.append(("mcp-protocol-version", bridge.LEGACY_VERSION))
-        return Leg(headers, usid, bridge.LEGACY_VERSION, bridged=True,
-                   body=bridge.without_envelope(msg))
-
-    def _to_modern(self, route: UpstreamRoute, msg: McpMessage, session: Session,
-                   identity: list[tuple[str, str]] | None) -> Leg:
-        """A legacy client's request, sent on as a 2026-07-28 request: envelope and headers."""
-        if msg.method == "ping":
-            return Leg([], local={})
-        assert session.bridged_envelope is not None
-        extra = [("mcp-protocol-version", eras.MODERN_VERSIONS[0]),
-                 ("mcp-method", msg.method or "")]
-        named = eras.NAMED.get(msg.method or "")
-        target = (msg.params or {}).get(named) if named else None
-        if isinstance(target, str):
-            extra.append(("mcp-name", bridge.encode_header(target)))
-        headers = self.upstream.headers(route, {"content-type": "application/json"}, None,
-                                        extra=[*extra, *(identity or [])])
-        body = bridge.with_envelope(msg.body, bridge.envelope_for(session.bridged_envelope))
-        return Leg(headers, notify=False, body=body, to_legacy_client=True)
-
-    async def _modern_only(self, route: UpstreamRoute) -> bool:
-        try:
-            if await self.bridge.era(route) != "modern":
-                return False
-        except GatewayError:
-            return False
-        await self.bridge.mark_modern_only(route)
-        return True
-
-
 # what the policies are asked whether they hide names from a caller's list (by its method)
 _LISTING = {method: McpMessage("request", None, method, None, b"") for method in names.LISTS}
-
-
-def after(seen: Rewrite | None, rewrite: Rewrite | None) -> Rewrite | None:
-    """`rewrite`, with `seen` reading the result first (a rewrite that changes nothing)."""
-    if seen is None or rewrite is None:
-        return seen or rewrite
-
-    def both(result: dict[str, Any]) -> bool:
-        seen(result)
-        return rewrite(result)
-
-    return both
 
 
 def _listing(headers: Mapping[str, str], msg: McpMessage, method: str, cursor: str | None
@@ -633,29 +505,8 @@ async def result_from_stream(response: httpx.Response, request_id: Any, limit: i
     raise UpstreamProtocolError()
 
 
-def _refusing_input(rewrite: Rewrite | None) -> Rewrite:
-    def refuse(result: dict[str, Any]) -> bool:
-        bridge.refuse_input_required(result)
-        return rewrite(result) if rewrite is not None else False
-
-    return refuse
-
-
-def _with_completion(rewrite: Rewrite | None, method: str | None) -> Rewrite:
-    def complete(result: dict[str, Any]) -> bool:
-        if rewrite is not None:
-            rewrite(result)
-        return bridge.complete(result, method)
-
-    return complete
-
-
 def _allow(response: httpx.Response) -> dict[str, str]:
     allow = response.headers.get("allow")
     return {"Allow": allow} if allow else {}
 
 
-def person_header(route: UpstreamRoute, principal: Principal) -> list[tuple[str, str]]:
-    """For a local process, who the caller is (proxy.upstream.stdio chooses a per_user process
-    by it, and takes an answer to a server request only from the person asked)."""
-    return [(PERSON_HEADER, principal.key)] if route.local else []

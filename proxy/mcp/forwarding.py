@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from proxy.chain import CallContext, Chain, Rewrite
     from proxy.config.template import UrlTemplate
     from proxy.jsonrpc import McpMessage
-    from proxy.mcp.forward import Forwarded, Leg
+    from proxy.mcp.forward import Forwarded
+    from proxy.mcp.legs import Leg
     from proxy.state import Session
 
 

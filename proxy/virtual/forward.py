@@ -45,14 +45,9 @@ from proxy.errors import (
 )
 from proxy.jsonrpc import McpMessage
 from proxy.mcp import bridge, eras, names
-from proxy.mcp.forward import (
-    Forwarded,
-    Forwarder,
-    Leg,
-    after,
-    result_from_stream,
-)
+from proxy.mcp.forward import Forwarded, Forwarder, result_from_stream
 from proxy.mcp.forwarding import Listened, NoStream, Outgoing
+from proxy.mcp.legs import Leg, after
 from proxy.state import Session
 from proxy.upstream import UpstreamRoute
 from proxy.virtual import naming

@@ -16,8 +16,9 @@ from proxy.auth.principal import Principal
 from proxy.chain import CallContext, Chain, Rewrite
 from proxy.config import from_dict
 from proxy.jsonrpc import McpMessage
-from proxy.mcp.forward import Forwarded, Leg
+from proxy.mcp.forward import Forwarded
 from proxy.mcp.forwarding import Listened, NoStream, Outgoing
+from proxy.mcp.legs import Leg
 from proxy.state import Session
 from tests import db_backends, state_backends
 from tests.conftest import running_gateway
