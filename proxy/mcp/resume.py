@@ -46,7 +46,7 @@ from proxy.errors import (
 from proxy.jsonrpc import McpMessage, response_outcome, upstream_error_type
 from proxy.mcp import guards
 from proxy.mcp.relay import StreamRelay
-from proxy.mcp.sse import EventSplitter, event_data, with_data
+from proxy.mcp.sse import EventSplitter, event_data, event_object, with_data
 from proxy.state import Session
 from proxy.state.inflight import EndReason, call_key
 from proxy.state.resumable import UNANSWERED, Claimed, ResumableStore
@@ -240,15 +240,9 @@ class ResumedRelay(StreamRelay):
         raise StopAsyncIteration
 
     async def _resumed(self, event: bytes) -> bytes:
-        data = event_data(event)
-        if not data:
-            return event
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
+        obj = event_object(event)
+        if obj is None:
             return event  # not a message: nothing to settle
-        if not isinstance(obj, dict):
-            return event
         if "method" in obj:
             if self._hold_notices and "id" not in obj and obj["method"] in NOTICED:
                 return self._hold(event)

@@ -10,6 +10,9 @@ it arrives, its data read by an `AnswerScan` on the way.
 from __future__ import annotations
 
 import re
+from typing import Any
+
+import orjson
 
 from proxy.mcp.scan import AnswerScan
 
@@ -152,6 +155,19 @@ def event_data(event: bytes) -> bytes:
             value = line[5:]
             parts.append(value[1:] if value.startswith(b" ") else value)
     return b"\n".join(parts)
+
+
+def event_object(event: bytes) -> dict[str, Any] | None:
+    """The JSON object an event's `data` carries; None for an event with no data, or data that
+    is not a JSON object."""
+    data = event_data(event)
+    if not data:
+        return None
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def _is_data(line: bytes) -> bool:

@@ -22,7 +22,7 @@ import httpx
 import orjson
 
 from proxy.errors import GatewayError
-from proxy.mcp.sse import EventSplitter, event_data
+from proxy.mcp.sse import EventSplitter, event_object
 from proxy.upstream import BodyChunks
 
 log = logging.getLogger("tollhouse.virtual")
@@ -131,14 +131,8 @@ class Merged:
 
 def _message(event: bytes, outgoing: Outgoing) -> bytes | None:
     """One member event as the client gets it; None for one with no JSON-RPC message."""
-    data = event_data(event)
-    if not data:
-        return None
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict):
+    obj = event_object(event)
+    if obj is None:
         return None
     if "method" in obj:
         outgoing(obj)
