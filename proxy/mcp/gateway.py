@@ -1,8 +1,10 @@
 """The spine: one MCP request from the edge's plain view of it to the answer, top to bottom.
 
 post(): body (size cap) -> Origin -> media types -> identity -> session -> parse -> era checks
--> policy chain -> forward (proxy/forward.py) -> answer (JSON here, SSE through relay.py), and
-one audit record for every request and every refusal. get() and delete() take the same guards.
+-> the policy chain, once per target (the route's `Forwarding`: proxy/mcp/forwarding.py) -> a
+request's forwarding and answer (`Calls`, proxy/mcp/call.py), a notification's one-way send;
+one audit record for every request and every refusal, owned by its `Exchange`. get() and
+delete() take the same guards.
 Nothing here imports the web framework or the HTTP client: the edge hands in an `EdgeRequest`
 and turns the `EdgeResponse` into its own response object.
 """
