@@ -131,10 +131,17 @@ class Forwarder:
         if not isinstance(name, str):
             return  # malformed: the upstream answers it
         identity = self._identity(route, ctx, listing)
-        if self.names.known(identity, name) or not chain.hides(_LISTING[listing], ctx):
+        known = self.names.known(identity, name)
+        if known:
             return
-        await self.names.look_again(identity, ctx.principal.key, ctx.clock(), lambda: (
-            self._list_afresh(route, headers, msg, session, ctx, listing, identity)))
+        # cannot tell yet and not to look now: goes on (the cheap checks first: the rules'
+        # `hides` are asked only when a look, or a refusal, may follow)
+        looking = self.names.may_look(identity, ctx.principal.key, ctx.clock())
+        if (known is None and not looking) or not chain.hides(_LISTING[listing], ctx):
+            return
+        if looking:
+            await self.names.look(identity, lambda: self._list_afresh(
+                route, headers, msg, session, ctx, listing, identity))
         if self.names.known(identity, name) is False:
             raise InvalidParams(names.unknown(kind, name))
 

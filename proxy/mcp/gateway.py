@@ -91,6 +91,7 @@ class Gateway:
         # a kind of upstream of its own (proxy.mcp.forwarding), by endpoint name: looked up
         # before the upstreams and the virtual endpoints
         self.mounts: dict[str, Routed] = {}
+        self._routed: dict[str, Routed] = {}  # each endpoint's pair, made once per route
         self._later = later  # the clock deadlines run on (the loop's unless a test gives one)
         # metrics, the request log (and a tracer): told when each message begins and ends
         self.observer: Observer = observer or Observers()
@@ -115,13 +116,18 @@ class Gateway:
         mounted = self.mounts.get(name)
         if mounted is not None:
             return mounted
-        route = self.routes.get(name)
-        if route is not None:
-            return Routed(route, self.forward)
-        endpoint = self.endpoints.get(name)
-        if endpoint is not None:
-            return Routed(endpoint, self.virtual)
-        raise EndpointNotFound()
+        route: Any = self.routes.get(name)
+        forwarding: Forwarding = self.forward
+        if route is None:
+            route, forwarding = self.endpoints.get(name), self.virtual
+            if route is None:
+                raise EndpointNotFound()
+        routed = self._routed.get(name)  # the same pair as last time, unless the route changed
+        if routed is None or routed.route is not route:
+            if len(self._routed) >= 4096:
+                self._routed.clear()
+            routed = self._routed[name] = Routed(route, forwarding)
+        return routed
 
     def mount(self, name: str, route: Route, forwarding: Forwarding) -> None:
         """Serve `name` with a forwarding of its own (a new kind of upstream): the spine does

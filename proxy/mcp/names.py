@@ -133,9 +133,17 @@ class Names:
 
         return read
 
+    def may_look(self, identity: Identity, caller: str, now: float) -> bool:
+        """Whether a name `caller` missed is looked for in a fresh list now: one is in flight
+        (waited for), or this caller did not look within RELIST_S (counted as looking)."""
+        return self._looking.running(identity) or self.relists.may((identity, caller), now)
+
+    async def look(self, identity: Identity, fresh: Callable[[], Awaitable[None]]) -> None:
+        """Run `fresh` (a fresh list, learned), or wait for the one in flight."""
+        await self._looking.run(identity, fresh)
+
     async def look_again(self, identity: Identity, caller: str, now: float,
                          fresh: Callable[[], Awaitable[None]]) -> None:
-        """Run `fresh` (a fresh list, learned) for a name `caller` missed, unless this caller
-        looked within RELIST_S; a fresh list already in flight is waited for either way."""
-        if self._looking.running(identity) or self.relists.may((identity, caller), now):
-            await self._looking.run(identity, fresh)
+        """`look`, if `may_look`."""
+        if self.may_look(identity, caller, now):
+            await self.look(identity, fresh)
