@@ -33,7 +33,7 @@ from paths import MODERN
 from soak import AUDIENCE, ISSUER, answers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests.e2e
-from tests.e2e.sdk_client import connect  # noqa: E402 - after the path it needs
+from tests.e2e.sdk_client import connect  # (after the path it needs)
 
 CALL_TIMEOUT_S = 30.0  # a call not answered by then is a client-visible timeout
 PAUSE_AFTER_ERROR_S = 0.2  # a caller refused does not spin against the cluster
@@ -152,7 +152,7 @@ async def sdk_caller(n: int, url: str, secret: str, tally: Tally, max_delay_ms: 
                 opened = True
                 sid = session_hash(client.session_id) if client.session_id else None
                 await _sdk_calls(client, tap, principal, sid, tally, max_delay_ms, rng)
-        except Exception as exc:  # the session ended under it: counted, and a new one opened
+        except Exception as exc:  # noqa: BLE001 - the session ended: counted, a new one opened
             what = "session ended" if opened else "session not opened"
             tally.outcomes[f"sdk: {what}: {_kind(exc)}"] += 1
             await asyncio.sleep(PAUSE_AFTER_ERROR_S)

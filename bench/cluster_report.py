@@ -145,34 +145,34 @@ def report(args: argparse.Namespace, tally: Tally, traffic_s: float, faults: lis
     on_resumed = [a for a in sdk if a.resumed]
     authorized_unrecorded = [c for c in ledger.authorized if c not in recorded]
     lines = [
-        f"# Cluster soak: {traffic_s:.0f} s of traffic, {args.replicas} replicas behind "
+        (f"# Cluster soak: {traffic_s:.0f} s of traffic, {args.replicas} replicas behind "
         f"{args.balancer}, {args.clients_sdk} SDK + {args.clients_modern} modern callers, "
-        f"echo delay 0-{args.max_delay_ms} ms", "",
+        f"echo delay 0-{args.max_delay_ms} ms"), "",
         f"Faults: {'; '.join(map(str, faults)) or 'none'}.",
-        f"Requests through the balancer by replica: "
-        f"{', '.join(f'{k} {v}' for k, v in sorted(served.items()))}.", "",
+        (f"Requests through the balancer by replica: "
+        f"{', '.join(f'{k} {v}' for k, v in sorted(served.items()))}."), "",
         "| count | calls |", "|---|---:|",
         f"| answered (the client got its own text back) | {len(answered)} |",
-        f"| ... by SDK clients / on a resumed stream / by modern callers | {len(sdk)} / "
-        f"{len(on_resumed)} / {len(answered) - len(sdk)} |",
+        (f"| ... by SDK clients / on a resumed stream / by modern callers | {len(sdk)} / "
+        f"{len(on_resumed)} / {len(answered) - len(sdk)} |"),
         f"| lost audit (answered, no `tools/call` record) | {len(lost_audit)} |",
         f"| duplicated audit (answered, two or more records) | {len(twice_audit)} |",
         f"| audited as not served (answered, no record `ok`) | {len(not_ok)} |",
-        f"| audited under another session (SDK: a record's session hash is not the client's) "
-        f"| {len(other_session)} |",
+        (f"| audited under another session (SDK: a record's session hash is not the client's) "
+        f"| {len(other_session)} |"),
         f"| lost usage (answered, no usage event delivered) | {len(lost_usage)} |",
-        f"| duplicated usage (answered, its event delivered more than once: at-least-once) "
-        f"| {len(twice_usage)} |", "",
-        f"Audit: {len(rows)} `tools/call` records "
+        (f"| duplicated usage (answered, its event delivered more than once: at-least-once) "
+        f"| {len(twice_usage)} |"), "",
+        (f"Audit: {len(rows)} `tools/call` records "
         f"({', '.join(f'{k} {v}' for k, v in sorted(Counter(r.status for r in rows).items()))})."
         f" Usage events: {sum(ledger.times.values())} deliveries of {len(ledger.times)} call "
         f"ids; {orphans} call ids without a record ({len(stood_in)} stood in for answered calls "
         f"without one); {undelivered} still in the outbox at the end. Authorized call ids "
         f"without a record: {len(authorized_unrecorded)} (calls the killed replicas held; "
-        f"answered or not).",
-        f"GETs with Last-Event-ID: {tally.resumes} sent by the SDK clients; through the "
+        f"answered or not)."),
+        (f"GETs with Last-Event-ID: {tally.resumes} sent by the SDK clients; through the "
         f"balancer by status: "
-        f"{', '.join(f'{k} {v}' for k, v in sorted(resumed_gets.items())) or 'none'}.",
+        f"{', '.join(f'{k} {v}' for k, v in sorted(resumed_gets.items())) or 'none'}."),
         f"Replica exit codes on the final SIGTERM: {exits}.", "",
         "| client-visible outcome | calls |", "|---|---:|",
         *(f"| {k} | {v} |" for k, v in sorted(tally.outcomes.items())),

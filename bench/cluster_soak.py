@@ -313,7 +313,7 @@ async def main() -> None:
     try:
         await ledger.up()
         with (tmp / "upstream.log").open("wb") as out:
-            others.append(subprocess.Popen([PYTHON, str(BENCH / "cluster_upstream.py"),
+            others.append(subprocess.Popen([PYTHON, str(BENCH / "cluster_upstream.py"),  # noqa: ASYNC220
                                             "--port", str(up_port)], stdout=out,
                                            stderr=subprocess.STDOUT, start_new_session=True))
         replicas[0].start()  # the first one migrates the fresh database alone
@@ -322,7 +322,8 @@ async def main() -> None:
             r.start()
         await asyncio.gather(*(r.ready(http) for r in replicas[1:]))
         with (tmp / "balancer.log").open("ab") as out:
-            others.append(subprocess.Popen(balancer_command(args.balancer, tmp, lb_port, replicas),
+            others.append(subprocess.Popen(  # noqa: ASYNC220 (returns at once)
+                balancer_command(args.balancer, tmp, lb_port, replicas),
                                            stdout=out, stderr=subprocess.STDOUT,
                                            start_new_session=True))
         url = f"http://127.0.0.1:{lb_port}/mcp/soak"

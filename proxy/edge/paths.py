@@ -7,7 +7,7 @@ handler as the name `x/../servers/prod` (which no rule lets exist: 404), never a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote, unquote
 
 from quart import Quart
@@ -44,8 +44,8 @@ class SegmentMap(QuartMap):
     """Quart's map, bound to the path as sent instead of the decoded one (in which `%2F` has
     become a `/` that the router would split on)."""
 
-    default_converters = {**Map.default_converters, "default": Segment, "string": Segment,
-                          "path": Segments}
+    default_converters: ClassVar[dict[str, type]] = {  # type: ignore[assignment,misc]
+        **Map.default_converters, "default": Segment, "string": Segment, "path": Segments}
 
     def bind_to_request(self, request: BaseRequestWebsocket, subdomain: str | None,
                         server_name: str | None) -> MapAdapter:

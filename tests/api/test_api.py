@@ -17,9 +17,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
-import pytest
 import jwt
 import orjson
+import pytest
 from quart import Quart
 
 from proxy.app import create_app

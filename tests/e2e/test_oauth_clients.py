@@ -18,8 +18,17 @@ import pytest
 
 from proxy.db import Database
 from proxy.oauth.keys import KeyRing
-from tests.e2e.test_oauth_sdk import (INITIALIZE, MCP_HEADERS, REDIRECT_URI, Browser, Gw,
-                                      browser, flow, oauth_gateway, query)
+from tests.e2e.test_oauth_sdk import (
+    INITIALIZE,
+    MCP_HEADERS,
+    REDIRECT_URI,
+    Browser,
+    Gw,
+    browser,
+    flow,
+    oauth_gateway,
+    query,
+)
 from tests.e2e.ts_sdk import TsClient, ts_client
 
 CURSOR = "cursor://anysphere.cursor-retrieval/oauth/callback"

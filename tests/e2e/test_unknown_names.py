@@ -123,8 +123,8 @@ async def test_a_hidden_name_answers_as_one_that_does_not_exist(
             answers = {name: shape(await send(method, {"name": name, **field}), name)
                        for name in (hidden, unknown)}
             assert answers[hidden] == answers[unknown] == (
-                400, "application/json", '{"jsonrpc":"2.0","id":1,"error":{"code":-32602,'
-                f'"message":"{noun}<name>"}}}}'), answers
+                400, "application/json", ('{"jsonrpc":"2.0","id":1,"error":{"code":-32602,'
+                f'"message":"{noun}<name>"}}}}')), answers
         # a name the upstream has still reaches it
         echoed = answer_of(await send("tools/call", {"name": "echo",
                                                       "arguments": {"text": "x"}}))

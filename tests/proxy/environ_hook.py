@@ -21,7 +21,7 @@ class _EnvironHook:
     async def authorize(self, request: dict[str, Any]) -> dict[str, Any]:
         if request["tool"] == "echo":
             return {"allow": True}
-        child: dict[str, str] = json.loads(subprocess.run(  # no env=: it inherits
+        child: dict[str, str] = json.loads(subprocess.run(  # noqa: ASYNC221 - no env=: inherits
             [sys.executable, "-c", CHILD], capture_output=True, text=True, check=True,
             timeout=30).stdout)
         report = {"environ": sorted(os.environ), "child": sorted(child),

@@ -153,8 +153,8 @@ async def test_a_hidden_tool_answers_as_a_tool_that_does_not_exist(tmp_path: Pat
                                          {"name": name, "arguments": {}})
             answers[name] = (response.status_code, response.json())
     shapes = {(status, orjson_shape(body, name)) for name, (status, body) in answers.items()}
-    assert shapes == {(400, '{"jsonrpc":"2.0","id":1,"error":{"code":-32602,'
-                            '"message":"Unknown tool: <name>"}}')}, answers
+    assert shapes == {(400, ('{"jsonrpc":"2.0","id":1,"error":{"code":-32602,'
+                            '"message":"Unknown tool: <name>"}}'))}, answers
     assert evil.calls == []
     records = tool_calls(stack)
     for name in hidden:
