@@ -477,7 +477,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     index, ready_fd = args.index, args.ready_fd
     cli.tune_collector(app, cfg.server)  # before the readiness below: it runs first
 
-    @app.while_serving  # type: ignore[type-var]
+    @app.while_serving  # type: ignore[untyped-decorator]
     async def serving() -> AsyncIterator[None]:
         """After the app's own start-up (registered later, so it runs after): tell the
         supervisor this worker serves."""
