@@ -92,7 +92,6 @@ class Gateway:
         # before the upstreams and the virtual endpoints
         self.mounts: dict[str, Routed] = {}
         self._routed: dict[str, Routed] = {}  # each endpoint's pair, made once per route
-        self._later = later  # the clock deadlines run on (the loop's unless a test gives one)
         # metrics, the request log (and a tracer): told when each message begins and ends
         self.observer: Observer = observer or Observers()
         self._session_ended = session_ended  # (endpoint, created_at) of a session DELETEd
@@ -141,11 +140,8 @@ class Gateway:
         version = req.headers.get("mcp-protocol-version")
         modern_claim = eras.claims_modern(version)
         # the header's claim until the body says otherwise, so refusals before parsing name it
-        record = AuditRecord(endpoint=routed.name, era="modern" if modern_claim else "legacy")
-        exchange = Exchange(record, self.audit, self.observer)
-        traceparent = req.headers.get("traceparent")
-        if traceparent is not None:
-            record.trace_id = trace_id(traceparent)
+        exchange = self._begin(routed, req, era="modern" if modern_claim else "legacy")
+        record = exchange.record
         body = b""
         msg: McpMessage | None = None
         # a legacy caller's session is asked for now, read once the caller is known: a shared
@@ -168,19 +164,8 @@ class Gateway:
             if session is not None:
                 record.session_hash = session.id_hash
             msg = guards.parse(body, version)
-            record.method, record.tool = msg.method, msg.tool
-            if msg.kind == "request":
-                record.request_id = guards.id_text(msg.id)
-            meta = msg.params.get("_meta") if msg.params is not None else None
-            if isinstance(meta, dict) and "traceparent" in meta:  # the message's own wins
-                record.trace_id = trace_id(meta["traceparent"]) or record.trace_id
-            self.observer.parsed(record, msg, req.headers, req.peer)  # the span
-            if self.draining and msg.kind == "request":  # notifications, answers still pass
-                raise Draining()
-            era = record.era = eras.settle(msg, req.headers, req.duplicated)
-            if era == "modern":
-                record.client_name = eras.client_name(msg)
-            ctx = CallContext(principal, route.name, route.url_text, era=era,
+            self._settle(record, msg, req)
+            ctx = CallContext(principal, route.name, route.url_text, era=record.era,
                               session_hash=record.session_hash, arguments_size=len(body),
                               api_key_id=principal.api_key_id, peer_ip=req.peer,
                               headers=req.forwarded, dial_key=route.dial_key)
@@ -208,6 +193,32 @@ class Gateway:
         finally:
             if fetched is not None:
                 fetched.drop()  # unread when the request failed first
+
+    def _begin(self, routed: Routed, req: EdgeRequest, *, era: str = "legacy",
+               method: str | None = None) -> Exchange:
+        """The message's exchange, its record named by the trace the request came with."""
+        record = AuditRecord(endpoint=routed.name, method=method, era=era)
+        traceparent = req.headers.get("traceparent")
+        if traceparent is not None:
+            record.trace_id = trace_id(traceparent)
+        return Exchange(record, self.audit, self.observer)
+
+    def _settle(self, record: AuditRecord, msg: McpMessage, req: EdgeRequest) -> None:
+        """The parsed message's facts on its record (method, tool, id, its own trace), the
+        observers told; then a request refused while draining, and the era settled (its
+        2026-07-28 checks)."""
+        record.method, record.tool = msg.method, msg.tool
+        if msg.kind == "request":
+            record.request_id = guards.id_text(msg.id)
+        meta = msg.params.get("_meta") if msg.params is not None else None
+        if isinstance(meta, dict) and "traceparent" in meta:  # the message's own wins
+            record.trace_id = trace_id(meta["traceparent"]) or record.trace_id
+        self.observer.parsed(record, msg, req.headers, req.peer)  # the span
+        if self.draining and msg.kind == "request":  # notifications, answers still pass
+            raise Draining()
+        record.era = eras.settle(msg, req.headers, req.duplicated)
+        if record.era == "modern":
+            record.client_name = eras.client_name(msg)
 
     async def _one_way(self, routed: Routed, req: EdgeRequest, msg: McpMessage,
                        session: Session | None, ctx: CallContext) -> EdgeResponse:
@@ -280,10 +291,8 @@ class Gateway:
                         step: Bodyless) -> EdgeResponse:
         """GET and DELETE: Origin, identity and session, as for a POST, then `step`; one audit
         record either way. Neither exists in the 2026-07-28 era: one that claims it is 405."""
-        record = AuditRecord(endpoint=routed.name, method=method)
-        exchange = Exchange(record, self.audit, self.observer)
-        if "traceparent" in req.headers:
-            record.trace_id = trace_id(req.headers["traceparent"])
+        exchange = self._begin(routed, req, method=method)
+        record = exchange.record
         try:
             guards.check_origin(req.headers, self.allowed_origins)
             version = req.headers.get("mcp-protocol-version")
