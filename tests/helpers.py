@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
+import re
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -125,6 +126,22 @@ class Deadlines:
     @property
     def live(self) -> int:
         return sum(not t.cancelled for t in self.timers)
+
+
+SERVING = re.compile(r"Running on http://127\.0\.0\.1:(\d+)")  # `tollhouse serve`'s line
+
+
+async def serving_port(proc: asyncio.subprocess.Process, seen: list[str]) -> str:
+    """The port a `tollhouse serve` child (its stderr a pipe) says it listens on, each line
+    read meanwhile appended to `seen`; fails the test if it exits first or takes too long."""
+    assert proc.stderr is not None
+    async with asyncio.timeout(DEADLINE_S * 3):
+        while True:
+            line = (await proc.stderr.readline()).decode()
+            assert line, "tollhouse serve exited: " + "".join(seen)
+            seen.append(line)
+            if match := SERVING.search(line):
+                return match.group(1)
 
 
 async def until(check: Callable[[], object | Awaitable[object]], deadline_s: float = DEADLINE_S,

@@ -6,7 +6,6 @@ sockets, timers and tasks differently."""
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import sys
 from pathlib import Path
@@ -17,12 +16,11 @@ from mcp import types
 
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import stateful_sse_app
-from tests.helpers import DEADLINE_S
+from tests.helpers import DEADLINE_S, serving_port
 from tests.servers import serve
 
 pytest.importorskip("uvloop")
 
-RUNNING = re.compile(r"Running on http://127\.0\.0\.1:(\d+)")
 
 
 def _config(path: Path, upstream: str, event_loop: str) -> Path:
@@ -51,14 +49,7 @@ async def test_the_gateway_serves_on_uvloop(tmp_path: Path) -> None:
         assert proc.stderr is not None
         seen: list[str] = []
         try:
-            port = None
-            async with asyncio.timeout(DEADLINE_S * 3):
-                while port is None:
-                    line = (await proc.stderr.readline()).decode()
-                    assert line, "tollhouse serve exited: " + "".join(seen)
-                    seen.append(line)
-                    if match := RUNNING.search(line):
-                        port = match.group(1)
+            port = await serving_port(proc, seen)
             assert any("event loop: uvloop.Loop" in line for line in seen), seen
             progress: list[float] = []
 

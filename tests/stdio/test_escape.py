@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
-import re
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -24,11 +23,10 @@ from typing import Any
 from mcp import types
 
 from tests.e2e.sdk_client import connect
-from tests.helpers import DEADLINE_S, until
+from tests.helpers import DEADLINE_S, serving_port, until
 from tests.replicas.harness import toml
 from tests.stdio.conftest import SERVER, alive
 
-RUNNING = re.compile(r"Running on http://127\.0\.0\.1:(\d+)")
 SECRET = "tollhouse-test-secret-6f1c9a"  # in the gateway's environment only
 PR_CAPBSET_DROP = 24
 REPO = Path(__file__).resolve().parents[2]
@@ -69,16 +67,9 @@ async def gateway_process(tmp_path: Path) -> AsyncIterator[tuple[asyncio.subproc
         sys.executable, "-m", "proxy", "serve", "--config", str(config), cwd=tmp_path, env=env,
         stderr=asyncio.subprocess.PIPE, preexec_fn=_unprivileged)
     assert proc.stderr is not None
-    seen: list[str] = []
+    port = None
     try:
-        port = None
-        async with asyncio.timeout(DEADLINE_S * 3):
-            while port is None:
-                line = (await proc.stderr.readline()).decode()
-                assert line, "tollhouse serve exited: " + "".join(seen)
-                seen.append(line)
-                if match := RUNNING.search(line):
-                    port = match.group(1)
+        port = await serving_port(proc, [])
         drain = asyncio.create_task(proc.stderr.read())  # never a full pipe
         yield proc, f"http://127.0.0.1:{port}/mcp/local"
     finally:
