@@ -10,10 +10,11 @@ import pytest
 
 from policies.access import Access
 from proxy.auth.principal import Principal
-from proxy.chain import CallContext
 from proxy.config import from_dict
 from proxy.errors import Forbidden, HiddenTool
-from proxy.jsonrpc import parse
+from tests.builders import context as ctx
+from tests.builders import message as msg
+from tests.builders import principal
 
 ACCESS = {"allow_groups": ["eng"], "allow_subjects": ["root"], "allow_keys": ["k1"],
           "tools_allow": ["get_*", "search_*"], "tools_deny": ["*_secret"],
@@ -28,31 +29,24 @@ POLICY = Access(from_dict({
 
 def who(subject: str = "alice", groups: tuple[str, ...] = ("eng",), key: str | None = None
         ) -> Principal:
-    return Principal(subject=subject, issuer="i", groups=frozenset(groups), api_key_id=key)
-
-
-def ctx(principal: Principal, endpoint: str = "e") -> CallContext:
-    return CallContext(principal=principal, endpoint=endpoint, upstream_url="http://u/")
-
-
-def msg(method: str, **params: Any) -> Any:
-    return parse(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+    """A caller, in group `eng` unless told otherwise."""
+    return principal(subject, groups=groups, key=key)
 
 
 @pytest.mark.parametrize(
-    ("principal", "admitted"),
+    ("caller", "admitted"),
     [(who(), True), (who("root", ()), True), (who("bob", ("sales",)), False),
      (who("bot", (), key="k1"), True), (who("bot", (), key="k2"), False)],
 )
-async def test_caller_rules(principal: Principal, admitted: bool) -> None:
+async def test_caller_rules(caller: Principal, admitted: bool) -> None:
     call = msg("tools/list")
     if admitted:
-        await POLICY.check(call, ctx(principal))
+        await POLICY.check(call, ctx(caller))
     else:
         with pytest.raises(Forbidden) as info:
-            await POLICY.check(call, ctx(principal))
+            await POLICY.check(call, ctx(caller))
         assert info.value.audit_reason == "access: caller not allowed on endpoint e"
-    await POLICY.check(call, ctx(principal, "open"))  # an endpoint without rules admits all
+    await POLICY.check(call, ctx(caller, "open"))  # an endpoint without rules admits all
 
 
 @pytest.mark.parametrize(
@@ -169,10 +163,9 @@ def test_a_callers_groups_get_one_combined_profile_per_distinct_set() -> None:
                                               "dev": {"tools_deny": ["a"]}}}}]})
     rules = _compile(cfg.upstreams[0].access)
     assert isinstance(cfg.upstreams[0].access, AccessConfig)
-    ops = Principal(subject="s", groups=frozenset({"ops"}))
-    both = Principal(subject="t", groups=frozenset({"ops", "dev"}))
+    ops = principal("s", groups=("ops",))
+    both = principal("t", groups=("ops", "dev"))
     assert rules.tool_profile(ops).denial("b") is None
     assert rules.tool_profile(both).denial("a") == "matches deny pattern 'a'"
-    assert rules.tool_profile(ops) is rules.tool_profile(Principal(subject="u",
-                                                                     groups=frozenset({"ops"})))
-    assert rules.tool_profile(Principal(subject="v")) is rules.tools
+    assert rules.tool_profile(ops) is rules.tool_profile(principal("u", groups=("ops",)))
+    assert rules.tool_profile(principal("v")) is rules.tools

@@ -6,11 +6,12 @@ from proxy.auth import ANONYMOUS
 from proxy.chain import CallContext, Chain
 from proxy.config import from_dict
 from proxy.errors import InternalError, PolicyDenied
-from proxy.jsonrpc import McpMessage, parse
+from proxy.jsonrpc import McpMessage
 from proxy.state.ratelimit import MemoryRateLimitStore
+from tests.builders import context, tool_call
 
-CALL = parse(b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}')
-CTX = CallContext(principal=ANONYMOUS, endpoint="e", upstream_url="http://u/")
+CALL = tool_call()
+CTX = context(ANONYMOUS)
 
 
 def make_policy(name: str, order: int, log: list[str], fail: Exception | None = None) -> object:

@@ -18,11 +18,12 @@ from proxy.chain import CallContext, Chain
 from proxy.config import EgressConfig, parse_networks, validate_egress
 from proxy.egress import Destinations, SystemResolver, classify, is_metadata, parse_addresses
 from proxy.errors import UpstreamUnavailable, render
-from proxy.jsonrpc import McpMessage, parse
+from proxy.jsonrpc import McpMessage
+from tests.builders import context, principal, tool_call
 from tests.helpers import Clock
 
-ALICE = Principal(subject="alice", issuer="https://idp")
-CALL = parse(b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"find"}}')
+ALICE = principal("alice", "https://idp")
+CALL = tool_call("find", id=7)
 POLICIES = {"customers": "lan", "secrets": "local_only", "docs": "remote"}
 
 
@@ -66,8 +67,7 @@ def make_egress(*upstreams: UpstreamEgress, answers: dict[str, list[str]] | None
 
 def make_ctx(peer: str | None = "127.0.0.1", principal: Principal = ALICE,
              endpoint: str = "crm", headers: tuple[tuple[str, str], ...] = ()) -> CallContext:
-    return CallContext(principal=principal, endpoint=endpoint, upstream_url="http://u/",
-                       peer_ip=peer, headers=headers)
+    return context(principal, endpoint, peer_ip=peer, headers=headers)
 
 
 async def refusal(policy: Egress, ctx: CallContext,

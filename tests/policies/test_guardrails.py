@@ -12,11 +12,11 @@ import pytest
 from policies.guardrails import Guardrails
 from policies.guardrails.pinning import Pins
 from policies.guardrails.screen import Limits, screen
-from proxy.auth.principal import Principal
 from proxy.chain import CallContext
 from proxy.config import from_dict
 from proxy.errors import GuardrailBlocked, HiddenTool, ToolResultDenial
-from proxy.jsonrpc import parse
+from tests.builders import context
+from tests.builders import message as msg
 
 CLEAN = {"name": "get_weather", "description": "Current weather for a city.",
          "inputSchema": {"type": "object", "properties": {
@@ -49,16 +49,8 @@ POISONED = {
 }
 
 
-def who() -> Principal:
-    return Principal(subject="alice", issuer="i")
-
-
 def ctx(endpoint: str = "e") -> CallContext:
-    return CallContext(principal=who(), endpoint=endpoint, upstream_url="http://u/")
-
-
-def msg(method: str, **params: Any) -> Any:
-    return parse(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+    return context(endpoint=endpoint)
 
 
 def policy(*, screening: str = "hide", pinning: str = "off",

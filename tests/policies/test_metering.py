@@ -10,14 +10,13 @@ from typing import Any
 import pytest
 
 from policies.metering import Metering, new_call_id
-from proxy.auth.principal import Principal
 from proxy.chain import CallContext
 from proxy.config import MeteringConfig
 from proxy.errors import MeteringDenied, ToolResultDenial
-from proxy.jsonrpc import parse
+from tests.builders import bare, context, principal, tool_call
 
-CALL = parse(b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}')
-LIST = parse(b'{"jsonrpc":"2.0","id":2,"method":"tools/list"}')
+CALL = tool_call()
+LIST = bare("tools/list", id=2)
 
 
 class Backend:
@@ -39,8 +38,7 @@ class Backend:
 
 
 def ctx() -> CallContext:
-    return CallContext(principal=Principal(subject="alice"), endpoint="e",
-                       upstream_url="http://u/", arguments_size=42)
+    return context(principal("alice", ""), arguments_size=42)
 
 
 def policy(backend: Backend, **cfg: Any) -> Metering:

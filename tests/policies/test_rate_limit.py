@@ -1,5 +1,4 @@
 import asyncio
-from typing import Any
 
 import orjson
 import pytest
@@ -8,23 +7,22 @@ from policies.rate_limit import RateLimit, RateLimitRule, parse_rate, validate_r
 from proxy.auth.principal import Principal
 from proxy.chain import CallContext, Chain
 from proxy.errors import RateLimited, render
-from proxy.jsonrpc import McpMessage, parse
+from proxy.jsonrpc import McpMessage
 from proxy.state.ratelimit import MemoryRateLimitStore
+from tests.builders import answer, context, message, principal
 from tests.helpers import Clock
 
-ALICE = Principal(subject="alice", issuer="https://idp")
-BOB = Principal(subject="bob", issuer="https://idp")
+ALICE = principal("alice", "https://idp")
+BOB = principal("bob", "https://idp")
 
 
 def make_call(method: str = "tools/call", tool: str | None = "t") -> McpMessage:
-    params: dict[str, Any] = {} if tool is None else {"name": tool}
-    return parse(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+    return message(method, **({} if tool is None else {"name": tool}))
 
 
-def make_ctx(principal: Principal = ALICE, endpoint: str = "e",
+def make_ctx(caller: Principal = ALICE, endpoint: str = "e",
              api_key_id: str | None = None) -> CallContext:
-    return CallContext(principal=principal, endpoint=endpoint, upstream_url="http://u/",
-                       api_key_id=api_key_id)
+    return context(caller, endpoint, api_key_id=api_key_id)
 
 
 def make_policy(*rules: RateLimitRule, clock: Clock | None = None) -> RateLimit:
@@ -117,8 +115,8 @@ async def test_principal_tool_keys_on_the_tool(first: McpMessage, second: McpMes
 
 async def test_crafted_names_cannot_share_a_bucket() -> None:
     policy = make_policy(RateLimitRule("r", key="principal_tool", rate="1/h", burst=1))
-    assert await passes(policy, make_call(tool="a:x"), make_ctx(Principal("s", issuer="i")))
-    assert await passes(policy, make_call(tool="a"), make_ctx(Principal("s", issuer="x:i")))
+    assert await passes(policy, make_call(tool="a:x"), make_ctx(principal("s")))
+    assert await passes(policy, make_call(tool="a"), make_ctx(principal("s", "x:i")))
 
 
 @pytest.mark.parametrize(("key", "call", "ctx"), [
@@ -146,7 +144,7 @@ async def test_rules_match_methods(methods: list[str], method: str, limited: boo
 
 async def test_responses_are_never_limited() -> None:
     policy = make_policy(RateLimitRule("r", rate="1/h", burst=1))
-    response = parse(b'{"jsonrpc":"2.0","id":7,"result":{}}')
+    response = answer(id=7)
     assert await count_passing(policy, 3, response) == 3
 
 
