@@ -26,10 +26,10 @@ from proxy.errors import (
     UpstreamRejected,
     UpstreamTimeout,
 )
-from proxy.jsonrpc import McpMessage
 from proxy.mcp.exchange import Exchange
 from proxy.observability import Observers
 from proxy.observability.metrics import MAX_TOOLS, OTHER, Metrics, bounded_error
+from tests.builders import message
 
 SERVER = "mcp_server_operation_duration_seconds"
 TOOLS = [f"tool_{i}" for i in range(50)]
@@ -44,8 +44,7 @@ def _series(metrics: Metrics, name: str) -> set[tuple[tuple[str, str], ...]]:
 
 def _listed(metrics: Metrics, endpoint: str, names: list[str]) -> None:
     """A tools/list result relayed on `endpoint`, as the relay applies the rewrite."""
-    msg = McpMessage("request", 1, "tools/list", {}, b"")
-    rewrite = metrics.results(msg, AuditRecord(endpoint=endpoint), None)
+    rewrite = metrics.results(message("tools/list"), AuditRecord(endpoint=endpoint), None)
     assert rewrite is not None
     assert rewrite({"tools": [{"name": n, "inputSchema": {}} for n in names]}) is False
 
@@ -113,7 +112,7 @@ def test_an_iserror_result_is_tool_error_whichever_observers_are_on() -> None:
     the log line and the trace say the same with metrics off (no observer at all here)."""
     record = AuditRecord(endpoint="e", method="tools/call", tool="t")
     exchange = Exchange(record, MemoryAuditSink(), Observers())
-    rewrite = exchange.seeing(McpMessage("request", 1, "tools/call", {}, b""), None)
+    rewrite = exchange.seeing(message("tools/call"), None)
     assert rewrite is not None
     assert rewrite({"content": [], "isError": False}) is False and record.error_type is None
     assert rewrite({"content": [], "isError": True}) is False

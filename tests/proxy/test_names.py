@@ -6,14 +6,14 @@ import asyncio
 
 from proxy.jsonrpc import McpMessage
 from proxy.mcp.names import MAX_NAMES, RELIST_S, Names, Relists
+from tests.builders import message
 from tests.helpers import Clock
 
 UP = Names.identity("up http://up/mcp", None, "tool")
 
 
 def listing(cursor: str | None = None) -> McpMessage:
-    params = {"cursor": cursor} if cursor else {}
-    return McpMessage("request", 1, "tools/list", params, b"")
+    return message("tools/list", **({"cursor": cursor} if cursor else {}))
 
 
 def test_a_name_is_unknown_only_off_a_whole_list() -> None:

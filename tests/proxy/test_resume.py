@@ -12,7 +12,6 @@ import pytest
 
 from policies.guardrails import Guardrails
 from proxy.audit import MemoryAuditSink
-from proxy.auth.principal import Principal
 from proxy.chain import Chain
 from proxy.config import from_dict
 from proxy.mcp.resume import ResumedRelay, Resumption
@@ -20,9 +19,10 @@ from proxy.mcp.sse import event_data
 from proxy.state.inflight import call_key
 from proxy.state.resumable import ANSWERED, MemoryResumable
 from proxy.state.sessions import Session
+from tests.builders import principal
 
 SECRET = "AKIAIOSFODNN7EXAMPLE"
-ALICE = Principal(subject="alice", issuer="i")
+ALICE = principal()
 SESSION = Session("sid", "up", ALICE.key, "upstream-sid")
 CONTEXT = {"method": "tools/call", "params": {"name": "config"}, "tool": "config",
            "call_id": "call-1", "note": None, "bytes_in": 42, "era": "legacy",
