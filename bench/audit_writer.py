@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from policies.metering import new_call_id
 from proxy.audit.database import DatabaseAuditSink
 from proxy.audit.record import AuditRecord
-from proxy.db import Database
+from proxy.storage.db import Database
 
 
 def thread_cpu_s(native_id: int | None) -> float:

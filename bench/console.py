@@ -30,10 +30,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.audit import rollup
 from proxy.config import from_dict
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.people.accounts import Accounts
 from proxy.schema import ServerIn
 

@@ -55,7 +55,7 @@ def _dump(*_: Any) -> None:
 if __name__ == "__main__":
     gc.callbacks.append(_watch)
     signal.signal(signal.SIGUSR1, _dump)
-    from proxy.cli import main
+    from proxy.runtime.cli import main
 
     sys.argv[0] = "tollhouse"
     sys.exit(main(sys.argv[1:]))

@@ -43,7 +43,7 @@ sys.path.insert(0, os.getcwd())  # the checkout to measure: the one this is run 
 
 import httpx
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.config import from_dict
 
 CALL = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",

@@ -51,7 +51,7 @@ import inprocess
 import paths
 from procs import Processes, free_port
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.config import from_dict
 
 Where = tuple[str, int, str]  # a function: file, first line, name

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from proxy.audit import AuditRecord, DatabaseAuditSink, rollup
-from proxy.db import Database
+from proxy.storage.db import Database
 
 TOOLS = ("search", "read", "write", "list", "delete")
 STATUSES = ("ok",) * 90 + ("denied",) * 5 + ("error",) * 4 + ("cancelled",)

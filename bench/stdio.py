@@ -29,7 +29,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.config import from_dict
 from tests.servers import serve
 

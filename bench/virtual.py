@@ -22,7 +22,7 @@ sys.path.insert(0, os.getcwd())  # the checkout to measure: the one this is run 
 import httpx
 
 from bench.inprocess import Resolver, one_call
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.config import from_dict
 
 TOOLS = [{"name": f"tool{i}", "inputSchema": {"type": "object"}} for i in range(10)]

@@ -1,5 +1,5 @@
 """One config compiled into the `Live` snapshot a call reads (proxy.live): start-up
-(proxy.serving) and a SIGHUP reload (proxy.reload) both call `compile`, so what a reload
+(proxy.runtime.serving) and a SIGHUP reload (proxy.runtime.reload) both call `compile`, so what a reload
 builds is what start-up built, by the same code.
 
 `Deps` is what a snapshot is built with and what outlives it: the egress destinations the

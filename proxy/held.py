@@ -1,5 +1,5 @@
 """The one way a request reaches the app's long-lived objects: `held()`, the serving app's
-`proxy.app.Services`, kept in its one `app.extensions` slot."""
+`proxy.runtime.app.Services`, kept in its one `app.extensions` slot."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from quart import current_app
 
 if TYPE_CHECKING:
-    from proxy.app import Services
+    from proxy.runtime.app import Services
 
 EXTENSION = "tollhouse"
 

@@ -2,7 +2,7 @@
 
 The gateway holds one `Live` and a call reads it once, when it starts (with its
 `UpstreamRoute`, read from the route table in the same step), so a reload (SIGHUP,
-`proxy.reload`) that swaps in a new snapshot changes the next call and never one in flight.
+`proxy.runtime.reload`) that swaps in a new snapshot changes the next call and never one in flight.
 A snapshot is built by `proxy.compiled.compile`, at start-up and by every reload alike: it
 holds everything a call needs compiled (the policy chain with its rules, profiles, egress
 table and metering backend, the config's upstream routes); nothing is rebuilt per call.

@@ -24,7 +24,7 @@ import httpx
 import orjson
 
 from policies.metering import MeteringBackend
-from proxy import db
+from proxy.storage import db
 from proxy.audit.record import AuditRecord
 from proxy.bounded import within
 from proxy.config import MeteringConfig

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from policies.guardrails.pinning import Change, Pin, Pins
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.mirror import Mirrors
 
 log = logging.getLogger("tollhouse.pins")

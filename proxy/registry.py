@@ -16,14 +16,14 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from proxy import db
+from proxy.storage import db
 from proxy.config import Config, UpstreamConfig, validate_upstream_egress
 from proxy.egress import Destination, UpstreamEgress
 from proxy.errors import ApiError, BadRequest, Conflict, Invalid, NotFound
 from proxy.mirror import Mirrors
 from proxy.published import Published
 from proxy.schema import ServerIn, ServerOut
-from proxy.stored import StoredSpecs
+from proxy.storage.stored import StoredSpecs
 from proxy.upstream import UpstreamRoute
 
 log = logging.getLogger("tollhouse.registry")

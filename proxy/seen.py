@@ -30,7 +30,7 @@ import orjson
 
 from proxy.audit.record import AuditRecord
 from proxy.chain import Rewrite
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.jsonrpc import McpMessage
 from proxy.mcp import eras
 

@@ -14,7 +14,7 @@ import orjson
 import pytest
 import respx
 
-from proxy.app import Services, create_app
+from proxy.runtime.app import Services, create_app
 from proxy.audit import MemoryAuditSink
 from proxy.config import Config, from_dict
 from proxy.mcp.gateway import Gateway

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from proxy.db import Database
+from proxy.storage.db import Database
 
 BACKENDS = ("sqlite", "postgresql")
 ADMIN_URL = os.environ.get("TOLLHOUSE_TEST_POSTGRES_URL",

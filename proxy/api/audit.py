@@ -10,7 +10,7 @@ from typing import Any
 
 from quart import Response, request
 
-from proxy import db
+from proxy.storage import db
 from proxy.api import query
 from proxy.api.bodies import json_response
 from proxy.api.caller import Caller

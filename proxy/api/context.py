@@ -1,5 +1,5 @@
 """What the management API's handlers work with: one `Api`, built when the app starts serving
-(proxy.serving), which `proxy.api.endpoint` hands every handler."""
+(proxy.runtime.serving), which `proxy.api.endpoint` hands every handler."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from cachetools import TTLCache
 
 from policies.guardrails.pinning import Pins
-from proxy import db
+from proxy.storage import db
 from proxy.audit import AuditSink
 from proxy.auth.keys import KeyIndex
 from proxy.egress import IPNetwork

@@ -50,7 +50,7 @@ from typing import Any
 
 import orjson
 
-from proxy import db
+from proxy.storage import db, migrations
 
 # latency histogram bounds in ms: a p95 is reported as the bound its bucket ends at
 BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
@@ -314,7 +314,7 @@ class Writer:
 
 
 def fold(rows: list[tuple[Any, ...]]) -> tuple[dict[tuple[Any, ...], list[int]], bool, bool]:
-    """A batch's audit rows (`proxy.audit.database._row` tuples) folded per minute and
+    """A batch's audit rows (`proxy.audit.commit.row_of` tuples) folded per minute and
     everything a rollup groups by (each key: minute, principal, endpoint, kind, tool, status,
     histogram class, reason kind, reason; each value: records, bytes in and out, duration in
     µs), and whether any is a tools/call and any a denial."""
@@ -537,3 +537,21 @@ def union(segments: list[Segment], tier: str, tier_args: Sequence[Any], raw: str
             args += [*raw_head, *bounds, *raw_args]
         parts.append(template.format(at=at, sign=sign, neg="-" if sign < 0 else ""))
     return " UNION ALL ".join(parts), args
+
+
+def _tables_20() -> tuple[migrations.Step, ...]:
+    """Migration 20: the rollup tables and their backfill, for each dialect."""
+    steps: list[migrations.Step] = []
+    for dialect in ("sqlite", "postgresql"):
+        steps += [migrations.Only(dialect, table.ddl(dialect)) for table in TABLES_20]
+        steps += [migrations.Only(dialect, text)
+                  for text in backfill_statements(dialect, TABLES_20)]
+    return tuple(steps)
+
+
+# the rollup tables are this module's: their migrations' steps are registered here, under the
+# numbers proxy.storage.migrations hands out (storage imports no feature)
+migrations.register(20, _tables_20())
+migrations.register(21, tuple(migrations.Only(dialect, text)
+                              for dialect in ("sqlite", "postgresql")
+                              for text in key_statements(dialect)))

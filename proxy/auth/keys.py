@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import orjson
 
-from proxy import db
+from proxy.storage import db
 from proxy.mirror import Mirrors
 
 PREFIX = "th_"

@@ -56,7 +56,7 @@ def from_dict(raw: dict[str, Any], env: typing.Mapping[str, str] | None = None,
 
 def validate(cfg: Config, base_dir: Path) -> None:
     """Every check across keys and tables; raise ConfigError on the first fault. A reload
-    runs it again on the config it would apply (proxy.reload). The checks run in this order,
+    runs it again on the config it would apply (proxy.runtime.reload). The checks run in this order,
     one section each; an issuer's key file is read relative to `base_dir`."""
     checks: tuple[Callable[[Config], None], ...] = (
         server.check, functools.partial(auth.check, base_dir=base_dir), stores.check_database,

@@ -29,7 +29,7 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from proxy import db
+from proxy.storage import db
 from proxy.config import ConfigError
 
 _PUT_COLUMNS = ("upstream", "principal", "kid", "sealed", "status", "expires_at", "updated_at")
@@ -42,7 +42,7 @@ _HOW = ("set TOLLHOUSE_VAULT_KEYS to kid=<32 random bytes in base64>, newest fir
 
 
 class VaultKeyMissing(ConfigError):
-    """A start-up refusal like any config error: one line, exit 2 (proxy.cli)."""
+    """A start-up refusal like any config error: one line, exit 2 (proxy.runtime.cli)."""
 
 
 def keys_from_env(env: Mapping[str, str] | None = None) -> dict[str, bytes]:

@@ -10,7 +10,7 @@ import re
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
-from proxy import db
+from proxy.storage import db
 from proxy.errors import (
     DatabaseUnavailable,
     GatewayError,

@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from proxy import db
+from proxy.storage import db
 from proxy.config import ConfigError
 from proxy.singleflight import SingleFlight
 
@@ -58,7 +58,7 @@ JWKS_MAX_AGE_S = 300.0  # the Cache-Control max-age the JWKS is served with (pro
 
 
 class SecretKeyMissing(ConfigError):
-    """A start-up refusal like any config error: one line, exit 2 (proxy.cli)."""
+    """A start-up refusal like any config error: one line, exit 2 (proxy.runtime.cli)."""
 
 
 @dataclass(frozen=True)

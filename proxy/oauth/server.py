@@ -36,7 +36,7 @@ import jwt
 import orjson
 from cachetools import TTLCache
 
-from proxy import db
+from proxy.storage import db
 from proxy.config import Config, OAuthServerConfig
 from proxy.errors import OAuthError as OAuthError  # noqa: PLC0414 - cimd raises it from here
 from proxy.errors import StoreUnavailable

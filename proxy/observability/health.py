@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy import migrations
-from proxy.db import Database
+from proxy.storage import migrations
+from proxy.storage.db import Database
 from proxy.errors import StoreUnavailable
 from proxy.observability.metrics import Metrics
 from proxy.state import Stores

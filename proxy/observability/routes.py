@@ -29,7 +29,7 @@ JSON = {"Content-Type": "application/json", "Cache-Control": "no-store"}
 
 
 class Serving(Protocol):
-    """What these routes read of the serving app (proxy.serving.Serving)."""
+    """What these routes read of the serving app (proxy.runtime.serving.Serving)."""
 
     @property
     def draining(self) -> bool: ...

@@ -10,7 +10,7 @@ chain runner (`proxy.chain`). The parent is the context in `params._meta` (`trac
 headers' is a link. The upstream request carries the CLIENT span's context in its headers and
 in its `params._meta`, on every leg (the era bridges too).
 
-Only this module imports OpenTelemetry, and only `proxy.app` imports it, when tracing is on.
+Only this module imports OpenTelemetry, and only `proxy.runtime.app` imports it, when tracing is on.
 Spans are exported by a BatchSpanProcessor, on its own thread, never on the event loop.
 """
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from proxy import db
+from proxy.storage import db
 from proxy.auth.principal import Principal
 
 LOCAL_ISSUER = "tollhouse:local"

@@ -2,7 +2,7 @@
 endpoints"). `VirtualRoute` is what the edge routes; `VirtualForwarder` is the forwarding step
 the spine takes for it."""
 
-from proxy.virtual.forward import VirtualForwarder
 from proxy.virtual.route import VirtualRoute
+from proxy.virtual.spread import VirtualForwarder
 
 __all__ = ["VirtualForwarder", "VirtualRoute"]

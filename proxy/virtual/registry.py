@@ -14,14 +14,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from proxy import db
+from proxy.storage import db
 from proxy.config import Config, EndpointConfig
 from proxy.config.endpoints import config_collision
 from proxy.errors import ApiError, BadRequest, Conflict, Invalid, NotFound
 from proxy.mirror import Mirrors
 from proxy.published import Published
 from proxy.registry import Registry
-from proxy.stored import StoredSpecs
+from proxy.storage.stored import StoredSpecs
 from proxy.virtual.route import VirtualRoute
 from proxy.virtual.schema import EndpointIn, EndpointOut
 

@@ -22,7 +22,7 @@ import orjson
 import pytest
 from quart import Quart
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from proxy.demo import demo_app

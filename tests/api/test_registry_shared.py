@@ -14,10 +14,10 @@ import orjson
 
 from policies.access import Access
 from proxy.api.models import ServerIn
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.demo import demo_app
 from proxy.egress import Destinations
 from proxy.mirror import Mirrors

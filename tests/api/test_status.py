@@ -12,9 +12,9 @@ import orjson
 import pytest
 from mcp import MCPError
 
-from proxy.app import Services
+from proxy.runtime.app import Services
 from proxy.audit.record import AuditRecord
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.demo import TOOLS
 from proxy.jsonrpc import McpMessage
 from proxy.seen import MAX_DESCRIPTION, LastSeen

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from tests.conformance import suite
 from tests.conformance.server import build_app
 from tests.conftest import make_config

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from proxy.app import Services, create_app
+from proxy.runtime.app import Services, create_app
 from proxy.audit import AuditSink, DatabaseAuditSink
 from proxy.config import Config, from_dict
 from proxy.mcp.gateway import Gateway

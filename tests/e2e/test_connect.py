@@ -19,11 +19,11 @@ import orjson
 import pytest
 from quart import Quart, Response
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.audit import query
 from proxy.config import from_dict
 from proxy.connect.vault import Vault
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.people.accounts import Accounts
 from tests import db_backends, state_backends
 from tests.e2e.test_oauth_sdk import Browser

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from mcp import Client
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.audit import query
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict

@@ -170,7 +170,7 @@ async def test_upstream_down_is_32000(tmp_path: Path) -> None:
         pass  # the upstream has stopped; the gateway's config still points at it
     import socket
 
-    from proxy.app import create_app
+    from proxy.runtime.app import create_app
     from tests.e2e.conftest import stack_config
     from tests.servers import serve
 

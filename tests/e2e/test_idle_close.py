@@ -1,7 +1,7 @@
 """A client that leaves a streamed answer once it has its response closes its connection
 before the stream's end; the gateway must close its side at once, not hold the socket in
 CLOSE-WAIT until the keep-alive timeout (75 s: a busy gateway would run out of descriptors
-first). Served the way `tollhouse serve` serves (proxy.cli._run_hypercorn)."""
+first). Served the way `tollhouse serve` serves (proxy.runtime.serve.run_hypercorn)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import orjson
 
-from proxy.app import create_app
-from proxy.cli import _run_hypercorn
+from proxy.runtime.app import create_app
+from proxy.runtime.serve import run_hypercorn
 from tests import db_backends
 from tests.e2e.conftest import stack_config
 from tests.e2e.upstreams import stateful_sse_app
@@ -40,7 +40,7 @@ async def test_a_client_gone_after_its_streamed_answer_leaves_no_socket_behind(
         sock, base = bound_socket()
         port = sock.getsockname()[1]
         stop = asyncio.Event()
-        served = asyncio.create_task(_run_hypercorn(gateway, [f"fd://{sock.detach()}"], 1.0,
+        served = asyncio.create_task(run_hypercorn(gateway, [f"fd://{sock.detach()}"], 1.0,
                                                     stop))
         try:
             url = f"{base}/mcp/up"

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.audit import query
 from tests import db_backends
 from tests.e2e.conftest import stack_config

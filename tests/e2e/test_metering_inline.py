@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy import db
-from proxy.app import create_app
+from proxy.storage import db
+from proxy.runtime.app import create_app
 from proxy.metering import OutboxWorker
 from tests import db_backends
 from tests.e2e.conftest import stack_config

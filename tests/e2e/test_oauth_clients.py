@@ -16,7 +16,7 @@ import jwt
 import orjson
 import pytest
 
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.oauth.keys import KeyRing
 from tests.e2e.test_oauth_sdk import (
     INITIALIZE,

@@ -31,9 +31,9 @@ from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import AnyUrl
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.config import from_dict
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.oauth.cimd import MetadataDocuments
 from proxy.oauth.server import Client, OAuthError
 from proxy.people.accounts import Accounts

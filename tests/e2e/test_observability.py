@@ -129,7 +129,7 @@ async def test_metrics_answer_loopback_only_and_want_the_token(tmp_path: Path) -
 @pytest.mark.parametrize(("public", "status"), [(False, 403), (True, 200)])
 async def test_a_scrape_from_elsewhere_needs_metrics_public(tmp_path: Path, public: bool,
                                                             status: int) -> None:
-    from proxy.app import create_app
+    from proxy.runtime.app import create_app
     from tests.e2e.conftest import stack_config
 
     cfg = stack_config("http://127.0.0.1:9", f"sqlite:///{tmp_path / 'g.db'}",
@@ -209,7 +209,7 @@ async def test_json_log_lines(tmp_path: Path, caplog: pytest.LogCaptureFixture) 
 
 
 async def test_healthz_and_readyz(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy import migrations
+    from proxy.storage import migrations
     from proxy.observability import health as health_module
 
     audit = MemoryAuditSink()
@@ -259,7 +259,7 @@ async def test_healthz_and_readyz(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 async def test_readyz_names_an_unreachable_redis(tmp_path: Path) -> None:
-    from proxy.app import create_app
+    from proxy.runtime.app import create_app
     from proxy.config import from_dict
 
     closed = socket.socket()

@@ -249,7 +249,7 @@ async def test_off_there_are_no_spans_and_nothing_is_injected(tmp_path: Path) ->
 
 OFF_IMPORTS = """
 import asyncio, sys
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.config import from_dict
 
 async def main():

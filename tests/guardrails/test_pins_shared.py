@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from policies.guardrails.pinning import Pins
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.auth import keys as api_keys
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.mirror import Mirrors
 from proxy.pins import DatabasePins
 from tests import db_backends

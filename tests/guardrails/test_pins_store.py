@@ -3,7 +3,7 @@ starts from, on SQLite and PostgreSQL alike."""
 
 from __future__ import annotations
 
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.pins import DatabasePins
 from tests import db_backends
 

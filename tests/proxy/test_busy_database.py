@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.config import from_dict
 from proxy.people.accounts import Accounts
 from tests import db_backends

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from quart import Quart
 
-from proxy import cli
-from proxy.cli import collect_on_schedule, freeze_after_start, main, refreeze
+from proxy.runtime import cli
+from proxy.runtime.cli import main
+from proxy.runtime.serve import collect_on_schedule, freeze_after_start, refreeze
 
 
 @pytest.mark.parametrize(

@@ -17,13 +17,15 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy import db, migrations
+from proxy.storage import migrations
+
+from proxy.storage import db
 from proxy.audit import AuditRecord
 from proxy.audit import summary as audit_summary
 from proxy.audit.database import DatabaseAuditSink, query, usage
 from proxy.auth import keys as api_keys
 from proxy.connect.vault import Vault
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.metering import OutboxWorker
 from proxy.oauth.keys import KeyRing
 from proxy.oauth.server import AuthorizationServer, OAuthError, s256
@@ -186,8 +188,9 @@ def test_migrations_started_at_once_apply_once(database_url: str) -> None:
 
 
 def test_processes_started_at_once_migrate_once(database_url: str) -> None:
-    code = ("import sys; from proxy import migrations; "
-            "sys.exit(migrations.command(sys.argv[1]))")
+    code = ("import sys; from proxy.audit import rollup; from proxy.storage import migrations; "
+            "from proxy.storage.db import Database; "
+            "sys.exit(migrations.command(Database(sys.argv[1])))")
     procs = [subprocess.Popen([sys.executable, "-c", code, database_url],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(4)]
@@ -242,10 +245,12 @@ def test_a_sqlite_file_from_before_migrations_is_adopted(tmp_path: Path) -> None
 
 
 def test_the_upgrade_command(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert migrations.command(database_url) == 0
+    with Database(database_url) as database:
+        assert migrations.command(database) == 0
     out = capsys.readouterr().out
     assert f"schema version 0 -> {migrations.LATEST}" in out and "applied 1: audit log" in out
-    assert migrations.command(database_url) == 0
+    with Database(database_url) as database:
+        assert migrations.command(database) == 0
     assert capsys.readouterr().out == f"schema version {migrations.LATEST}: up to date\n"
 
 
@@ -756,7 +761,7 @@ async def test_the_gateway_keys_and_audit_on_each_backend(database_url: str) -> 
 
     import httpx
 
-    from proxy.app import create_app
+    from proxy.runtime.app import create_app
     from proxy.config import DatabaseConfig, from_dict
     from proxy.demo import demo_app
     from tests.conftest import MCP_HEADERS

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.demo import demo_app
 from tests.e2e.sdk_client import connect
 from tests.servers import serve

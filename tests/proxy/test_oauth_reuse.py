@@ -20,7 +20,7 @@ from typing import Any
 import jwt
 import pytest
 
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.oauth.keys import KeyRing
 from proxy.oauth.server import AuthorizationServer, Client, OAuthError, s256
 from proxy.people.accounts import Accounts, User

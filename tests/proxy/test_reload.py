@@ -1,4 +1,4 @@
-"""What a reload applies and what it keeps (proxy.reload): on plain configs, and on a served
+"""What a reload applies and what it keeps (proxy.runtime.reload): on plain configs, and on a served
 app whose file changes; the signal itself, on a real process, is tests/proxy/test_signals.py."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.config import Config, from_dict, load
 from proxy.demo import demo_app
-from proxy.reload import applied, fixed_changes
+from proxy.runtime.reload import applied, fixed_changes
 from tests import db_backends
 from tests.api.test_registry_shared import answer
 from tests.conftest import MCP_HEADERS

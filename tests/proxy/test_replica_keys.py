@@ -12,7 +12,7 @@ import time
 import jwt
 import pytest
 
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.oauth.keys import KeyRing
 from proxy.oauth.server import AuthorizationServer
 from proxy.people.accounts import Accounts

@@ -22,12 +22,12 @@ import httpx
 import orjson
 import pytest
 
-from proxy import db
+from proxy.storage import db
 from proxy.config import from_dict
 from proxy.connect.guarded import GuardedClient
 from proxy.connect.manager import ConnectFailed, Connections
 from proxy.connect.vault import ClientKey, Vault
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.errors import StoreUnavailable
 from proxy.state.leases import LeaseStore, MemoryLeases, RedisLeases
 from proxy.state.shared import Shared

@@ -14,7 +14,7 @@ import pytest
 from proxy.audit import AuditRecord, rollup
 from proxy.audit import summary as aggregates
 from proxy.audit.database import DatabaseAuditSink, _read
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.jsonrpc import McpMessage
 from proxy.seen import LastSeen
 from tests import db_backends

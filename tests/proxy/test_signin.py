@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.config import from_dict
 from proxy.people.accounts import Accounts, check_password, hash_password
 from proxy.people.signin import safe_next

@@ -23,7 +23,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from mcp import types
 
-from proxy import cli, confine
+from proxy import confine
+
+from proxy.runtime import cli
 from proxy.config import ConfigError, from_dict
 from proxy.oauth.keys import KeyRing
 from tests import helpers, state_backends

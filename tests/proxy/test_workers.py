@@ -531,7 +531,7 @@ def test_a_worker_that_keeps_dying_is_restarted_ever_more_slowly(prefix: str) ->
     doubling while it dies within 30 s of starting, at most 30 s; one that ran 30 s or more
     is restarted at once, and the doubling starts over."""
     from proxy.config import from_dict
-    from proxy.workers import Supervisor, _Slot
+    from proxy.runtime.workers import Supervisor, _Slot
     from tests.helpers import Clock
 
     cfg = from_dict({"server": {"workers": 2}, "state": {"url": REDIS_URL, "key_prefix": prefix},

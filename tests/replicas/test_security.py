@@ -36,7 +36,7 @@ import pytest_asyncio
 from redis.asyncio import Redis
 
 from proxy.connect.vault import Vault, keys_from_env
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.people.accounts import Accounts
 from tests import db_backends
 from tests.e2e.oidc_provider import OidcProvider, running_provider

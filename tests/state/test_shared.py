@@ -7,7 +7,7 @@ from __future__ import annotations
 import jwt
 import pytest
 
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.oauth.keys import KeyRing
 from proxy.oauth.server import AuthorizationServer, OAuthError, s256
 from proxy.people.accounts import Accounts

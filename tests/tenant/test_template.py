@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from proxy.auth.principal import Principal
-from proxy.cli import main
+from proxy.runtime.cli import main
 from proxy.config.template import Missing, UrlTemplate
 from proxy.egress import Destinations, EgressDestinationDenied
 from proxy.upstream.client import UpstreamRoute

@@ -17,11 +17,11 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.audit import query
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
-from proxy.db import Database
+from proxy.storage.db import Database
 from proxy.people.accounts import Accounts
 from tests import db_backends, state_backends
 from tests.e2e.sdk_client import connect

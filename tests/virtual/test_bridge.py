@@ -15,7 +15,7 @@ import pytest
 from mcp import Client, MCPError
 from mcp.server.mcpserver import Context, MCPServer
 
-from proxy.app import create_app
+from proxy.runtime.app import create_app
 from proxy.audit import query
 from proxy.config import from_dict
 from tests import db_backends, state_backends

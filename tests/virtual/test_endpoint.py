@@ -17,7 +17,7 @@ import pytest
 from mcp import Client, MCPError
 from mcp.server.lowlevel import Server
 
-from proxy.app import Services, create_app
+from proxy.runtime.app import Services, create_app
 from proxy.audit import query
 from proxy.config import from_dict
 from proxy.virtual import naming

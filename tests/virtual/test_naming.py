@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import main
+from proxy.runtime.cli import main
 from proxy.config import ConfigError, from_dict
 from proxy.errors import InvalidParams
 from proxy.virtual import naming

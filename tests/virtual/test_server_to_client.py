@@ -17,7 +17,7 @@ import pytest
 from mcp import Client, MCPError
 from mcp.server.mcpserver import Context, MCPServer
 
-from proxy.app import Services, create_app
+from proxy.runtime.app import Services, create_app
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from proxy.virtual.schema import EndpointIn

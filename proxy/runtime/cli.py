@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import gc
 import logging
 import os
 import re
@@ -14,14 +13,21 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
 
 from proxy import confine
-from proxy.config import Config, ConfigError, ServerConfig, load
+from proxy.config import Config, ConfigError, load
+from proxy.runtime.serve import (
+    configure_logging,
+    run_hypercorn,
+    run_loop,
+    serving_app,
+    tune_collector,
+)
 
 T = TypeVar("T")
 
@@ -123,19 +129,11 @@ def _load(args: argparse.Namespace,
     return load(args.config, env), Path(args.config).resolve().parent
 
 
-def _logging(level: str, prefix: str = "", log_format: str = "text") -> None:
-    """Log lines to stderr, text or JSON (`observability.log_format`); a worker of several
-    puts `worker=N pid=P ` in front of each."""
-    from proxy.observability import logs
-
-    logs.configure(level, prefix, log_format)
-
-
 def _serve(args: argparse.Namespace) -> int:
     env = confine.Environment(os.environ)  # from here on the config and secrets read this
     cfg, base_dir = _load(args, env)
     _check_secrets(cfg, base_dir, env)
-    _logging(args.log_level, log_format=cfg.observability.log_format)
+    configure_logging(args.log_level, log_format=cfg.observability.log_format)
     confine.undumpable()  # the environment of its exec holds the secrets: closed to others
     env.withdraw()  # and os.environ holds them no more
     if cfg.server.workers > 1:
@@ -145,7 +143,7 @@ def _serve(args: argparse.Namespace) -> int:
     tune_collector(app, cfg.server)
     log.info("tollhouse listening on %s, endpoints: %s", cfg.server.listen, _endpoints(cfg))
     try:
-        run_loop(_run_hypercorn(app, [cfg.server.listen], cfg.server.shutdown_grace_s,
+        run_loop(run_hypercorn(app, [cfg.server.listen], cfg.server.shutdown_grace_s,
                                 config_path=Path(args.config).resolve(), env=env),
                  cfg.server.event_loop)
     except OSError as exc:
@@ -155,27 +153,16 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def serving_app(cfg: Config, base_dir: Path, env: confine.Environment) -> Any:
-    """The app `serve` (or a worker) runs, with the secrets it reads by name taken from `env`,
-    the environment it started with, never from os.environ."""
-    from proxy.app import create_app
-    from proxy.connect.vault import keys_from_env
-
-    per_user = any(u.auth == "per_user" for u in cfg.upstreams)
-    return create_app(cfg, base_dir=base_dir, secret_key=env.get("TOLLHOUSE_SECRET_KEY", ""),
-                      vault_keys=keys_from_env(env) if per_user else None)
-
-
 def _endpoints(cfg: Config) -> str:
     return ", ".join(f"/mcp/{u.name}" for u in cfg.upstreams) or "(none)"
 
 
 def _serve_workers(cfg: Config, config_path: Path, log_level: str,
                    env: confine.Environment) -> int:
-    """`server.workers` > 1 (proxy.workers): the address bound and the schema migrated here,
+    """`server.workers` > 1 (proxy.runtime.workers): the address bound and the schema migrated here,
     once, before any worker starts; then the workers, supervised until a stop signal."""
-    from proxy import workers
-    from proxy.db import Database
+    from proxy.runtime import workers
+    from proxy.storage.db import Database
 
     try:
         sock = workers.listen_socket(cfg.server.listen)
@@ -247,187 +234,11 @@ def _check_pem(value: str, key: str, base_dir: Path, *, private: bool) -> None:
                           "or as a file next to the config")
 
 
-def tune_collector(app: Any, server: ServerConfig) -> None:
-    """The cycle collector's settings of [server] for `app`'s serving process (`tollhouse
-    serve` and each worker): gc_freeze, then gc_threshold and gc_sweep_s."""
-    freeze_after_start(app, server.gc_freeze)
-    collect_on_schedule(app, server.gc_threshold, server.gc_sweep_s)
-
-
-def freeze_after_start(app: Any, enabled: bool) -> None:
-    """`server.gc_freeze`: once `app` has started (registered after its own start-up, so it
-    runs after it), collect start-up's garbage and freeze what is left (gc.freeze). Python's
-    full collection walks every tracked object; without this, each one walked the ~270,000
-    the imported libraries made at start-up, about 70 ms every few thousand calls, and the
-    longer a call's objects live (an audit record waits up to the commit window), the more
-    often one runs. A reload freezes again (`refreeze`)."""
-    if not enabled:
-        return
-
-    @app.while_serving  # type: ignore[untyped-decorator]
-    async def frozen() -> Any:
-        gc.collect()
-        gc.freeze()
-        log.info("gc: %d objects of start-up frozen (server.gc_freeze)", gc.get_freeze_count())
-        yield
-
-
-# timed collections: a full one once the heap has grown by a quarter since the last (Python's
-# own rule for its old generation), and at least this often (cyclic garbage can hold a socket
-# or a file while the heap holds steady)
-GC_FULL_GROWTH = 1.25
-GC_FULL_AT_LEAST_S = 3600.0
-
-
-def collect_on_schedule(app: Any, threshold: int, sweep_s: float) -> None:
-    """`server.gc_threshold` and `server.gc_sweep_s`, while `app` serves.
-
-    Python runs a young collection whenever the tracked objects allocated, net of those freed,
-    pass 700: concurrent calls allocate in bursts that pass it every few calls, and each
-    collection walks every young object then alive, the more the more calls are in flight
-    (under wrk, 15-40 us a call on the loop, doubling from 16 calls in flight to 64; almost
-    nothing found, well under one object a call). A threshold above the bursts makes those
-    collections rare. Because the count never goes below zero (frees after a collection
-    do not count against later allocations), a high threshold alone could leave cyclic
-    garbage waiting indefinitely: the timed collections find it within `sweep_s` (the young
-    and middle generations, about a millisecond). A full collection walks every object alive
-    (about 15 ms for 100,000 sessions, 150 ms for a million), so it comes as Python's own rule
-    brings it: once the heap (`sys.getallocatedblocks`, under 0.2 ms to read at a million
-    sessions) has grown by a quarter since the last one, and at least every hour; cyclic
-    garbage that reached the old generation is at most a quarter of the heap."""
-
-    @app.while_serving  # type: ignore[untyped-decorator]
-    async def scheduled() -> Any:
-        before = gc.get_threshold()
-        gc.set_threshold(threshold, *before[1:])
-        log.info("gc: young threshold %d (server.gc_threshold), %s", threshold,
-                 f"timed collections every {sweep_s:g} s (server.gc_sweep_s)" if sweep_s
-                 else "no timed collections (server.gc_sweep_s = 0)")
-        sweeping = asyncio.get_running_loop().create_task(_sweep(sweep_s)) if sweep_s else None
-        try:
-            yield
-        finally:
-            if sweeping is not None:
-                sweeping.cancel()
-                await asyncio.gather(sweeping, return_exceptions=True)
-            gc.set_threshold(*before)
-
-
-async def _sweep(interval_s: float) -> None:
-    clock = asyncio.get_running_loop().time
-    heap, last_full = sys.getallocatedblocks(), clock()
-    while True:
-        await asyncio.sleep(interval_s)
-        if (sys.getallocatedblocks() >= heap * GC_FULL_GROWTH
-                or clock() - last_full >= GC_FULL_AT_LEAST_S):
-            gc.collect(2)
-            heap, last_full = sys.getallocatedblocks(), clock()
-        else:
-            gc.collect(1)
-
-
-def refreeze() -> None:
-    """After a reload, when start-up froze: what the old config's objects left in cycles is
-    collected, and what is alive now frozen again. One full collection; reloads are rare."""
-    if gc.get_freeze_count():
-        gc.unfreeze()
-        gc.collect()
-        gc.freeze()
-
-
-def run_loop(main: Coroutine[Any, Any, T], event_loop: str = "asyncio") -> T:
-    """Run `main` to its end on a new event loop of the kind `server.event_loop` names."""
-    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
-    if event_loop == "uvloop":
-        import uvloop
-
-        factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(main)
-
-
-async def _run_hypercorn(app: Any, binds: list[str], grace_s: float,
-                         stop: asyncio.Event | None = None,
-                         on_signal: Callable[[int], None] | None = None,
-                         config_path: Path | None = None,
-                         env: confine.Environment | None = None) -> None:
-    """Serve `app` until SIGINT/SIGTERM (or `stop`); `on_signal` hears which signal stopped
-    it. A stop signal drains a Tollhouse app first (`Serving.drain`: new calls refused, calls
-    in flight given up to `grace_s`), then Hypercorn closes the connections within what is
-    left of it; a second stop signal changes nothing. With `config_path`, SIGHUP reloads the
-    config from it (`Serving.reload`), its `${VAR}`s read from `env`, the environment the
-    process started with (os.environ without it)."""
-    from hypercorn.asyncio import serve
-    from hypercorn.config import Config as HyperConfig
-
-    from proxy import idle_close
-
-    idle_close.install()  # a client's EOF on a kept-alive connection closes it at once
-    hc = HyperConfig()
-    hc.bind = binds
-    hc.accesslog = None
-    hc.errorlog = logging.getLogger("hypercorn.error")
-    hc.graceful_timeout = grace_s
-    hc.keep_alive_timeout = 75
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    log.info("event loop: %s.%s", type(loop).__module__, type(loop).__qualname__)
-    tasks: set[asyncio.Task[Any]] = set()
-    reloading = asyncio.Lock()
-
-    def spawn(coro: Any) -> None:
-        task = loop.create_task(coro)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    async def drain_then_stop() -> None:
-        serving = _serving(app)
-        try:
-            if serving is not None:
-                hc.graceful_timeout = max(await serving.drain(grace_s), 1.0)
-        finally:
-            stop.set()
-
-    draining = False
-
-    def stopped(signum: int) -> None:
-        nonlocal draining
-        if draining or stop.is_set():
-            return
-        draining = True
-        if on_signal is not None:
-            on_signal(signum)
-        spawn(drain_then_stop())
-
-    async def reload() -> None:
-        serving = _serving(app)
-        if serving is None or config_path is None:
-            return
-        async with reloading:
-            await serving.reload(config_path, env)
-            refreeze()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopped, sig)
-    if config_path is not None:
-        loop.add_signal_handler(signal.SIGHUP, lambda: spawn(reload()))
-    await serve(app, hc, shutdown_trigger=stop.wait)
-
-
-def _serving(app: Any) -> Any:
-    """The app's `proxy.serving.Serving` while it serves, else None (another ASGI app)."""
-    from proxy.held import EXTENSION
-
-    extensions = getattr(app, "extensions", None)
-    services = extensions.get(EXTENSION) if isinstance(extensions, dict) else None
-    return getattr(services, "serving", None)
-
-
 def _demo(args: argparse.Namespace) -> int:
-    _logging(args.log_level)
-    from proxy.app import create_app
+    configure_logging(args.log_level)
     from proxy.config import from_dict
     from proxy.demo import demo_app
+    from proxy.runtime.app import create_app
 
     demo_sock = socket.socket()
     demo_sock.bind(("127.0.0.1", 0))
@@ -461,8 +272,8 @@ def _demo(args: argparse.Namespace) -> int:
     async def run() -> None:
         stop = asyncio.Event()
         await asyncio.gather(
-            _run_hypercorn(demo_app(), [f"fd://{demo_sock.detach()}"], 2.0, stop),
-            _run_hypercorn(app, [f"fd://{gw_sock.detach()}"], 5.0, stop),
+            run_hypercorn(demo_app(), [f"fd://{demo_sock.detach()}"], 2.0, stop),
+            run_hypercorn(app, [f"fd://{gw_sock.detach()}"], 5.0, stop),
         )
 
     asyncio.run(run())
@@ -488,13 +299,12 @@ def _demo_admin(url: str) -> str | None:
 
 
 def _db(args: argparse.Namespace) -> int:
-    from proxy import migrations
+    from proxy.audit import rollup  # registers the rollup tables' migrations
+    from proxy.storage import migrations
+    from proxy.storage.db import Database
 
     cfg, _ = _load(args)
     if args.db_command == "rollups":
-        from proxy.audit import rollup
-        from proxy.db import Database
-
         with Database(cfg.database.url) as database:
             began = time.monotonic()
             try:
@@ -504,7 +314,8 @@ def _db(args: argparse.Namespace) -> int:
                 return 1
         print(f"audit rollups rebuilt in {time.monotonic() - began:.1f} s")
         return 0
-    return migrations.command(cfg.database.url)
+    with Database(cfg.database.url) as database:
+        return migrations.command(database)
 
 
 def _users(args: argparse.Namespace) -> int:

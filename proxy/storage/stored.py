@@ -1,6 +1,6 @@
 """A table of named JSON specs that every gateway on the database shares: the rows of
 `/api/v1/servers` (proxy.registry) and `/api/v1/endpoints` (proxy.virtual.registry). Each
-table has a `<table>_version` counter its triggers bump (proxy.migrations), which the gateways
+table has a `<table>_version` counter its triggers bump (proxy.storage.migrations), which the gateways
 poll to learn that another one wrote. Blocking: called on the registries' own thread."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any, Generic, TypeVar
 import orjson
 from pydantic import BaseModel
 
-from proxy import db
 from proxy.errors import Conflict, NotFound
+from proxy.storage import db
 
 log = logging.getLogger("tollhouse.stored")
 

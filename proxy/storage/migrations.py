@@ -21,9 +21,12 @@ import sys
 import time
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Literal, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
 
-from proxy.db import Connection, Database, Dialect, ddl, sql
+from proxy.storage.sql import Connection, Dialect, ddl, sql
+
+if TYPE_CHECKING:
+    from proxy.storage.db import Database
 
 log = logging.getLogger("tollhouse.migrations")
 
@@ -62,7 +65,7 @@ Step = Sql | Only | AddColumn
 class Migration:
     version: int
     name: str
-    steps: tuple[Step, ...]
+    steps: tuple[Step, ...] | Owned
 
 
 def _change_counter(table: str, each: Literal["ROW", "STATEMENT"]) -> tuple[Step, ...]:
@@ -91,24 +94,33 @@ def _change_counter(table: str, each: Literal["ROW", "STATEMENT"]) -> tuple[Step
     )
 
 
-def _rollups() -> tuple[Step, ...]:
-    """Migration 20: the rollup tables and their backfill, for each dialect."""
-    from proxy.audit import rollup
+@dataclass(frozen=True)
+class Owned:
+    """A migration of tables a feature owns: the number and name are handed out here, in order
+    with the rest, and the feature registers the steps (`register`), so storage imports no
+    feature. The audit rollups' two (20 and 21) are registered by `proxy.audit.rollup`."""
 
-    steps: list[Step] = []
-    for dialect in ("sqlite", "postgresql"):
-        steps += [Only(dialect, table.ddl(dialect)) for table in rollup.TABLES_20]
-        steps += [Only(dialect, text)
-                  for text in rollup.backfill_statements(dialect, rollup.TABLES_20)]
-    return tuple(steps)
+    owner: str  # the module that registers the steps
 
 
-def _usage_keys() -> tuple[Step, ...]:
-    """Migration 21: usage_keys and the usage rollup's key_id, for each dialect."""
-    from proxy.audit import rollup
+_REGISTERED: dict[int, tuple[Step, ...]] = {}
 
-    return tuple(Only(dialect, text) for dialect in ("sqlite", "postgresql")
-                 for text in rollup.key_statements(dialect))
+
+def register(version: int, steps: tuple[Step, ...]) -> None:
+    """The steps of migration `version`, declared here as `Owned` by the caller's module."""
+    _REGISTERED[version] = steps
+
+
+def steps_of(migration: Migration) -> tuple[Step, ...]:
+    """A migration's steps; an owned one's as its owner registered them (loudly missing when
+    the owner was never imported: a database must never skip a version)."""
+    if not isinstance(migration.steps, Owned):
+        return migration.steps
+    steps = _REGISTERED.get(migration.version)
+    if steps is None:
+        raise RuntimeError(f"migration {migration.version} ({migration.name}) has no steps: "
+                           f"{migration.steps.owner} registers them and was not imported")
+    return steps
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -343,7 +355,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     # these are their tables, filled here from the records already there (one pass over the
     # audit table per rollup, then each coarser span from the finer). The statements come
     # from proxy.audit.rollup: a later change to those tables is a new migration there.
-    Migration(20, "audit rollups per minute, hour and day", _rollups()),
+    Migration(20, "audit rollups per minute, hour and day", Owned("proxy.audit.rollup")),
     # /api/v1/usage of a week summed some 60,000 usage rollup rows into 7,500 totals, grouped
     # on principal, endpoint, kind and tool: SQLite sorted them on those four (200 ms at the
     # console's size). Each (principal, endpoint, kind, tool) now has an integer id
@@ -351,7 +363,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     # integer (bench/README.md, "Web console at size"). The writer reads a new key's id in
     # the batch's transaction; a writer of the release before still adds to the rows there.
     Migration(21, "audit rollups: an integer key per principal, endpoint and tool",
-              _usage_keys()),
+              Owned("proxy.audit.rollup")),
 )
 
 LATEST = MIGRATIONS[-1].version
@@ -418,7 +430,7 @@ def apply(conn: Connection, dialect: Dialect,
         insert = sql("INSERT INTO schema_migrations (version, name, applied_at) "
                      "VALUES (?, ?, ?)", dialect)
         for migration in pending:
-            for step in migration.steps:
+            for step in steps_of(migration):
                 _run(conn, dialect, step)
             conn.execute(insert, (migration.version, migration.name, time.time()))
         conn.commit()
@@ -464,18 +476,17 @@ def _pending(database: Database, migrations: tuple[Migration, ...]) -> bool:
     return any(m.version not in done for m in migrations)
 
 
-def command(url: str, out: TextIO | None = None) -> int:
+def command(database: Database, out: TextIO | None = None) -> int:
     """`tollhouse db upgrade`: apply pending migrations, say what was done; exit status."""
     out = out or sys.stdout
     names = {m.version: m.name for m in MIGRATIONS}
-    with Database(url) as database:
-        try:
-            before = current(database)
-            applied = upgrade(database)
-            after = current(database)
-        except database.errors as exc:
-            print(f"tollhouse: db upgrade: {database!r}: {exc}", file=sys.stderr)
-            return 1
+    try:
+        before = current(database)
+        applied = upgrade(database)
+        after = current(database)
+    except database.errors as exc:
+        print(f"tollhouse: db upgrade: {database!r}: {exc}", file=sys.stderr)
+        return 1
     for version in applied:
         out.write(f"applied {version}: {names[version]}\n")
     if applied:

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from policies.access import Access
 from policies.guardrails import Hidden
 from policies.metering import MeteringBackend
-from proxy import reload
 from proxy.api.context import Api
 from proxy.audit import AuditRecord, AuditSink, DatabaseAuditSink
 from proxy.auth.authenticator import Authenticator, BearerAuth, NoAuth
@@ -33,7 +32,6 @@ from proxy.auth.keys import KeyIndex
 from proxy.compiled import Deps, compile
 from proxy.config import MeteringConfig
 from proxy.confine import Environment
-from proxy.db import Database
 from proxy.egress import Destinations, SystemResolver, parse_addresses
 from proxy.live import Live
 from proxy.mcp.gateway import Gateway
@@ -46,15 +44,17 @@ from proxy.observability.metrics import Metrics
 from proxy.people.live import LiveUsers
 from proxy.pins import DatabasePins
 from proxy.registry import Registry
+from proxy.runtime import reload
 from proxy.seen import LastSeen
 from proxy.state.sessions import RedisSessionStore
+from proxy.storage.db import Database
 from proxy.upstream import UpstreamClient
 from proxy.upstream.tenants import Tenants
 from proxy.virtual import VirtualRoute
 from proxy.virtual.registry import Endpoints
 
 if TYPE_CHECKING:
-    from proxy.app import Services
+    from proxy.runtime.app import Services
 
 log = logging.getLogger("tollhouse")
 T = TypeVar("T")
@@ -197,7 +197,7 @@ class Serving:
         await self.gateway.drain(self.grace.left())
 
     async def reload(self, path: Path, env: Environment | None = None) -> bool:
-        """SIGHUP: the config file at `path` applied from the next call (proxy.reload), its
+        """SIGHUP: the config file at `path` applied from the next call (proxy.runtime.reload), its
         `${VAR}`s read from `env` (os.environ without it)."""
         return await reload.reload(self, path, env)
 

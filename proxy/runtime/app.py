@@ -3,7 +3,7 @@
 `create_app` reads top to bottom: `Services`, the one holder of the app's long-lived objects
 (what exists before serving: the database, the live-state stores, the people who sign in, the
 OAuth server, per-user connections), the routes, the ASGI stack in front of Quart (one visible
-list), and the lifespan, which opens `proxy.serving.Serving` (what exists while the app
+list), and the lifespan, which opens `proxy.runtime.serving.Serving` (what exists while the app
 serves) on one exit stack and closes it in the reverse order. A route module's collaborators
 are bound to its handlers when it registers them; a request that needs the serving objects
 reaches them through `proxy.held.held()`, the one accessor.
@@ -33,7 +33,6 @@ from proxy.connect import routes as connect_routes
 from proxy.connect.guarded import GuardedClient
 from proxy.connect.manager import Connections
 from proxy.connect.vault import Vault, keys_from_env
-from proxy.db import Database
 from proxy.edge.paths import Tollhouse
 from proxy.egress import IPNetwork, Resolver
 from proxy.held import EXTENSION
@@ -52,9 +51,10 @@ from proxy.observability.metrics import Metrics, multiprocess_dir
 from proxy.people import signin
 from proxy.people.accounts import Accounts
 from proxy.people.signin import Web
-from proxy.serving import Serving
+from proxy.runtime.serving import Serving
 from proxy.state import Stores, open_stores
 from proxy.state.inflight import Later
+from proxy.storage.db import Database
 from proxy.upstream import UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
 from proxy.upstream.stdio import LocalUpstreams
@@ -136,7 +136,7 @@ class Services:
         self.request_log = RequestLog(cfg.observability.log_format)
         self.stores: Stores = open_stores(cfg, given.clock)  # every piece of shared live state
         self.database = Database(cfg.database.url, busy_timeout_s=cfg.database.busy_timeout_s)
-        self.database.ensure_schema()  # start-up migrations (proxy.migrations): idempotent
+        self.database.ensure_schema()  # start-up migrations (proxy.storage.migrations): idempotent
         self.metrics = Metrics(multiproc_dir=multiprocess_dir()) \
             if cfg.observability.metrics else None
         self.web = self._web()

@@ -11,7 +11,7 @@ into its descriptor limit well within those 75 s (bench/soak.py showed 874 in 10
 `install()` makes the HTTP/1.1 protocol close the connection when the peer's EOF arrives and
 no request is under way on it. A connection with a request under way is left as Hypercorn
 handles it (the request's stream is closed and the app told of the disconnect). Applied once
-by `proxy.cli` before it serves; idempotent.
+by `proxy.runtime.cli` before it serves; idempotent.
 """
 
 from __future__ import annotations

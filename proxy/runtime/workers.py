@@ -3,7 +3,7 @@ listen socket.
 
 The supervisor (the process the operator started) binds the listen address once, brings the
 database schema up to date once, then starts the workers: fresh interpreters
-(`python -m proxy.workers`, not a fork) that inherit the listening socket's descriptor
+(`python -m proxy.runtime.workers`, not a fork) that inherit the listening socket's descriptor
 (`pass_fds`) and each build their own app, Redis client and event loop, then serve Hypercorn
 on `fd://N`. The kernel hands each new connection to whichever worker accepts it first; every
 request of a session may land on any worker, which is why more than one worker needs the shared
@@ -314,7 +314,7 @@ class Supervisor:
         env = dict(os.environ)  # without the secrets: serve withdrew them (confine.Environment)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         env[MULTIPROC_ENV] = self.metrics_dir
-        argv = [sys.executable, "-m", "proxy.workers", "--index", str(slot.index),
+        argv = [sys.executable, "-m", "proxy.runtime.workers", "--index", str(slot.index),
                 "--fd", str(listen_fd), "--ready-fd", str(ready_w), "--parent", str(os.getpid()),
                 "--log-level", self.log_level]
         slot.due, slot.serving, slot.started = None, False, self.clock()
@@ -342,7 +342,7 @@ class Supervisor:
         kept for the workers started later, and SIGHUP sent to every worker that serves,
         each of which re-reads it and applies it to its next call (`Serving.reload`)."""
         from proxy.config import ConfigError, load, validate
-        from proxy.reload import applied
+        from proxy.runtime.reload import applied
 
         try:
             try:
@@ -445,7 +445,7 @@ def _follow_parent(parent: int) -> None:
 
 def worker_main(argv: list[str] | None = None) -> int:
     """One worker: the app for the config on stdin, served on the inherited socket."""
-    p = argparse.ArgumentParser(prog="python -m proxy.workers",
+    p = argparse.ArgumentParser(prog="python -m proxy.runtime.workers",
                                 description="a worker of `tollhouse serve` (started by it)")
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--fd", type=int, required=True)
@@ -462,20 +462,20 @@ def worker_main(argv: list[str] | None = None) -> int:
     with open(os.devnull, "rb") as null:
         os.dup2(null.fileno(), 0)
 
-    from proxy import cli
     from proxy.config import ConfigError
+    from proxy.runtime import serve
 
-    cli._logging(args.log_level, prefix=f"worker={args.index} pid={os.getpid()} ",
+    serve.configure_logging(args.log_level, prefix=f"worker={args.index} pid={os.getpid()} ",
                  log_format=cfg.observability.log_format)
     confine.undumpable()  # as the supervisor: its memory holds the secrets
     try:
-        app = cli.serving_app(cfg, base_dir, env)
+        app = serve.serving_app(cfg, base_dir, env)
     except ConfigError as exc:
         print(f"tollhouse: {exc}", file=sys.stderr)
         return 2
     env.withdraw()  # as serve does (its os.environ, the supervisor's, holds none of them)
     index, ready_fd = args.index, args.ready_fd
-    cli.tune_collector(app, cfg.server)  # before the readiness below: it runs first
+    serve.tune_collector(app, cfg.server)  # before the readiness below: it runs first
 
     @app.while_serving  # type: ignore[untyped-decorator]
     async def serving() -> AsyncIterator[None]:
@@ -491,7 +491,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         log.info("worker %d (pid %d): %s: draining", index, os.getpid(),
                  signal.Signals(signum).name)
 
-    cli.run_loop(cli._run_hypercorn(app, [f"fd://{args.fd}"], cfg.server.shutdown_grace_s,
+    serve.run_loop(serve.run_hypercorn(app, [f"fd://{args.fd}"], cfg.server.shutdown_grace_s,
                                     on_signal=stopping, config_path=config_path, env=env),
                  cfg.server.event_loop)
     log.info("worker %d (pid %d) stopped", index, os.getpid())

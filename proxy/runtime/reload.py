@@ -23,7 +23,7 @@ from proxy.config import Config, ConfigError, UpstreamConfig, load, validate
 from proxy.confine import Environment
 
 if TYPE_CHECKING:
-    from proxy.serving import Serving
+    from proxy.runtime.serving import Serving
 
 log = logging.getLogger("tollhouse")
 
