@@ -444,7 +444,7 @@ async def test_code_reuse_revokes_what_it_produced(tmp_path: Path) -> None:
 
 
 async def test_refresh_token_reuse_revokes_the_family(tmp_path: Path) -> None:
-    """With no grace period (the grace's end is tests/proxy/test_oauth_reuse.py's, on a
+    """With no grace period (the grace's end is tests/proxy/oauth/test_oauth_reuse.py's, on a
     clock the test moves)."""
     async with flow(tmp_path, oauth={"refresh_grace_s": 0}) as f:
         verifier = secrets.token_urlsafe(48)

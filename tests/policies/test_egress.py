@@ -248,7 +248,7 @@ async def test_upstreams_added_and_removed_at_run_time() -> None:
         policy.add(upstream(name="bad", zones=("wan",)))
 
 
-# -- the caller's zone (the address itself: tests/proxy/test_peer.py) -----------------------
+# -- the caller's zone (the address itself: tests/proxy/auth/test_peer.py) -----------------------
 
 async def test_every_x_forwarded_for_header_counts_in_order() -> None:
     policy = make_egress(upstream(collections=("customers",)), trusted=("10.0.0.1",))
@@ -423,7 +423,7 @@ async def test_egress_runs_at_300_and_its_refusal_passes_the_chain_untouched() -
         await chain.run(CALL, make_ctx(peer="8.8.8.8"))
 
 
-# -- resolution (the dial: tests/proxy/test_transport.py) ------------------------------------
+# -- resolution (the dial: tests/proxy/upstream/test_transport.py) ------------------------------------
 
 async def test_the_system_resolver_answers_a_numeric_host_without_the_network() -> None:
     assert await SystemResolver().resolve("127.0.0.1", 80) == ["127.0.0.1"]

@@ -233,7 +233,7 @@ def gateway_config(port: int, lb_port: int, upstream_url: str, database_url: str
         "database": {"url": database_url},
         # 5 s, not the default 1 s: a burst of 1,000 calls on a loaded 2-core machine can keep
         # Redis off the CPU for a second; what these tests check is exactness, not detection
-        # time (tests/replicas/test_outage.py and tests/proxy/test_state_outage.py set theirs)
+        # time (tests/replicas/test_outage.py and tests/proxy/state/test_state_outage.py set theirs)
         "state": {"url": REDIS_URL, "key_prefix": prefix, "timeout_s": 5.0},
     }
     more = (config or {}).get("upstreams", [])  # beside `up`, each with its own name

@@ -1,4 +1,4 @@
-"""The rate-limit store's contract; the GCRA arithmetic is tests/proxy/test_ratelimit_store."""
+"""The rate-limit store's contract; the GCRA arithmetic is tests/proxy/state/test_ratelimit_store."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A metering hook that runs inside the gateway (`metering.hook =
-"tests.proxy.environ_hook:HOOK"`) and tells what its process environment holds: `echo` is
+"tests.proxy.runtime.environ_hook:HOOK"`) and tells what its process environment holds: `echo` is
 allowed, any other tool is denied with, as the message to the caller (JSON, within the 500
 characters a message keeps), the names in the gateway's os.environ, those in the environment a
 process it starts inherits, and of both the names whose value carries the tests' SECRETVALUE

@@ -35,7 +35,7 @@ from tests.helpers import DEADLINE_S, until
 from tests.replicas.harness import toml
 from tests.servers import serve
 
-ROOT = Path(__file__).resolve().parents[2]  # this checkout, whatever the venv points at
+ROOT = Path(__file__).resolve().parents[3]  # this checkout, whatever the venv points at
 
 
 def _private_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> str:
@@ -167,10 +167,10 @@ def test_good_secrets_pass_the_check(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # Once serve runs, the secrets it read are out of its process environment (issue 36, finding
 # 4): a process it starts inherits none, and code in it finds none in os.environ. An in-process
-# metering hook (tests/proxy/environ_hook.py) reports both, from the gateway itself (and from
+# metering hook (tests/proxy/runtime/environ_hook.py) reports both, from the gateway itself (and from
 # each worker with server.workers = 2).
 
-HOOK = "tests.proxy.environ_hook:HOOK"
+HOOK = "tests.proxy.runtime.environ_hook:HOOK"
 STARTED = re.compile(r"Running on http://127\.0\.0\.1:(\d+)"
                      r"|tollhouse listening on 127\.0\.0\.1:(\d+) with \d+ workers")
 PROCESS_S = 3 * DEADLINE_S  # an interpreter starting on a loaded machine

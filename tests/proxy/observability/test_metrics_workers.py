@@ -1,6 +1,6 @@
 """`[server] workers` = 2: a scrape lands on one worker and still reports the whole gateway
 (prometheus-client's multiprocess mode on the run's own directory). Real `tollhouse serve`
-processes, the harness of tests/proxy/test_workers.py."""
+processes, the harness of tests/proxy/runtime/test_workers.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.upstreams import stateful_sse_app
 from tests.helpers import until
-from tests.proxy.test_workers import _config, _redis_state, prefix, running
+from tests.proxy.runtime.test_workers import _config, _redis_state, prefix, running
 from tests.servers import serve
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),

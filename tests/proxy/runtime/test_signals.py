@@ -1,4 +1,4 @@
-"""Signals to a real `tollhouse serve` (one process; tests/proxy/test_workers.py has the
+"""Signals to a real `tollhouse serve` (one process; tests/proxy/runtime/test_workers.py has the
 same with workers): SIGTERM drains (issue 15, item 5), SIGHUP reloads the config file
 (item 7). Each test sends the signal itself and watches the process's log lines and answers;
 the upstream's `hold` tool answers when the test says, so a call is in flight for as long as
@@ -16,7 +16,7 @@ import orjson
 from proxy.audit import query
 from tests.e2e.upstreams import holding_app
 from tests.helpers import DEADLINE_S, until
-from tests.proxy.test_workers import Serve, _config, running
+from tests.proxy.runtime.test_workers import Serve, _config, running
 from tests.servers import serve
 
 INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {

@@ -34,7 +34,7 @@ from proxy.state.shared import Shared
 from proxy.state.stores import Stores, open_stores
 from tests import db_backends, state_backends
 from tests.helpers import DEADLINE_S, until
-from tests.proxy.test_connect_discovery import (
+from tests.proxy.connect.test_connect_discovery import (
     AS_WELL_KNOWN,
     VAULT_KEYS,
     Resolver,
@@ -42,7 +42,7 @@ from tests.proxy.test_connect_discovery import (
     as_metadata,
     prm,
 )
-from tests.proxy.test_replica_refresh import Watched
+from tests.proxy.connect.test_replica_refresh import Watched
 
 ALICE = "tollhouse:local|local:alice"
 CALLBACK = "https://gw.example/connect/gh/callback"

@@ -1,5 +1,5 @@
 """What a reload applies and what it keeps (proxy.runtime.reload): on plain configs, and on a served
-app whose file changes; the signal itself, on a real process, is tests/proxy/test_signals.py."""
+app whose file changes; the signal itself, on a real process, is tests/proxy/runtime/test_signals.py."""
 
 from __future__ import annotations
 

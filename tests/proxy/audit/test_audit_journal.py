@@ -18,7 +18,7 @@ from proxy.audit.database import _line
 from proxy.config import DatabaseConfig
 from tests import db_backends
 from tests.helpers import DEADLINE_S, until
-from tests.proxy.test_audit import record
+from tests.proxy.audit.test_audit import record
 
 
 def segments(tmp_path: Path) -> list[Path]:

@@ -23,7 +23,7 @@ def test_the_token_comes_from_the_environment() -> None:
 
 
 def test_the_example_documents_the_table(tmp_path: Path) -> None:
-    example = Path(__file__).parents[2] / "config.example.toml"
+    example = Path(__file__).parents[3] / "config.example.toml"
     text = example.read_text()
     for key in ("[observability]", "metrics = true", 'metrics_token = ""',
                 "metrics_public = false", 'otlp_endpoint = ""', 'service_name = "tollhouse"',

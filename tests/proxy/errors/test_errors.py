@@ -26,7 +26,7 @@ from proxy.egress import EgressDestinationDenied
 from proxy.errors import SURFACES, GatewayError, Surface, render
 from proxy.upstream.tenants import NoUpstreamForCaller
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SECRET = "s3cr3t-7f1e"  # stands for a token, a password or an address the wire must not show
 
 

@@ -37,7 +37,7 @@ from tests.servers import serve
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="reads /proc to see which process answered")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 REDIS_URL = "redis://127.0.0.1:6379/0"
 SERVING = re.compile(r"worker=(\d+) pid=(\d+) tollhouse\.workers worker \d+ \(pid \d+\) serving")
 # starting or stopping interpreters is slow on a loaded machine (two CPUs, other suites

@@ -24,7 +24,7 @@ def test_defaults_are_the_documented_ones() -> None:
 
 
 def test_example_config_loads(tmp_path: Path) -> None:
-    example = Path(__file__).parents[2] / "config.example.toml"
+    example = Path(__file__).parents[3] / "config.example.toml"
     cfg = load(example, env={"EVERYTHING_TOKEN": "t0ken"})
     assert cfg.upstreams[0].headers["Authorization"] == "Bearer t0ken"
 

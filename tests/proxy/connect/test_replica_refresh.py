@@ -27,7 +27,7 @@ from proxy.state.leases import LeaseStore, MemoryLeases, RedisLeases
 from proxy.state.shared import Shared
 from tests import db_backends, state_backends
 from tests.helpers import DEADLINE_S, Clock, until
-from tests.proxy.test_connect_discovery import VAULT_KEYS, Resolver, per_user_cfg
+from tests.proxy.connect.test_connect_discovery import VAULT_KEYS, Resolver, per_user_cfg
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 ALICE = "tollhouse:local|local:alice"
