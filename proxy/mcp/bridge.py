@@ -2,7 +2,7 @@
 2026-07-28 (sessionless) client can reach a 2025-11-25 upstream.
 
 Each upstream's era is learned on first contact (a `server/discover` probe; anything but a
-2026-07-28 DiscoverResult means legacy) and kept in the bridge store (proxy/state/bridge.py),
+2026-07-28 DiscoverResult means legacy) and kept in the bridge store (proxy/state/learned.py),
 so every replica that shares the store learns it once. For a modern caller on a legacy
 upstream the gateway opens an upstream session per (endpoint, principal) on demand, never
 shared between principals, holds it in the same store, and re-opens it when the upstream
@@ -30,8 +30,8 @@ from proxy.jsonrpc import McpMessage
 from proxy.mcp import eras
 from proxy.mcp.sse import EventSplitter, event_data
 from proxy.singleflight import SingleFlight
-from proxy.state.bridge import BridgeStore, HeldSession, Learned
-from proxy.upstream import UpstreamClient, UpstreamRoute, read_body
+from proxy.state.learned import BridgeStore, HeldSession, Learned
+from proxy.upstream import UpstreamAnswer, UpstreamClient, UpstreamRoute
 
 log = logging.getLogger("tollhouse.bridge")
 
@@ -140,9 +140,9 @@ class Bridge:
         return int(response.status_code)
 
     async def listen(self, route: UpstreamRoute, principal_key: str,
-                     extra: list[tuple[str, str]] | None) -> Any:
+                     extra: list[tuple[str, str]] | None) -> UpstreamAnswer | None:
         """The GET stream on the session held for the principal (opened now if none is), an
-        `httpx.Response` still open; None when the upstream is stateless."""
+        answer still open; None when the upstream is stateless."""
         held = await self.session(route, principal_key, extra)
         if held.upstream_session_id is None:
             return None
@@ -197,10 +197,10 @@ class Bridge:
                 raise
             return None
 
-    async def _read(self, response: Any, request_id: str) -> dict[str, Any]:
+    async def _read(self, response: UpstreamAnswer, request_id: str) -> dict[str, Any]:
         """The JSON-RPC response to `request_id` from a JSON or SSE answer."""
         try:
-            data = await read_body(response)
+            data = await response.aread()
         finally:
             await response.aclose()
         if response.status_code >= 300:

@@ -38,7 +38,6 @@ from proxy.mcp.sse import HEAD_BYTES
 from proxy.observability import Observer
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
 from proxy.state.inflight import EndReason, Later, call_key
-from proxy.upstream import BodyChunks
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
@@ -164,7 +163,7 @@ class Calls:
                                                         call.session, ctx)
         views = Views(rewrite, _heard(call.chain.noticer(msg, ctx), ctx, record), refuse,
                       outgoing, self._max if held else None, self._max)
-        relay = StreamRelay(BodyChunks(response), response.aclose, call=Carried(
+        relay = StreamRelay(response.chunks(), response.aclose, call=Carried(
             msg.id, record, call.handle, end.answered, remember), views=views,
             spawn=self._spawn, on_done=end)
         return EdgeResponse(200, {**SSE_HEADERS, **call.headers}, stream=relay)

@@ -25,7 +25,6 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import orjson
 
 from proxy.auth.principal import Principal
@@ -48,9 +47,17 @@ from proxy.mcp.forwarding import Listened, NoStream, Outgoing
 from proxy.mcp.legs import Leg, Legs, person_header
 from proxy.mcp.sse import EventSplitter, event_data
 from proxy.state import Session, SessionStore
-from proxy.state.bridge import BridgeStore
+from proxy.state.learned import BridgeStore
 from proxy.traced import CURRENT
-from proxy.upstream import NO_CALL, BodyChunks, UpstreamClient, UpstreamRoute, read_head, rejection
+from proxy.upstream import (
+    NO_CALL,
+    BodyChunks,
+    UpstreamAnswer,
+    UpstreamClient,
+    UpstreamRoute,
+    read_head,
+    rejection,
+)
 from proxy.upstream.identity import IdentityForwarder
 
 log = logging.getLogger("tollhouse.forward")
@@ -64,7 +71,7 @@ class Forwarded:
     closes it), or a `leg.local` result the gateway gives itself."""
 
     leg: Leg
-    response: httpx.Response | None = None
+    response: UpstreamAnswer | None = None
 
 
 class Forwarder:
@@ -185,7 +192,7 @@ class Forwarder:
         except GatewayError as exc:
             log.info("%s: no fresh %s to look a name up in: %s", route.name, listing, exc)
 
-    async def _result(self, response: httpx.Response, request_id: Any) -> dict[str, Any]:
+    async def _result(self, response: UpstreamAnswer, request_id: Any) -> dict[str, Any]:
         """The result of a request the gateway made itself, from its JSON or SSE answer
         (closed here); an error answer is an `UpstreamFailure`."""
         try:
@@ -201,7 +208,7 @@ class Forwarder:
         except orjson.JSONDecodeError:
             raise UpstreamProtocolError() from None
 
-    async def _send(self, route: UpstreamRoute, leg: Leg, msg: McpMessage) -> httpx.Response:
+    async def _send(self, route: UpstreamRoute, leg: Leg, msg: McpMessage) -> UpstreamAnswer:
         headers, body = leg.headers, leg.body or msg.body
         trace = CURRENT.get()
         if trace is not None:  # tracing on: the context goes in the headers and in _meta
@@ -210,7 +217,7 @@ class Forwarder:
 
     async def _retry(self, route: UpstreamRoute, headers: Mapping[str, str], msg: McpMessage,
                      session: Session | None, ctx: CallContext, leg: Leg,
-                     response: httpx.Response) -> tuple[Leg, httpx.Response | None] | None:
+                     response: UpstreamAnswer) -> tuple[Leg, UpstreamAnswer | None] | None:
         """The call again when its first answer calls for it (see the module docstring);
         None when the first answer stands. The first answer is closed before a retry."""
         status = response.status_code
@@ -229,7 +236,7 @@ class Forwarder:
         leg = await self.legs.choose(route, headers, msg, session, ctx, fresh)
         return leg, await self._send(route, leg, msg)
 
-    async def _check_status(self, response: httpx.Response, session: Session | None, *,
+    async def _check_status(self, response: UpstreamAnswer, session: Session | None, *,
                             call_id: Any = NO_CALL, modern: bool = False) -> None:
         """Return for a 2xx. An upstream's own JSON-RPC error is relayed (for a call: only
         one for this call's id, which the upstream's 'session not found' never is); a 404 on
@@ -358,11 +365,11 @@ class Forwarder:
         response = await self._open_stream(route, headers, session)
         if isinstance(response, dict):  # the spec's own answer: no GET stream offered
             return NoStream(response, "upstream offers no GET stream")
-        return Listened(BodyChunks(response), response.aclose,
+        return Listened(response.chunks(), response.aclose,
                         resumable=session is not None and "last-event-id" in headers)
 
     async def _open_stream(self, route: UpstreamRoute, headers: Mapping[str, str],
-                           session: Session | None) -> httpx.Response | dict[str, str]:
+                           session: Session | None) -> UpstreamAnswer | dict[str, str]:
         """The upstream's GET stream, open; or, when it offers none (405), the Allow header
         to answer with. An upstream failure is 502, its own 4xx error relayed."""
         sent = self.upstream.headers(
@@ -446,12 +453,10 @@ class Forwarder:
         return await self.bridge.answer(route, principal.key, body, extra)
 
     async def listen_held(self, route: UpstreamRoute, principal: Principal, holder: str
-                          ) -> httpx.Response | None:
+                          ) -> UpstreamAnswer | None:
         """The GET stream on the session held for `holder` (opened now if none is), as
         `principal`; None for a stateless upstream (no stream to listen on)."""
-        response: httpx.Response | None = await self.bridge.listen(
-            route, holder, self.identity.headers(route, principal))
-        return response
+        return await self.bridge.listen(route, holder, self.identity.headers(route, principal))
 
     async def end_held(self, route: UpstreamRoute, holder: str) -> None:
         """Forget the session held for `holder`, and end it upstream."""
@@ -494,7 +499,7 @@ def _result_of(obj: Any, request_id: Any) -> dict[str, Any]:
     return result
 
 
-async def result_from_stream(response: httpx.Response, request_id: Any, limit: int
+async def result_from_stream(response: UpstreamAnswer, request_id: Any, limit: int
                              ) -> dict[str, Any]:
     """The result of a request the gateway made itself, from the upstream's SSE answer:
     read whole (up to `limit`), the event that answers `request_id` found in it."""
@@ -512,7 +517,7 @@ async def result_from_stream(response: httpx.Response, request_id: Any, limit: i
     raise UpstreamProtocolError()
 
 
-def _allow(response: httpx.Response) -> dict[str, str]:
+def _allow(response: UpstreamAnswer) -> dict[str, str]:
     allow = response.headers.get("allow")
     return {"Allow": allow} if allow else {}
 

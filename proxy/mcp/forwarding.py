@@ -1,10 +1,10 @@
 """What the spine asks of an upstream kind: one `Forwarding` per kind, chosen once per route.
 
 A plain upstream (a URL, a caller's own URL, a local stdio process: `proxy.mcp.forward`) and a
-virtual endpoint (`proxy.virtual.forward`) are each an implementation; so is any new kind. The
-gateway (`gateway.py`) looks a route up once (`Routed`: the route and its forwarding, as httpx
-picks a transport from its mounts once per URL) and from then on only calls the methods below,
-never asking which kind it holds:
+virtual endpoint (`proxy.virtual.spread`) are each an implementation; so is any new kind. The
+gateway (`gateway.py`) looks a route up once (`Routed`: the route and its forwarding, as an
+HTTP client picks a transport from its mounts once per URL) and from then on only calls the
+methods below, never asking which kind it holds:
 
     check        the policy chain for a message, once per target (a virtual endpoint's member
                  and its name; a plain upstream's own); the context the call goes on with

@@ -1,19 +1,18 @@
 """The upstream boundary: one client for every proxied call (pooled connections on the
-transport chosen by measurement, bench/README.md), and the one place where an httpx failure
-becomes a GatewayError (`map_errors`, `read_body`, `BodyChunks`, `rejection`): nothing above it
-imports httpx's exceptions."""
+transport chosen by measurement, bench/README.md), and the one place where httpx is used: what
+the client returns is an `UpstreamAnswer`, and an httpx failure becomes a GatewayError here
+(`map_errors`, `UpstreamAnswer.chunks` and `aread`, `read_head`, `rejection`), so nothing above
+it imports httpx."""
 
-from proxy.upstream.client import (
+from proxy.upstream.answer import (
     NO_CALL,
     BodyChunks,
-    UpstreamClient,
-    UpstreamRoute,
-    build_transport,
+    UpstreamAnswer,
     map_errors,
-    read_body,
     read_head,
     rejection,
 )
+from proxy.upstream.client import UpstreamClient, UpstreamRoute, build_transport
 
-__all__ = ["NO_CALL", "BodyChunks", "UpstreamClient", "UpstreamRoute", "build_transport",
-           "map_errors", "read_body", "read_head", "rejection"]
+__all__ = ["NO_CALL", "BodyChunks", "UpstreamAnswer", "UpstreamClient", "UpstreamRoute",
+           "build_transport", "map_errors", "read_head", "rejection"]

@@ -1,33 +1,22 @@
 """The upstream client: one route per upstream prepared at start-up (`UpstreamRoute`), the
-headers a forwarded call carries, `open` (the egress pin on the request, straight to the
-transport), and the httpx boundary: `map_errors`, `read_body`, `BodyChunks` and `rejection`
-turn every httpx failure and every upstream JSON-RPC refusal into a GatewayError here."""
+headers a forwarded call carries, and `open` (the egress pin on the request, straight to the
+transport), which returns an `UpstreamAnswer` (proxy/upstream/answer.py, where the way back
+through httpx is mapped: its failures, an upstream's JSON-RPC refusal)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
 import httpx
-import orjson
 
 from proxy.config import UpstreamConfig
 from proxy.config.template import UrlTemplate
-from proxy.egress import DIAL, Destinations
-from proxy.errors import (
-    NO_ID,
-    ResponseTooLarge,
-    UpstreamFailure,
-    UpstreamRejected,
-    UpstreamStreamCut,
-    UpstreamTimeout,
-    UpstreamUnavailable,
-)
+from proxy.destinations import DIAL, Destinations
+from proxy.upstream.answer import UpstreamAnswer, map_errors
 
 # What a client's request may carry upstream. Everything else (the client's Authorization,
 # cookies, hop-by-hop headers, the client's session id) stays at the gateway.
@@ -112,130 +101,6 @@ class UpstreamRoute:
         )
 
 
-@contextlib.contextmanager
-def map_errors() -> Iterator[None]:
-    """httpx exceptions never escape: each becomes the UpstreamFailure that names it."""
-    try:
-        yield
-    except httpx.TimeoutException:
-        raise UpstreamTimeout() from None
-    except (httpx.ConnectError, httpx.UnsupportedProtocol, httpx.ProxyError):
-        raise UpstreamUnavailable() from None
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.StreamError):
-        raise UpstreamStreamCut("upstream connection broke") from None
-    except httpx.HTTPError:
-        raise UpstreamFailure() from None
-
-
-async def read_body(response: httpx.Response) -> bytes:
-    """The whole body of an upstream answer; a broken read is the UpstreamFailure naming it."""
-    with map_errors():
-        return await response.aread()
-
-
-async def read_head(response: httpx.Response, head: int, limit: int | None
-                    ) -> tuple[bytes, BodyChunks | None]:
-    """An answer's body up to `head` bytes: (the whole body, None) when it ends there, else
-    (what was read, the rest still to come). With `limit`, the body is read whole however
-    large `head` says, and one over `limit` bytes is refused (`ResponseTooLarge`)."""
-    declared = response.headers.get("content-length", "")
-    if limit is not None and declared.isdigit() and int(declared) > limit:
-        raise ResponseTooLarge(limit)
-    chunks = BodyChunks(response)
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in chunks:
-        parts.append(chunk)
-        size += len(chunk)
-        if limit is not None and size > limit:
-            raise ResponseTooLarge(limit)
-        if limit is None and size > head:
-            return b"".join(parts), chunks
-    return b"".join(parts), None
-
-
-class BodyChunks:
-    """An upstream answer's body as it arrives, chunk by chunk, with every httpx failure
-    mapped here: what a stream relay reads, so no httpx exception reaches it."""
-
-    __slots__ = ("_chunks",)
-
-    def __init__(self, response: httpx.Response) -> None:
-        self._chunks = response.aiter_bytes()
-
-    def __aiter__(self) -> BodyChunks:
-        return self
-
-    async def __anext__(self) -> bytes:
-        with map_errors():
-            return await self._chunks.__anext__()
-
-
-# An upstream error body is read whole only up to this size: past it, it is not relayed.
-ERROR_BODY_CAP = 64 * 1024
-_RETRY_AFTER = re.compile(r"[0-9]{1,10}|[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} "
-                          r"[0-9]{2}:[0-9]{2}:[0-9]{2} GMT")
-NO_CALL = object()
-
-
-async def rejection(response: httpx.Response, *, call_id: Any = NO_CALL,
-                    modern: bool = False) -> UpstreamRejected | None:
-    """The upstream's own JSON-RPC error in a 4xx answer, as the error to relay, or None when
-    the answer is an upstream failure instead: another status, a body that is not JSON, too
-    large, cut, or not a JSON-RPC error (for a call: not one for `call_id`). The caller closes
-    the response."""
-    status = response.status_code
-    if not 400 <= status < 500:
-        return None
-    call = call_id is not NO_CALL
-    ctype = response.headers.get("content-type", "")
-    if ctype != "application/json" and \
-            ctype.partition(";")[0].strip().lower() != "application/json":
-        return None
-    try:
-        data = await _read_capped(response, ERROR_BODY_CAP)
-    except UpstreamFailure:
-        return None
-    try:
-        obj = orjson.loads(data) if data else None
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or obj.get("jsonrpc") != "2.0" or "result" in obj:
-        return None
-    error = obj.get("error")
-    if not isinstance(error, dict):
-        return None
-    code, message = error.get("code"), error.get("message")
-    if type(code) is not int or not isinstance(message, str):
-        return None
-    if call and ("id" not in obj or type(obj["id"]) is not type(call_id)
-                 or obj["id"] != call_id):
-        return None
-    kept = UpstreamRejected.status_for(status, code, modern=modern, call=call)
-    if kept is None:
-        return None
-    out: dict[str, Any] = {"code": code, "message": message}
-    if "data" in error:
-        out["data"] = error["data"]
-    retry_after = response.headers.get("retry-after") if kept == 429 else None
-    if retry_after is not None and not _RETRY_AFTER.fullmatch(retry_after.strip()):
-        retry_after = None
-    return UpstreamRejected(out, kept, call=call, upstream_id=obj.get("id", NO_ID),
-                            retry_after=retry_after.strip() if retry_after else None)
-
-
-async def _read_capped(response: httpx.Response, cap: int) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    with map_errors():
-        async for chunk in response.aiter_bytes():
-            size += len(chunk)
-            if size > cap:
-                return None
-            chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def build_transport(*, pinned: bool = False) -> httpx.AsyncBaseTransport:
     """The transport under the shared client, chosen by measurement (bench/README.md).
     `pinned`: connections go only to the addresses the egress check admitted."""
@@ -246,7 +111,7 @@ def build_transport(*, pinned: bool = False) -> httpx.AsyncBaseTransport:
 
 class UpstreamClient:
     """The one AsyncClient every call shares; it lives as long as the app is serving. With
-    `destinations`, every upstream request is admitted there first (`proxy.egress`) and its
+    `destinations`, every upstream request is admitted there first (`proxy.destinations`) and its
     transport dials only the admitted addresses."""
 
     def __init__(self, transport: httpx.AsyncBaseTransport | None = None, *,
@@ -297,8 +162,8 @@ class UpstreamClient:
         return out
 
     async def open(self, route: UpstreamRoute, method: str, headers: list[tuple[str, str]],
-                   body: bytes | None = None, *, stream_timeout: bool = False) -> httpx.Response:
-        """Send and return once the response headers are in; the caller reads and closes.
+                   body: bytes | None = None, *, stream_timeout: bool = False) -> UpstreamAnswer:
+        """Send and return once the answer's headers are in; the caller reads and closes it.
 
         The request goes straight to the transport: the client layer's redirect, auth, cookie
         and event-hook machinery has nothing to do for a proxied call and costs measurable
@@ -308,7 +173,7 @@ class UpstreamClient:
             request = httpx.Request(method, route.url, headers=headers, content=body,
                                     extensions={"timeout": timeout})
             with map_errors():
-                return await route.transport.handle_async_request(request)
+                return UpstreamAnswer(await route.transport.handle_async_request(request))
         if self._destinations is None:
             extensions: dict[str, Any] = {"timeout": timeout}
         else:  # dial exactly the addresses the egress check admitted: no second resolution
@@ -318,4 +183,4 @@ class UpstreamClient:
                                 extensions=extensions)
         transport = route.transport or self._transport
         with map_errors():
-            return await transport.handle_async_request(request)
+            return UpstreamAnswer(await transport.handle_async_request(request))

@@ -18,17 +18,16 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-import httpx
 import orjson
 
 from proxy.errors import GatewayError
 from proxy.mcp.sse import EventSplitter, event_object
-from proxy.upstream import BodyChunks
+from proxy.upstream import UpstreamAnswer
 
 log = logging.getLogger("tollhouse.virtual")
 
 Outgoing = Callable[[dict[str, Any]], bool]
-Opening = Callable[[], Awaitable["tuple[httpx.Response, Outgoing] | None"]]
+Opening = Callable[[], Awaitable["tuple[UpstreamAnswer, Outgoing] | None"]]
 LIST_CHANGED = ("notifications/tools/list_changed", "notifications/prompts/list_changed",
                 "notifications/resources/list_changed")
 _END = b""
@@ -44,7 +43,7 @@ class Merged:
         self._tasks: dict[str, asyncio.Task[None]] = {}  # member -> the task reading it
         self.closed = False
 
-    def add(self, member: str, response: httpx.Response, outgoing: Outgoing) -> None:
+    def add(self, member: str, response: UpstreamAnswer, outgoing: Outgoing) -> None:
         """A member's stream, open (when the merged stream opens)."""
         self._start(member, self._pump(member, response, outgoing))
 
@@ -89,10 +88,10 @@ class Merged:
             except asyncio.QueueFull:
                 log.info("/mcp/%s: a GET stream too slow for %s: dropped", self.endpoint, method)
 
-    async def _pump(self, member: str, response: httpx.Response, outgoing: Outgoing) -> None:
+    async def _pump(self, member: str, response: UpstreamAnswer, outgoing: Outgoing) -> None:
         splitter = EventSplitter()
         try:
-            async for chunk in BodyChunks(response):
+            async for chunk in response.chunks():
                 for event in splitter.feed(chunk):
                     out = _message(event, outgoing)
                     if out is not None:
