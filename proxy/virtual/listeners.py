@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
-from typing import Any
 
 from proxy.auth.principal import Principal
 from proxy.errors import Draining, GatewayError
 from proxy.mcp.forward import Forwarder
-from proxy.mcp.forwarding import Listened, NoStream
+from proxy.mcp.forwarding import Listened, NoStream, Outgoing
 from proxy.state import Session
+from proxy.upstream import UpstreamAnswer
 from proxy.virtual.listen import Merged
 from proxy.virtual.members import Members
 from proxy.virtual.outgoing import MemberRequests, bound
@@ -97,7 +97,7 @@ class Listeners:
             merged.announce()
 
     async def _joined(self, route: VirtualRoute, name: str, session: Session,
-                      principal: Principal) -> tuple[Any, Callable[[dict[str, Any]], bool]] | None:
+                      principal: Principal) -> tuple[UpstreamAnswer, Outgoing] | None:
         """The GET stream of a member that joined while a client listens, and its view."""
         _, response = await self._member_stream(route, name, session, principal)
         if response is None:
@@ -106,7 +106,7 @@ class Listeners:
                                  bound(session, session.principal_key))
 
     async def _member_stream(self, route: VirtualRoute, name: str, session: Session,
-                             principal: Principal) -> tuple[str, Any]:
+                             principal: Principal) -> tuple[str, UpstreamAnswer | None]:
         try:
             member = await self.members.route(route, name, session)
             if member.era != "legacy":
