@@ -35,7 +35,7 @@ from proxy.audit import rollup
 from proxy.config import from_dict
 from proxy.storage.db import Database
 from proxy.people.accounts import Accounts
-from proxy.schema import ServerIn
+from proxy.strict import ServerIn
 
 PAGES = ("/console/", "/console/servers", "/console/servers/s250", "/console/keys",
          "/console/users", "/console/audit", "/console/audit?status=denied&endpoint=s7",

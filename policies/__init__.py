@@ -21,7 +21,7 @@ from policies.rate_limit import RateLimit
 if TYPE_CHECKING:
     from proxy.chain import Policy
     from proxy.config import Config
-    from proxy.egress import IPNetwork
+    from proxy.destinations import IPNetwork
     from proxy.published import Published
     from proxy.state.ratelimit import RateLimitStore
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def build_egress(cfg: Config, destinations: Destinations,
                  trusted_proxies: Sequence[IPNetwork]) -> Egress:
     """Always on: the zone and metadata-address rules hold even without an [egress] table.
-    `destinations` is `proxy.egress.Destinations`, which the upstream client dials through
+    `destinations` is `proxy.destinations.Destinations`, which the upstream client dials through
     too; `trusted_proxies` are `server.trusted_proxies`, parsed."""
     return Egress(cfg.egress,
                   [UpstreamEgress.local(u.name, u.collections) if u.stdio else

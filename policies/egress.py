@@ -4,7 +4,7 @@ where requests may go (the upstream's resolved addresses against its zones).
 The data check comes first: it costs no I/O, and a caller who may not have the data learns
 nothing about the destination. A refusal is seed 000's body at 403, and its `audit` object is
 kept on the exception for the audit record. The destination check is asked of `Destinations`
-(implemented by `proxy.egress.Destinations`, which resolves, checks and pins), so that a
+(implemented by `proxy.destinations.Destinations`, which resolves, checks and pins), so that a
 refused upstream answers before anything is sent; the upstream client dials that pin.
 """
 
@@ -24,7 +24,7 @@ from proxy.config import (
     validate_egress,
 )
 from proxy.config import validate_upstream_egress as _check_upstream
-from proxy.egress import (
+from proxy.destinations import (
     API_DEFAULT_ZONES,
     ZONES,
     EgressDestinationDenied,

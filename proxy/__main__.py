@@ -1,3 +1,5 @@
+"""`python -m proxy`: the console script (`tollhouse`), for a machine without it on PATH."""
+
 import sys
 
 from proxy.runtime.cli import main

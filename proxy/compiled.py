@@ -1,4 +1,4 @@
-"""One config compiled into the `Live` snapshot a call reads (proxy.live): start-up
+"""One config compiled into the `Live` snapshot a call reads (proxy.snapshot): start-up
 (proxy.runtime.serving) and a SIGHUP reload (proxy.runtime.reload) both call `compile`, so what a reload
 builds is what start-up built, by the same code.
 
@@ -25,9 +25,9 @@ from policies.guardrails.pinning import Pins
 from policies.metering import MeteringBackend
 from proxy.chain import Chain
 from proxy.config import Config
-from proxy.egress import Destinations, IPNetwork
-from proxy.live import Live
-from proxy.metering import build_backend
+from proxy.destinations import Destinations, IPNetwork
+from proxy.snapshot import Live
+from proxy.metering_backends import build_backend
 from proxy.observability.metrics import Metrics, timed
 from proxy.published import Published
 from proxy.state.ratelimit import RateLimitStore

@@ -1,5 +1,5 @@
-"""Tables other processes change, mirrored in memory: the server registry (proxy.registry),
-the virtual endpoints (proxy.virtual.registry), the guardrails' pins (proxy.pins) and the API
+"""Tables other processes change, mirrored in memory: the server registry (proxy.servers),
+the virtual endpoints (proxy.virtual.registry), the guardrails' pins (proxy.pin_store) and the API
 keys (proxy.auth.keys).
 
 A `Mirror` reads its table whole once, then only a version that moves with every write (a

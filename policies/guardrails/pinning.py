@@ -4,7 +4,7 @@ recorded (a SHA-256 of its name, description and schemas); a later, different de
 definition stays hidden, and is not asked about again).
 
 The `Pins` book is the decision and the in-memory view every call reads; it is loaded from,
-and writes each change through, a `PinStore` (the database, `proxy.pins`), without waiting
+and writes each change through, a `PinStore` (the database, `proxy.pin_store`), without waiting
 for the write: a list answer is never held up by the database. Each change is written as what
 it is (`Change`), so that several processes on one database agree: a first definition is
 inserted only if no other process recorded one, an approval lands only on the definition the

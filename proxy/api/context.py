@@ -14,11 +14,11 @@ from policies.guardrails.pinning import Pins
 from proxy.storage import db
 from proxy.audit import AuditSink
 from proxy.auth.keys import KeyIndex
-from proxy.egress import IPNetwork
+from proxy.destinations import IPNetwork
 from proxy.people.accounts import Accounts
 from proxy.people.signin import Web
-from proxy.pins import DatabasePins
-from proxy.registry import Registry
+from proxy.pin_store import DatabasePins
+from proxy.servers import Registry
 from proxy.seen import LastSeen
 from proxy.state.lockouts import LockoutStore
 from proxy.state.sessions import SessionStore

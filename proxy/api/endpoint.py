@@ -1,7 +1,7 @@
 """The one wrapper every /api/v1 handler is served through: it fetches the `Api`,
 authenticates the caller, refuses NULs and maps a busy or unreachable database to its 503. A
 handler is a module-level `async def handler(who: Caller, api: Api, **path) -> Response`; what
-it raises (a `proxy.errors` class) the app's one error handler renders (proxy.edge.routes)."""
+it raises (a `proxy.errors` class) the app's one error handler renders (proxy.web.routes)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from proxy.api.caller import Caller, authenticate
 from proxy.api.context import Api
 from proxy.audit.record import AuditRecord, AuditSink
 from proxy.audit.summary import MANAGEMENT
-from proxy.edge.routes import nul_in_body
+from proxy.web.routes import nul_in_body
 from proxy.errors import GatewayError, Invalid, NotPermitted
 from proxy.held import held
 

@@ -19,7 +19,7 @@ from proxy.api.models import KEY_ID, KeyCreated, KeyOut, MyKeyIn
 from proxy.auth import keys as api_keys
 from proxy.errors import NotFound, NotPermitted
 from proxy.people.accounts import User
-from proxy.schema import ServerOut
+from proxy.strict import ServerOut
 
 OWNER = re.compile(r"^me:([^:]+):(.*)$", re.DOTALL)
 

@@ -1,6 +1,6 @@
 """Request and response bodies of /api/v1, validated with pydantic; the OpenAPI document is
 built from these same models. A server's (`ServerIn`, `ServerPatch`, `ServerOut`) and the
-strict-model basics live in `proxy.schema`, below the registry that stores servers, and are
+strict-model basics live in `proxy.strict`, below the registry that stores servers, and are
 re-exported here."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, StrictBool
 
 from proxy.people.accounts import USER_NAME
-from proxy.schema import NAME, ServerIn, ServerOut, ServerPatch, Strict, number, unsent
+from proxy.strict import NAME, ServerIn, ServerOut, ServerPatch, Strict, number, unsent
 
 __all__ = ["NAME", "USER_NAME", "ServerIn", "ServerOut", "ServerPatch"]  # re-exported
 

@@ -1,5 +1,5 @@
 """/api/v1/servers: the upstream servers, from the config file (read-only) and registered
-through the API; `proxy.registry` holds them and applies each change to the live edge."""
+through the API; `proxy.servers` holds them and applies each change to the live edge."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ class AuditRecord:
     upstream_started: float = 0.0  # perf_counter when the upstream leg began (0: none)
     http_status: int = 200
     trace_id: str = ""  # the W3C trace id the request came with, if any
-    # when an in-process metering hook took the usage event at once (proxy/metering.py,
+    # when an in-process metering hook took the usage event at once (proxy/audit/outbox.py,
     # OutboxWorker.deliver_now): its outbox row goes in delivered. Not kept in the journal or
     # the fallback file, so a record replayed after a crash is delivered again (at least once)
     delivered_at: float | None = field(default=None, repr=False, compare=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Sequence
 
-from proxy.egress import IPAddress, IPNetwork, unwrap
+from proxy.destinations import IPAddress, IPNetwork, unwrap
 
 
 def client_ip(peer: str | None, headers: Iterable[tuple[str, str]],

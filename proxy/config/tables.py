@@ -1,7 +1,7 @@
 """Every table of the TOML config file as a frozen dataclass: the field names are the keys, and
 the defaults are the values a file leaves out. This is the one definition of the config's shape:
 proxy.config.load builds these from the file, the section checks (one module each) read them,
-and the management API's access body (proxy.schema) is derived from `AccessConfig`."""
+and the management API's access body (proxy.strict) is derived from `AccessConfig`."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from proxy.config.errors import ConfigError
 
 # the name of an upstream, a virtual endpoint, a rule or a collection label; no ':', which
-# delimits bucket keys, and the same rule the management API's bodies apply (proxy.schema)
+# delimits bucket keys, and the same rule the management API's bodies apply (proxy.strict)
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 

@@ -2,7 +2,7 @@
 addresses, the collection policies, and their checks.
 
 These are rules of the config language, so they live here, below everything that applies
-them: proxy.egress classifies addresses into these zones and dials by them, policies/egress.py
+them: proxy.destinations classifies addresses into these zones and dials by them, policies/egress.py
 decides who may receive which collection, and both import them from here."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def validate_egress(egress: EgressConfig,
     for i, (_name, url, zones, labels) in enumerate(upstreams):
         try:
             # none: a local (stdio) process, nothing to dial; a per-caller URL's hosts are
-            # each checked as they are made (proxy.egress, `Destinations.add_resolved`)
+            # each checked as they are made (proxy.destinations, `Destinations.add_resolved`)
             if url and "{" not in url:
                 host_port(url)
         except ValueError as exc:

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from proxy.egress import Refused, Resolver, classify
+from proxy.destinations import Refused, Resolver, classify
 from proxy.errors import UpstreamFailure, UpstreamUnavailable
 from proxy.upstream.fetch import GuardedFetch
 

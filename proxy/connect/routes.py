@@ -17,7 +17,7 @@ from quart import Quart, Response, request
 from proxy.api.endpoint import audited
 from proxy.audit.record import AuditRecord
 from proxy.connect.manager import ConnectFailed, Connections
-from proxy.edge.paths import segment
+from proxy.web.paths import segment
 from proxy.errors import GatewayError, NotFound, NotPermitted, NotSignedIn, StoreUnavailable
 from proxy.held import held
 from proxy.people.accounts import User

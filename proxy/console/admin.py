@@ -15,7 +15,7 @@ from proxy.api import query
 from proxy.console import charts
 from proxy.console.api import call
 from proxy.console.render import after, render, words
-from proxy.edge.paths import segment
+from proxy.web.paths import segment
 from proxy.people.accounts import User
 from proxy.people.signin import Web
 

@@ -5,7 +5,7 @@ Code anywhere raises one of these; nothing else builds an error body. `GatewayEr
 root (`base`, with the errors every surface shares); the MCP edge's own errors are in `mcp`,
 the management API's and the OAuth server's in `http`. `render` (in `render`) turns one into
 (status, headers, body) for the surface the request is on: the MCP edge calls it directly,
-the Quart routes through their one error handler (`proxy.edge.routes`).
+the Quart routes through their one error handler (`proxy.web.routes`).
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ class StoreUnavailable(GatewayError):
     @property
     def audit_reason(self) -> str:
         """One fixed word, so an outage is easy to count in the audit log; which store and
-        why is in the gateway's log (proxy.edge.routes, proxy.mcp.gateway)."""
+        why is in the gateway's log (proxy.web.routes, proxy.mcp.gateway)."""
         return "state_store_unavailable"
 
 

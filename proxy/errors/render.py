@@ -1,6 +1,6 @@
 """The one place an error becomes bytes: one renderer per shape, chosen by the surface the
 request is on and the error's class. Framework-free: the MCP edge sends the triple itself, the
-Quart routes through `proxy.edge.routes.respond`."""
+Quart routes through `proxy.web.routes.respond`."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from proxy.auth.authenticator import Authenticator
 from proxy.auth.principal import Principal
 from proxy.chain import CallContext, Chain
 from proxy.connect.manager import Connections
-from proxy.egress import IPNetwork
+from proxy.destinations import IPNetwork
 from proxy.errors import (
     Draining,
     EndpointNotFound,
@@ -33,7 +33,7 @@ from proxy.errors import (
     SessionNotFound,
 )
 from proxy.jsonrpc import McpMessage
-from proxy.live import Live
+from proxy.snapshot import Live
 from proxy.mcp import eras, guards
 from proxy.mcp.call import SSE_HEADERS, Calls
 from proxy.mcp.exchange import EdgeRequest, EdgeResponse, Exchange
@@ -44,7 +44,7 @@ from proxy.mcp.resume import ResumedRelay, Resumption
 from proxy.observability import Observer, Observers
 from proxy.observability.logs import trace_id
 from proxy.state import InFlightRegistry, Session, SessionStore
-from proxy.state.bridge import BridgeStore
+from proxy.state.learned import BridgeStore
 from proxy.state.inflight import EndReason, Later, call_key
 from proxy.state.resumable import ResumableStore
 from proxy.state.sessions import Fetched

@@ -14,7 +14,7 @@ import orjson
 
 from proxy import jsonrpc
 from proxy.auth.peer import client_ip
-from proxy.egress import IPNetwork
+from proxy.destinations import IPNetwork
 from proxy.errors import (
     GatewayError,
     InvalidRequest,

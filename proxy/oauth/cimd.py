@@ -15,7 +15,7 @@ import httpx
 import orjson
 from cachetools import TTLCache
 
-from proxy.egress import Refused, Resolver
+from proxy.destinations import Refused, Resolver
 from proxy.oauth.server import Client, OAuthError, valid_redirect_uri
 from proxy.singleflight import SingleFlight
 from proxy.upstream.fetch import GuardedFetch

@@ -62,7 +62,7 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 # The authorization server's database-only steps run in a worker thread (asyncio.to_thread);
 # the steps that touch live state are its async methods. An OAuthError raised here is
-# answered by the app's error handler (proxy.edge.routes) in RFC 6749's shape.
+# answered by the app's error handler (proxy.web.routes) in RFC 6749's shape.
 
 async def metadata(here: OAuthRoutes) -> Response:
     return _json(here.server.metadata(), headers={"Cache-Control": "public, max-age=300"})

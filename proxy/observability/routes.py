@@ -1,5 +1,5 @@
 """GET /metrics (Prometheus text format) and GET /readyz; /healthz is the edge's
-(proxy.edge.routes). None of them is audited, authenticated as a caller, or behind the MCP
+(proxy.web.routes). None of them is audited, authenticated as a caller, or behind the MCP
 edge's Origin check.
 
 /metrics answers only a loopback peer unless `observability.metrics_public`, and, when

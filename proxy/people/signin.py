@@ -20,7 +20,7 @@ from quart import Quart, Response, request
 
 from proxy.auth.lockout import Attempt
 from proxy.auth.peer import client_address
-from proxy.egress import IPNetwork
+from proxy.destinations import IPNetwork
 from proxy.people.accounts import Accounts, User
 from proxy.state.browser import BrowserSessions
 from proxy.state.flows import FlowStore

@@ -23,7 +23,9 @@ from urllib.parse import urlsplit
 import httpx
 from quart import Quart
 
-from proxy import console, edge, metadata
+from proxy import console, metadata
+
+from proxy import web as edge
 from proxy.api import routes as api_routes
 from proxy.api.context import Api
 from proxy.audit import AuditSink
@@ -33,12 +35,12 @@ from proxy.connect import routes as connect_routes
 from proxy.connect.guarded import GuardedClient
 from proxy.connect.manager import Connections
 from proxy.connect.vault import Vault, keys_from_env
-from proxy.edge.paths import Tollhouse
-from proxy.egress import IPNetwork, Resolver
+from proxy.web.paths import Tollhouse
+from proxy.destinations import IPNetwork, Resolver
 from proxy.held import EXTENSION
 from proxy.mcp.asgi import McpEdge
 from proxy.mcp.gateway import Gateway
-from proxy.metering import OutboxWorker
+from proxy.audit.outbox import OutboxWorker
 from proxy.mirror import POLL_S as REGISTRY_POLL_S
 from proxy.oauth import keys as oauth_keys
 from proxy.oauth import routes as oauth_routes
@@ -83,7 +85,7 @@ class Overrides:
 def create_app(cfg: Config, **overrides: Any) -> Quart:
     """The app for `cfg`; `overrides` are `Overrides`' fields (tests move the clocks)."""
     services = Services(cfg, Overrides(**overrides))
-    app = Tollhouse("tollhouse")  # routes match the path as sent (proxy.edge.paths)
+    app = Tollhouse("tollhouse")  # routes match the path as sent (proxy.web.paths)
     app.config.update(MAX_CONTENT_LENGTH=cfg.server.max_request_bytes,
                       BODY_TIMEOUT=BODY_TIMEOUT_S, RESPONSE_TIMEOUT=None,
                       PROVIDE_AUTOMATIC_OPTIONS=False)

@@ -35,6 +35,19 @@ log = logging.getLogger("tollhouse")
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "serve": _serve, "demo": _demo, "keys": _keys, "usage": _usage, "users": _users,
+        "db": _db, "audit": _audit}
+    try:
+        return commands[args.command](args)
+    except ConfigError as exc:
+        print(f"tollhouse: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    """Every command and its options; the account commands' in `_account_commands`."""
     parser = argparse.ArgumentParser(prog="tollhouse", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -76,7 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         "rollups", help="rebuild the audit rollups (what the usage aggregates read) from the "
                         "audit records, after records were added or removed by other means")
     _config_arg(rollups)
+    _account_commands(sub)
+    return parser
 
+
+def _account_commands(sub: Any) -> None:
+    """`users` (local accounts) and `keys` (API keys)."""
     users = sub.add_parser("users", help="local user accounts")
     users_sub = users.add_subparsers(dest="users_command", required=True)
     ucreate = users_sub.add_parser("create", help="create a local user")
@@ -105,16 +123,6 @@ def main(argv: list[str] | None = None) -> int:
     revoke = keys_sub.add_parser("revoke", help="revoke a key; it fails on its next request")
     _config_arg(revoke)
     revoke.add_argument("id")
-
-    args = parser.parse_args(argv)
-    commands: dict[str, Callable[[argparse.Namespace], int]] = {
-        "serve": _serve, "demo": _demo, "keys": _keys, "usage": _usage, "users": _users,
-        "db": _db, "audit": _audit}
-    try:
-        return commands[args.command](args)
-    except ConfigError as exc:
-        print(f"tollhouse: {exc}", file=sys.stderr)
-        return 2
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:

@@ -32,18 +32,18 @@ from proxy.auth.keys import KeyIndex
 from proxy.compiled import Deps, compile
 from proxy.config import MeteringConfig
 from proxy.confine import Environment
-from proxy.egress import Destinations, SystemResolver, parse_addresses
-from proxy.live import Live
+from proxy.destinations import Destinations, SystemResolver, parse_addresses
+from proxy.snapshot import Live
 from proxy.mcp.gateway import Gateway
-from proxy.metering import OutboxWorker
+from proxy.audit.outbox import OutboxWorker
 from proxy.mirror import Mirrors
 from proxy.observability import Observer, Observers
 from proxy.observability.health import Health
 from proxy.observability.logs import RequestLog
 from proxy.observability.metrics import Metrics
 from proxy.people.live import LiveUsers
-from proxy.pins import DatabasePins
-from proxy.registry import Registry
+from proxy.pin_store import DatabasePins
+from proxy.servers import Registry
 from proxy.runtime import reload
 from proxy.seen import LastSeen
 from proxy.state.sessions import RedisSessionStore
@@ -175,7 +175,7 @@ class Serving:
         routes.update(live.routes)
         self.registry.rebase(live.cfg)
         self.endpoints.rebase(live.cfg)
-        self.gateway.live = live  # the snapshot a call reads once, as it starts (proxy.live)
+        self.gateway.live = live  # the snapshot a call reads once, as it starts (proxy.snapshot)
 
     async def drain(self, grace_s: float) -> float:
         """SIGTERM: refuse what is new and end the GET streams at once, then wait up to

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from proxy.state.bridge import BridgeStore, MemoryBridgeStore, RedisBridgeStore
+from proxy.state.learned import BridgeStore, MemoryBridgeStore, RedisBridgeStore
 from proxy.state.browser import BrowserSessions, MemoryBrowserSessions, RedisBrowserSessions
 from proxy.state.codes import CodeStore, MemoryCodeStore, RedisCodeStore
 from proxy.state.flows import FlowStore, MemoryFlowStore, RedisFlowStore

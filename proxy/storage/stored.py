@@ -1,5 +1,5 @@
 """A table of named JSON specs that every gateway on the database shares: the rows of
-`/api/v1/servers` (proxy.registry) and `/api/v1/endpoints` (proxy.virtual.registry). Each
+`/api/v1/servers` (proxy.servers) and `/api/v1/endpoints` (proxy.virtual.registry). Each
 table has a `<table>_version` counter its triggers bump (proxy.storage.migrations), which the gateways
 poll to learn that another one wrote. Blocking: called on the registries' own thread."""
 

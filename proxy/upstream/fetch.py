@@ -1,11 +1,11 @@
 """HTTP to a URL someone else chose, through the egress guard: the URL's host is admitted first
-(`proxy.egress.admit`: resolved once, every address in a zone the request may use and none a
+(`proxy.destinations.admit`: resolved once, every address in a zone the request may use and none a
 cloud metadata address the operator did not name), then the request dials exactly those
 addresses over a pinned pool (`DIAL`, proxy.upstream.transport). Redirects are never followed.
 
 The connect flow (proxy.connect.guarded) and client metadata documents (proxy.oauth.cimd) fetch
 through this; upstream MCP calls take the same two steps with a pin per upstream
-(proxy.egress.Destinations and UpstreamClient.open). Each caller parses its own URLs and says
+(proxy.destinations.Destinations and UpstreamClient.open). Each caller parses its own URLs and says
 what a refusal means on its surface.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from proxy.egress import DIAL, Destination, Resolver, SystemResolver, admit
+from proxy.destinations import DIAL, Destination, Resolver, SystemResolver, admit
 from proxy.upstream.transport import AiohttpTransport
 
 
@@ -31,7 +31,7 @@ class GuardedFetch:
 
     async def admit(self, host: str, port: int, zones: Collection[str], *,
                     named_by_operator: bool = False) -> Sequence[str]:
-        """The addresses a request to `host` may dial; raise `proxy.egress.Refused`, or
+        """The addresses a request to `host` may dial; raise `proxy.destinations.Refused`, or
         OSError when the host does not resolve."""
         return await admit(Destination.of(host, port, zones,
                                           named_by_operator=named_by_operator), self.resolver)

@@ -4,7 +4,7 @@ the concrete route of this caller's own server, before anything is sent.
 A resolved route is an ordinary `UpstreamRoute` under the endpoint's name, with its own URL,
 its own `state_key` (so era verdicts, bridge sessions and remembered tool lists are per
 resolved upstream, never shared between callers' servers), its own egress entry (checked and
-pinned like a configured upstream's, `proxy.egress.Destinations.add_resolved`) and its own
+pinned like a configured upstream's, `proxy.destinations.Destinations.add_resolved`) and its own
 connection pool. At most `max_resolved` are kept per templated upstream; the least recently
 used is dropped with its egress entry, and its pool closed once no response holds it.
 """
@@ -20,7 +20,7 @@ import httpx
 
 from proxy.auth.principal import Principal
 from proxy.config.template import SUBJECT, Missing
-from proxy.egress import Destinations
+from proxy.destinations import Destinations
 from proxy.errors import StoreUnavailable, UpstreamFailure
 from proxy.people.live import LiveUsers, StoreDown, UsersTable
 from proxy.upstream.client import UpstreamRoute

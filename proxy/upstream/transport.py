@@ -7,7 +7,7 @@ in tests) and puts aiohttp's pool under it. This transport, rather than the http
 package's, because every failure must map to the httpx exception that names it: a stream cut by
 the upstream is a ReadError, not a timeout, and the gateway's wire message depends on it.
 
-A pinned transport is the dial half of the egress guard (proxy.egress.admit): each request
+A pinned transport is the dial half of the egress guard (proxy.destinations.admit): each request
 carries the addresses it was admitted to as its `DIAL` extension, and a connection it opens
 goes to those addresses and nothing else.
 """
@@ -23,7 +23,7 @@ import aiohttp
 import httpx
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from proxy.egress import DIAL
+from proxy.destinations import DIAL
 
 _CHUNK = 64 * 1024
 

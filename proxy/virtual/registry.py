@@ -1,6 +1,6 @@
 """The virtual endpoints the edge serves: the config file's (read-only, `source: config`) and
 those created through /api/v1/endpoints (table `endpoints`, `source: api`). Like the server
-registry (proxy/registry.py): a write goes to the database first, then into the edge's live
+registry (proxy/servers.py): a write goes to the database first, then into the edge's live
 table, so it applies from the next request; the table is a mirror (proxy.mirror) that every
 gateway on the database polls by its `endpoints_version` counter. The rules of the API's
 endpoints are published for the access policy (proxy.published). A name or alias that collides
@@ -20,7 +20,7 @@ from proxy.config.endpoints import config_collision
 from proxy.errors import ApiError, BadRequest, Conflict, Invalid, NotFound
 from proxy.mirror import Mirrors
 from proxy.published import Published
-from proxy.registry import Registry
+from proxy.servers import Registry
 from proxy.storage.stored import StoredSpecs
 from proxy.virtual.route import VirtualRoute
 from proxy.virtual.schema import EndpointIn, EndpointOut

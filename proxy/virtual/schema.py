@@ -1,5 +1,5 @@
 """A virtual endpoint's /api/v1 bodies (`/api/v1/endpoints`), built like a server's
-(proxy/schema.py): strict JSON, a PATCH field sent as null is a 422."""
+(proxy/strict.py): strict JSON, a PATCH field sent as null is a 422."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from proxy.config import AccessConfig, EndpointConfig
 from proxy.config.endpoints import SEPARATOR_RULE
-from proxy.schema import NAME, Access, Strict, number, unsent
+from proxy.strict import NAME, Access, Strict, number, unsent
 
 Member = Annotated[str, Field(pattern=NAME)]
 SEPARATOR = SEPARATOR_RULE.pattern

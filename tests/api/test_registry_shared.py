@@ -19,9 +19,9 @@ from proxy.auth import keys as api_keys
 from proxy.config import from_dict
 from proxy.storage.db import Database
 from proxy.demo import demo_app
-from proxy.egress import Destinations
+from proxy.destinations import Destinations
 from proxy.mirror import Mirrors
-from proxy.registry import Registry
+from proxy.servers import Registry
 from proxy.upstream import UpstreamRoute
 from tests import db_backends
 from tests.conftest import MCP_HEADERS

@@ -1,5 +1,5 @@
 """The management API's access body and the config's access table are one definition
-(proxy.schema.body_of): a field added to `AccessConfig` is in the API's bodies and its OpenAPI
+(proxy.strict.body_of): a field added to `AccessConfig` is in the API's bodies and its OpenAPI
 document, and a validated body holds the config's own dataclass, which the access policy reads
 with nothing converted by hand."""
 
@@ -9,7 +9,7 @@ import dataclasses
 
 from proxy.api.openapi import document
 from proxy.config import AccessConfig, EndpointConfig, ToolProfile, from_dict
-from proxy.schema import ServerIn, ServerOut
+from proxy.strict import ServerIn, ServerOut
 from proxy.virtual.schema import EndpointIn
 
 ACCESS = {"allow_groups": ["eng"], "tools_deny": ["delete_*"],

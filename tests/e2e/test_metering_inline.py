@@ -17,7 +17,7 @@ import orjson
 
 from proxy.storage import db
 from proxy.runtime.app import create_app
-from proxy.metering import OutboxWorker
+from proxy.audit.outbox import OutboxWorker
 from tests import db_backends
 from tests.e2e.conftest import stack_config
 from tests.e2e.upstreams import stateless_json_app

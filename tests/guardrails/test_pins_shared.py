@@ -18,7 +18,7 @@ from proxy.runtime.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.storage.db import Database
 from proxy.mirror import Mirrors
-from proxy.pins import DatabasePins
+from proxy.pin_store import DatabasePins
 from tests import db_backends
 from tests.e2e.conftest import stack_config
 from tests.e2e.sdk_client import connect

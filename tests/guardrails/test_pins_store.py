@@ -4,7 +4,7 @@ starts from, on SQLite and PostgreSQL alike."""
 from __future__ import annotations
 
 from proxy.storage.db import Database
-from proxy.pins import DatabasePins
+from proxy.pin_store import DatabasePins
 from tests import db_backends
 
 TOOL = {"name": "t", "description": "first", "inputSchema": {"type": "object"}}

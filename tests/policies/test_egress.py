@@ -16,7 +16,7 @@ from policies.egress import (
 from proxy.auth.principal import ANONYMOUS, Principal
 from proxy.chain import CallContext, Chain
 from proxy.config import EgressConfig, parse_networks, validate_egress
-from proxy.egress import Destinations, SystemResolver, classify, is_metadata, parse_addresses
+from proxy.destinations import Destinations, SystemResolver, classify, is_metadata, parse_addresses
 from proxy.errors import UpstreamUnavailable, render
 from proxy.jsonrpc import McpMessage
 from tests.builders import context, principal, tool_call

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from proxy.config import LockoutConfig
-from proxy.state.bridge import BridgeStore, MemoryBridgeStore, RedisBridgeStore
+from proxy.state.learned import BridgeStore, MemoryBridgeStore, RedisBridgeStore
 from proxy.state.browser import BrowserSessions, MemoryBrowserSessions, RedisBrowserSessions
 from proxy.state.codes import CodeStore, MemoryCodeStore, RedisCodeStore
 from proxy.state.flows import FlowStore, MemoryFlowStore, RedisFlowStore

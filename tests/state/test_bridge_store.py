@@ -3,7 +3,7 @@ unless it is used, and forgetting it ends it at once."""
 
 from __future__ import annotations
 
-from proxy.state.bridge import HeldSession, Learned, MemoryBridgeStore
+from proxy.state.learned import HeldSession, Learned, MemoryBridgeStore
 from tests.helpers import Clock
 
 

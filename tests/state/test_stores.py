@@ -6,7 +6,7 @@ import orjson
 import pytest
 from quart import Quart
 
-from proxy import edge
+from proxy import web as edge
 from proxy.config import ConfigError, from_dict
 from proxy.errors import StoreUnavailable, render
 from proxy.state import open_stores

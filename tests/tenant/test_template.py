@@ -12,7 +12,7 @@ import pytest
 from proxy.auth.principal import Principal
 from proxy.runtime.cli import main
 from proxy.config.template import Missing, UrlTemplate
-from proxy.egress import Destinations, EgressDestinationDenied
+from proxy.destinations import Destinations, EgressDestinationDenied
 from proxy.upstream.client import UpstreamRoute
 from proxy.upstream.tenants import NoUpstreamForCaller, Tenants
 from tests.helpers import jwt_auth

@@ -10,7 +10,7 @@ import pytest
 from policies.egress import caller_zone as policy_zone
 from proxy.auth.peer import caller_address, client_address, client_ip
 from proxy.config import parse_networks
-from proxy.egress import classify
+from proxy.destinations import classify
 
 
 def caller_zone(peer: str | None, xff: str | None, trusted: Any, *,

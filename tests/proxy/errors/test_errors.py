@@ -22,7 +22,7 @@ from proxy import errors
 from proxy.config.template import Missing
 from proxy.connect.guarded import EgressRefused
 from proxy.connect.manager import UpstreamNeedsReconnect, UpstreamNotConnected
-from proxy.egress import EgressDestinationDenied
+from proxy.destinations import EgressDestinationDenied
 from proxy.errors import SURFACES, GatewayError, Surface, render
 from proxy.upstream.tenants import NoUpstreamForCaller
 

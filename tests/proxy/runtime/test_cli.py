@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from quart import Quart
 
-from proxy.runtime import cli
+from proxy.runtime import serve
 from proxy.runtime.cli import main
 from proxy.runtime.serve import collect_on_schedule, freeze_after_start, refreeze
 
@@ -182,7 +182,7 @@ async def test_an_old_cycle_waits_until_the_heap_grows_by_a_quarter(
 
 async def test_an_old_cycle_is_freed_within_the_longest_wait(
         thresholds, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "GC_FULL_AT_LEAST_S", 0.05)
+    monkeypatch.setattr(serve, "GC_FULL_AT_LEAST_S", 0.05)
     app = Quart(__name__)
     collect_on_schedule(app, 1_000_000, 0.01)
     async with app.test_app():

@@ -17,22 +17,21 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.storage import migrations
-
-from proxy.storage import db
 from proxy.audit import AuditRecord
 from proxy.audit import summary as audit_summary
 from proxy.audit.database import DatabaseAuditSink, query, usage
+from proxy.audit.outbox import OutboxWorker
+from proxy.audit.outbox_table import OutboxTable
 from proxy.auth import keys as api_keys
 from proxy.connect.vault import Vault
-from proxy.storage.db import Database
-from proxy.metering import OutboxWorker
 from proxy.oauth.keys import KeyRing
-from proxy.oauth.server import AuthorizationServer, OAuthError, s256
-from proxy.people.accounts import LOCAL_ISSUER, USER_NAME, Accounts, UserExists
+from proxy.oauth.server import AuthorizationServer, Client, OAuthError, s256
+from proxy.people.accounts import LOCAL_ISSUER, USER_NAME, Accounts, User, UserExists
 from proxy.state.codes import MemoryCodeStore
 from proxy.state.flows import MemoryFlowStore
 from proxy.state.revocations import MemoryRevocationStore
+from proxy.storage import db, migrations
+from proxy.storage.db import Database
 from tests.conftest import make_config
 from tests.helpers import DEADLINE_S, until
 
@@ -443,7 +442,7 @@ async def test_a_claims_outcomes_are_written_with_the_next_claim(
         sink.emit(record(i, call_id=f"n{i}"))
     await sink.close()
     alone: list[object] = []
-    monkeypatch.setattr(OutboxWorker, "_mark", lambda self, marks: alone.append(marks))
+    monkeypatch.setattr(OutboxTable, "mark", lambda self, marks: alone.append(marks))
     receiver = CountingReceiver()
     worker = OutboxWorker(database, receiver, retry_max_s=0.05)
     task = asyncio.get_running_loop().create_task(worker.run())
@@ -467,11 +466,11 @@ async def test_a_claim_failing_as_the_worker_stops_keeps_the_outcomes_it_carried
     for i in range(3):
         sink.emit(record(i, call_id=f"s{i}"))
     await sink.close()
-    real = OutboxWorker._claim
+    real = OutboxTable.claim
     carried: list[Any] = []
     second, fail = threading.Event(), threading.Event()
 
-    def claim(self: OutboxWorker, now: float, outcomes: Any) -> Any:
+    def claim(self: OutboxTable, now: float, outcomes: Any) -> Any:
         carried.append(outcomes)
         if len(carried) == 1:
             return real(self, now, outcomes)
@@ -479,7 +478,7 @@ async def test_a_claim_failing_as_the_worker_stops_keeps_the_outcomes_it_carried
         fail.wait(DEADLINE_S)
         raise database.errors[0]("the database went away mid-claim")
 
-    monkeypatch.setattr(OutboxWorker, "_claim", claim)
+    monkeypatch.setattr(OutboxTable, "claim", claim)
     receiver = CountingReceiver()
     worker = OutboxWorker(database, receiver, retry_max_s=0.05)
     task = asyncio.get_running_loop().create_task(worker.run())
@@ -652,6 +651,19 @@ def oauth_server(database: Database) -> AuthorizationServer:
         consents=MemoryFlowStore())
 
 
+CALLBACK = "http://127.0.0.1:3000/cb"
+
+
+async def granted(server: AuthorizationServer, client: Client, user: User,
+                  resource: str) -> dict[str, Any]:
+    """Tokens as a client gets them: a code for `user`, exchanged with its PKCE verifier."""
+    verifier = "v" * 50
+    code = await server.issue_code(client, CALLBACK, {"code_challenge": s256(verifier)}, user,
+                                   resource)
+    return await server.exchange_code(client, {"code": code, "code_verifier": verifier,
+                                               "redirect_uri": CALLBACK})
+
+
 async def test_an_access_token_is_verified_once_but_expiry_and_revocation_every_time(
         database: Database) -> None:
     import jwt
@@ -659,7 +671,9 @@ async def test_an_access_token_is_verified_once_but_expiry_and_revocation_every_
     server = oauth_server(database)
     resource = f"{server.issuer}/mcp/e"
     user = Accounts(database).create_local("ann", "ann-password")
-    token = server._tokens("c", user, resource, "fam-1", scope_requested=False)["access_token"]
+    client = server.client(server.register({"redirect_uris": [CALLBACK]})["client_id"])
+    assert client is not None
+    token = (await granted(server, client, user, resource))["access_token"]
     assert (await server.verify_access(token, resource))["sub"] == user.subject
     assert (token, resource) in server._verified  # the signature is not checked again
     with pytest.raises(jwt.InvalidAudienceError):  # another endpoint: checked afresh
@@ -668,11 +682,11 @@ async def test_an_access_token_is_verified_once_but_expiry_and_revocation_every_
                                            "exp": time.time() - 60}
     with pytest.raises(jwt.ExpiredSignatureError):  # expiry is read on every call
         await server.verify_access(token, resource)
-    fresh = server._tokens("c", user, resource, "fam-2", scope_requested=False)["access_token"]
-    assert await server.verify_access(fresh, resource)
-    await server._revoke_family("fam-2")
+    fresh = await granted(server, client, user, resource)  # another grant, another family
+    assert await server.verify_access(fresh["access_token"], resource)
+    await server.revoke(client, fresh["refresh_token"])  # the family is revoked
     with pytest.raises(jwt.InvalidTokenError, match="revoked"):  # revocation too
-        await server.verify_access(fresh, resource)
+        await server.verify_access(fresh["access_token"], resource)
 
 
 async def test_oauth_clients_refresh_rotation_and_family_revocation(database: Database) -> None:
@@ -761,9 +775,9 @@ async def test_the_gateway_keys_and_audit_on_each_backend(database_url: str) -> 
 
     import httpx
 
-    from proxy.runtime.app import create_app
     from proxy.config import DatabaseConfig, from_dict
     from proxy.demo import demo_app
+    from proxy.runtime.app import create_app
     from tests.conftest import MCP_HEADERS
     from tests.servers import serve
 

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from proxy.egress import DIAL
+from proxy.destinations import DIAL
 from proxy.errors import UpstreamStreamCut, UpstreamTimeout, UpstreamUnavailable
 from proxy.upstream import map_errors
 from proxy.upstream.transport import AiohttpTransport, PinnedResolver

@@ -18,11 +18,11 @@ from pydantic import ValidationError
 
 from proxy.storage import db
 from proxy.config import Config, UpstreamConfig, validate_upstream_egress
-from proxy.egress import Destination, UpstreamEgress
+from proxy.destinations import Destination, UpstreamEgress
 from proxy.errors import ApiError, BadRequest, Conflict, Invalid, NotFound
 from proxy.mirror import Mirrors
 from proxy.published import Published
-from proxy.schema import ServerIn, ServerOut
+from proxy.strict import ServerIn, ServerOut
 from proxy.storage.stored import StoredSpecs
 from proxy.upstream import UpstreamRoute
 

@@ -1,5 +1,5 @@
 """The strict JSON bodies below the management API: the model basics every /api/v1 body is
-built from, and an upstream server's shapes, which `proxy.registry` stores and lists and
+built from, and an upstream server's shapes, which `proxy.servers` stores and lists and
 /api/v1 validates with (`proxy.api.models` has the others; the OpenAPI document is built from
 both).
 
