@@ -21,7 +21,7 @@ from proxy.api.bodies import json_response
 from proxy.api.caller import Caller
 from proxy.api.context import Api
 from proxy.audit import summary as aggregates
-from proxy.audit.database import _COLUMNS
+from proxy.audit.commit import COLUMNS
 from proxy.errors import Invalid, NotFound
 
 HOUR_S = 3600
@@ -100,7 +100,7 @@ async def audit_export(who: Caller, api: Api) -> Response:
 
 
 async def _rows(api: Api, filters: dict[str, Any], form: str) -> AsyncIterator[bytes]:
-    columns = ("id", *_COLUMNS)
+    columns = ("id", *COLUMNS)
     if form == "csv":
         yield (",".join(columns) + "\r\n").encode()
     before: tuple[float, int] | None = None

@@ -3,7 +3,9 @@ thread, off the event loop, that the gateway's answers wait for; usage events go
 in the same transaction. Nothing answered is lost to a crash: a record is committed (or, with
 the database out of reach, appended to a local fallback file that the next start replays)
 before its call's answer leaves. `query` reads records back for `tollhouse audit` and
-/api/v1/audit.
+/api/v1/audit. A batch's transaction (its rows, usage events and rollup counts, the retries)
+is the `Committer`'s (proxy.audit.commit); the sink owns the queue, the writer thread, the
+journal and the fallback file.
 
 Group commit: the writer takes every record queued when it is free and commits them in one
 transaction, then the next lot; a lone record commits at once (there is no waiting window),
@@ -32,54 +34,18 @@ from typing import Any
 
 import orjson
 
-from proxy import db
 from proxy.audit import journal as journals
 from proxy.audit import rollup
+from proxy.audit.commit import COLUMNS, Committer
 from proxy.audit.record import AuditRecord
+from proxy.storage import db
 
 log = logging.getLogger("tollhouse.audit")
 
-_COLUMNS = ("ts", "request_id", "principal", "endpoint", "method", "tool", "status",
-            "denied_reason", "error_message", "duration_ms", "bytes_in", "bytes_out", "era",
-            "session_hash", "client_name", "call_id", "note", "egress", "upstream")
-
-_OUTBOX_COLUMNS = ("call_id", "event", "created_at", "next_attempt_at", "delivered_at")
-# a call id is the record's idempotency key (a unique index): a retried batch, or a replayed
-# fallback line, whose first try did land adds nothing. A batch's first try inserts without
-# that clause: the rollups (proxy.audit.rollup) count every row it sends, so a row already
-# there must fail the batch (which is then written row by row, counting what lands) rather
-# than be passed over silently
-_INSERT_NEW = (f"INSERT INTO audit ({', '.join(_COLUMNS)}) "
-               f"VALUES ({', '.join('?' for _ in _COLUMNS)})")
-_INSERT = f"{_INSERT_NEW} ON CONFLICT DO NOTHING"
-# a record without a call id has no key of its own: before a retry or a replay writes it, is
-# it there already? (ts has microseconds: with endpoint, principal and request id, one record)
-# SQLite: a batch goes in as a few multi-row INSERTs (VALUES (...), (...), ...) of these many
-# rows each, largest first, rather than one executemany step per row: sqlite3 lets the GIL go
-# around every step, and with the event loop busy each step then waits to get it back, so a
-# row cost the writer ~3 times the CPU it costs on an idle loop (bench/README.md, 2026-12-02)
-_CHUNKS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
-# the default most `?` a statement may hold (SQLITE_MAX_VARIABLE_NUMBER; 999 before 3.32)
-_MAX_VARIABLES = 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
-_EXISTS = ("SELECT request_id FROM audit WHERE ts = ? AND endpoint = ? AND principal = ?")
 _STOP = object()
 _RETIRE = object()  # (_RETIRE, segment): every record before it is in; the segment may go
 _SETTLED = object()  # (_SETTLED, waiter): woken once every record before it is written
 Waiter = asyncio.Future[bool]
-
-
-def connect(target: db.Target) -> db.Connection:
-    """The audit writer's own connection, the schema up to date. On SQLite (WAL) with
-    synchronous=NORMAL a commit has written its pages to the WAL file, in the OS's keeping,
-    when it returns: a crash of the process (kill -9) loses nothing committed. Only
-    checkpoints sync to the disk, so a power loss (out of scope) may lose the last commits but
-    never corrupts the file; FULL would sync every commit for nothing a crash needs, OFF would
-    risk the whole database on a power loss."""
-    database = db.resolve(target)
-    conn = database.connect()
-    if database.dialect == "sqlite":
-        conn.execute("PRAGMA synchronous=NORMAL")
-    return conn
 
 
 class DatabaseAuditSink:
@@ -107,31 +73,18 @@ class DatabaseAuditSink:
             fallback_path = (self._db.path if self._db.dialect == "sqlite" and not self._db.memory
                              else "tollhouse") + ".audit-fallback.jsonl"
         self._fallback = Path(fallback_path)
-        self.on_outbox = on_outbox  # called (from the writer thread) after usage events land
         # an in-process metering hook's delivery at once (OutboxWorker.deliver_now), called on
         # the event loop once a metered record is in the journal: True if the hook took it
         self.deliver = deliver
         # called (from the writer thread) with the count written to the fallback file (metrics)
         self.on_fallback = on_fallback
-        self._retry_backoff_s = retry_backoff_s
         self._batch_size = batch_size
         self._tries = tries
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._sql_insert = self._db.sql(_INSERT)
-        self._sql_insert_new = self._db.sql(_INSERT_NEW)
-        self._sql_insert_returning = self._db.sql(f"{_INSERT} RETURNING 1")
-        self._sql_exists = self._db.sql(_EXISTS)
-        self._sql_outbox = self._db.insert_ignore("usage_outbox", _OUTBOX_COLUMNS)
-        self._many_insert_new = _multi_row("audit", _COLUMNS, ignore=False)
-        self._many_outbox = _multi_row("usage_outbox", _OUTBOX_COLUMNS)
-        self._rollups = rollup.Writer(self._db.dialect)
-        self._conn: db.Connection | None = connect(self._db)
-        self._checkpoints: _Checkpointer | None = None
-        if self._db.dialect == "sqlite" and not self._db.memory:
-            self._checkpoints = _Checkpointer(self._db)
-            self._conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's job
-        self.written = 0  # records committed (or in the fallback file)
-        self.commits = 0  # transactions committed
+        # the batches' transactions, on the writer's own connection; `on_outbox` is called
+        # (from the writer thread) after usage events land
+        self._committer = Committer(self._db, retry_backoff_s, on_outbox)
+        self._in_file = 0  # records written to the fallback file
         self.replayed = 0  # records taken from a fallback file into the database
         # the write-ahead journal (proxy/audit/journal.py), when on: answers wait for its
         # append, not for a commit
@@ -191,6 +144,16 @@ class DatabaseAuditSink:
         await waiter
 
     @property
+    def written(self) -> int:
+        """Records committed, or in the fallback file."""
+        return self._committer.committed + self._in_file
+
+    @property
+    def commits(self) -> int:
+        """Transactions committed."""
+        return self._committer.commits
+
+    @property
     def depth(self) -> int:
         """Records accepted and not yet written (approximately: another thread writes)."""
         return self._queue.qsize()
@@ -240,10 +203,7 @@ class DatabaseAuditSink:
                 self._retire(retired)
         if self._journal is not None:  # everything before the stop is in: the last one goes
             self._retire(self._journal.segment)
-        if self._conn is not None:
-            self._conn.close()
-        if self._checkpoints is not None:
-            self._checkpoints.stop()
+        self._committer.close()
         if self._owns_db:
             self._db.close()
 
@@ -259,14 +219,15 @@ class DatabaseAuditSink:
     def _write(self, batch: list[AuditRecord], replay: bool = False) -> set[int]:
         """Write the batch; the ids of the records that could be kept nowhere (none, nearly
         always)."""
-        failure = self._attempt(batch, self._tries, replay)
+        failure = self._committer.attempt(batch, self._tries, replay)
         if failure is None:
             return _NOTHING
         refused = batch
         if len(batch) > 1 and not isinstance(failure, self._db.unavailable):
             # the database answers but refused the batch (a value it cannot store): one row
             # at a time, so that only the rows it refuses leave it
-            refused = [r for r in batch if self._attempt([r], 1, True) is not None]
+            refused = [r for r in batch
+                       if self._committer.attempt([r], 1, True) is not None]
         if not refused:
             return _NOTHING
         if replay:
@@ -277,142 +238,12 @@ class DatabaseAuditSink:
             log.critical("audit: %d records lost: neither the database nor %s could take "
                          "them (%s)", len(refused), self._fallback, exc)
             return {id(r) for r in refused}
-        self.written += len(refused)
+        self._in_file += len(refused)
         log.error("audit: %d records written to %s instead of the database",
                   len(refused), self._fallback)
         if self.on_fallback is not None:
             self.on_fallback(len(refused))
         return _NOTHING
-
-    def _attempt(self, batch: list[AuditRecord], tries: int, replay: bool = False
-                 ) -> Exception | None:
-        """Write the batch (its audit rows, usage events and rollup counts in one
-        transaction), retrying a database error with backoff; None when written, else the
-        last failure. A retry (and a replay) leaves out what is there already: a commit whose
-        answer was lost may have landed."""
-        failure: Exception | None = None
-        try:
-            pairs = [(r, _row(r)) for r in batch]
-        except Exception as exc:  # noqa: BLE001 - a value no driver could send either
-            return exc
-        for attempt in range(tries):
-            exact = bool(attempt or replay)
-            try:
-                if self._conn is None:  # the last one was lost (a database restart, say)
-                    self._conn = connect(self._db)
-                if exact:
-                    usage = self._commit_exact(self._conn, self._missing(self._conn, pairs))
-                else:
-                    usage = self._commit(self._conn, pairs)
-            except Exception as exc:  # noqa: BLE001 - a database error, or a value no driver sends
-                failure = exc
-                self._reset()
-                if not exact and isinstance(exc, self._db.integrity_errors):
-                    # a row there already (its call id): at once, row by row
-                    log.info("audit: a batch holds a record written before: writing it row "
-                             "by row (%s)", exc)
-                    continue
-                log.warning("audit write failed (attempt %d): %s", attempt + 1,
-                            type(exc).__name__ if not isinstance(exc, self._db.errors) else exc)
-                if not isinstance(exc, self._db.errors):
-                    return failure  # the same rows would fail the same way
-                if attempt + 1 < tries:
-                    time.sleep(self._retry_backoff_s * 2**attempt)
-                continue
-            self._rollups.committed()  # (the usage key ids it read are kept from now on)
-            self.written += len(batch)
-            self.commits += 1
-            if self._checkpoints is not None:
-                self._checkpoints.committed()
-            if usage and self.on_outbox is not None:
-                self.on_outbox()
-            return None
-        return failure
-
-    def _commit(self, conn: db.Connection, pairs: list[tuple[AuditRecord, tuple[Any, ...]]]
-                ) -> bool:
-        """A batch's first try, one transaction: its rows (any of them there already fails
-        it), usage events and rollup counts, each statement prepared once and run for every
-        row (SQLite steps it in C; psycopg pipelines the rows, the rollups' statement and the
-        COMMIT into one round trip). Whether it held usage events still to deliver."""
-        rows = [row for _, row in pairs]
-        usage = _usage(pairs)
-        if self._db.postgresql:
-            raw: Any = conn
-            with raw.pipeline():
-                cur = raw.cursor()
-                if rows:
-                    cur.executemany(self._sql_insert_new, rows)
-                if usage:
-                    cur.executemany(self._sql_outbox, usage)
-                self._rollups.add(cur, rows)
-                raw.commit()
-            return _to_deliver(usage)
-        cur = conn.cursor()
-        try:
-            _insert_rows(cur, self._many_insert_new, rows)
-            _insert_rows(cur, self._many_outbox, usage)
-            self._rollups.add(cur, rows)
-        finally:
-            cur.close()
-        conn.commit()
-        return _to_deliver(usage)
-
-    def _commit_exact(self, conn: db.Connection,
-                      pairs: list[tuple[AuditRecord, tuple[Any, ...]]]) -> bool:
-        """A retry's or a replay's transaction: each row on its own (one already there, by its
-        call id, inserts nothing), then the usage events and rollup counts of the rows that
-        did go in: a record is counted once however often its batch is tried. Whether it held
-        usage events still to deliver."""
-        cur = conn.cursor()
-        try:
-            landed = []
-            if self._db.postgresql and pairs:  # each row's answer, in one round trip
-                raw: Any = cur
-                raw.executemany(self._sql_insert_returning, [row for _, row in pairs],
-                                returning=True)
-                landed = [pair for pair, _ in zip(pairs, raw.results(), strict=True)
-                          if raw.fetchone() is not None]
-            else:
-                for record, row in pairs:
-                    cur.execute(self._sql_insert, row)
-                    if cur.rowcount == 1:
-                        landed.append((record, row))
-            rows = [row for _, row in landed]
-            usage = _usage(landed)
-            for event in usage:
-                cur.execute(self._sql_outbox, event)
-            self._rollups.add(cur, rows)
-        finally:
-            cur.close()
-        conn.commit()
-        return _to_deliver(usage)
-
-    def _missing(self, conn: db.Connection, pairs: list[tuple[AuditRecord, tuple[Any, ...]]]
-                 ) -> list[tuple[AuditRecord, tuple[Any, ...]]]:
-        """The rows not in the audit log yet. One with a call id is left to the unique index
-        (its insert does nothing); one without is looked for by time, endpoint, principal and
-        request id. Only on a retry or a replay."""
-        out = []
-        for record, row in pairs:
-            if row[15] is None:
-                found = conn.execute(self._sql_exists, (row[0], row[3], row[2])).fetchall()
-                if any(f[0] == row[1] for f in found):
-                    continue
-            out.append((record, row))
-        conn.rollback()  # (reads open a transaction on PostgreSQL)
-        return out
-
-    def _reset(self) -> None:
-        """Roll back the failed batch; drop the connection if it is gone or cannot."""
-        if self._conn is None:
-            return
-        with suppress(Exception):
-            self._conn.rollback()
-        if db.broken(self._conn):
-            with suppress(Exception):
-                self._conn.close()
-            self._conn = None
 
     # -- the fallback file, replayed ----------------------------------------------------------
 
@@ -478,78 +309,8 @@ class DatabaseAuditSink:
             yield mine
 
 
-class _Checkpointer:
-    """Copies the WAL into a SQLite database file from a thread and connection of its own
-    (a PASSIVE checkpoint, which never blocks a writer), every `EVERY` commits of the audit
-    writer, whose connection does no checkpoint: the fsyncs a checkpoint makes (NORMAL) are
-    kept out of the commits that answers wait for."""
-
-    EVERY = 200  # commits (each a few pages): about SQLite's own 1000-page default
-
-    def __init__(self, database: db.Database) -> None:
-        self._database = database
-        self._due = threading.Event()
-        self._stopping = False
-        self._since = 0
-        self._thread = threading.Thread(target=self._run, name="tollhouse-audit-checkpoint",
-                                        daemon=True)
-        self._thread.start()
-
-    def committed(self) -> None:
-        self._since += 1
-        if self._since >= self.EVERY:
-            self._since = 0
-            self._due.set()
-
-    def stop(self) -> None:
-        self._stopping = True
-        self._due.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        conn: sqlite3.Connection | None = None
-        try:
-            while True:
-                if conn is None:  # at once: the process's descriptors are steady from the start
-                    conn = sqlite3.connect(self._database.path,
-                                           timeout=self._database.busy_timeout_s)
-                    conn.execute("PRAGMA synchronous=NORMAL")
-                self._due.wait()
-                self._due.clear()
-                try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error as exc:  # the next one copies what this one did not
-                    log.warning("audit: WAL checkpoint failed: %s", exc)
-                if self._stopping:
-                    return
-        finally:
-            if conn is not None:
-                conn.close()
-
-
 _NOTHING: set[int] = set()
 _FIELDS = frozenset(AuditRecord.__dataclass_fields__) - {"accepted"}
-
-
-def _multi_row(table: str, columns: tuple[str, ...], ignore: bool = True) -> dict[int, str]:
-    """The INSERT of each of `_CHUNKS`' row counts (SQLite's `?` placeholders), each doing
-    nothing for a row that collides with a unique key (unless not `ignore`: then it fails)."""
-    row = f"({', '.join('?' for _ in columns)})"
-    return {n: f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
-               f"{', '.join([row] * n)}{' ON CONFLICT DO NOTHING' if ignore else ''}"
-            for n in _CHUNKS if n * len(columns) <= _MAX_VARIABLES}
-
-
-def _insert_rows(cur: db.Cursor, statements: dict[int, str], rows: list[tuple[Any, ...]]
-                 ) -> None:
-    """`rows` in as few statements as `_CHUNKS` allow (each prepared once: sqlite3 keeps them
-    in its statement cache)."""
-    at, left = 0, len(rows)
-    for size, statement in statements.items():  # largest first
-        while left >= size:
-            cur.execute(statement, [v for row in rows[at:at + size] for v in row])
-            at += size
-            left -= size
 
 
 def _settle(batch: list[tuple[AuditRecord, Waiter | None]], lost: set[int]) -> None:
@@ -622,32 +383,6 @@ def _line(record: AuditRecord, newline: bool = False) -> bytes:
         return json.dumps(record.as_dict(), default=str).encode() + (b"\n" if newline else b"")
 
 
-def _usage(pairs: list[tuple[AuditRecord, tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
-    """The outbox rows of the metered records among `pairs` (`_OUTBOX_COLUMNS`): due at once,
-    or delivered already when an in-process hook took the event as the call ended."""
-    return [(row[15], orjson.dumps(record.usage_event()).decode(), record.ts, record.ts,
-             record.delivered_at) for record, row in pairs if row[15]]
-
-
-def _to_deliver(usage: list[tuple[Any, ...]]) -> bool:
-    """Whether any of these outbox rows is still to be delivered (the worker is woken)."""
-    return any(event[4] is None for event in usage)
-
-
-def _text(value: str | None) -> str | None:
-    """A client-given string as stored: a NUL (which PostgreSQL's text refuses, and which
-    would fail the whole batch) is written as the six characters `\\u0000`, on both backends."""
-    return value.replace("\x00", "\\u0000") if value and "\x00" in value else value
-
-
-def _row(r: AuditRecord) -> tuple[Any, ...]:
-    return (r.ts, _text(r.request_id), _text(r.principal), r.endpoint, _text(r.method),
-            _text(r.tool), r.status, _text(r.denied_reason), _text(r.error_message),
-            round(r.duration_ms, 3), r.bytes_in, r.bytes_out, r.era, r.session_hash,
-            _text(r.client_name), r.call_id, _text(r.note),
-            orjson.dumps(r.egress).decode() if r.egress else None, r.upstream)
-
-
 def _read(target: db.Target, text: str, args: tuple[Any, ...], serial: bool = False
           ) -> list[tuple[Any, ...]] | None:
     """Rows of one read-only query; None when there is no database or no such table yet. A
@@ -700,7 +435,7 @@ def query(target: db.Target, *, status: str | None = None, endpoint: str | None 
         clauses.append("(ts < ? OR (ts = ? AND id < ?))")
         args.extend([before[0], before[0], before[1]])
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    columns = ("id", *_COLUMNS) if with_id else _COLUMNS
+    columns = ("id", *COLUMNS) if with_id else COLUMNS
     rows = _read(target, f"SELECT {', '.join(columns)} FROM audit {where} "
                          "ORDER BY ts DESC, id DESC LIMIT ?", (*args, limit))
     return [dict(zip(columns, row)) for row in rows or ()]

@@ -10,10 +10,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from proxy import db
 from proxy.audit import rollup
-from proxy.audit.database import _COLUMNS, _read
+from proxy.audit.commit import COLUMNS
+from proxy.audit.database import _read
 from proxy.audit.rollup import BOUNDS_MS, MANAGEMENT
+from proxy.storage import db
 
 __all__ = ["BOUNDS_MS", "MANAGEMENT", "MAX_BUCKETS", "MAX_HEALTHS", "health", "healths", "record",
            "series", "summary"]
@@ -237,7 +238,7 @@ def healths(target: db.Target, *, endpoints: list[str], now: float, recent_s: fl
 
 def record(target: db.Target, record_id: int) -> dict[str, Any] | None:
     """One audit record by its id (as /api/v1/audit gives it)."""
-    columns = ("id", *_COLUMNS)
+    columns = ("id", *COLUMNS)
     rows = _read(target, f"SELECT {', '.join(columns)} FROM audit WHERE id = ?",
                  (record_id,)) or []
     return dict(zip(columns, rows[0])) if rows else None

@@ -16,8 +16,9 @@ through allow_subjects / allow_groups (custom roles act as groups); `allow_scope
 tokens from external issuers that do model scopes.
 
 Methods that touch live state (codes, revocations) are async and run their database steps in
-a worker thread themselves; those that only read or write the database are plain functions
-that the routes run in a thread.
+a worker thread themselves (the tokens' steps are `TokenLedger`'s, proxy.oauth.tokens: minting,
+the refresh rows); those that only read or write the database are plain functions that the
+routes run in a thread.
 """
 
 from __future__ import annotations
@@ -36,36 +37,21 @@ import jwt
 import orjson
 from cachetools import TTLCache
 
-from proxy.storage import db
 from proxy.config import Config, OAuthServerConfig
 from proxy.errors import OAuthError as OAuthError  # noqa: PLC0414 - cimd raises it from here
 from proxy.errors import StoreUnavailable
 from proxy.oauth import grace
 from proxy.oauth.keys import KeyRing
 from proxy.oauth.redirects import RedirectPolicy
+from proxy.oauth.tokens import FamilyRevoked, TokenLedger, Used, elsewhere, hashed
 from proxy.people.accounts import User
 from proxy.state.codes import CodeStore
 from proxy.state.flows import FlowStore
 from proxy.state.revocations import RevocationStore
 from proxy.state.rotations import RotationStore
+from proxy.storage import db
 
 _LEEWAY_S = 30  # clock skew allowed on an access token's exp
-
-class _Used(Exception):
-    """Raised in the database thread: the refresh token was used already."""
-
-    def __init__(self, family: str) -> None:
-        super().__init__(family)
-        self.family = family
-
-
-class _FamilyRevoked(Exception):
-    """Raised in the database thread: the family's rows are revoked; the store must be told."""
-
-    def __init__(self, family: str, error: OAuthError) -> None:
-        super().__init__(family)
-        self.family = family
-        self.error = error
 
 
 @dataclass(frozen=True)
@@ -106,17 +92,6 @@ class Grant:
                    data["resource"], data["scope_requested"], data["family"])
 
 
-def _elsewhere(granted: str, wanted: str) -> OAuthError:
-    """A grant is for one resource (RFC 8707): the answer names both, so a person reading a
-    client's error knows to authorize the other endpoint on its own."""
-    return OAuthError("invalid_target", f"this grant is for {granted}, not {wanted[:200]}: one "
-                      "token is for one endpoint; authorize the other one separately")
-
-
-def _sha(value: str) -> str:
-    return hashlib.sha256(value.encode()).hexdigest()
-
-
 def s256(verifier: str) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(
         b"=").decode()
@@ -153,6 +128,8 @@ class AuthorizationServer:
         self._sql = self._db.sql
         self.keys = keys
         self._clock = clock
+        # the tokens it mints and their refresh rows (each method a database step)
+        self._ledger = TokenLedger(self._db, keys, self.issuer, self._cfg, clock)
         self._codes = codes
         self._revocations = revocations
         # refresh rotations kept for the grace period; None: no grace, a reuse always revokes
@@ -208,7 +185,7 @@ class AuthorizationServer:
             conn.execute(self._sql(
                 "INSERT INTO oauth_clients (client_id, secret_sha256, name, redirect_uris, "
                 "auth_method, created_at) VALUES (?, ?, ?, ?, ?, ?)"),
-                (client_id, _sha(secret) if secret else None, name,
+                (client_id, hashed(secret) if secret else None, name,
                  orjson.dumps(uris).decode(), method, now))
         out: dict[str, Any] = {"client_id": client_id, "client_id_issued_at": int(now),
                                "client_name": name, "redirect_uris": uris,
@@ -238,7 +215,7 @@ class AuthorizationServer:
             raise OAuthError("invalid_client", "unknown client", 401)
         if client.auth_method != "none" and (
                 not secret or not client.secret_sha256
-                or not hmac.compare_digest(client.secret_sha256, _sha(secret))):
+                or not hmac.compare_digest(client.secret_sha256, hashed(secret))):
             raise OAuthError("invalid_client", "client authentication failed", 401)
         return client
 
@@ -293,9 +270,10 @@ class AuthorizationServer:
             raise OAuthError("invalid_grant", "PKCE verification failed")
         resource = form.get("resource") or grant.resource
         if resource != grant.resource:
-            raise _elsewhere(grant.resource, resource)
-        tokens = await asyncio.to_thread(self._tokens, client.client_id, grant.user, resource,
-                                         grant.family, scope_requested=grant.scope_requested)
+            raise elsewhere(grant.resource, resource)
+        tokens = await asyncio.to_thread(self._ledger.issue, client.client_id, grant.user,
+                                         resource, grant.family,
+                                         scope_requested=grant.scope_requested)
         return await self._unless_revoked(grant.family, tokens)
 
     async def refresh(self, client: Client, form: dict[str, str],
@@ -309,9 +287,9 @@ class AuthorizationServer:
         token = form.get("refresh_token", "")
         try:
             try:
-                family, answer, row = await asyncio.to_thread(self._refresh, client, form,
-                                                              user_lookup)
-            except _Used as used:
+                family, answer, row = await asyncio.to_thread(
+                    self._ledger.refreshed, client.client_id, form, user_lookup)
+            except Used as used:
                 return await self._again(token, client, used.family)
             if self._rotations is not None:
                 held = await self._rotations.claim(
@@ -319,9 +297,9 @@ class AuthorizationServer:
                                                        self._clock() + answer["expires_in"]))
                 if held is not None:  # a parallel presentation rotated it a moment ago
                     return await self._replayed(token, client, family, held)
-            if not await asyncio.to_thread(self._rotate, token, row):
+            if not await asyncio.to_thread(self._ledger.rotate, token, row):
                 return await self._again(token, client, family)
-        except _FamilyRevoked as revoked:
+        except FamilyRevoked as revoked:
             await self._revoked_in_store(revoked.family)  # its rows are revoked already
             raise revoked.error from None
         return await self._unless_revoked(family, answer)
@@ -329,19 +307,19 @@ class AuthorizationServer:
     async def _again(self, token: str, client: Client, family: str) -> dict[str, Any]:
         """A refresh token already rotated: its answer again within the grace period, for the
         client it was rotated for; otherwise a reuse, which revokes the family (raises
-        `_FamilyRevoked`)."""
+        `FamilyRevoked`)."""
         held = await self._rotations.get(grace.store_key(token)) \
             if self._rotations is not None else None
         if held is not None:
             return await self._replayed(token, client, family, held)
-        raise await asyncio.to_thread(self._family_revoked, family,
+        raise await asyncio.to_thread(self._ledger.family_revoked, family,
                                       "refresh token reused; its family is revoked")
 
     async def _replayed(self, token: str, client: Client, family: str,
                         held: bytes) -> dict[str, Any]:
         answer = grace.opened(token, client.client_id, held, self._clock())
         if answer is None:  # rotated for another client: a copy is loose
-            raise await asyncio.to_thread(self._family_revoked, family,
+            raise await asyncio.to_thread(self._ledger.family_revoked, family,
                                           "refresh token reused; its family is revoked")
         return await self._unless_revoked(family, answer)
 
@@ -358,104 +336,11 @@ class AuthorizationServer:
         except StoreUnavailable:
             return tokens
         if revoked:
-            await asyncio.to_thread(self._revoke_family_rows, family)
+            await asyncio.to_thread(self._ledger.revoke_rows, family)
         return tokens
 
-    def _refresh(self, client: Client, form: dict[str, str],
-                 user_lookup: Callable[[str], User | None]
-                 ) -> tuple[str, dict[str, Any], tuple[Any, ...]]:
-        """The family, the new tokens and their refresh row, not yet stored (`_rotate` does,
-        if this use is the first); raises `_Used` for a token used already."""
-        token = form.get("refresh_token", "")
-        with self._db.transaction() as conn:
-            row = conn.execute(self._sql(
-                "SELECT family, client_id, user_id, resource, expires_at, used_at, "
-                "revoked_at FROM oauth_refresh WHERE token_sha256 = ?"), (_sha(token),)
-            ).fetchone()
-        if row is None:
-            raise OAuthError("invalid_grant", "unknown refresh token")
-        # the row's scope column is not read: a grant made before no scope was granted may
-        # hold one, and it must not reach a new access token
-        family, client_id, user_id, resource, expires_at, used_at, revoked_at = row
-        if revoked_at is not None:
-            raise OAuthError("invalid_grant", "the refresh token was revoked")
-        if used_at is not None:  # a copy elsewhere, or a parallel refresh within the grace
-            raise _Used(family)
-        if client_id != client.client_id:
-            raise OAuthError("invalid_grant", "the refresh token belongs to another client")
-        if expires_at < self._clock():
-            raise OAuthError("invalid_grant", "the refresh token expired")
-        wanted = form.get("resource") or resource
-        if wanted != resource:
-            raise _elsewhere(resource, wanted)
-        user = user_lookup(user_id)
-        if user is None:
-            raise self._family_revoked(family, "the user no longer exists")
-        answer, new_row = self._mint(client.client_id, user, resource, family,
-                                     scope_requested=bool(form.get("scope")))
-        return family, answer, new_row
-
-    def _rotate(self, token: str, new_row: tuple[Any, ...]) -> bool:
-        """Mark `token` used and store its successor, in one transaction; False when another
-        use marked it first (nothing is stored then)."""
-        with self._db.transaction() as conn:
-            won = conn.execute(self._sql("UPDATE oauth_refresh SET used_at = ? WHERE "
-                                         "token_sha256 = ? AND used_at IS NULL"),
-                               (self._clock(), _sha(token))).rowcount == 1
-            if won:
-                self._store_refresh(conn, new_row)
-        return won
-
-    def _tokens(self, client_id: str, user: User, resource: str, family: str, *,
-                scope_requested: bool) -> dict[str, Any]:
-        answer, row = self._mint(client_id, user, resource, family,
-                                 scope_requested=scope_requested)
-        with self._db.transaction() as conn:
-            self._store_refresh(conn, row)
-        return answer
-
-    def _store_refresh(self, conn: db.Connection, row: tuple[Any, ...]) -> None:
-        conn.execute(self._sql(
-            "INSERT INTO oauth_refresh (token_sha256, family, client_id, user_id, resource, "
-            "scope, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)"), row)
-
-    def _mint(self, client_id: str, user: User, resource: str, family: str, *,
-              scope_requested: bool) -> tuple[dict[str, Any], tuple[Any, ...]]:
-        """A token answer and the row its refresh token is stored as."""
-        now = self._clock()
-        self.keys.rotate_if_due(now)
-        key = self.keys.current
-        ttl = self._cfg.access_token_ttl_s
-        # no "scope" claim: this server grants none. "uid" names the user row, so a token of a
-        # deleted user is not taken for a new user who got the same name (and subject).
-        claims = {"iss": self.issuer, "sub": user.subject, "aud": resource,
-                  "iat": int(now), "exp": int(now + ttl), "jti": secrets.token_urlsafe(12),
-                  "client_id": client_id, "tollhouse_iss": user.issuer, "uid": user.id,
-                  "fam": family,
-                  "name": user.name, "groups": sorted(user.groups)}
-        access = jwt.encode(claims, key.private, algorithm="ES256", headers={"kid": key.kid})
-        refresh = secrets.token_urlsafe(32)
-        row = (_sha(refresh), family, client_id, user.id, resource, "",
-               now + self._cfg.refresh_token_ttl_s)
-        out: dict[str, Any] = {"access_token": access, "token_type": "Bearer",
-                               "expires_in": ttl, "refresh_token": refresh}
-        if scope_requested:
-            out["scope"] = ""  # RFC 6749 section 5.1: the issued scope differs from the request
-        return out, row
-
-    def _revoke_family_rows(self, family: str) -> None:
-        with self._db.transaction() as conn:
-            conn.execute(self._sql("UPDATE oauth_refresh SET revoked_at = ? WHERE family = ? "
-                                   "AND revoked_at IS NULL"), (self._clock(), family))
-
-    def _family_revoked(self, family: str, description: str) -> _FamilyRevoked:
-        """In the database thread: revoke the family's rows; the caller raises the result,
-        and `refresh` revokes it in the live-state store too."""
-        self._revoke_family_rows(family)
-        return _FamilyRevoked(family, OAuthError("invalid_grant", description))
-
     async def _revoke_family(self, family: str) -> None:
-        await asyncio.to_thread(self._revoke_family_rows, family)
+        await asyncio.to_thread(self._ledger.revoke_rows, family)
         await self._revoked_in_store(family)
 
     async def _revoked_in_store(self, family: str) -> None:
@@ -463,12 +348,12 @@ class AuthorizationServer:
         stored since they were first revoked is caught by this, or by its issuer's look at
         the store (`_unless_revoked`)."""
         await self._revocations.revoke_family(family)
-        await asyncio.to_thread(self._revoke_family_rows, family)
+        await asyncio.to_thread(self._ledger.revoke_rows, family)
 
     async def revoke(self, client: Client, token: str) -> None:
         """RFC 7009: a refresh token revokes its family; an access token is refused from now
         on. An unknown token is not an error."""
-        row = await asyncio.to_thread(self._refresh_row_owner, token)
+        row = await asyncio.to_thread(self._ledger.owner, token)
         if row is not None:
             if row[1] == client.client_id:
                 await self._revoke_family(row[0])
@@ -479,12 +364,6 @@ class AuthorizationServer:
             return
         if claims.get("client_id") == client.client_id and isinstance(claims.get("jti"), str):
             await self._revocations.revoke_token(claims["jti"])
-
-    def _refresh_row_owner(self, token: str) -> tuple[str, str] | None:
-        with self._db.transaction() as conn:
-            row = conn.execute(self._sql("SELECT family, client_id FROM oauth_refresh WHERE "
-                                         "token_sha256 = ?"), (_sha(token),)).fetchone()
-        return None if row is None else (row[0], row[1])
 
     # -- at the MCP edge -----------------------------------------------------------------------
 

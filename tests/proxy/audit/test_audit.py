@@ -15,7 +15,8 @@ import pytest
 
 from proxy.audit import AuditRecord, DatabaseAuditSink, MemoryAuditSink, query
 from proxy.audit.database import _line
-from proxy.cli import main, parse_since
+from proxy.runtime.cli import main, parse_since
+from proxy.storage.db import Database
 from tests import db_backends
 from tests.conftest import MCP_HEADERS
 from tests.e2e.conftest import open_stack
@@ -84,6 +85,16 @@ async def test_filters_newest_first(tmp_path: Path) -> None:
     assert query(str(tmp_path / "missing.db")) == []
 
 
+def drop_audit_table(url: str) -> None:
+    """The audit table gone from under a running sink (by another connection)."""
+    outside = Database(url)
+    try:
+        with outside.transaction() as conn:
+            conn.execute("DROP TABLE audit")
+    finally:
+        outside.close()
+
+
 async def test_unwritable_database_falls_back_to_a_file(tmp_path: Path) -> None:
     db = db_backends.url()
     if db_backends.on_postgresql():
@@ -92,9 +103,7 @@ async def test_unwritable_database_falls_back_to_a_file(tmp_path: Path) -> None:
     else:  # beside the database file unless told otherwise
         fallback = Path(db.removeprefix("sqlite:///") + ".audit-fallback.jsonl")
         sink = DatabaseAuditSink(db, retry_backoff_s=0.001)
-    assert sink._conn is not None
-    sink._conn.execute("DROP TABLE audit")  # every insert now fails
-    sink._conn.commit()
+    drop_audit_table(db)  # every insert now fails
     sink.emit(record(1))
     await sink.close()
     lines = fallback.read_bytes().splitlines()
@@ -148,7 +157,7 @@ async def test_a_lone_record_commits_at_once(monkeypatch: pytest.MonkeyPatch) ->
     db = db_backends.url()
     sink = DatabaseAuditSink(db)
     slept: list[float] = []
-    monkeypatch.setattr("proxy.audit.database.time.sleep", slept.append)  # no waiting window
+    monkeypatch.setattr("proxy.audit.commit.time.sleep", slept.append)  # no waiting window
     try:
         assert await asyncio.wait_for(sink.write(record(1, call_id="c1")), DEADLINE_S) is True
         # durable before anything else came along or the sink closed: in its own commit
@@ -179,9 +188,7 @@ async def test_a_record_kept_nowhere_is_not_reported_durable(tmp_path: Path) -> 
     db = db_backends.url()
     # neither the database (its audit table gone) nor the fallback file (a directory) takes it
     sink = DatabaseAuditSink(db, retry_backoff_s=0.001, fallback_path=str(tmp_path))
-    assert sink._conn is not None
-    sink._conn.execute("DROP TABLE audit")
-    sink._conn.commit()
+    drop_audit_table(db)
     try:
         assert await asyncio.wait_for(sink.write(record(1)), DEADLINE_S) is False
     finally:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from proxy.audit import DatabaseAuditSink, database, query
+from proxy.audit import DatabaseAuditSink, commit, query
 from proxy.audit.database import _line
 from proxy.config import DatabaseConfig
 from tests import db_backends
@@ -217,9 +217,9 @@ class _Cursor:
 def test_a_batch_goes_in_as_few_multi_row_inserts() -> None:
     """One statement per power of two in the batch's size, not one step per row (with the
     event loop busy, each step's GIL hand-back cost the writer ~3 times a row's CPU)."""
-    statements = database._multi_row("t", ("a", "b"))
+    statements = commit._multi_row("t", ("a", "b"))
     cur = _Cursor()
-    database._insert_rows(cur, statements, [(i, i) for i in range(300)])  # type: ignore[arg-type]
+    commit._insert_rows(cur, statements, [(i, i) for i in range(300)])  # type: ignore[arg-type]
     assert cur.sizes == [256, 32, 8, 4]
     assert "VALUES (?, ?), (?, ?) ON CONFLICT DO NOTHING" in statements[2]
 

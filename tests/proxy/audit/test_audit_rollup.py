@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
-from proxy import migrations
 from proxy.audit import AuditRecord, rollup
 from proxy.audit import summary as aggregates
-from proxy.audit.database import DatabaseAuditSink, _line, _read, _row, usage
-from proxy.cli import main
-from proxy.db import Database
+from proxy.audit.commit import row_of
+from proxy.audit.database import DatabaseAuditSink, _line, _read, usage
+from proxy.runtime.cli import main
+from proxy.storage import migrations
+from proxy.storage.db import Database
 from tests import db_backends
 from tests.helpers import until
 
@@ -319,10 +320,11 @@ async def test_the_rollups_answer_as_the_raw_records_do(database: Database,
     # a batch of twenty whose COMMIT lands but whose answer is lost: tried again, the records
     # already in (with a call id and without) are neither inserted nor counted again
     await until(lambda: sink._queue.empty() and sink.written == 1500, what="the first lot")
-    conn = sink._conn
+    writer = sink._committer  # (the batches' transactions, on the writer's connection)
+    conn = writer._conn
     assert conn is not None
     lossy = LosesACommitsAnswer(conn, database.errors[0], fail_at=2)
-    sink._conn = lossy
+    writer._conn = lossy
     commits = sink.commits
     retried = records(20, seed=2)
     with db_backends.tables_held(database.url, "audit", "usage_outbox"):
@@ -416,9 +418,9 @@ def usage_rows(database: Database, with_id: bool = False) -> list[tuple[Any, ...
 
 def call(ts: float, principal: str, tool: str | None = "read") -> tuple[Any, ...]:
     """One tools/call of endpoint e0 as the audit writer's row."""
-    return _row(AuditRecord(endpoint="e0", method="tools/call", request_id=f"{ts}",
-                            principal=principal, tool=tool, status="ok", duration_ms=1.0,
-                            bytes_in=5, bytes_out=6, ts=ts))
+    return row_of(AuditRecord(endpoint="e0", method="tools/call", request_id=f"{ts}",
+                              principal=principal, tool=tool, status="ok", duration_ms=1.0,
+                              bytes_in=5, bytes_out=6, ts=ts))
 
 
 def test_the_release_before_still_adds_to_the_usage_rollup(database: Database) -> None:

@@ -20,11 +20,11 @@ from typing import Any
 import jwt
 import pytest
 
-from proxy.storage.db import Database
 from proxy.oauth.keys import KeyRing
 from proxy.oauth.server import AuthorizationServer, Client, OAuthError, s256
 from proxy.people.accounts import Accounts, User
 from proxy.state import open_stores
+from proxy.storage.db import Database
 from tests import state_backends
 from tests.conftest import make_config
 from tests.helpers import DEADLINE_S, Clock, until
@@ -33,26 +33,32 @@ REDIRECT_URI = "http://127.0.0.1:3000/cb"
 VERIFIER = "v" * 50
 
 
-class Held:
-    """`server`'s token issue (`_tokens` for a code, `_mint` for a refresh) waits, in its
-    worker thread, for `go`; `entered` once it does."""
+class HeldKeys(KeyRing):
+    """A server's key ring. Once `hold` is called, each token issue of the server (which asks
+    the ring first whether a new signing key is due, before it stores anything) waits, in its
+    worker thread, for `go`; `entered` once one does."""
 
-    def __init__(self, server: AuthorizationServer, step: str = "_tokens") -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.entered, self.go = threading.Event(), threading.Event()
-        issue = getattr(server, step)
+        self._held = False
+        super().__init__(*args, **kwargs)
 
-        def held(*args: Any, **kwargs: Any) -> Any:
+    def hold(self) -> HeldKeys:
+        self._held = True
+        return self
+
+    def rotate_if_due(self, now: float | None = None) -> None:
+        if self._held:
             self.entered.set()
             assert self.go.wait(DEADLINE_S), "the held token issue was never let go"
-            return issue(*args, **kwargs)
-
-        setattr(server, step, held)
+        super().rotate_if_due(now)
 
 
 class Two:
     def __init__(self, a: AuthorizationServer, b: AuthorizationServer, client: Client,
-                 user: User, database: Database) -> None:
+                 user: User, database: Database, a_keys: HeldKeys) -> None:
         self.a, self.b, self.client, self.user = a, b, client, user
+        self.a_keys = a_keys  # a's key ring, which holds its token issue when told to
         self.resource = f"{a.issuer}/mcp/e"  # make_config's one endpoint
         self.accounts = Accounts(database)
 
@@ -86,20 +92,23 @@ async def servers(database: Database, grace_s: int, clock: Clock | None = None
                       state=state)
     stores = open_stores(cfg, clock) if clock is not None else open_stores(cfg)
 
-    def server() -> AuthorizationServer:
-        ring = KeyRing(database, "test-secret", cfg.oauth_server.key_rotation_s,
-                       cfg.oauth_server.access_token_ttl_s)
+    def ring() -> HeldKeys:
+        return HeldKeys(database, "test-secret", cfg.oauth_server.key_rotation_s,
+                        cfg.oauth_server.access_token_ttl_s)
+
+    def server(ring: KeyRing) -> AuthorizationServer:
         return AuthorizationServer(cfg, database, ring, codes=stores.codes,
                                    revocations=stores.revocations,
                                    consents=stores.consent_flows, rotations=stores.rotations)
 
     try:
-        a, b = server(), server()
+        a_keys = ring()
+        a, b = server(a_keys), server(ring())
         registered = a.register({"redirect_uris": [REDIRECT_URI], "client_name": "Test",
                                  "token_endpoint_auth_method": "none"})
         client = a.authenticate_client(registered["client_id"], None)
         yield Two(a, b, client, Accounts(database).create_local("ann", "ann-password"),
-                  database)
+                  database, a_keys)
     finally:
         await stores.aclose()
 
@@ -119,7 +128,7 @@ async def graced(database: Database) -> AsyncIterator[Two]:
 async def test_a_code_presented_again_while_its_first_use_issues_revokes_what_it_issues(
         two: Two) -> None:
     form = await two.code()
-    held = Held(two.a)
+    held = two.a_keys.hold()
     first = asyncio.create_task(two.a.exchange_code(two.client, form))
     await until(held.entered.is_set, what="the first use issuing its tokens")
     with pytest.raises(OAuthError, match="already used"):
@@ -135,7 +144,7 @@ async def test_without_a_grace_a_refresh_token_presented_twice_at_once_revokes_t
     carries is refused once the other presentation finds the token used."""
     tokens = await two.a.exchange_code(two.client, await two.code())
     form = {"refresh_token": tokens["refresh_token"]}
-    held = Held(two.a, "_mint")
+    held = two.a_keys.hold()
     first = asyncio.create_task(two.a.refresh(two.client, form, two.lookup))
     await until(held.entered.is_set, what="the first use issuing its tokens")
     rotated = await two.b.refresh(two.client, form, two.lookup)
@@ -152,7 +161,7 @@ async def test_within_the_grace_a_refresh_token_presented_at_once_gets_the_same_
     two = graced
     tokens = await two.a.exchange_code(two.client, await two.code())
     form = {"refresh_token": tokens["refresh_token"]}
-    held = Held(two.a, "_mint")
+    held = two.a_keys.hold()
     first = asyncio.create_task(two.a.refresh(two.client, form, two.lookup))
     await until(held.entered.is_set, what="the first use issuing its tokens")
     second = await two.b.refresh(two.client, form, two.lookup)

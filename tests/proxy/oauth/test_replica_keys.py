@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import jwt
 import pytest
 
-from proxy.storage.db import Database
 from proxy.oauth.keys import KeyRing
-from proxy.oauth.server import AuthorizationServer
-from proxy.people.accounts import Accounts
+from proxy.oauth.server import AuthorizationServer, s256
+from proxy.people.accounts import Accounts, User
 from proxy.state import open_stores
+from proxy.storage.db import Database
 from tests.conftest import make_config
 from tests.helpers import Clock
 
@@ -35,6 +36,17 @@ def server(database: Database, keys: KeyRing) -> AuthorizationServer:
     stores = open_stores(cfg)
     return AuthorizationServer(cfg, database, keys, codes=stores.codes,
                                revocations=stores.revocations, consents=stores.consent_flows)
+
+
+async def granted(server: AuthorizationServer, user: User, resource: str) -> dict[str, Any]:
+    """Tokens as a client gets them from `server`: a code for `user`, exchanged."""
+    callback, verifier = "http://127.0.0.1:3000/cb", "v" * 50
+    client = server.client(server.register({"redirect_uris": [callback]})["client_id"])
+    assert client is not None
+    code = await server.issue_code(client, callback, {"code_challenge": s256(verifier)}, user,
+                                   resource)
+    return await server.exchange_code(client, {"code": code, "code_verifier": verifier,
+                                               "redirect_uri": callback})
 
 
 def kids(keys: KeyRing) -> set[str]:
@@ -62,8 +74,7 @@ async def test_a_token_signed_with_a_key_minted_on_one_replica_verifies_on_the_o
     a_clock.advance(60)  # a reads the table again (its refresh interval) and rotates
     user = Accounts(database).create_local("ann", "ann-password")
     resource = f"{a.issuer}/mcp/e"
-    token = (await asyncio.to_thread(a._tokens, "c", user, resource, "fam-1",
-                                     scope_requested=False))["access_token"]
+    token = (await granted(a, user, resource))["access_token"]
     assert a.keys.current.kid != first and stored(database) == 2
     assert jwt.get_unverified_header(token)["kid"] == a.keys.current.kid
     b_clock.advance(1.0)  # b last read the table when it started, a second ago
