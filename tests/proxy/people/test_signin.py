@@ -10,12 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.runtime.app import create_app
 from proxy.config import from_dict
 from proxy.people.accounts import Accounts, check_password, hash_password
 from proxy.people.signin import safe_next
 from tests import db_backends, state_backends
-from tests.servers import serve
+from tests.stack import gateway_client, gateway_stack
 
 ORIGIN = "http://127.0.0.1:8080"
 
@@ -40,8 +39,7 @@ def test_passwords_are_scrypt_hashed_and_salted() -> None:
 
 
 async def test_sign_in_sets_a_session_cookie_and_signs_out(cfg) -> None:
-    async with serve(create_app(cfg, secret_key="k")) as url, \
-            httpx.AsyncClient(base_url=url) as client:
+    async with gateway_client(cfg, secret_key="k") as client:
         assert "<form" in (await client.get("/signin")).text
         ok = await client.post("/signin", data={"name": "alice", "password": "correct-horse",
                                                  "next": "/signin/done"},
@@ -60,8 +58,7 @@ async def test_sign_in_sets_a_session_cookie_and_signs_out(cfg) -> None:
                                      {"Referer": "https://evil.example/page"}],
                          ids=["no origin", "foreign origin", "foreign referer"])
 async def test_forms_from_elsewhere_are_403(cfg, headers: dict[str, str]) -> None:
-    async with serve(create_app(cfg, secret_key="k")) as url, \
-            httpx.AsyncClient(base_url=url) as client:
+    async with gateway_client(cfg, secret_key="k") as client:
         response = await client.post("/signin", data={"name": "alice",
                                                        "password": "correct-horse"},
                                      headers=headers)
@@ -82,8 +79,7 @@ OFF_SITE = ["//evil.example/x", "https://evil.example/", "/\\evil", "/\t/evil.ex
 
 @pytest.mark.parametrize("target", OFF_SITE)
 async def test_next_never_leaves_the_gateway(cfg, target: str) -> None:
-    async with serve(create_app(cfg, secret_key="k")) as url, \
-            httpx.AsyncClient(base_url=url) as client:
+    async with gateway_client(cfg, secret_key="k") as client:
         response = await client.post("/signin", data={"name": "alice",
                                                        "password": "correct-horse",
                                                        "next": target},
@@ -102,8 +98,8 @@ def test_next_keeps_paths_on_the_gateway(target: str) -> None:
 
 
 async def test_failed_sign_ins_lock_out_the_address_and_the_account(cfg) -> None:
-    async with serve(create_app(cfg, secret_key="k")) as url, \
-            httpx.AsyncClient(base_url=url) as client:
+    async with gateway_stack(cfg, secret_key="k") as site:
+        client = site.client
         for _ in range(3):
             wrong = await client.post("/signin", data={"name": "alice", "password": "guess"},
                                       headers={"Origin": ORIGIN})
@@ -115,7 +111,7 @@ async def test_failed_sign_ins_lock_out_the_address_and_the_account(cfg) -> None
         assert locked.json()["error"] == "too_many_requests"
         # the account is locked from other addresses too
         other = httpx.AsyncHTTPTransport(local_address="127.0.0.3")
-        async with httpx.AsyncClient(base_url=url, transport=other) as elsewhere:
+        async with httpx.AsyncClient(base_url=site.url, transport=other) as elsewhere:
             again = await elsewhere.post("/signin", data={"name": "alice",
                                                            "password": "correct-horse"},
                                          headers={"Origin": ORIGIN})
@@ -125,8 +121,7 @@ async def test_failed_sign_ins_lock_out_the_address_and_the_account(cfg) -> None
 async def test_parallel_wrong_passwords_get_at_most_the_limit_of_answers(cfg) -> None:
     """Guesses sent at once all pass the first look while their passwords are hashed; only
     the limit of them (3) is told the password was wrong, the rest are locked out."""
-    async with serve(create_app(cfg, secret_key="k")) as url, \
-            httpx.AsyncClient(base_url=url) as client:
+    async with gateway_client(cfg, secret_key="k") as client:
         answers = await asyncio.gather(*(
             client.post("/signin", data={"name": "alice", "password": f"guess-{i}"},
                         headers={"Origin": ORIGIN}) for i in range(12)))
@@ -147,8 +142,7 @@ async def _fail_three_times(client: httpx.AsyncClient, forwarded_for: str) -> No
 async def test_behind_a_trusted_proxy_the_lockout_is_the_clients_not_the_proxys(tmp_path: Path
                                                                                ) -> None:
     cfg = make_cfg(trusted_proxies=["127.0.0.1"])
-    async with serve(create_app(cfg, secret_key="k")) as url, \
-            httpx.AsyncClient(base_url=url) as client:
+    async with gateway_client(cfg, secret_key="k") as client:
         await _fail_three_times(client, "203.0.113.9")
         right = {"name": "alice", "password": "correct-horse"}
         # another client behind the same proxy signs in
@@ -162,8 +156,7 @@ async def test_behind_a_trusted_proxy_the_lockout_is_the_clients_not_the_proxys(
 
 
 async def test_without_trusted_proxies_x_forwarded_for_is_ignored(cfg) -> None:
-    async with serve(create_app(cfg, secret_key="k")) as url, \
-            httpx.AsyncClient(base_url=url) as client:
+    async with gateway_client(cfg, secret_key="k") as client:
         await _fail_three_times(client, "203.0.113.9")
         spoofed = await client.post("/signin", data={"name": "alice",
                                                       "password": "correct-horse"},
@@ -184,8 +177,7 @@ async def test_a_cookie_not_of_the_issued_form_is_a_signed_out_browser(
                      "state": {"url": state_backends.REDIS_URL,
                                "key_prefix": state_backends.fresh_prefix()},
                      "upstreams": [{"name": "e", "url": "http://127.0.0.1:9/mcp"}]}, env={})
-    async with serve(create_app(cfg, secret_key="k")) as url, \
-            httpx.AsyncClient(base_url=url) as client:
+    async with gateway_client(cfg, secret_key="k") as client:
         signed = await client.post("/signin", data={"name": "alice", "password": "correct-horse",
                                                     "next": "/signin/done"},
                                    headers={"Origin": ORIGIN})

@@ -3,13 +3,9 @@ answer 503 with Retry-After in their own shape (was a 500), and work again once 
 
 from __future__ import annotations
 
-import httpx
-
-from proxy.runtime.app import create_app
-from proxy.config import from_dict
 from proxy.people.accounts import Accounts
 from tests import db_backends
-from tests.servers import bound_socket, serve
+from tests.stack import gateway_stack
 
 CLIENT = {"redirect_uris": ["http://127.0.0.1/cb"], "token_endpoint_auth_method": "none"}
 
@@ -17,13 +13,14 @@ CLIENT = {"redirect_uris": ["http://127.0.0.1/cb"], "token_endpoint_auth_method"
 async def test_a_held_database_is_a_503_then_served_again() -> None:
     database = db_backends.open_database()
     Accounts(database).create_local("root", "root-password")
-    sock, url = bound_socket()
-    cfg = from_dict({"server": {"public_url": url}, "auth": {"mode": "jwt"},
-                     "oauth_server": {"enabled": True},
-                     "database": {"url": database.url, "busy_timeout_s": 0.3},
-                     "upstreams": [{"name": "e", "url": "http://127.0.0.1:9/mcp"}]}, env={})
-    async with serve(create_app(cfg, secret_key="k"), sock=sock), \
-            httpx.AsyncClient(follow_redirects=False, headers={"Origin": url}) as client:
+    async with gateway_stack(lambda urls: {
+            "server": {"public_url": urls.gateway}, "auth": {"mode": "jwt"},
+            "oauth_server": {"enabled": True},
+            "database": {"url": database.url, "busy_timeout_s": 0.3},
+            "upstreams": [{"name": "e", "url": "http://127.0.0.1:9/mcp"}]},
+            secret_key="k", client={"follow_redirects": False}) as site:
+        url, client = site.url, site.client
+        client.headers["Origin"] = url
         with db_backends.tables_held(database.url, "users", "oauth_clients"):
             busy = [await client.post(f"{url}/oauth/register", json=CLIENT)]
             if database.postgresql:  # (SQLite in WAL mode lets readers through)

@@ -4,14 +4,11 @@ same on SQLite."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from proxy.runtime.app import create_app
-from proxy.config import from_dict
 from proxy.people.accounts import Accounts
 from tests import db_backends
-from tests.servers import bound_socket, serve
+from tests.stack import gateway_stack
 
 CHALLENGE = "a" * 43
 
@@ -33,12 +30,13 @@ async def test_a_nul_is_a_400_in_the_routes_shape(method: str, path: str, kwargs
                                                   where: str) -> None:
     database = db_backends.open_database()
     Accounts(database).create_local("root", "root-password")
-    sock, url = bound_socket()
-    cfg = from_dict({"server": {"public_url": url}, "auth": {"mode": "jwt"},
-                     "oauth_server": {"enabled": True}, "database": {"url": database.url},
-                     "upstreams": [{"name": "e", "url": "http://127.0.0.1:9/mcp"}]}, env={})
-    async with serve(create_app(cfg, secret_key="k"), sock=sock), \
-            httpx.AsyncClient(follow_redirects=False, headers={"Origin": url}) as client:
+    async with gateway_stack(lambda urls: {
+            "server": {"public_url": urls.gateway}, "auth": {"mode": "jwt"},
+            "oauth_server": {"enabled": True}, "database": {"url": database.url},
+            "upstreams": [{"name": "e", "url": "http://127.0.0.1:9/mcp"}]},
+            secret_key="k", client={"follow_redirects": False}) as site:
+        url, client = site.url, site.client
+        client.headers["Origin"] = url
         refused = await client.request(method, f"{url}{path}", **kwargs)
         assert refused.status_code == 400, refused.text
         assert refused.json() == {"error": "invalid_request", "error_description":

@@ -1,0 +1,101 @@
+"""The gateway stack a test stands up, in one place: an upstream app served first (the demo
+server, say), the gateway's config built from the URLs it will be reached at, `create_app` on
+Hypercorn on a loopback socket bound before the config is made (so the config may name its own
+public URL), and an httpx client whose base URL is the gateway's. The config is on the running
+test's database and this run's live state unless it names its own.
+
+    async with gateway_stack(lambda urls: {"server": {"public_url": urls.gateway}, ...},
+                             secret_key="k") as site:
+        await site.client.post("/signin", ...)
+
+`tests.conftest.running_gateway` is the same stack over an injected upstream transport, with
+audit records kept in memory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from quart import Quart
+
+from proxy.config import Config, from_dict
+from proxy.mcp.gateway import Gateway
+from proxy.runtime.app import Services, create_app
+from tests import db_backends, state_backends
+from tests.servers import bound_socket, serve
+
+
+@dataclass(frozen=True)
+class Urls:
+    """Where the stack is reached: the gateway's base URL, and the served upstream's (empty
+    when none was served)."""
+
+    gateway: str
+    upstream: str = ""
+
+
+ConfigSource = Config | dict[str, Any] | Callable[[Urls], dict[str, Any]]
+
+
+@dataclass
+class Site:
+    """A served gateway: its URL, its app, a client on its URL, and the upstream's URL."""
+
+    url: str
+    app: Quart
+    client: httpx.AsyncClient
+    upstream: str = ""
+
+    @property
+    def services(self) -> Services:
+        services: Services = self.app.extensions["tollhouse"]
+        return services
+
+    @property
+    def gateway(self) -> Gateway:
+        assert self.services.gateway is not None
+        return self.services.gateway
+
+    def endpoint(self, name: str = "e") -> str:
+        return f"{self.url}/mcp/{name}"
+
+
+def stack_config(source: ConfigSource, urls: Urls) -> Config:
+    """`source` as a Config: a dict (or what a function of `urls` returns) on the test's
+    database and state unless it names its own."""
+    if isinstance(source, Config):
+        return source
+    raw = dict(source(urls) if callable(source) else source)
+    raw.setdefault("database", {"url": db_backends.url()})
+    raw.setdefault("state", state_backends.state())
+    return from_dict(raw, env={})
+
+
+@asynccontextmanager
+async def gateway_stack(config: ConfigSource, *, upstream: Any = None,
+                        client: dict[str, Any] | None = None, graceful_timeout: float = 1.0,
+                        **options: Any) -> AsyncIterator[Site]:
+    """`upstream` (an ASGI app) served first when given; then the gateway for `config` (see
+    `stack_config`) with `options` as `create_app` keywords (`secret_key`, `vault_keys`, ...)
+    and a client on it (`client`: more httpx.AsyncClient keywords)."""
+    async with AsyncExitStack() as stack:
+        upstream_url = ""
+        if upstream is not None:
+            upstream_url = await stack.enter_async_context(
+                serve(upstream, graceful_timeout=graceful_timeout))
+        sock, url = bound_socket()
+        app = create_app(stack_config(config, Urls(url, upstream_url)), **options)
+        await stack.enter_async_context(serve(app, sock=sock, graceful_timeout=graceful_timeout))
+        http = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=url, **{"timeout": 10, **(client or {})}))
+        yield Site(url, app, http, upstream_url)
+
+
+@asynccontextmanager
+async def gateway_client(config: ConfigSource, **options: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """`gateway_stack`'s client alone, for a test that only talks to the gateway."""
+    async with gateway_stack(config, **options) as site:
+        yield site.client
