@@ -37,7 +37,7 @@ class Urls:
     upstream: str = ""
 
 
-ConfigSource = Config | dict[str, Any] | Callable[[Urls], dict[str, Any]]
+ConfigSource = Config | dict[str, Any] | Callable[[Urls], Config | dict[str, Any]]
 
 
 @dataclass
@@ -64,11 +64,12 @@ class Site:
 
 
 def stack_config(source: ConfigSource, urls: Urls) -> Config:
-    """`source` as a Config: a dict (or what a function of `urls` returns) on the test's
-    database and state unless it names its own."""
-    if isinstance(source, Config):
-        return source
-    raw = dict(source(urls) if callable(source) else source)
+    """`source` as a Config: a Config as it is; a dict (or what a function of `urls`
+    returns: a dict or a Config) on the test's database and state unless it names its own."""
+    made = source(urls) if callable(source) else source
+    if isinstance(made, Config):
+        return made
+    raw = dict(made)
     raw.setdefault("database", {"url": db_backends.url()})
     raw.setdefault("state", state_backends.state())
     return from_dict(raw, env={})

@@ -9,7 +9,6 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.runtime.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.config import Config, from_dict, load
 from proxy.demo import demo_app
@@ -17,7 +16,7 @@ from proxy.runtime.reload import applied, fixed_changes
 from tests import db_backends
 from tests.api.test_registry_shared import answer
 from tests.conftest import MCP_HEADERS
-from tests.servers import serve
+from tests.stack import Urls, gateway_stack
 
 PER_USER = {"name": "gh", "url": "http://gh.test/mcp", "auth": "per_user",
             "oauth": {"discover": True}}
@@ -99,42 +98,45 @@ async def test_a_reload_leaves_the_servers_stored_through_the_api_as_they_are(
     database = db_backends.url()
     _, secret = api_keys.create(database, "ops", [], role="admin")
     path = tmp_path / "c.toml"
-    async with serve(demo_app(), graceful_timeout=1) as upstream:
+
+    def config(urls: Urls) -> Config:
+        path.write_text(_file(database, urls.upstream))
+        return load(path, env={})
+
+    async with gateway_stack(config, upstream=demo_app(), base_dir=tmp_path, client={
+            "headers": {"Authorization": f"Bearer {secret}"}}) as site:
+        url, upstream, admin = site.url, site.upstream, site.client
+
+        async def call(endpoint: str, tool: str = "echo") -> httpx.Response:
+            arguments = {"text": "hi"} if tool == "echo" else {"a": 1, "b": 2}
+            return await admin.post(f"{url}/mcp/{endpoint}", headers=MCP_HEADERS,
+                                    content=orjson.dumps({
+                                        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                        "params": {"name": tool, "arguments": arguments}}))
+
+        def refused(response: httpx.Response) -> bool:
+            return response.status_code == 400 and answer(response)["error"]["code"] == -32602
+
+        stored = {"name": "stored", "url": f"{upstream}/mcp", "zones": ["loopback"],
+                  "access": {"tools_deny": ["add"]}}
+        assert (await admin.post(f"{url}/api/v1/servers", json=stored)).status_code == 201
+        assert (await call("file")).status_code == 200
+        assert refused(await call("stored", "add"))
+        serving = site.services.serving
+        path.write_text(_file(database, upstream,
+                              '[upstreams.access]\ntools_deny = ["echo"]\n'
+                              f'[[upstreams]]\nname = "added"\nurl = "{upstream}/mcp"\n'
+                              'zones = ["loopback"]\n'))
+        assert await serving.reload(path)
+        assert refused(await call("file"))
+        assert answer(await call("added"))["result"]["content"][0]["text"] == "hi"
+        assert answer(await call("stored"))["result"]["content"][0]["text"] == "hi"
+        assert refused(await call("stored", "add"))  # its own rules, as stored
+        listed = (await admin.get(f"{url}/api/v1/servers")).json()["items"]
+        assert {s["name"]: s["source"] for s in listed} == {
+            "file": "config", "added": "config", "stored": "api"}
         path.write_text(_file(database, upstream))
-        app = create_app(load(path, env={}), base_dir=tmp_path)
-        async with serve(app, graceful_timeout=1) as url, httpx.AsyncClient(
-                headers={"Authorization": f"Bearer {secret}"}, timeout=10) as admin:
-
-            async def call(endpoint: str, tool: str = "echo") -> httpx.Response:
-                arguments = {"text": "hi"} if tool == "echo" else {"a": 1, "b": 2}
-                return await admin.post(f"{url}/mcp/{endpoint}", headers=MCP_HEADERS,
-                                        content=orjson.dumps({
-                                            "jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                                            "params": {"name": tool, "arguments": arguments}}))
-
-            def refused(response: httpx.Response) -> bool:
-                return response.status_code == 400 and answer(response)["error"]["code"] == -32602
-
-            stored = {"name": "stored", "url": f"{upstream}/mcp", "zones": ["loopback"],
-                      "access": {"tools_deny": ["add"]}}
-            assert (await admin.post(f"{url}/api/v1/servers", json=stored)).status_code == 201
-            assert (await call("file")).status_code == 200
-            assert refused(await call("stored", "add"))
-            serving = app.extensions["tollhouse"].serving
-            path.write_text(_file(database, upstream,
-                                  '[upstreams.access]\ntools_deny = ["echo"]\n'
-                                  f'[[upstreams]]\nname = "added"\nurl = "{upstream}/mcp"\n'
-                                  'zones = ["loopback"]\n'))
-            assert await serving.reload(path)
-            assert refused(await call("file"))
-            assert answer(await call("added"))["result"]["content"][0]["text"] == "hi"
-            assert answer(await call("stored"))["result"]["content"][0]["text"] == "hi"
-            assert refused(await call("stored", "add"))  # its own rules, as stored
-            listed = (await admin.get(f"{url}/api/v1/servers")).json()["items"]
-            assert {s["name"]: s["source"] for s in listed} == {
-                "file": "config", "added": "config", "stored": "api"}
-            path.write_text(_file(database, upstream))
-            assert await serving.reload(path)
-            assert (await call("added")).status_code == 404
-            assert answer(await call("file"))["result"]["content"][0]["text"] == "hi"
-            assert answer(await call("stored"))["result"]["content"][0]["text"] == "hi"
+        assert await serving.reload(path)
+        assert (await call("added")).status_code == 404
+        assert answer(await call("file"))["result"]["content"][0]["text"] == "hi"
+        assert answer(await call("stored"))["result"]["content"][0]["text"] == "hi"

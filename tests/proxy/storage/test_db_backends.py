@@ -773,28 +773,26 @@ async def test_the_gateway_keys_and_audit_on_each_backend(database_url: str) -> 
     built for SQLite and pointed at this database, whatever the config check allows)."""
     import dataclasses
 
-    import httpx
-
-    from proxy.config import DatabaseConfig, from_dict
+    from proxy.config import Config, DatabaseConfig, from_dict
     from proxy.demo import demo_app
-    from proxy.runtime.app import create_app
     from tests.conftest import MCP_HEADERS
-    from tests.servers import serve
+    from tests.stack import Urls, gateway_client
 
-    async with serve(demo_app()) as upstream_url:
+    def config(urls: Urls) -> Config:
         cfg = from_dict({"auth": {"mode": "jwt"},
-                         "upstreams": [{"name": "e", "url": f"{upstream_url}/mcp"}]}, env={})
-        cfg = dataclasses.replace(cfg, database=DatabaseConfig(url=database_url))
-        key, secret = api_keys.create(database_url, "ci-bot", [])
-        body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                             "params": {"name": "echo", "arguments": {"text": "hi"}}})
-        headers = {**MCP_HEADERS, "Authorization": f"Bearer {secret}"}
-        async with serve(create_app(cfg)) as url, httpx.AsyncClient(timeout=10) as client:
-            ok = await client.post(f"{url}/mcp/e", content=body, headers=headers)
-            assert ok.status_code == 200, ok.text
-            assert api_keys.revoke(database_url, key.id)
-            refused = await client.post(f"{url}/mcp/e", content=body, headers=headers)
-            assert refused.status_code == 401
+                         "upstreams": [{"name": "e", "url": f"{urls.upstream}/mcp"}]}, env={})
+        return dataclasses.replace(cfg, database=DatabaseConfig(url=database_url))
+
+    key, secret = api_keys.create(database_url, "ci-bot", [])
+    body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                         "params": {"name": "echo", "arguments": {"text": "hi"}}})
+    headers = {**MCP_HEADERS, "Authorization": f"Bearer {secret}"}
+    async with gateway_client(config, upstream=demo_app()) as client:
+        ok = await client.post("/mcp/e", content=body, headers=headers)
+        assert ok.status_code == 200, ok.text
+        assert api_keys.revoke(database_url, key.id)
+        refused = await client.post("/mcp/e", content=body, headers=headers)
+        assert refused.status_code == 401
     records = query(database_url)  # the audit writer drained when the app stopped
     assert [(r["status"], r["principal"].endswith(key.id)) for r in records
             if r["tool"] == "echo"] == [("ok", True)]

@@ -11,13 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from proxy.runtime.app import create_app
 from proxy.auth import keys as api_keys
-from proxy.config import from_dict
-from proxy.storage.db import Database
 from proxy.demo import demo_app
+from proxy.storage.db import Database
 from tests.e2e.sdk_client import connect
-from tests.servers import serve
+from tests.stack import gateway_stack
 
 
 @pytest.fixture
@@ -38,14 +36,13 @@ async def test_the_database_and_its_side_files_are_private(tmp_path: Path,
     data = tmp_path / "data"
     url = f"sqlite:///{data / 'tollhouse.db'}"
     _, secret = api_keys.create(url, "ci", ["demo"])
-    async with serve(demo_app(), graceful_timeout=1) as upstream:
-        cfg = from_dict({"auth": {"mode": "jwt"}, "database": {"url": url},
-                         "upstreams": [{"name": "demo", "url": f"{upstream}/mcp"}]}, env={})
-        async with serve(create_app(cfg, secret_key="k"), graceful_timeout=1) as gateway, \
-                connect(f"{gateway}/mcp/demo",
-                        headers={"Authorization": f"Bearer {secret}"}) as client:
-            assert (await client.call_tool("echo", {"text": "hi"})).is_error is False
-            modes = _modes(data)
+    async with gateway_stack(lambda urls: {
+            "auth": {"mode": "jwt"}, "database": {"url": url},
+            "upstreams": [{"name": "demo", "url": f"{urls.upstream}/mcp"}]},
+            upstream=demo_app(), secret_key="k") as site, \
+            connect(site.endpoint("demo"), headers={"Authorization": f"Bearer {secret}"}) as client:
+        assert (await client.call_tool("echo", {"text": "hi"})).is_error is False
+        modes = _modes(data)
     assert {"tollhouse.db", "tollhouse.db-wal", "tollhouse.db-shm"} <= set(modes)
     assert {name: mode for name, mode in modes.items() if mode != 0o600} == {}
 
