@@ -1,4 +1,4 @@
-"""Step 7 of the path: one audit record per JSON-RPC request, committed off the event loop
+"""The audit log: one audit record per JSON-RPC request, committed off the event loop
 (group commit) before the request's answer leaves."""
 
 from proxy.audit.database import DatabaseAuditSink, query

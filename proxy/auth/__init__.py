@@ -1,4 +1,4 @@
-"""Identity: who is calling. Step 2 of the request path; it answers a Principal or raises
+"""Identity: who is calling, settled by the spine (`Gateway.post`) before any policy; it answers a Principal or raises
 Unauthenticated, and it is not a policy (policies decide what a known principal may do).
 
 The authenticators are in `proxy.auth.authenticator`, not imported here: a policy that needs

@@ -23,11 +23,11 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from proxy.auth import keys as api_keys
 from proxy.auth.jwks import JwksCache, kty_for
 from proxy.auth.lockout import Attempt
+from proxy.auth.people import People, StoreDown
 from proxy.auth.principal import ANONYMOUS, Principal
 from proxy.config import Config, IssuerConfig
 from proxy.deadlines import Deadlines
 from proxy.errors import Forbidden, Unauthenticated
-from proxy.people.live import LiveUsers, StoreDown
 from proxy.state.lockouts import LockoutStore
 
 log = logging.getLogger("tollhouse.auth")
@@ -93,7 +93,7 @@ class BearerAuth:
                  keys: api_keys.KeyIndex | None, lockouts: LockoutStore,
                  clock: Callable[[], float] = time.monotonic,
                  tollhouse: TokenVerifier | None = None,
-                 people: LiveUsers | None = None) -> None:
+                 people: People | None = None) -> None:
         self._tollhouse = tollhouse
         self._people = people  # who the subject of a token this gateway issued is now
         self._store_down_logged = 0.0

@@ -1,4 +1,4 @@
-"""Step 1 of the path, after the body cap at the edge: what is checked about an MCP exchange
+"""The spine's first checks, after the body cap at the edge: what is checked about an MCP exchange
 before its message is trusted: the browser Origin, the media types, the caller's address for
 lockouts, and the parse itself (with the one version check that needs no envelope).
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from cachetools import TTLCache
 
+from proxy.auth.people import StoreDown
+
 if TYPE_CHECKING:
     from proxy.people.accounts import User
 
@@ -25,12 +27,8 @@ class UsersTable(Protocol):
     def by_subject(self, issuer: str, subject: str) -> User | None: ...
 
 
-class StoreDown(Exception):
-    """The users table could not be read."""
-
-
 class LiveUsers:
-    """The person behind a token this gateway issued, as they are now, for each call: a
+    """Identity's `proxy.auth.people.People`: the person behind a token this gateway issued, as they are now, for each call: a
     change through this process's Accounts (roles, admin, deletion; the management API and
     sign-in use it) applies to their very next call; one made elsewhere (the CLI, another
     gateway on the database) within `ttl_s`. One database read per person per `ttl_s`, in a

@@ -18,11 +18,12 @@ from typing import Any, Protocol
 
 import httpx
 
+from proxy.auth.people import StoreDown
 from proxy.auth.principal import Principal
 from proxy.config.template import SUBJECT, Missing
 from proxy.destinations import Destinations
 from proxy.errors import StoreUnavailable, UpstreamFailure
-from proxy.people.live import LiveUsers, StoreDown, UsersTable
+from proxy.people.live import LiveUsers, UsersTable
 from proxy.upstream.client import UpstreamRoute
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]

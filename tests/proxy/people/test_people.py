@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.auth.people import StoreDown
 from proxy.people.accounts import Accounts
-from proxy.people.live import LiveUsers, StoreDown
+from proxy.people.live import LiveUsers
 from tests import db_backends
 from tests.helpers import Clock
 
