@@ -10,7 +10,7 @@ import itertools
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from proxy.auth.principal import Principal
 from proxy.errors import GatewayError, InternalError
@@ -56,8 +56,40 @@ class Policy(Protocol):
         """Return to allow; raise a GatewayError subclass (a PolicyDenied) to deny."""
 
 
+@runtime_checkable
+class Rewriter(Protocol):
+    """A policy that edits what an upstream answers (hiding names from a */list result)."""
+
+    def rewriter(self, call: McpMessage, ctx: CallContext) -> Rewrite | None:
+        """The edit for this call; None when there is nothing to do."""
+
+
+@runtime_checkable
+class Hider(Protocol):
+    """A `Rewriter` that can say, narrower than its rewriter, whether it may hide a name."""
+
+    def hides(self, listing: McpMessage, ctx: CallContext) -> bool: ...
+
+
+@runtime_checkable
+class Noticer(Protocol):
+    """A policy that reads the notifications an upstream sends on a call's stream."""
+
+    def noticer(self, call: McpMessage, ctx: CallContext) -> Notice | None:
+        """The reader for this call; None when it reads none."""
+
+
+@runtime_checkable
+class NoticeScope(Protocol):
+    """A `Noticer` that can say, per endpoint, whether it reads any notification."""
+
+    def notices(self, endpoint: str) -> bool: ...
+
+
 class Chain:
-    """Policies sorted by `order`; two with the same order are a start-up error."""
+    """Policies sorted by `order`; two with the same order are a start-up error. Which of
+    them also rewrite answers or read notifications is settled here, once, by the protocols
+    they implement (`Rewriter`, `Noticer`)."""
 
     def __init__(self, policies: Sequence[Policy]) -> None:
         ordered = sorted(policies, key=lambda p: p.order)
@@ -65,8 +97,13 @@ class Chain:
             if a.order == b.order:
                 raise ValueError(f"policies {a.name!r} and {b.name!r} share order {a.order}")
         self.policies: tuple[Policy, ...] = tuple(ordered)
-        self._rewriters = tuple(p for p in ordered if hasattr(p, "rewriter"))
-        self._noticers = tuple(p for p in ordered if hasattr(p, "noticer"))
+        self._rewriters: tuple[Rewriter, ...] = tuple(
+            p for p in ordered if isinstance(p, Rewriter))
+        self._noticers: tuple[Noticer, ...] = tuple(p for p in ordered if isinstance(p, Noticer))
+        # what each says of itself, settled here and not on every call (a protocol's
+        # isinstance walks its members)
+        self._hiding = tuple((p, p if isinstance(p, Hider) else None) for p in self._rewriters)
+        self._scoped = tuple(p if isinstance(p, NoticeScope) else None for p in self._noticers)
 
     @property
     def names(self) -> list[str]:
@@ -116,14 +153,14 @@ class Chain:
         """Whether any policy may hide from this caller a name that `listing` (a */list)
         gives, so that a name the upstream does not have must answer as a hidden one does
         (proxy.mcp.names); one that rewrites the list and says nothing narrower is taken to."""
-        return any(p.hides(listing, ctx) if hasattr(p, "hides")
-                   else p.rewriter(listing, ctx) is not None for p in self._rewriters)
+        return any(hider.hides(listing, ctx) if hider is not None
+                   else p.rewriter(listing, ctx) is not None for p, hider in self._hiding)
 
     def notices(self, endpoint: str) -> bool:
         """Whether any policy may read the notifications of a call on `endpoint` (one whose
         `noticer` says nothing narrower is taken to read them all)."""
-        return any(p.notices(endpoint) if hasattr(p, "notices") else True
-                   for p in self._noticers)
+        return any(scope.notices(endpoint) if scope is not None else True
+                   for scope in self._scoped)
 
     async def run(self, call: McpMessage, ctx: CallContext, *,
                   only: Collection[str] | None = None, without: Collection[str] = ()) -> None:
