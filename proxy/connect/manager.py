@@ -3,13 +3,14 @@
 The authorization server is configured or discovered (the upstream's protected-resource
 metadata, RFC 9728; its authorization server's metadata, RFC 8414; dynamic client
 registration, RFC 7591, when no client id is configured: one client for every gateway process,
-kept in the database, proxy.connect.registration); every request goes through the egress
-guard. A connect flow's `state` is bound to the person and to the browser session. Tokens are
-refreshed before they expire; concurrent calls of one person trigger at most one refresh, even
-when they land on different gateway processes: within a process they share one (SingleFlight),
-and across processes only the holder of the lease `rf:<upstream>:<principal>` (proxy.state.leases)
-spends the refresh token, while the others watch the vault row for the token it stores. A
-refresh refused with invalid_grant marks the connection `needs_reconnect`.
+kept in the database, proxy.connect.registration: both proxy.connect.discovery's); every
+request goes through the egress guard. A connect flow's `state` is bound to the person and to
+the browser session. Tokens are refreshed before they expire; concurrent calls of one person
+trigger at most one refresh, even when they land on different gateway processes: within a
+process they share one (SingleFlight), and across processes only the holder of the lease
+`rf:<upstream>:<principal>` (proxy.state.leases) spends the refresh token, while the others
+watch the vault row for the token it stores. A refresh refused with invalid_grant marks the
+connection `needs_reconnect`.
 """
 
 from __future__ import annotations
@@ -21,21 +22,20 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, TypeGuard, TypeVar
-from urllib.parse import urlencode, urlsplit
+from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import httpx
 from cachetools import TTLCache
 
 from proxy.config import Config, UpstreamConfig
 from proxy.connect import ConnectFailed
+from proxy.connect.discovery import AuthorizationServers, Endpoints
 from proxy.connect.guarded import GuardedClient
-from proxy.connect.registration import Registrar
-from proxy.connect.vault import ClientKey, Vault
 from proxy.connect.vault import Connection as StoredConnection
+from proxy.connect.vault import Vault
 from proxy.errors import UpstreamFailure
 from proxy.singleflight import SingleFlight
 from proxy.state.flows import FlowStore, ForeignFlow
@@ -76,19 +76,6 @@ class UpstreamNeedsReconnect(UpstreamNotConnected):
         UpstreamFailure.__init__(self, f"Reconnect your {upstream} account: {connect_url}")
 
 
-@dataclass(frozen=True)
-class Endpoints:
-    authorization_endpoint: str
-    token_endpoint: str
-    revocation_endpoint: str
-    client_id: str
-    client_secret: str
-    scopes: tuple[str, ...]
-    # None: the operator configured these URLs. Else they came from discovery documents, and
-    # the gateway sends requests to them only in these zones (never to a metadata address)
-    discovered_zones: frozenset[str] | None = None
-
-
 def _s256(verifier: str) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(
         b"=").decode()
@@ -98,16 +85,6 @@ def _starter(principal: str, browser_session: str) -> str:
     """Who may finish a connect flow: the person, in the browser session that began it (a
     digest: the store never holds the session id)."""
     return hashlib.sha256(f"{principal}\x00{browser_session}".encode()).hexdigest()
-
-
-def _http_url(value: object) -> TypeGuard[str]:
-    """A string that is an absolute http(s) URL with a host (from a discovery document)."""
-    if not isinstance(value, str) or not value.startswith(("https://", "http://")):
-        return False
-    try:
-        return bool(urlsplit(value).hostname)
-    except ValueError:
-        return False
 
 
 # RFC 6749 section 5.2 error codes: shown as they are; any other answer is described generically
@@ -129,13 +106,6 @@ class Connections:
         self.people = people  # a per-caller upstream's attributes (proxy.upstream.tenants)
         self._templates: dict[str, Any] = {}  # per-caller upstream URLs, parsed
         self._clock = clock
-        # each upstream's authorization server and the gateway's client there, for the life
-        # of the process: discovered once (one discovery at a time per upstream), and a
-        # registered client read from the database once. Its row is written once and never
-        # changed, so this copy cannot disagree with it; an upstream that names another
-        # authorization server, or a row deleted by hand, is seen at the next start
-        self._endpoints: dict[str, Endpoints] = {}
-        self._discovering: SingleFlight[str, Endpoints] = SingleFlight(detached=True)
         # connect flows under way, by upstream and state, bound to the person and browser
         self._flows = flows
         self._refreshing: SingleFlight[tuple[str, str], str] = SingleFlight()
@@ -144,9 +114,10 @@ class Connections:
         self._lease_s = lease_s
         self._poll_s = poll_s
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tollhouse-vault")
-        self._registrar = Registrar(vault, self._in_db, guarded, self._json, self._leases,
-                                    client_name=f"Tollhouse ({self.public_url})",
-                                    lease_s=lease_s, poll_s=poll_s)
+        # each upstream's authorization server and the gateway's client there
+        self._servers = AuthorizationServers(self.upstreams, self.public_url, guarded, vault,
+                                             self._in_db, self._leases, lease_s=lease_s,
+                                             poll_s=poll_s)
         self.last_lists: dict[tuple[str, str], dict[str, Any]] = {}  # (upstream, method)
         # the hot path: a person's unsealed token for a minute, so a call costs no database
         # read; every change to the row (refresh, reconnect, disconnect) in this process
@@ -198,96 +169,7 @@ class Connections:
     # -- the authorization server ----------------------------------------------------------
 
     async def endpoints(self, name: str) -> Endpoints:
-        known = self._endpoints.get(name)
-        if known is not None:
-            return known
-        return await self._discovering.run(name, lambda: self._find_endpoints(name))
-
-    async def _find_endpoints(self, name: str) -> Endpoints:
-        up = self.upstreams[name]
-        o = up.oauth
-        if not o.discover:
-            found = Endpoints(o.authorization_endpoint, o.token_endpoint, o.revocation_endpoint,
-                              o.client_id, o.client_secret, tuple(o.scopes))
-        else:
-            found = await self._discover(up)
-        self._endpoints[name] = found  # only once all of it succeeded
-        return found
-
-    def _zones(self, name: str, ep: Endpoints) -> tuple[Collection[str], bool]:
-        """Where a request to one of these endpoints may go, and whether the operator wrote
-        its URL (only then may it name a cloud metadata address literally)."""
-        if ep.discovered_zones is None:
-            return self.upstreams[name].zones, True
-        return ep.discovered_zones, False
-
-    async def _json(self, up: UpstreamConfig, method: str, url: str, zones: Collection[str],
-                    operator_url: bool, what: str, **kwargs: Any) -> dict[str, Any]:
-        """A JSON object from the upstream's side. A failure names only `what` failed: the
-        status or the kind of error could tell a person which internal addresses answer."""
-        try:
-            response = await self._guarded.request(method, url, zones,
-                                                   operator_url=operator_url, **kwargs)
-        except UpstreamFailure as exc:
-            log.info("connect %s: %s %s failed: %s", up.name, method, url, exc)
-            raise ConnectFailed(f"{what} could not be fetched") from None
-        if response.status_code >= 400:
-            log.info("connect %s: %s %s answered HTTP %s", up.name, method, url,
-                     response.status_code)
-            raise ConnectFailed(f"{what} could not be fetched")
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            raise ConnectFailed(f"{what} is not a JSON object")
-        return body
-
-    async def _discover(self, up: UpstreamConfig) -> Endpoints:
-        parts = urlsplit(up.url)
-        origin = f"{parts.scheme}://{parts.netloc}"
-        # the protected-resource metadata is at the origin the operator configured; what it
-        # names was chosen by the upstream, so it may reach fewer places
-        prm = await self._json(up, "GET", f"{origin}/.well-known/oauth-protected-resource"
-                                          f"{parts.path}", up.zones, True,
-                               "the upstream's protected-resource metadata")
-        zones = frozenset(await self._guarded.discovery_zones(up.url, up.zones))
-        servers = prm.get("authorization_servers")
-        if not isinstance(servers, list) or not servers or not _http_url(servers[0]):
-            raise ConnectFailed("the upstream names no authorization server")
-        issuer = servers[0].rstrip("/")
-        isp = urlsplit(issuer)
-        meta = await self._json(up, "GET", f"{isp.scheme}://{isp.netloc}/.well-known/"
-                                           f"oauth-authorization-server{isp.path}", zones, False,
-                                "the authorization server's metadata")
-        found_issuer = meta.get("issuer")
-        if not isinstance(found_issuer, str) or found_issuer.rstrip("/") != issuer:
-            raise ConnectFailed("the authorization server's metadata names another issuer")
-        methods = meta.get("code_challenge_methods_supported")
-        if not isinstance(methods, list) or "S256" not in methods:
-            raise ConnectFailed("the authorization server does not offer PKCE S256")
-        authorization, token = meta.get("authorization_endpoint"), meta.get("token_endpoint")
-        revocation = meta.get("revocation_endpoint") or ""
-        if not _http_url(authorization) or not _http_url(token) \
-                or not (revocation == "" or _http_url(revocation)):
-            raise ConnectFailed("the authorization server's metadata lacks a usable "
-                                "authorization or token endpoint")
-        o = up.oauth
-        client_id, secret = o.client_id, o.client_secret  # a configured client wins
-        if not client_id:
-            registration = meta.get("registration_endpoint")
-            if not _http_url(registration):
-                raise ConnectFailed("no client_id is configured and the authorization server "
-                                    "offers no dynamic client registration")
-            key = ClientKey(up.name, issuer, registration,
-                            f"{self.public_url}/connect/{up.name}/callback")
-            client = await self._registrar.client(up, key, zones)
-            client_id, secret = client.client_id, client.client_secret
-        offered = prm.get("scopes_supported")
-        scopes = tuple(o.scopes) or (tuple(s for s in offered if isinstance(s, str))
-                                     if isinstance(offered, list) else ())
-        return Endpoints(str(authorization), str(token), str(revocation), client_id, secret,
-                         scopes, discovered_zones=zones)
+        return await self._servers.endpoints(name)
 
     # -- the connect flow ------------------------------------------------------------------
 
@@ -332,7 +214,7 @@ class Connections:
         form = {**form, "client_id": ep.client_id}
         if ep.client_secret:
             form["client_secret"] = ep.client_secret
-        zones, operator_url = self._zones(name, ep)
+        zones, operator_url = self._servers.zones(name, ep)
         response = await self._guarded.request("POST", ep.token_endpoint, zones,
                                                operator_url=operator_url, data=form)
         try:
@@ -493,7 +375,7 @@ class Connections:
                                 "client_id": ep.client_id}
                         if ep.client_secret:
                             form["client_secret"] = ep.client_secret
-                        zones, operator_url = self._zones(name, ep)
+                        zones, operator_url = self._servers.zones(name, ep)
                         await self._guarded.request("POST", ep.revocation_endpoint, zones,
                                                     operator_url=operator_url, data=form)
         except (ConnectFailed, UpstreamFailure, httpx.HTTPError) as exc:

@@ -34,7 +34,7 @@ from proxy.state.leases import LeaseStore, by_one_holder
 log = logging.getLogger("tollhouse.connect")
 
 # (upstream, method, url, zones, operator_url, what, **kwargs) -> a JSON object, or
-# ConnectFailed naming `what` (Connections._json)
+# ConnectFailed naming `what` (AuthorizationServers._json, proxy.connect.discovery)
 FetchJson = Callable[..., Awaitable[dict[str, Any]]]
 InDb = Callable[..., Awaitable[Any]]
 
