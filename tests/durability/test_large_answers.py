@@ -13,7 +13,6 @@ One gateway serves the module (one database: each test looks for its own request
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ import pytest_asyncio
 from tests import db_backends, state_backends
 from tests.durability.large_upstream import LargeUpstream, result_text
 from tests.e2e.upstreams import LARGE_PATTERN, UpstreamProbe, build_app
-from tests.helpers import DEADLINE_S
+from tests.helpers import DEADLINE_S, until
 from tests.replicas.harness import Replica, _healthy, _start_replica, _stop, free_port
 from tests.servers import serve
 
@@ -60,15 +59,16 @@ class World:
 
     async def audited(self, request_id: str) -> tuple[Any, ...]:
         """The call's audit record, once written (the writer may still have it)."""
-        end = time.monotonic() + DEADLINE_S
-        while True:
-            rows = db_backends.rows(self.database_url, "SELECT status, error_message "
-                                    "FROM audit WHERE request_id = ?", request_id)
-            if rows:
-                assert len(rows) == 1
-                return rows[0]
-            assert time.monotonic() < end, f"no audit record for {request_id}"
-            await asyncio.sleep(0.02)
+        rows: list[tuple[Any, ...]] = []
+
+        def written() -> bool:
+            rows[:] = db_backends.rows(self.database_url, "SELECT status, error_message "
+                                       "FROM audit WHERE request_id = ?", request_id)
+            return bool(rows)
+
+        await until(written, DEADLINE_S, f"the audit record of {request_id}")
+        assert len(rows) == 1
+        return rows[0]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -30,7 +30,6 @@ import secrets
 import shutil
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests import db_backends
-from tests.helpers import DEADLINE_S, free_port
+from tests.helpers import DEADLINE_S, free_port, until
 
 REDIS_URL = os.environ.get("TOLLHOUSE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ENDPOINT = "up"
@@ -202,13 +201,14 @@ class Cluster:
 
     async def logged(self, match: Callable[[Served], bool], what: str) -> Served:
         """The first logged request matching `match`, waiting (with a deadline) for its line."""
-        end = time.monotonic() + DEADLINE_S
-        while True:
-            found = [s for s in self.requests() if match(s)]
-            if found:
-                return found[0]
-            assert time.monotonic() < end, f"HAProxy logged no {what} within {DEADLINE_S} s"
-            await asyncio.sleep(0.01)
+        found: list[Served] = []
+
+        def matched() -> bool:
+            found[:] = [s for s in self.requests() if match(s)]
+            return bool(found)
+
+        await until(matched, DEADLINE_S, f"HAProxy's logging a {what}")
+        return found[0]
 
     async def keys(self) -> dict[str, int]:
         """Every Redis key under the prefix (without it) and its PTTL (-1: no expiry)."""
@@ -304,32 +304,34 @@ async def _start_replica(name: str, port: int, tables: dict[str, Any], tmp_path:
 
 
 async def _healthy(replica: Replica, client: httpx.AsyncClient) -> None:
-    end = time.monotonic() + START_DEADLINE_S
-    while True:
+    async def healthy() -> bool:
         if replica.process.returncode is not None:
             raise AssertionError(f"replica {replica.name} exited with "
                                  f"{replica.process.returncode}:\n{replica.output()[-3000:]}")
         with contextlib.suppress(httpx.TransportError):
-            if (await client.get(f"{replica.url}/healthz")).status_code == 200:
-                return
-        assert time.monotonic() < end, (f"replica {replica.name} not healthy within "
-                                        f"{START_DEADLINE_S} s:\n{replica.output()[-3000:]}")
-        await asyncio.sleep(0.05)
+            return (await client.get(f"{replica.url}/healthz")).status_code == 200
+        return False
+
+    try:
+        await until(healthy, START_DEADLINE_S, f"replica {replica.name} being healthy")
+    except AssertionError as failed:
+        if replica.process.returncode is not None:
+            raise  # (it exited: the message has its output)
+        raise AssertionError(f"{failed}:\n{replica.output()[-3000:]}") from None
 
 
 async def _balanced(cluster: Cluster, client: httpx.AsyncClient) -> None:
     """Until HAProxy has sent a request to every replica (its checks found them up)."""
     names = {r.name for r in cluster.replicas}
-    end = time.monotonic() + START_DEADLINE_S
-    while True:
+
+    async def reached() -> bool:
         if cluster.lb_process.returncode is not None:
             raise AssertionError(f"haproxy exited: {cluster.lb_log.read_text()[-3000:]}")
         with contextlib.suppress(httpx.TransportError):
             await client.get(f"{cluster.lb_url}/healthz")
-        if names <= {s.server for s in cluster.requests()}:
-            return
-        assert time.monotonic() < end, "HAProxy did not reach every replica in time"
-        await asyncio.sleep(0.05)
+        return names <= {s.server for s in cluster.requests()}
+
+    await until(reached, START_DEADLINE_S, "HAProxy's reaching every replica")
 
 
 async def _stop(process: asyncio.subprocess.Process) -> None:
@@ -394,10 +396,11 @@ async def open_cluster(tmp_path: Path, upstream_url: str, *, replicas: int = 2,
         cluster = Cluster(started, lb_port, lb_process, lb_log, prefix, database_url, redis)
         async with httpx.AsyncClient(timeout=5) as client:
             await asyncio.gather(*(_healthy(r, client) for r in started))
-            end = time.monotonic() + START_DEADLINE_S
-            while await cluster.subscribers() < replicas:
-                assert time.monotonic() < end, "the replicas did not all subscribe to cancels"
-                await asyncio.sleep(0.02)
+
+            async def subscribed() -> bool:
+                return await cluster.subscribers() >= replicas
+
+            await until(subscribed, START_DEADLINE_S, "every replica's subscribing to cancels")
             await _balanced(cluster, client)
         yield cluster
     finally:

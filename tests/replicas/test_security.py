@@ -36,8 +36,8 @@ import pytest_asyncio
 from redis.asyncio import Redis
 
 from proxy.connect.vault import Vault, keys_from_env
-from proxy.storage.db import Database
 from proxy.people.accounts import Accounts
+from proxy.storage.db import Database
 from tests import db_backends
 from tests.e2e.oidc_provider import OidcProvider, running_provider
 from tests.e2e.test_oauth_sdk import MCP_HEADERS, REDIRECT_URI, Browser, query, s256
@@ -474,30 +474,39 @@ async def test_a_key_rotated_by_one_replica_is_published_and_used_by_both(
         # tokens issued at r0 only, until one of them made r0 mint a key (it falls due
         # key_rotation_s after the newest; r1 issues nothing meanwhile, so r0 minted it)
         known = stored_keys(w)
-        end = time.monotonic() + ROTATION_S + DEADLINE_S
-        while not set(stored_keys(w)) - set(known):
-            assert time.monotonic() < end, "r0 minted no key"
+
+        async def minted() -> bool:
+            if set(stored_keys(w)) - set(known):
+                return True
             await at_r0()
-            await asyncio.sleep(0.05)  # the poll interval
+            return False
+
+        await until(minted, ROTATION_S + DEADLINE_S, "r0's minting a key")
         seen = time.monotonic()  # the key is stored (committed) by now
         (new,) = set(stored_keys(w)) - set(known)
         assert new in await jwks(http, r0)  # published by the replica that minted it at once
 
         # r1 publishes it within its reread interval (key_rotation_s, below 60 s): a JWKS
         # request sent that long after the key was stored lists it
-        while True:
+        async def published() -> bool:
             sent = time.monotonic()
             if new in await jwks(http, r1):
-                break
+                return True
             assert sent < seen + ROTATION_S, "r1's JWKS lacked the key past the bound"
-            await asyncio.sleep(0.05)  # the poll interval
+            return False
+
+        await until(published, ROTATION_S + DEADLINE_S, "r1's publishing the key")
 
         # r0 signs with it once it has been published for key_rotation_s / 2; r1 accepts
         # that token, and signs with it (or a newer key) too
-        end = time.monotonic() + ROTATION_S + DEADLINE_S
-        while kid(signed := await at_r0()) != new:
-            assert time.monotonic() < end, "r0 never signed with the new key"
-            await asyncio.sleep(0.05)  # the poll interval
+        signed = ""
+
+        async def signs_with_it() -> bool:
+            nonlocal signed
+            signed = await at_r0()
+            return kid(signed) == new
+
+        await until(signs_with_it, ROTATION_S + DEADLINE_S, "r0's signing with the new key")
         assert answered(await call(http, r1.endpoint, signed, "rotated"), "rotated")
         step = await http.post(f"{r1.url}/oauth/token", data={
             "grant_type": "refresh_token", "client_id": tokens.client_id,

@@ -6,7 +6,6 @@ pinned dialling run on its answers exactly as on a configured upstream's."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,17 +16,17 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.runtime.app import create_app
 from proxy.audit import query
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
-from proxy.storage.db import Database
 from proxy.people.accounts import Accounts
+from proxy.runtime.app import create_app
+from proxy.storage.db import Database
 from tests import db_backends, state_backends
 from tests.e2e.sdk_client import connect
 from tests.e2e.test_eras import MODERN, modern_request, sse_or_json
 from tests.e2e.upstreams import UpstreamProbe, build_app
-from tests.helpers import DEADLINE_S, ISSUER, jwt_auth, token
+from tests.helpers import DEADLINE_S, ISSUER, jwt_auth, token, until
 from tests.servers import serve
 
 HOSTS = {"acme.tenants.test": ["127.0.0.2"], "globex.tenants.test": ["127.0.0.3"],
@@ -397,9 +396,8 @@ async def test_rate_limits_and_metering_count_each_caller_of_a_templated_endpoin
             assert refused.json()["error"]["code"] == -32000
         assert [c.arguments["text"] for c in t.acme.tool_calls("echo")] == ["alice"] * 2
         assert [c.arguments["text"] for c in t.globex.tool_calls("echo")] == ["bob"] * 2
-        deadline = asyncio.get_running_loop().time() + DEADLINE_S
-        while len(METER.recorded) < 4 and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.02)  # the outbox worker delivers them: poll to a deadline
+        # the outbox worker delivers them
+        await until(lambda: len(METER.recorded) >= 4, what="the four usage events' delivery")
     assert sorted(r["principal"] for r in METER.authorized) == ["alice"] * 2 + ["bob"] * 2
     assert {r["endpoint"] for r in METER.authorized} == {"workspace"}
     assert sorted((e["principal"], e["endpoint"], e["status"]) for e in METER.recorded) == [

@@ -6,7 +6,6 @@ import asyncio
 import gc
 import subprocess
 import sys
-import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from quart import Quart
 from proxy.runtime import serve
 from proxy.runtime.cli import main
 from proxy.runtime.serve import collect_on_schedule, freeze_after_start, refreeze
+from tests.helpers import until
 
 
 @pytest.mark.parametrize(
@@ -108,11 +108,8 @@ def thresholds() -> Iterator[tuple[int, int, int]]:
     gc.set_threshold(*before)
 
 
-async def until_collected(alive: weakref.ref[_Cycle], deadline_s: float = 5.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while alive() is not None:
-        assert time.monotonic() < deadline, "the cycle was not collected in time"
-        await asyncio.sleep(0.01)
+async def until_collected(alive: weakref.ref[_Cycle]) -> None:
+    await until(lambda: alive() is None, 5.0, "the cycle's collection")
 
 
 async def test_the_threshold_holds_while_serving_and_is_put_back(thresholds) -> None:
@@ -156,11 +153,8 @@ def collections() -> Iterator[list[int]]:
     gc.callbacks.remove(watch)
 
 
-async def until_swept(seen: list[int], count: int, deadline_s: float = 5.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while len(seen) < count:
-        assert time.monotonic() < deadline, f"{len(seen)} timed collections, not {count}"
-        await asyncio.sleep(0.01)
+async def until_swept(seen: list[int], count: int) -> None:
+    await until(lambda: len(seen) >= count, 5.0, f"{count} timed collections")
 
 
 async def test_an_old_cycle_waits_until_the_heap_grows_by_a_quarter(
