@@ -7,6 +7,8 @@ of servers (proxy.seen.LastSeen.get_many) is one read that equals `get` of each.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -14,10 +16,10 @@ import pytest
 from proxy.audit import AuditRecord, rollup
 from proxy.audit import summary as aggregates
 from proxy.audit.database import DatabaseAuditSink, _read
-from proxy.storage.db import Database
-from proxy.jsonrpc import McpMessage
 from proxy.seen import LastSeen
+from proxy.storage.db import Database
 from tests import db_backends
+from tests.builders import message
 
 NOW = 1_700_003_000.25
 RECENT_S, HOUR_S = 300.0, 3600.0
@@ -127,36 +129,62 @@ async def test_a_page_of_servers_is_one_statement(migrated: Database,
         bulk(migrated, [*names, "one more"])
 
 
-async def test_last_seen_of_several_is_one_read(migrated: Database,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    seen = LastSeen(migrated, lambda name: True)
+class Recorded:
+    """A database that records each statement run in its transactions, with its arguments
+    (the SELECTs are the reads)."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        self.statements: list[tuple[str, tuple[Any, ...]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.database, name)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        with self.database.transaction() as conn:
+            yield _Recording(conn, self.statements)
+
+    def reads(self) -> list[tuple[Any, ...]]:
+        return [args for text, args in self.statements
+                if text.lstrip().upper().startswith("SELECT")]
+
+
+class _Recording:
+    def __init__(self, conn: Any, into: list[tuple[str, tuple[Any, ...]]]) -> None:
+        self._conn, self._into = conn, into
+
+    def execute(self, text: str, args: tuple[Any, ...] = ()) -> Any:
+        self._into.append((text, tuple(args)))
+        return self._conn.execute(text, args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+async def test_last_seen_of_several_is_one_read(migrated: Database) -> None:
+    recorded = Recorded(migrated)
+    seen = LastSeen(recorded, lambda name: True)  # type: ignore[arg-type]
     await seen.start()
     try:
         for server, tools in (("a", [{"name": "x"}]), ("b", [{"name": "y"}, {"name": "z"}])):
-            rewrite = seen.results(McpMessage("request", 1, "tools/list", {}, b""),
+            rewrite = seen.results(message("tools/list"),
                                    AuditRecord(endpoint=server), None)
             assert rewrite is not None and rewrite({"tools": tools}) is False
-        initialize = seen.results(McpMessage("request", 2, "initialize", {}, b""),
+        initialize = seen.results(message("initialize", id=2),
                                   AuditRecord(endpoint="b"), None)
         assert initialize is not None
         initialize({"protocolVersion": "2025-11-25"})
         one = {n: await seen.get(n) for n in ("a", "b", "never")}
-        reads: list[list[str]] = []
-        read = seen._read
-
-        def counted(servers: list[str]) -> list[tuple[Any, ...]]:
-            reads.append(servers)
-            return read(servers)
-
-        monkeypatch.setattr(seen, "_read", counted)
+        recorded.statements.clear()
         several = await seen.get_many(["b", "never", "a", "b"])
-        assert reads == [["b", "never", "a"]]
+        assert recorded.reads() == [("b", "never", "a")]
         assert several == {"b": one["b"], "never": one["never"], "a": one["a"]}
         assert list(several) == ["b", "never", "a"]
         assert several["b"]["era"] == "2025-11-25" and several["a"]["era"] is None
         assert [t["name"] for t in several["b"]["tools"]] == ["y", "z"]
         assert one["never"] == {"era": None, "era_seen_at": None, "tools": None,
                                 "tools_seen_at": None}
-        assert await seen.get_many([]) == {} and len(reads) == 1  # nothing asked: no read
+        assert await seen.get_many([]) == {} and len(recorded.reads()) == 1  # no read
     finally:
         await seen.aclose()
