@@ -22,16 +22,16 @@ import httpx
 import orjson
 import pytest
 
-from proxy.storage import db
 from proxy.config import from_dict
 from proxy.connect.guarded import GuardedClient
 from proxy.connect.manager import ConnectFailed, Connections
 from proxy.connect.vault import ClientKey, Vault
-from proxy.storage.db import Database
 from proxy.errors import StoreUnavailable
 from proxy.state.leases import LeaseStore, MemoryLeases, RedisLeases
 from proxy.state.shared import Shared
 from proxy.state.stores import Stores, open_stores
+from proxy.storage import db
+from proxy.storage.db import Database
 from tests import db_backends, state_backends
 from tests.helpers import DEADLINE_S, until
 from tests.proxy.connect.test_connect_discovery import (

@@ -24,10 +24,9 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from mcp import types
 
 from proxy import confine
-
-from proxy.runtime import cli
 from proxy.config import ConfigError, from_dict
 from proxy.oauth.keys import KeyRing
+from proxy.runtime import cli
 from tests import helpers, state_backends
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import UpstreamProbe, stateless_json_app
