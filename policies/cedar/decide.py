@@ -1,0 +1,212 @@
+"""Deciding one call: the Cedar request built from the caller and the call, evaluated against
+the policies compiled once (`Policies`).
+
+What is built once, when the policies or the targets change: the Cedar policy sets (the
+enforce policies; all of them, for the shadow decision), each policy's `@reason`, and the JSON
+of every known target's entity with its endpoint. Per call: the caller's entity (a small JSON
+object), the context (`input` converted from the arguments, hour, weekday, zone, era) and one
+Cedar evaluation (two when shadow policies exist).
+
+How enforce and shadow combine: the decision that is applied is Cedar's over the enforce
+policies only (none at all: allowed, the policy layer is absent); the shadow decision is
+Cedar's over every policy (what would be decided if the shadow ones were enforced). The shadow
+decision never refuses; it is reported, with the policies that decided it.
+
+An evaluation error (an argument missing or of an unexpected type, a number Cedar cannot
+hold) refuses the call: Cedar skips a policy that errors, which for a `forbid` would let the
+call through, so any error denies, naming it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import cedarpy
+
+from policies.cedar.load import Policy, policy_set_json
+from policies.cedar.schema import ANNOTATIONS, CALL_ACTIONS, NAMESPACE, Catalog, Target
+from policies.cedar.values import Unrepresentable, cedar_input
+
+DEFAULT_FORBID = "refused by policy"
+DEFAULT_NO_PERMIT = "no policy permits this call"
+DEFAULT_ERROR = "policy evaluation failed"
+
+_ACTION = f"{NAMESPACE}::Action"
+_CALLER = f"{NAMESPACE}::Caller"
+_ENDPOINT = f"{NAMESPACE}::Endpoint"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who calls: `id` is `<issuer>|<subject>` for a person, `key|<key id>` for an API key
+    (`Caller.person`, `Caller.key`). Claims and attributes that are not strings are left
+    out; only the configured claims reach policies."""
+
+    id: str
+    groups: frozenset[str] = frozenset()
+    claims: Mapping[str, Any] = field(default_factory=dict)
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    client: str = ""
+
+    @classmethod
+    def person(cls, issuer: str, subject: str, **kw: Any) -> Caller:
+        return cls(f"{issuer}|{subject}", **kw)
+
+    @classmethod
+    def key(cls, key_id: str, **kw: Any) -> Caller:
+        return cls(f"key|{key_id}", **kw)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call: `method` an MCP method (tools/call, resources/read, prompts/get, or a list
+    method), `name` the tool or prompt name or the resource URI (empty for a list method)."""
+
+    method: str
+    endpoint: str
+    name: str = ""
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    zone: str = ""
+    era: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One Cedar evaluation: `policies` are Cedar's reasons (the permits that allowed, or the
+    forbids that denied; empty when a deny comes from no permit), `reason` the deciding
+    forbid's @reason (or a default text), `errors` the evaluation errors (which deny)."""
+
+    allowed: bool
+    policies: tuple[str, ...] = ()
+    reason: str = ""
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What `Policies.decide` returns: the applied decision (`allowed`, `policies`, `reason`,
+    `errors`) and `shadow`, the decision over all policies (None when no policy is shadow)."""
+
+    allowed: bool
+    policies: tuple[str, ...] = ()
+    reason: str = ""
+    errors: tuple[str, ...] = ()
+    shadow: Verdict | None = None
+
+    @property
+    def shadow_denied(self) -> bool:
+        """The shadow policies would have refused a call that was let through."""
+        return self.allowed and self.shadow is not None and not self.shadow.allowed
+
+
+ALLOWED = Decision(True)
+
+
+class Policies:
+    """The validated policies compiled for deciding, with the catalog they were validated
+    against. Immutable: a change of policies or targets builds a new one."""
+
+    def __init__(self, policies: Sequence[Policy], catalog: Catalog,
+                 claims: Sequence[str] = ()) -> None:
+        self.policies = tuple(policies)
+        self.catalog = catalog
+        self.by_id = {p.id: p for p in self.policies}
+        self.claims = tuple(claims) or catalog.claims
+        enforce = {p.id: p.est for p in self.policies if p.mode == "enforce"}
+        self.enforce = cedarpy.PolicySet.from_json_str(policy_set_json(enforce)) if (
+            enforce) else None
+        self.shadowed = any(p.mode == "shadow" for p in self.policies)
+        self.all = cedarpy.PolicySet.from_json_str(policy_set_json(
+            {p.id: p.est for p in self.policies})) if self.shadowed else None
+        self._targets = {key: _target_json(t) for key, t in catalog.targets.items()}
+
+    @property
+    def empty(self) -> bool:
+        return not self.policies
+
+    def reason_of(self, policy_id: str) -> str | None:
+        policy = self.by_id.get(policy_id)
+        return policy.reason if policy is not None else None
+
+    def decide(self, caller: Caller, call: Call, now: dt.datetime | None = None) -> Decision:
+        """The decision on one call; never raises for what the caller sent."""
+        if self.empty:
+            return ALLOWED
+        try:
+            request, entities = self.request(caller, call, now)
+        except Unrepresentable as exc:
+            failed = Verdict(False, (), DEFAULT_ERROR, (str(exc),))
+            applied = failed if self.enforce is not None else Verdict(True)
+            return Decision(applied.allowed, applied.policies, applied.reason, applied.errors,
+                            failed if self.shadowed else None)
+        applied = (self.evaluate(self.enforce, request, entities)
+                   if self.enforce is not None else Verdict(True))
+        shadow = self.evaluate(self.all, request, entities) if self.all is not None else None
+        return Decision(applied.allowed, applied.policies, applied.reason, applied.errors,
+                        shadow)
+
+    def request(self, caller: Caller, call: Call, now: dt.datetime | None = None,
+                arguments: bool = True) -> tuple[dict[str, Any], str]:
+        """The Cedar request and entities (JSON) for a call; `arguments=False` gives an empty
+        input (what listing asks). Raises Unrepresentable for an argument Cedar cannot hold."""
+        kind = CALL_ACTIONS.get(call.method)
+        when = now or dt.datetime.now(dt.timezone.utc)
+        when = when.astimezone(dt.timezone.utc) if when.tzinfo else when
+        context: dict[str, Any] = {"hour": when.hour, "weekday": when.isoweekday(),
+                                   "zone": call.zone, "era": call.era}
+        if kind is None:
+            resource = {"type": _ENDPOINT, "id": call.endpoint}
+            target = json.dumps(_endpoint_json(call.endpoint))
+        else:
+            uid = f"{call.endpoint}/{call.name}"
+            resource = {"type": f"{NAMESPACE}::{kind}", "id": uid}
+            target = self._targets.get((kind, uid)) or _target_json(
+                Target(kind, call.endpoint, call.name))  # type: ignore[arg-type]
+            context["input"] = {} if not arguments else (
+                {"uri": call.name} if kind == "Resource" else cedar_input(
+                    call.arguments, self.catalog.inputs.get(
+                        self.catalog.input_of.get((kind, uid), ""))))
+        request = {"principal": {"type": _CALLER, "id": caller.id},
+                   "action": {"type": _ACTION, "id": call.method},
+                   "resource": resource, "context": context}
+        return request, f"[{self.caller_json(caller)},{target}]"
+
+    def caller_json(self, caller: Caller) -> str:
+        claims = {n: caller.claims[n] for n in self.claims
+                  if isinstance(caller.claims.get(n), str)}
+        attributes = {n: v for n, v in caller.attributes.items()
+                      if isinstance(v, str) and n in self.catalog.attributes}
+        return json.dumps({"uid": {"type": _CALLER, "id": caller.id}, "parents": [],
+                           "attrs": {"groups": sorted(caller.groups), "claims": claims,
+                                     "attributes": attributes, "client": caller.client}})
+
+    def evaluate(self, policies: Any, request: dict[str, Any], entities: str) -> Verdict:
+        result = cedarpy.is_authorized(request, policies, entities)
+        errors = tuple(str(e) for e in result.diagnostics.errors)
+        reasons = tuple(sorted(result.diagnostics.reasons))
+        if errors:
+            return Verdict(False, reasons, DEFAULT_ERROR, errors)
+        if result.allowed:
+            return Verdict(True, reasons)
+        if not reasons:
+            return Verdict(False, (), DEFAULT_NO_PERMIT)
+        text = next((r for r in map(self.reason_of, reasons) if r), DEFAULT_FORBID)
+        return Verdict(False, reasons, text)
+
+
+def _endpoint_json(endpoint: str) -> dict[str, Any]:
+    return {"uid": {"type": _ENDPOINT, "id": endpoint}, "attrs": {}, "parents": []}
+
+
+def _target_json(target: Target) -> str:
+    """The target's entity and its endpoint's, as the inside of a JSON array."""
+    attrs: dict[str, Any] = {"endpoint": target.endpoint, "name": target.name}
+    attrs.update({k: v for k, v in sorted(target.annotations.items())
+                  if k in ANNOTATIONS and isinstance(v, bool)})
+    entity = {"uid": {"type": f"{NAMESPACE}::{target.kind}", "id": target.uid},
+              "attrs": attrs, "parents": [{"type": _ENDPOINT, "id": target.endpoint}]}
+    return f"{json.dumps(entity)},{json.dumps(_endpoint_json(target.endpoint))}"
