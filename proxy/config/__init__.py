@@ -5,7 +5,8 @@
   then `validate`, which runs the section checks in order.
 - one module of checks per section: `server`, `auth`, `stores` ([database], [state]),
   `upstreams` and `stdio`, `endpoints`, `observability`, `metering`, `guardrails`, `rates`
-  ([[rate_limits]]) and `zones` ([egress]); `values` has the checks of one value they share.
+  ([[rate_limits]]), `zones` ([egress]) and `policy` ([policy], the Cedar files); `values`
+  has the checks of one value they share.
 - the config language's own rules, which the features that apply them import from here
   (nothing here imports a feature): `zones` (zone names, metadata addresses, collection
   policies), `rates` (the rate grammar), `endpoints` (a virtual endpoint's naming rules),
@@ -18,6 +19,7 @@ from proxy.config.errors import ConfigError
 from proxy.config.guardrails import GUARDRAIL_DETECT
 from proxy.config.load import from_dict, load, validate
 from proxy.config.observability import LOG_FORMATS
+from proxy.config.policy import POLICY_MODES, PolicyConfig
 from proxy.config.rates import RATE_LIMIT_KEYS, parse_rate, validate_rules
 from proxy.config.stores import STATE_SCHEMES
 from proxy.config.tables import (
@@ -59,8 +61,8 @@ __all__ = [
     "RATE_LIMIT_KEYS", "STATE_SCHEMES", "AccessConfig", "AuthConfig", "CollectionPolicy",
     "Config", "ConfigError", "ConsoleConfig", "DatabaseConfig", "EgressConfig",
     "EndpointConfig", "GuardrailRule", "IssuerConfig", "LockoutConfig", "MeteringConfig",
-    "OAuthServerConfig", "ObservabilityConfig", "OidcConfig", "PinningConfig",
-    "PlaceholderConfig", "RateLimitRule", "ScreeningConfig", "ServerConfig", "StateConfig",
+    "OAuthServerConfig", "ObservabilityConfig", "OidcConfig", "POLICY_MODES", "PinningConfig",
+    "PlaceholderConfig", "PolicyConfig", "RateLimitRule", "ScreeningConfig", "ServerConfig", "StateConfig",
     "ToolProfile", "UpstreamConfig", "UpstreamOAuthConfig", "from_dict", "load",
     "parse_networks", "parse_rate", "validate", "validate_egress", "validate_rules",
     "validate_upstream_egress",

@@ -22,6 +22,7 @@ from proxy.config import (
     guardrails,
     metering,
     observability,
+    policy,
     rates,
     server,
     stores,
@@ -62,6 +63,7 @@ def validate(cfg: Config, base_dir: Path) -> None:
         server.check, functools.partial(auth.check, base_dir=base_dir), stores.check_database,
         stores.check_state, server.check_processes, upstreams.check, endpoints.check,
         observability.check, metering.check, guardrails.check, rates.check, zones.check,
+        policy.check,
     )
     for check in checks:
         check(cfg)
@@ -95,6 +97,13 @@ def _value(tp: Any, raw: Any, key: str, env: typing.Mapping[str, str]) -> Any:
         if not isinstance(raw, list):
             raise ConfigError(f"config: '{key}' must be an array, got {_kind(raw)}")
         return [_value(item, v, f"{key}[{i}]", env) for i, v in enumerate(raw)]
+    if origin is tuple:  # tuple[T, ...]
+        return tuple(_value(list[typing.get_args(tp)[0]], raw, key, env))  # type: ignore[misc]
+    if origin is typing.Literal:
+        choices = typing.get_args(tp)
+        if raw not in choices:
+            raise ConfigError(f"config: '{key}' must be one of {', '.join(map(str, choices))}")
+        return raw
     if origin is dict:
         _, item = typing.get_args(tp)
         if not isinstance(raw, dict):

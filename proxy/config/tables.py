@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from proxy.config.policy import PolicyConfig
 from proxy.config.zones import DEFAULT_METADATA_ADDRESSES, ZONES
 
 
@@ -394,6 +395,7 @@ class Config:
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     guardrails: list[GuardrailRule] = field(default_factory=list)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def upstream(self, name: str) -> UpstreamConfig | None:
         return next((u for u in self.upstreams if u.name == name), None)
