@@ -18,6 +18,7 @@ import orjson
 _STRUCTURE = re.compile(rb'["{}\[\],:]')
 _NESTING = re.compile(rb'["{}\[\]]')
 _DEEP_RUN = re.compile(rb'(?:[^"{}\[\]]++|"(?:[^"\\]++|\\.)*+")*+', re.DOTALL)
+_BLANK = re.compile(rb"[ \t\r\n]*")  # _SPACE
 _STRING_BODY = re.compile(rb'(?:[^"\\]++|\\.)*+', re.DOTALL)  # up to the closing quote (or a lone \)
 _SPACE = b" \t\r\n"
 CAPTURE_BYTES = 4096  # past this a value is not kept (an error's data, an absurd id)
@@ -57,94 +58,94 @@ class AnswerScan:
         self.bad = False  # not one JSON object
 
     def feed(self, chunk: bytes) -> None:
-        i, n = 0, len(chunk)
-        cap_from = 0
+        if self.done:  # only white space may follow the message
+            self.bad = self.bad or bool(chunk.strip(_SPACE))
+            return
+        i, n, cap_from = 0, len(chunk), 0
         while i < n:
-            if self.done:
-                if chunk[i:].strip(_SPACE):
-                    self.bad = True
-                return
-            if self._in_string:
-                start = i
-                if self._escape:
-                    self._escape = False
-                    i += 1
-                j = _STRING_BODY.match(chunk, i).end()  # type: ignore[union-attr]
+            if self._in_string:  # (`_escape`: the chunk's first byte is escaped)
+                j = _STRING_BODY.match(chunk, i + self._escape).end()  # type: ignore[union-attr]
                 closing = j < n and chunk[j] == 0x22
                 if self._reading_key:  # a lone backslash at the end is the key's too
-                    self._key += chunk[start:j if closing else n][: _KEY_BYTES + 1
-                                                                  - len(self._key)]
-                if j >= n:
-                    i = n
-                elif closing:
-                    self._in_string = False
+                    self._read_key(chunk[i:j if closing else n], closing)
+                if closing:
+                    self._in_string = self._escape = False
                     i = j + 1
-                    if self._reading_key:
-                        self._end_key()
-                else:  # a backslash as the chunk's last byte
-                    self._escape = True
+                else:  # the string goes on in the next chunk (escaped: it ended in a backslash)
+                    self._escape = j < n
                     i = n
                 continue
-            # keys (and the commas that end kept values) matter only in the message and its
-            # result object; elsewhere only quotes and brackets do (strings, depth)
-            if self._tracked():
+            if not self._stack:  # before the message
+                i = self._opening(chunk, i)
+                continue
+            if self._tracked():  # every structural character
                 m = _STRUCTURE.search(chunk, i)
             else:  # whole strings and all between brackets skipped at once
                 i = _DEEP_RUN.match(chunk, i).end()  # type: ignore[union-attr]
                 m = _NESTING.search(chunk, i)
             if m is None:
-                if not self._stack and chunk[i:].strip(_SPACE):
-                    self.bad = self.done = True
                 break
             at = m.start()
             c = chunk[at]
-            if not self._stack and (c != 0x7B or chunk[i:at].strip(_SPACE)):
-                self.bad = self.done = True  # the message is not a JSON object
-                return
             i = at + 1
-            if c == 0x22:  # "
+            if c == 0x22:  # " (where keys are tracked, the stack is b"{" or b"{{")
                 self._in_string = True
-                if self._key_wanted and self._stack[-1] == 0x7B and self._tracked():
-                    self._reading_key = True
-                    self._key.clear()
-            elif c == 0x3A:  # :
+                self._reading_key = self._key_wanted and self._tracked()
+            elif c == 0x3A:  # : (searched for only where keys are tracked)
                 self._key_wanted = False
                 depth = len(self._stack)
-                where = (1, b"", self._top_key) if depth == 1 else (2, self._top_key,
-                                                                    self._sub_key)
-                if where in _KEPT and self._tracked():
+                where = (1, b"", self._top_key) if depth == 1 else (2, self._top_key, self._sub_key)
+                if where in _KEPT:
                     self._cap, self._cap_name, self._cap_depth = bytearray(), where[2], depth
-                    self._cap_over = False
                     cap_from = i
             elif c == 0x2C:  # ,
                 if self._cap is not None and len(self._stack) == self._cap_depth:
                     self._end_capture(chunk, cap_from, at)
-                if self._stack and self._stack[-1] == 0x7B:
-                    self._key_wanted = True
+                self._key_wanted = self._stack[-1] == 0x7B
             elif c in (0x7B, 0x5B):  # { [
                 self._stack.append(c)
                 self._key_wanted = c == 0x7B
             else:  # } ]
                 if self._cap is not None and len(self._stack) == self._cap_depth:
                     self._end_capture(chunk, cap_from, at)
-                if not self._stack:
-                    self.bad = self.done = True
-                    return
                 self._stack.pop()
                 self._key_wanted = False
-                if not self._stack:
+                if not self._stack:  # the message has ended: only white space may follow
                     self.done = True
+                    self.bad = bool(chunk[i:].strip(_SPACE))
+                    return
         if self._cap is not None:
             self._keep(chunk[cap_from:])
 
+    def _opening(self, chunk: bytes, i: int) -> int:
+        """Before the message: white space, then its opening brace; anything else first makes
+        the scan bad (and done). Where the scan goes on: past the brace, or the chunk's end."""
+        j = _BLANK.match(chunk, i).end()  # type: ignore[union-attr]
+        if j == len(chunk):
+            return j
+        if chunk[j] != 0x7B:
+            self.bad = self.done = True
+            return len(chunk)
+        self._stack.append(0x7B)
+        self._key_wanted = True
+        return j + 1
+
     def _tracked(self) -> bool:
-        """Before the message, in its own object, or in its result or error object."""
+        """Before the message, in its own object, or in its result or error object: where keys
+        (and the commas that end kept values) matter; elsewhere only quotes and brackets do
+        (strings, depth)."""
         return len(self._stack) <= 1 or (self._stack == b"{{"
                                          and self._top_key in (b"result", b"error"))
 
-    def _end_key(self) -> None:
+    def _read_key(self, part: bytes, whole: bool) -> None:
+        """A key's bytes as they pass (past _KEY_BYTES, it is none looked for); once `whole`,
+        the key, as a parser reads it, of the message or of its result or error."""
+        self._key += part[: _KEY_BYTES + 1 - len(self._key)]
+        if not whole:
+            return
         self._reading_key = False
         key = b"" if len(self._key) > _KEY_BYTES else bytes(self._key)
+        self._key.clear()
         if b"\\" in key:  # an escaped key ("\u0069d" is "id"): as a parser reads it
             try:
                 key = orjson.loads(b'"' + key + b'"').encode()
@@ -169,6 +170,7 @@ class AnswerScan:
         self._keep(chunk[start:end])
         self.values[self._cap_name] = None if self._cap_over else bytes(self._cap or b"")
         self._cap = None
+        self._cap_over = False
 
     def message(self) -> dict[str, Any] | None:
         """The stand-in message, or None when what passed was not one whole JSON object."""
