@@ -1,4 +1,4 @@
-"""The console script: `tollhouse serve | demo | audit | usage | db | users | keys`."""
+"""The console script: `tollhouse serve | demo | audit | usage | db | users | keys | policy`."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "serve": _serve, "demo": _demo, "keys": _keys, "usage": _usage, "users": _users,
-        "db": _db, "audit": _audit}
+        "db": _db, "audit": _audit, "policy": _policy}
     try:
         return commands[args.command](args)
     except ConfigError as exc:
@@ -90,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
                         "audit records, after records were added or removed by other means")
     _config_arg(rollups)
     _account_commands(sub)
+    _policy_commands(sub)
     return parser
 
 
@@ -123,6 +124,33 @@ def _account_commands(sub: Any) -> None:
     revoke = keys_sub.add_parser("revoke", help="revoke a key; it fails on its next request")
     _config_arg(revoke)
     revoke.add_argument("id")
+
+
+def _policy_commands(sub: Any) -> None:
+    """`policy check | test | explain | schema` (proxy.runtime.policy_cli)."""
+    policy = sub.add_parser("policy", help="check, test and explain the Cedar policies")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    commands = {
+        "check": "validate the policies against the schema; non-zero on any problem",
+        "test": "run the cases of a TOML file; non-zero on any mismatch",
+        "explain": "the decision on each case, the policies that decided, the shadow decision",
+        "schema": "print the Cedar schema generated from the upstreams' tools as last seen"}
+    for name, text in commands.items():
+        command = policy_sub.add_parser(name, help=text)
+        _config_arg(command)
+        command.add_argument("--tools", metavar="FILE",
+                             help="the tools as JSON ({endpoint: [tool, ...]}) instead of those "
+                                  "last seen in the database")
+        if name in ("test", "explain"):
+            command.add_argument("cases", metavar="CASES.toml")
+        if name == "explain":
+            command.add_argument("--case", type=int, metavar="N", help="only case N (from 1)")
+
+
+def _policy(args: argparse.Namespace) -> int:
+    from proxy.runtime import policy_cli
+
+    return policy_cli.command(args)
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
