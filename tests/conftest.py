@@ -1,5 +1,5 @@
 """Builders (make_config, mock_upstream) and a running gateway over an injected upstream
-transport."""
+transport (`tests.stack.gateway_stack` with audit records kept in memory)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import orjson
 import pytest
 import respx
 
-from proxy.runtime.app import Services, create_app
 from proxy.audit import MemoryAuditSink
 from proxy.config import Config, from_dict
 from proxy.mcp.gateway import Gateway
+from proxy.runtime.app import Services
 from proxy.state.inflight import Later
 from tests import db_backends, state_backends
 from tests.db_backends import _per_test_databases, database, database_url  # noqa: F401 (fixtures)
-from tests.servers import serve
+from tests.stack import gateway_stack
 from tests.state_backends import _per_test_prefixes  # noqa: F401 (fixture)
 
 MCP_HEADERS = {"Content-Type": "application/json",
@@ -122,12 +122,9 @@ async def running_gateway(cfg: Config, transport: httpx.AsyncBaseTransport | Non
     keywords (`resolver=None` for real DNS, `clock`, `secret_key`, ...)."""
     audit = MemoryAuditSink()
     options.setdefault("resolver", FakeResolver())
-    app = create_app(cfg, upstream_transport=transport, audit_sink=audit, later=later,
-                     **options)
-    state: Services = app.extensions["tollhouse"]
-    async with serve(app, sock=sock, graceful_timeout=1) as url, \
-            httpx.AsyncClient(timeout=10) as client:
-        yield RunningGateway(url, audit, state, client)
+    async with gateway_stack(cfg, sock=sock, upstream_transport=transport, audit_sink=audit,
+                             later=later, **options) as site:
+        yield RunningGateway(site.url, audit, site.services, site.client)
 
 
 @pytest.fixture

@@ -8,14 +8,19 @@ test's database and this run's live state unless it names its own.
                              secret_key="k") as site:
         await site.client.post("/signin", ...)
 
+Several upstreams are `upstreams={"alpha": app, ...}`, each served first and its URL in
+`urls.upstreams["alpha"]`. A test that must know the gateway's URL before it can write the config
+(an async step between) binds the socket itself (`tests.servers.bound_socket`) and hands it in.
+
 `tests.conftest.running_gateway` is the same stack over an injected upstream transport, with
 audit records kept in memory."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import socket
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -30,11 +35,12 @@ from tests.servers import bound_socket, serve
 
 @dataclass(frozen=True)
 class Urls:
-    """Where the stack is reached: the gateway's base URL, and the served upstream's (empty
-    when none was served)."""
+    """Where the stack is reached: the gateway's base URL, the served upstream's (empty when
+    none was served), and each named upstream's."""
 
     gateway: str
     upstream: str = ""
+    upstreams: Mapping[str, str] = field(default_factory=dict)
 
 
 ConfigSource = Config | dict[str, Any] | Callable[[Urls], Config | dict[str, Any]]
@@ -42,12 +48,13 @@ ConfigSource = Config | dict[str, Any] | Callable[[Urls], Config | dict[str, Any
 
 @dataclass
 class Site:
-    """A served gateway: its URL, its app, a client on its URL, and the upstream's URL."""
+    """A served gateway: its URL, its app, a client on its URL, and the upstreams' URLs."""
 
     url: str
     app: Quart
     client: httpx.AsyncClient
     upstream: str = ""
+    upstreams: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def services(self) -> Services:
@@ -77,22 +84,32 @@ def stack_config(source: ConfigSource, urls: Urls) -> Config:
 
 @asynccontextmanager
 async def gateway_stack(config: ConfigSource, *, upstream: Any = None,
+                        upstreams: Mapping[str, Any] | None = None,
+                        sock: socket.socket | None = None, host: str = "127.0.0.1",
                         client: dict[str, Any] | None = None, graceful_timeout: float = 1.0,
                         **options: Any) -> AsyncIterator[Site]:
-    """`upstream` (an ASGI app) served first when given; then the gateway for `config` (see
-    `stack_config`) with `options` as `create_app` keywords (`secret_key`, `vault_keys`, ...)
-    and a client on it (`client`: more httpx.AsyncClient keywords)."""
+    """`upstream` (an ASGI app) and `upstreams` (by name) served first when given; then the
+    gateway for `config` (see `stack_config`) on `sock` (bound on `host` unless given) with
+    `options` as `create_app` keywords (`secret_key`, `vault_keys`, ...) and a client on it
+    (`client`: more httpx.AsyncClient keywords)."""
     async with AsyncExitStack() as stack:
-        upstream_url = ""
-        if upstream is not None:
-            upstream_url = await stack.enter_async_context(
-                serve(upstream, graceful_timeout=graceful_timeout))
-        sock, url = bound_socket()
-        app = create_app(stack_config(config, Urls(url, upstream_url)), **options)
+        async def served(app: Any) -> str:
+            url: str = await stack.enter_async_context(
+                serve(app, graceful_timeout=graceful_timeout))
+            return url
+
+        upstream_url = "" if upstream is None else await served(upstream)
+        named = {name: await served(app) for name, app in (upstreams or {}).items()}
+        if sock is None:
+            sock, url = bound_socket(host)
+        else:
+            bound, port = sock.getsockname()[:2]
+            url = f"http://{bound}:{port}"
+        app = create_app(stack_config(config, Urls(url, upstream_url, named)), **options)
         await stack.enter_async_context(serve(app, sock=sock, graceful_timeout=graceful_timeout))
         http = await stack.enter_async_context(
             httpx.AsyncClient(base_url=url, **{"timeout": 10, **(client or {})}))
-        yield Site(url, app, http, upstream_url)
+        yield Site(url, app, http, upstream_url, named)
 
 
 @asynccontextmanager
