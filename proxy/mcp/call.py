@@ -23,10 +23,9 @@ from typing import Any
 
 import orjson
 
-from proxy.audit import AuditRecord
 from proxy.chain import CallContext, Chain, Notice, Rewrite, Verdict
 from proxy.errors import Cancelled
-from proxy.jsonrpc import McpMessage, upstream_error_type
+from proxy.jsonrpc import McpMessage
 from proxy.mcp import eras, resume
 from proxy.mcp.exchange import EdgeResponse, Exchange
 from proxy.mcp.forward import Forwarded, Forwarder
@@ -91,7 +90,7 @@ class Calls:
                                    session.protocol_version if session else None)), {})
         handed_over = False
         try:
-            exchange.record.upstream_started = time.perf_counter()  # the upstream leg
+            exchange.leg_began()
             await routed.forwarding.call(route, headers, msg, session, ctx, call.forwarded,
                                          chain)
             answer, handed_over = await self._answer(call)
@@ -115,13 +114,13 @@ class Calls:
 
     async def _answer(self, call: _Call) -> tuple[EdgeResponse, bool]:
         """The answer, and whether a relay now owns the response and the registration."""
-        msg, ctx, record = call.msg, call.ctx, call.exchange.record
+        msg, ctx, exchange = call.msg, call.ctx, call.exchange
         leg = call.forwarded.leg
-        record.note = ctx.audit_note
-        rewrite = leg.rewrite(_noting(call.chain.rewriter(msg, ctx), ctx, record), msg.method)
+        exchange.noted(ctx.audit_note)
+        rewrite = leg.rewrite(_noting(call.chain.rewriter(msg, ctx), ctx, exchange), msg.method)
         held = self._forward.must_hold(msg, rewrite)
         # readers see either kind; a tool error is marked where the result is seen
-        rewrite = self._observer.results(msg, record, call.exchange.seeing(msg, rewrite))
+        rewrite = self._observer.results(msg, exchange.record, exchange.seeing(msg, rewrite))
         response = call.forwarded.response
         if response is None:  # answered here
             call.handle.close()
@@ -130,7 +129,7 @@ class Calls:
             call.session = await self._sessions.create(
                 call.routed.route.session_endpoint, ctx.principal.key,
                 response.headers.get("mcp-session-id"), _protocol_version(msg))
-            record.session_hash = call.session.id_hash
+            exchange.joined(call.session)
         if call.session is not None:
             call.headers["Mcp-Session-Id"] = call.session.id
         if response.headers.get("content-type", "").startswith("text/event-stream"):
@@ -141,30 +140,29 @@ class Calls:
             call.handle.close()  # the upstream has answered: no deadline cuts the body
             end = self._end(call)
             relay = JsonRelay(data, rest, response.aclose, call=Carried(
-                msg.id, record, call.handle, end.answered), views=Views(rewrite),
+                msg.id, exchange, call.handle, end.answered), views=Views(rewrite),
                 spawn=self._spawn, on_done=end)
             return EdgeResponse(200, {**JSON_HEADERS, **call.headers}, stream=relay), True
         data, error = call.routed.forwarding.json_answer(call.routed.route, msg,
                                                          call.forwarded, rewrite, data)
         if error is not None:
-            record.status, record.error_message = "error", error
-            record.error_type = upstream_error_type(error)
-        record.bytes_out = len(data)
+            exchange.upstream_error(error)
+        exchange.sent(len(data))
         return EdgeResponse(200, {**JSON_HEADERS, **call.headers}, data), False
 
     def _streamed(self, call: _Call, rewrite: Rewrite | None, held: bool) -> EdgeResponse:
         """The upstream's SSE stream, relayed; the relay owns the call from here."""
-        msg, ctx, record = call.msg, call.ctx, call.exchange.record
+        msg, ctx, exchange = call.msg, call.ctx, call.exchange
         response = call.forwarded.response
         assert response is not None
         remember = self._remembering(call)
         end = self._end(call, resumable=remember is not None)
         refuse, outgoing = call.routed.forwarding.views(call.routed.route, call.forwarded.leg,
                                                         call.session, ctx)
-        views = Views(rewrite, _heard(call.chain.noticer(msg, ctx), ctx, record), refuse,
+        views = Views(rewrite, _heard(call.chain.noticer(msg, ctx), ctx, exchange), refuse,
                       outgoing, self._max if held else None, self._max)
         relay = StreamRelay(response.chunks(), response.aclose, call=Carried(
-            msg.id, record, call.handle, end.answered, remember), views=views,
+            msg.id, exchange, call.handle, end.answered, remember), views=views,
             spawn=self._spawn, on_done=end)
         return EdgeResponse(200, {**SSE_HEADERS, **call.headers}, stream=relay)
 
@@ -190,10 +188,10 @@ class Calls:
     async def _answer_here(self, call: _Call, rewrite: Rewrite | None) -> EdgeResponse:
         """A result the gateway gives itself (a bridge's discover or initialize, a virtual
         endpoint's merged list), rewritten by the policies."""
-        msg, ctx, record = call.msg, call.ctx, call.exchange.record
+        msg, ctx, exchange = call.msg, call.ctx, call.exchange
         local = call.forwarded.leg.local
         assert local is not None
-        record.upstream_started = 0.0  # no upstream leg to measure
+        exchange.answered_here()
         if rewrite is not None:
             rewrite(local)
         headers = dict(JSON_HEADERS)
@@ -202,10 +200,10 @@ class Calls:
                                                   ctx.principal.key, None,
                                                   local.get("protocolVersion"),
                                                   eras.envelope_of_initialize(msg))
-            record.session_hash = session.id_hash
+            exchange.joined(session)
             headers["Mcp-Session-Id"] = session.id
         data = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "result": local})
-        record.bytes_out = len(data)
+        exchange.sent(len(data))
         return EdgeResponse(200, headers, data)
 
     async def _cancelled(self, call: _Call) -> EdgeResponse:
@@ -221,7 +219,8 @@ class Calls:
         return await call.exchange.refuse(Cancelled(reason), call.msg.id)
 
 
-def _noting(rewrite: Rewrite | None, ctx: CallContext, record: AuditRecord) -> Rewrite | None:
+def _noting(rewrite: Rewrite | None, ctx: CallContext, exchange: Exchange
+            ) -> Rewrite | None:
     """The policies' rewrite, and what it notes (a guardrail's finding) into the record."""
     if rewrite is None:
         return None
@@ -230,12 +229,12 @@ def _noting(rewrite: Rewrite | None, ctx: CallContext, record: AuditRecord) -> R
         try:
             return rewrite(result)
         finally:  # a refused result (raised) is noted too
-            record.note = ctx.audit_note
+            exchange.noted(ctx.audit_note)
 
     return noted
 
 
-def _heard(notice: Notice | None, ctx: CallContext, record: AuditRecord) -> Notice | None:
+def _heard(notice: Notice | None, ctx: CallContext, exchange: Exchange) -> Notice | None:
     """The policies' notification inspection, and what it notes into the record (until the
     record is written with the answer)."""
     if notice is None:
@@ -243,8 +242,7 @@ def _heard(notice: Notice | None, ctx: CallContext, record: AuditRecord) -> Noti
 
     def noted(message: dict[str, Any]) -> Verdict:
         verdict = notice(message)
-        if not record.accepted:
-            record.note = ctx.audit_note
+        exchange.noted(ctx.audit_note)
         return verdict
 
     return noted

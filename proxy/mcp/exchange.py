@@ -20,8 +20,9 @@ from proxy.errors import (
     ToolResultDenial,
     render,
 )
-from proxy.jsonrpc import McpMessage
+from proxy.jsonrpc import McpMessage, upstream_error_type
 from proxy.observability import Observer
+from proxy.state import Session
 from proxy.state.inflight import EndReason
 
 log = logging.getLogger("tollhouse.gateway")
@@ -57,14 +58,20 @@ class Exchange:
         write         a streamed answer about to go out: its record, durably
         ended         a streamed call's end, however it ended (the relay's last step)
 
-    The observers are told when it begins and, once, when it ends; they read the record and
-    never write it. The record is `accepted` once handed to the sink, and not changed after."""
+    What the call's steps learn on the way is written here too, never into the record by the
+    step itself: `seeing` (a tool error, where the result is seen), `fail`, `upstream_error`,
+    `noted`, `sent` (what an answer or a stream sent), `joined` (a session), `leg_began` and
+    `answered_here` (the upstream leg's clock). The observers are told when it begins and,
+    once, when it ends; they read the record and never write it. The record is `accepted` once
+    handed to the sink, and not changed after."""
 
     __slots__ = ("_audit", "_observer", "record", "started")
 
-    def __init__(self, record: AuditRecord, audit: AuditSink, observer: Observer) -> None:
+    def __init__(self, record: AuditRecord, audit: AuditSink, observer: Observer,
+                 started: float | None = None) -> None:
         self.record = record
-        self.started = time.perf_counter()
+        # perf_counter when the call began (a resumed answer's: when its call began elsewhere)
+        self.started = time.perf_counter() if started is None else started
         self._audit = audit
         self._observer = observer
         observer.begin(record)
@@ -83,6 +90,45 @@ class Exchange:
             return rewrite(result) if rewrite is not None else False
 
         return seen
+
+    # -- what the call's steps learn: written here, until the record is accepted ------------
+
+    def fail(self, exc: GatewayError) -> bool:
+        """The call failed on its way (the upstream broke, a stream's answer could not be
+        read or was refused, a cancel met mid-stream); False when its record was accepted
+        already (and says what the client got)."""
+        if self.record.accepted:
+            return False
+        self.record.fail(exc)
+        return True
+
+    def upstream_error(self, error: str | None) -> None:
+        """The upstream answered with a JSON-RPC error (`error`, its text)."""
+        record = self.record
+        record.status, record.error_message = "error", error
+        record.error_type = upstream_error_type(error or "")
+
+    def noted(self, note: str | None) -> None:
+        """What the policies noted about the call (a guardrail's finding, a hook's failure)."""
+        if not self.record.accepted:
+            self.record.note = note
+
+    def sent(self, size: int) -> None:
+        """The bytes the answer sent (a stream: so far)."""
+        if not self.record.accepted:
+            self.record.bytes_out = size
+
+    def joined(self, session: Session) -> None:
+        """The call's session (one an `initialize` made, too)."""
+        self.record.session_hash = session.id_hash
+
+    def leg_began(self) -> None:
+        """The upstream leg begins: its time is measured from now."""
+        self.record.upstream_started = time.perf_counter()
+
+    def answered_here(self) -> None:
+        """The gateway answers itself: no upstream leg to measure."""
+        self.record.upstream_started = 0.0
 
     def _accept(self) -> None:
         self.record.accepted = True  # not changed after this, nor handed to the sink again

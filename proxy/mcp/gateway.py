@@ -4,7 +4,7 @@ post(): body (size cap) -> Origin -> media types -> identity -> session -> parse
 -> the policy chain, once per target (the route's `Forwarding`: proxy/mcp/forwarding.py) -> a
 request's forwarding and answer (`Calls`, proxy/mcp/call.py), a notification's one-way send;
 one audit record for every request and every refusal, owned by its `Exchange`. get() and
-delete() take the same guards.
+delete() take the same guards (a GET's stream is relayed by `Listening`, proxy/mcp/listening.py).
 Nothing here imports the web framework or the HTTP client: the edge hands in an `EdgeRequest`
 and turns the `EdgeResponse` into its own response object.
 """
@@ -33,19 +33,19 @@ from proxy.errors import (
     SessionNotFound,
 )
 from proxy.jsonrpc import McpMessage
-from proxy.snapshot import Live
 from proxy.mcp import eras, guards
-from proxy.mcp.call import SSE_HEADERS, Calls
+from proxy.mcp.call import Calls
 from proxy.mcp.exchange import EdgeRequest, EdgeResponse, Exchange
 from proxy.mcp.forward import Forwarder
-from proxy.mcp.forwarding import Forwarding, NoStream, Route, Routed
-from proxy.mcp.relay import StreamRelay
-from proxy.mcp.resume import ResumedRelay, Resumption
+from proxy.mcp.forwarding import Forwarding, Route, Routed
+from proxy.mcp.listening import Listening
+from proxy.mcp.resume import Resumption
 from proxy.observability import Observer, Observers
 from proxy.observability.logs import trace_id
+from proxy.snapshot import Live
 from proxy.state import InFlightRegistry, Session, SessionStore
-from proxy.state.learned import BridgeStore
 from proxy.state.inflight import EndReason, Later, call_key
+from proxy.state.learned import BridgeStore
 from proxy.state.resumable import ResumableStore
 from proxy.state.sessions import Fetched
 from proxy.upstream import UpstreamClient, UpstreamRoute
@@ -55,7 +55,7 @@ from proxy.virtual import VirtualForwarder, VirtualRoute
 
 log = logging.getLogger("tollhouse.gateway")
 
-Bodyless = Callable[[Routed, EdgeRequest, "Session | None", AuditRecord, Principal],
+Bodyless = Callable[[Routed, EdgeRequest, "Session | None", Exchange, Principal],
                     Awaitable[EdgeResponse]]
 
 
@@ -95,13 +95,14 @@ class Gateway:
         # metrics, the request log (and a tracer): told when each message begins and ends
         self.observer: Observer = observer or Observers()
         self._session_ended = session_ended  # (endpoint, created_at) of a session DELETEd
-        self.max_response_bytes = max_response_bytes  # an answer held to be rewritten, at most
         self._tasks: set[asyncio.Task[None]] = set()
         # per-caller upstreams; create_app gives one with the egress check and pools
         self.tenants = tenants or Tenants(None, lambda: None, self.spawn)
-        self._listening: set[StreamRelay] = set()  # the GET streams open now
         # an answer that reaches the client on a resumed stream, recorded: proxy/mcp/resume.py
         self.resumption = None if resumable is None else Resumption(resumable, audit)
+        self.listening = Listening(spawn=self.spawn, resumption=self.resumption,  # GET streams
+                                   max_response_bytes=max_response_bytes,
+                                   draining=lambda: self.draining)
         self.calls = Calls(inflight=inflight, sessions=sessions, forward=self.forward,
                            observer=self.observer, later=later, spawn=self.spawn,
                            max_response_bytes=max_response_bytes, resumption=self.resumption)
@@ -238,49 +239,22 @@ class Gateway:
     async def get(self, routed: Routed, req: EdgeRequest) -> EdgeResponse:
         """The server-to-client stream, relayed. Audited once, when it opens or is refused;
         an upstream failure is 502 with no upstream status, body or headers."""
-        return await self._bodyless(routed, req, "GET", self._listen)
+        chain = self.live.chain  # the rules a call's answer replayed on it is held to
+        return await self._bodyless(routed, req, "GET", partial(self.listening.open,
+                                                                chain=chain))
 
     async def delete(self, routed: Routed, req: EdgeRequest) -> EdgeResponse:
         """End a session here and upstream. Audited once; an upstream failure is 502 and
         leaves the session as it was."""
         return await self._bodyless(routed, req, "DELETE", self._end)
 
-    async def _listen(self, routed: Routed, req: EdgeRequest, session: Session | None,
-                      record: AuditRecord, principal: Principal) -> EdgeResponse:
-        listened = await routed.forwarding.listen(routed.route, req.headers, session,
-                                                  principal, self.draining)
-        if isinstance(listened, NoStream):
-            record.note = listened.note
-            return EdgeResponse(405, listened.allow)
-        stopped = listened.stopped
-
-        async def done(relay: StreamRelay) -> None:
-            self._listening.discard(relay)
-            if stopped is not None:
-                stopped()
-
-        if listened.resumable and session is not None and self.resumption is not None:
-            chain = self.live.chain  # a call's stream, resumed: its answer is settled first
-            relay: StreamRelay = ResumedRelay(
-                listened.chunks, listened.close, spawn=self.spawn, on_done=done,
-                limit=self.max_response_bytes,
-                settle=partial(self.resumption.settle, chain, routed.name, session, principal),
-                hold_notices=chain.notices(routed.name))
-        else:
-            relay = StreamRelay(listened.chunks, listened.close, spawn=self.spawn, on_done=done)
-        self._listening.add(relay)
-        if self.draining:  # began to drain while the upstream answered
-            relay.end()
-        headers = {"Mcp-Session-Id": session.id} if session is not None else {}
-        return EdgeResponse(200, {**SSE_HEADERS, **headers}, stream=relay)
-
     async def _end(self, routed: Routed, req: EdgeRequest, session: Session | None,
-                   record: AuditRecord, principal: Principal) -> EdgeResponse:
+                   exchange: Exchange, principal: Principal) -> EdgeResponse:
         if session is None:
             raise InvalidRequest("Invalid Request: Mcp-Session-Id header required")
         refused = await routed.forwarding.end(routed.route, req.headers, session)
         if refused is not None:
-            record.note = "upstream does not let clients end sessions"
+            exchange.noted("upstream does not let clients end sessions")
             return EdgeResponse(405, refused)
         await self.sessions.delete(session.id)
         if self._session_ended is not None:
@@ -310,8 +284,8 @@ class Gateway:
                 self.sessions.fetch(session_id), routed.route, principal)
             if session is not None:
                 record.session_hash = session.id_hash
-            return await exchange.answer(await step(routed, req, session, record, principal),
-                                         None)
+            return await exchange.answer(await step(routed, req, session, exchange,
+                                                    principal), None)
         except asyncio.CancelledError:  # the client went away before the answer
             exchange.disconnected()
             raise
@@ -350,8 +324,7 @@ class Gateway:
         stream cleanly, so its client reconnects to another replica; the calls in flight go
         on (`idle` says when they are done)."""
         self.draining = True
-        for relay in list(self._listening):
-            relay.end()
+        self.listening.end_all()
 
     @property
     def idle(self) -> bool:

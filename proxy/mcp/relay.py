@@ -11,6 +11,9 @@ the guardrails), or a request or notification a virtual endpoint views (`outgoin
 on as it arrives, so
 memory per stream stays bounded and a slow client slows the upstream read (nothing queues
 here). Every whole event goes out as soon as it is read: nothing waits for the answer.
+A relay's state is one `RelayState`; what it learns of the call (the answer's outcome, a
+failure, the bytes it sent) reaches the audit record only through the call's `Exchange`.
+`JsonRelay` passes a large JSON answer on the same way; `StreamEnd` is a streamed call's end.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 import orjson
 
-from proxy.audit import AuditRecord
 from proxy.chain import NOTICED, Notice
 from proxy.errors import (
     Cancelled,
@@ -36,7 +39,7 @@ from proxy.errors import (
     render,
     sse_event,
 )
-from proxy.jsonrpc import response_outcome, upstream_error_type
+from proxy.jsonrpc import response_outcome
 from proxy.mcp.exchange import Exchange
 from proxy.mcp.scan import AnswerScan
 from proxy.mcp.sse import HEAD_BYTES, EventSplitter, LargeEvent, event_data, with_data
@@ -50,16 +53,51 @@ NO_REQUEST = object()
 UNHELD = 1 << 62  # the splitter's bound when nothing holds events (they pass on past HEAD_BYTES)
 
 
+class RelayState(IntEnum):
+    """Where a relay is: one value, changed only by `StreamRelay._to` (the moves: `_MOVES`),
+    in the order a relay goes through them (from FINISHED on, it reads nothing more).
+
+        WAITING   a call's stream: each event read until the call's answer is seen
+        READING   reading on: a GET stream, or a call's stream past its answer
+        ENDING    a drain closed a GET stream's upstream: the read that fails ends it cleanly
+        FINISHED  the last event went out (or nothing more will): the next read closes
+        CLOSED    closed after its last event
+        CUT       closed before its last event: the client went away (`disconnected`)
+    """
+
+    WAITING = 0
+    READING = 1
+    ENDING = 2
+    FINISHED = 3
+    CLOSED = 4
+    CUT = 5
+
+
+# the states by plain module names: a global read per check on the hot path (an int's compare,
+# no class lookup and no enum hash)
+WAITING, READING, ENDING = RelayState.WAITING, RelayState.READING, RelayState.ENDING
+FINISHED, CLOSED, CUT = RelayState.FINISHED, RelayState.CLOSED, RelayState.CUT
+_MOVES: tuple[tuple[RelayState, ...], ...] = (  # where each state may go, by its value
+    (READING, FINISHED, CUT),  # WAITING: the answer, a failure, the client gone
+    (ENDING, FINISHED, CUT),  # READING: a drain, the stream's end or a failure, the client gone
+    (FINISHED, CUT),  # ENDING
+    (CLOSED,),  # FINISHED
+    (),  # CLOSED
+    (),  # CUT
+)
+
+
 @dataclass(slots=True)
 class Carried:
     """The call a relay carries (none for a GET stream): its request id (the answer is the
-    response to it), its handle (deadline, cancel), its record (bytes out, the answer's
-    outcome), what writes the record before the answer goes out (`answered`: False when it
-    could be kept nowhere, and the answer is withheld), and what keeps a resumable call's
-    context once the stream shows an event id (`remember`, proxy/mcp/resume.py)."""
+    response to it), its exchange (what the relay learns goes into the record only through
+    it), its handle (deadline, cancel), what writes the record before the answer goes out
+    (`answered`: False when it could be kept nowhere, and the answer is withheld), and what
+    keeps a resumable call's context once the stream shows an event id (`remember`,
+    proxy/mcp/resume.py)."""
 
     request_id: Any
-    record: AuditRecord | None = None
+    exchange: Exchange | None = None
     handle: CallHandle | None = None
     answered: Callable[[StreamRelay], Awaitable[bool]] | None = None
     remember: Callable[[], Awaitable[bool]] | None = None
@@ -86,7 +124,9 @@ NO_VIEWS = Views()
 
 
 class StreamRelay:
-    """Async iterator of bytes for the client; `aclose` is always safe to call again."""
+    """Async iterator of bytes for the client; `aclose` is always safe to call again. Its
+    state is one `RelayState`; what it did, for the call's end to read, is `answered`,
+    `refused`, `remembered` and `disconnected`."""
 
     def __init__(self, chunks: AsyncIterator[bytes], close: Callable[[], Awaitable[None]], *,
                  call: Carried | None = None, views: Views = NO_VIEWS,
@@ -96,14 +136,17 @@ class StreamRelay:
         self._chunks = chunks  # errors already mapped at the upstream boundary
         self._spawn = spawn
         self._on_done = on_done  # however it ends (the call's end: proxy/mcp/relay StreamEnd)
+        self._state = READING if call is None else WAITING
         self.request_id = NO_REQUEST if call is None else call.request_id
-        self.record = None if call is None else call.record
+        self._exchange = None if call is None else call.exchange
         self.handle = handle = None if call is None else call.handle
+        self.sent = 0  # bytes out (the record's, through the exchange, until it is accepted)
         # the answer (or the last event) goes out once this says its record is durable
         self._on_answer = None if call is None else call.answered
-        self._answer_due = False
-        self.answered = False
-        self.disconnected = False
+        # an answer (or the gateway's error in its place) is due, once its record is written:
+        # what ends an event it began if it is withheld (None: nothing due)
+        self._due: bytes | None = None
+        self.answered = False  # the call's answer was seen (kept for the call's end)
         self.refused: str | None = None  # why the gateway ended the call itself
         # a call whose upstream stream shows an event id can be resumed on any replica: its
         # context is kept (proxy/mcp/resume.py) before the client holds an id to resume with
@@ -124,14 +167,21 @@ class StreamRelay:
         self._splitter = EventSplitter(UNHELD)
         self._judged = False  # the pending event of a held stream was judged (`_unheld`)
         self._large: LargeEvent | None = None  # the event being passed on as it arrives
-        self._large_answer = False  # the answer was such an event (and is partly sent)
-        self._finished = False
-        self._closed = False
-        self._ending = False
         if handle is not None and handle.task is not None:
             # If the response is dropped before its body is iterated (a disconnect in that
             # window), nothing calls aclose: the task's end does it instead.
             handle.task.add_done_callback(self._task_done)
+
+    def _to(self, state: RelayState) -> None:
+        """The one place the state changes (to itself: nothing happens)."""
+        if state is not self._state:
+            assert state in _MOVES[self._state], (self._state, state)
+            self._state = state
+
+    @property
+    def disconnected(self) -> bool:
+        """Closed before its last event: the client went away (or its send failed)."""
+        return self._state is CUT
 
     def __aiter__(self) -> StreamRelay:
         return self
@@ -141,18 +191,20 @@ class StreamRelay:
         if self._resumable_due is not None:
             remember, self._resumable_due = self._resumable_due, None
             self.remembered = await remember()
-        if self._answer_due and self._on_answer is not None:
-            self._answer_due = False
-            if not await self._on_answer(self):  # kept nowhere: the answer is withheld
-                self._finished = True
+        if self._due is not None:
+            ended, self._due = self._due, None
+            if self._exchange is not None:
+                self._exchange.sent(self.sent)
+            if self._on_answer is not None and not await self._on_answer(self):
+                self._to(FINISHED)  # kept nowhere: the answer is withheld
                 log.error("an answer withheld: its audit record could not be written")
-                out = self._withheld()
+                out = self._withheld(ended)
         return out
 
-    def _withheld(self) -> bytes:
-        """What goes out instead of an answer whose record could be kept nowhere."""
-        out = sse_event(render(StoreUnavailable("the audit log"), self.request_id)[2])
-        return b"\n\n" + out if self._large_answer else out  # a started event ended first
+    def _withheld(self, ended: bytes) -> bytes:
+        """What goes out instead of an answer whose record could be kept nowhere (`ended`
+        first: what ends an event of it that went out in part)."""
+        return ended + sse_event(render(StoreUnavailable("the audit log"), self.request_id)[2])
 
     @property
     def mid_event(self) -> bool:
@@ -160,7 +212,7 @@ class StreamRelay:
         return self._large is not None
 
     async def _next(self) -> bytes:
-        if self._finished:
+        if self._state >= FINISHED:
             await self.aclose()
             raise StopAsyncIteration
         try:
@@ -175,12 +227,11 @@ class StreamRelay:
         except asyncio.CancelledError:
             if self.handle is not None and self.handle.absorb():
                 return self._fail(Cancelled(self.handle.reason))
-            self.disconnected = True
-            await self.aclose()
+            await self.aclose()  # the client went away
             raise
         except GatewayError as exc:
-            if self._ending:  # our own close of the upstream: a clean end, no error event
-                self._finished = True
+            if self._state is ENDING:  # our own close of the upstream: a clean end, no error
+                self._to(FINISHED)
                 await self.aclose()
                 raise StopAsyncIteration from None
             return self._fail(exc)
@@ -197,21 +248,20 @@ class StreamRelay:
                 return self._counted(chunk)
             out, chunk = self._counted(chunk[:end]), chunk[end:]
             out += self._large_ended()
-            if self._finished or not chunk:
+            if self._state is FINISHED or not chunk:
                 return out
         events = self._splitter.feed(chunk)
         if events:
             self._judged = False
             out += self._inspect(events)
-            if self._finished:
+            if self._state is FINISHED:
                 return out
         pending = self._splitter.pending_size
         limit = self._hold_limit if self._hold_limit is not None else self._view_limit
         if limit is None:
             if pending > HEAD_BYTES:
-                scan = AnswerScan() if self.request_id is not NO_REQUEST and not self.answered \
-                    else None
-                out += self._pass_on(LargeEvent(scan))
+                out += self._pass_on(LargeEvent(AnswerScan() if self._state is WAITING
+                                                else None))
         elif pending > min(HEAD_BYTES, limit):
             large = self._unheld()
             if large is not None:
@@ -240,7 +290,7 @@ class StreamRelay:
         if self._judged:
             return None
         self._judged = True
-        watching = self.request_id is not NO_REQUEST and not self.answered
+        watching = self._state is WAITING
         if watching and self._refuse_requests:
             return None
         if not watching and self._notice is None and self._outgoing is None:
@@ -265,32 +315,31 @@ class StreamRelay:
     def _large_ended(self) -> bytes:
         """A passed-on event has ended: was it the answer? (its data, scanned, says so)"""
         large, self._large = self._large, None
-        if large is None or large.scan is None or self.answered:
+        if large is None or large.scan is None or self._state is not WAITING:
             return b""
         obj = large.scan.message()
         if obj is None:
             return self._fail(UpstreamProtocolError())
         outcome = response_outcome(obj, self.request_id)
         if outcome is not None:
-            self._large_answer = True
             self._answer_seen(outcome, obj)
+            self._due = b"\n\n"  # its start went out: a withheld answer ends it first
         return b""
 
     def _counted(self, out: bytes) -> bytes:
-        if self.record is not None and not self.record.accepted:
-            self.record.bytes_out += len(out)
+        self.sent += len(out)
         return out
 
     def _answer_seen(self, outcome: tuple[bool, str | None], obj: dict[str, Any]) -> bool:
         """The response to the call: recorded; True if its result was rewritten in `obj`."""
-        self.answered = self._answer_due = True
+        self._to(READING)
+        self.answered, self._due = True, b""
         if self.handle is not None:
             self.handle.close()  # answered: no deadline ends it now
         ok, error = outcome
-        if self.record is not None and not ok:
-            self.record.status = "error"
-            self.record.error_message = error
-            self.record.error_type = upstream_error_type(error or "")
+        if not ok:
+            if self._exchange is not None:
+                self._exchange.upstream_error(error)
             return False
         return self._rewrite is not None and isinstance(obj.get("result"), dict) \
             and self._rewrite(obj["result"])
@@ -302,12 +351,11 @@ class StreamRelay:
         `outgoing` (the member named, a request's id sealed). After the answer, an event that
         is not JSON cannot be inspected: with `notice` it is left out; before it, it fails the
         call."""
-        if (self.request_id is NO_REQUEST or self.answered) and self._notice is None \
-                and self._outgoing is None:
+        if self._state is not WAITING and self._notice is None and self._outgoing is None:
             return self._counted(b"".join(events))
         out: list[bytes] = []
         for event in events:
-            watching = self.request_id is not NO_REQUEST and not self.answered
+            watching = self._state is WAITING
             if not watching and self._notice is None and self._outgoing is None:
                 out.append(event)  # the answer was in this batch
                 continue
@@ -353,39 +401,37 @@ class StreamRelay:
             out.append(event)
         return self._counted(b"".join(out))
 
+
     def _end_of_stream(self) -> bytes:
-        if self.request_id is NO_REQUEST or self.answered:
-            self._finished = True
-            if self.handle is not None:
-                self.handle.close()
-            raise StopAsyncIteration
-        return self._fail(UpstreamStreamCut())
+        if self._state is WAITING:  # the call's answer never came
+            return self._fail(UpstreamStreamCut())
+        self._to(FINISHED)
+        if self.handle is not None:
+            self.handle.close()
+        raise StopAsyncIteration
 
     def _fail(self, exc: GatewayError) -> bytes:
         """The last event of the stream: the failure as a JSON-RPC error for this request."""
-        self._finished = True
+        self._to(FINISHED)
         if self.handle is not None:
             self.handle.close()
         if self.request_id is NO_REQUEST:
-            if self.record is not None and not self.record.accepted:
-                self.record.fail(exc)
             return b""
-        out = sse_event(render(exc, self.request_id)[2])
+        ended = b""
         if self._large is not None:  # part of an event went out: end it, unfinished, first
-            self._large = None
-            out = b"\n\n" + out
-        if self.record is not None and not self.record.accepted:
-            self.record.fail(exc)
-            self.record.bytes_out += len(out)
-            self._answer_due = True
+            self._large, ended = None, b"\n\n"
+        out = self._counted(ended + sse_event(render(exc, self.request_id)[2]))
+        if self._exchange is not None and self._exchange.fail(exc):
+            self._due = ended  # its record first, as for an answer
         return out
 
     def end(self) -> None:
-        """End the stream cleanly now (a drain): the upstream response is closed, so the read
-        waiting on it fails, and the client sees the stream end after its last whole event."""
-        if self._ending or self._finished or self._closed or self._spawn is None:
+        """End a GET stream cleanly now (a drain): the upstream response is closed, so the
+        read waiting on it fails, and the client sees the stream end after its last whole
+        event. A call still waiting for its answer runs on (the drain waits for it)."""
+        if self._state is not READING or self._spawn is None:
             return
-        self._ending = True
+        self._to(ENDING)
         self._spawn(self._close_upstream())
 
     async def _close_upstream(self) -> None:
@@ -395,13 +441,14 @@ class StreamRelay:
             log.debug("closing the upstream stream failed", exc_info=True)
 
     async def aclose(self) -> None:
-        if self._closed:
+        if self._state >= CLOSED:
             return
-        self._closed = True
-        if not self._finished:  # closed before its last event: the send to the client failed
-            self.disconnected = True
+        # closed before its last event: the send to the client failed, or the client went away
+        self._to(CLOSED if self._state is FINISHED else CUT)
         if self.handle is not None and self.handle.task is not None:
             self.handle.task.remove_done_callback(self._task_done)
+        if self._exchange is not None:
+            self._exchange.sent(self.sent)
         try:
             await self._close()
         except Exception:  # a broken connection is closed either way
@@ -411,8 +458,7 @@ class StreamRelay:
                 await self._on_done(self)
 
     def _task_done(self, _task: object) -> None:
-        if not self._closed and self._spawn is not None:
-            self.disconnected = not self._finished
+        if self._state < CLOSED and self._spawn is not None:
             self._spawn(self.aclose())
 
 
@@ -437,7 +483,7 @@ class JsonRelay(StreamRelay):
         self._kept = head  # the latest bytes: they go out once the answer is known
 
     async def _next(self) -> bytes:
-        if self._finished:
+        if self._state >= FINISHED:
             await self.aclose()
             raise StopAsyncIteration
         try:
@@ -445,7 +491,6 @@ class JsonRelay(StreamRelay):
         except StopAsyncIteration:
             return self._whole()
         except asyncio.CancelledError:  # a disconnect, a cancel, the deadline: no answer
-            self.disconnected = True
             await self.aclose()
             raise
         except GatewayError as exc:
@@ -455,23 +500,23 @@ class JsonRelay(StreamRelay):
         return self._counted(out)
 
     def _whole(self) -> bytes:
-        self._finished = True
         obj = self._scan.message()
         outcome = None if obj is None else response_outcome(obj, self.request_id)
         if obj is None or outcome is None:
             return self._short(UpstreamProtocolError())
         self._answer_seen(outcome, obj)  # read only: nothing rewrites an unheld answer
+        self._to(FINISHED)  # its last chunk goes out now
         return self._counted(self._kept)
 
     def _short(self, exc: GatewayError) -> bytes:
-        self._finished = True
+        self._to(FINISHED)
         if self.handle is not None:
             self.handle.close()
-        if self.record is not None and not self.record.accepted:
-            self.record.fail(exc)
+        if self._exchange is not None:
+            self._exchange.fail(exc)
         return b""
 
-    def _withheld(self) -> bytes:
+    def _withheld(self, ended: bytes) -> bytes:
         return b""
 
 

@@ -43,10 +43,12 @@ from proxy.errors import (
     render,
     sse_event,
 )
-from proxy.jsonrpc import McpMessage, response_outcome, upstream_error_type
+from proxy.jsonrpc import McpMessage, response_outcome
 from proxy.mcp import guards
-from proxy.mcp.relay import StreamRelay
+from proxy.mcp.exchange import Exchange
+from proxy.mcp.relay import FINISHED, StreamRelay
 from proxy.mcp.sse import EventSplitter, event_data, event_object, with_data
+from proxy.observability import Observers
 from proxy.state import Session
 from proxy.state.inflight import EndReason, call_key
 from proxy.state.resumable import UNANSWERED, Claimed, ResumableStore
@@ -57,6 +59,7 @@ log = logging.getLogger("tollhouse.resume")
 RESUME_GRACE_S = 300.0
 # the params a result rule reads (what the call names); never its arguments
 _NAMING = ("name", "uri")
+UNOBSERVED = Observers()  # a resumed answer's record is the audit log's: no observer is told
 
 
 def context(msg: McpMessage, record: AuditRecord, ctx: CallContext, started_at: float
@@ -113,7 +116,7 @@ class Resumption:
             return await self._withheld(endpoint, session, principal, request_id)
         if claimed.state == UNANSWERED:  # the call ended unanswered, and was recorded so
             return sse_event(render(Cancelled(EndReason.DISCONNECTED), request_id)[2])
-        record = self._record(endpoint, session, principal, request_id, claimed)
+        exchange = self._exchange(endpoint, session, principal, request_id, claimed)
         outcome = response_outcome(obj, request_id)
         ok, error = outcome if outcome is not None else (False, "not a JSON-RPC response")
         msg, ctx = _call(claimed.context, endpoint, principal, session, request_id)
@@ -125,45 +128,45 @@ class Resumption:
             if ok and rewrite is not None and isinstance(result, dict) and rewrite(result):
                 out = with_data(event, orjson.dumps(obj))
         except GatewayError as exc:  # a rule that refuses the result answers instead
-            record.fail(exc)
+            exchange.fail(exc)
             out = sse_event(render(exc, request_id)[2])
         else:
             if not ok:
-                record.status, record.error_message = "error", error
-                record.error_type = upstream_error_type(error or "")
+                exchange.upstream_error(error)
         if not claimed.open:  # recorded by the call's own replica: delivered again only
             return before + out
-        record.note = _noted(ctx.audit_note, "answered on a resumed stream")
-        record.bytes_out = len(out)
-        if not await self._write(record):
+        exchange.noted(_noted(ctx.audit_note, "answered on a resumed stream"))
+        exchange.sent(len(out))
+        if not await exchange.write():
             return sse_event(render(StoreUnavailable("the audit log"), request_id)[2])
         return before + out
 
-    def _record(self, endpoint: str, session: Session, principal: Principal,
-                request_id: Any, claimed: Claimed) -> AuditRecord:
+    def _exchange(self, endpoint: str, session: Session, principal: Principal,
+                  request_id: Any, claimed: Claimed) -> Exchange:
+        """The resumed answer's record, as the call's own replica began it: timed from when
+        the call began there (a clock ahead of this one's counts as now)."""
         c = claimed.context
-        return AuditRecord(
+        record = AuditRecord(
             endpoint=endpoint, method=c.get("method"), request_id=guards.id_text(request_id),
             principal=principal.subject, tool=c.get("tool"), era=c.get("era") or "legacy",
             session_hash=session.id_hash, call_id=c.get("call_id"), upstream=c.get("upstream"),
-            bytes_in=int(c.get("bytes_in") or 0), trace_id=c.get("trace_id") or "",
-            duration_ms=max(0.0, (time.time() - float(c.get("started_at") or 0)) * 1000))
+            bytes_in=int(c.get("bytes_in") or 0), trace_id=c.get("trace_id") or "")
+        since = max(0.0, time.time() - float(c.get("started_at") or 0))
+        return Exchange(record, self.audit, UNOBSERVED, time.perf_counter() - since)
 
     async def _withheld(self, endpoint: str, session: Session, principal: Principal,
                         request_id: Any) -> bytes:
         exc = UpstreamStreamCut("upstream answer on a resumed stream withheld: no replica "
                                 "kept its call to record it")
-        record = AuditRecord(endpoint=endpoint, request_id=guards.id_text(request_id),
-                             principal=principal.subject, session_hash=session.id_hash)
-        record.fail(exc)
+        exchange = Exchange(AuditRecord(endpoint=endpoint,
+                                        request_id=guards.id_text(request_id),
+                                        principal=principal.subject,
+                                        session_hash=session.id_hash), self.audit, UNOBSERVED)
+        exchange.fail(exc)
         out = sse_event(render(exc, request_id)[2])
-        record.bytes_out = len(out)
-        await self._write(record)  # withheld either way
+        exchange.sent(len(out))
+        await exchange.write()  # withheld either way
         return out
-
-    async def _write(self, record: AuditRecord) -> bool:
-        record.accepted = True
-        return await self.audit.write(record)
 
 
 def _call(c: dict[str, Any], endpoint: str, principal: Principal, session: Session,
@@ -218,14 +221,13 @@ class ResumedRelay(StreamRelay):
         self._held_size = 0
 
     async def _next(self) -> bytes:
-        while not self._finished:
+        while self._state < FINISHED:
             try:
                 events = self._whole.feed(await self._chunks.__anext__())
             except StopAsyncIteration:
                 break
             except asyncio.CancelledError:
-                self.disconnected = True
-                await self.aclose()
+                await self.aclose()  # the client went away
                 raise
             except ValueError:
                 log.warning("a resumed stream ended: an event past server.max_response_bytes")
@@ -235,7 +237,8 @@ class ResumedRelay(StreamRelay):
             out = b"".join([await self._resumed(event) for event in events])
             if out:
                 return out
-        self._finished = True
+        if self._state < FINISHED:  # (not when called again, after its end)
+            self._to(FINISHED)
         await self.aclose()
         raise StopAsyncIteration
 

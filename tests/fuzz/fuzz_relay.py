@@ -18,8 +18,10 @@ from typing import Any
 
 import orjson
 
-from proxy.audit import AuditRecord
+from proxy.audit import AuditRecord, MemoryAuditSink
+from proxy.mcp.exchange import Exchange
 from proxy.mcp.relay import Carried, StreamRelay, Views
+from proxy.observability import Observers
 from tests.fuzz.fuzz_sse import dispatched
 
 
@@ -76,7 +78,7 @@ def check(data: bytes) -> None:
     request_id: Any = "1" if flags & 4 else 1
     record = AuditRecord(endpoint="e")
     relay = StreamRelay(_chunks(stream, chunk), _close,
-                        call=Carried(request_id, record=record),
+                        call=Carried(request_id, Exchange(record, MemoryAuditSink(), Observers())),
                         views=Views(rewrite=_rewrite if flags & 1 else None,
                                     refuse_requests=bool(flags & 2)))
     sent = _drain(relay)
@@ -84,7 +86,7 @@ def check(data: bytes) -> None:
     answers = _answers(seen, request_id)
     assert answers, (sent, seen)
     first = answers[0]
-    added = relay._finished and not relay.answered  # the gateway ended it itself
+    added = not relay.answered  # drained, unanswered: the gateway ended it itself
     if added:
         assert len(answers) == 1 and seen[-1] == sent[-1].split(b"data: ", 1)[1][:-2]
         assert sent[-1].startswith(b"event: message\ndata: ")

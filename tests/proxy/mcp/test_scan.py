@@ -12,11 +12,13 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.audit import AuditRecord
-from proxy.errors import UpstreamStreamCut
+from proxy.audit import AuditRecord, MemoryAuditSink
+from proxy.errors import StoreUnavailable, UpstreamStreamCut, render
+from proxy.mcp.exchange import Exchange
 from proxy.mcp.relay import Carried, JsonRelay, StreamRelay, Views
 from proxy.mcp.scan import CAPTURE_BYTES, AnswerScan
 from proxy.mcp.sse import HEAD_BYTES, LargeEvent
+from proxy.observability import Observers
 from tests.helpers import DEADLINE_S
 
 MESSAGES: list[dict[str, Any]] = [
@@ -126,6 +128,11 @@ async def closed() -> None:
     return None
 
 
+def exchange_of(record: AuditRecord) -> Exchange:
+    """The call's exchange a relay writes its record through."""
+    return Exchange(record, MemoryAuditSink(), Observers())
+
+
 async def drain(relay: StreamRelay) -> bytes:
     return b"".join([chunk async for chunk in relay])
 
@@ -146,7 +153,7 @@ async def test_an_sse_answer_larger_than_the_head_passes_unchanged_and_is_read()
     record = AuditRecord(endpoint="e")
     seen: list[dict[str, Any]] = []
     relay = StreamRelay(chunks_of(split(note + event)), closed,
-                        call=Carried(5, record=record),
+                        call=Carried(5, exchange=exchange_of(record)),
                         views=Views(rewrite=lambda result: seen.append(result) or False))
     assert await drain(relay) == note + event
     assert relay.answered and record.status == "ok" and seen == [{"isError": True}]
@@ -157,7 +164,7 @@ async def test_a_held_sse_answer_over_its_limit_is_refused() -> None:
     event = b"data: " + big_answer(5, 2 * HEAD_BYTES) + b"\n\n"
     record = AuditRecord(endpoint="e")
     relay = StreamRelay(chunks_of(split(event)), closed,
-                        call=Carried(5, record=record),
+                        call=Carried(5, exchange=exchange_of(record)),
                         views=Views(hold_limit=HEAD_BYTES))
     out = await drain(relay)
     error = orjson.loads(out.rpartition(b"data: ")[2])
@@ -170,12 +177,28 @@ async def test_an_sse_stream_cut_inside_a_large_event_ends_it_then_says_so() -> 
     event = b"data: " + big_answer(5, 2 * HEAD_BYTES) + b"\n\n"
     record = AuditRecord(endpoint="e")
     relay = StreamRelay(chunks_of(split(event[:-1000]), fail=True), closed,
-                        call=Carried(5, record=record))
+                        call=Carried(5, exchange=exchange_of(record)))
     out = await drain(relay)
     assert out.startswith(event[:-1000] + b"\n\n")
     error = orjson.loads(out[len(event) - 1000 + 2:].partition(b"data: ")[2])
     assert error["id"] == 5 and error["error"]["code"] == -32000
     assert record.status == "error"
+
+
+async def test_a_cut_large_event_whose_record_is_kept_nowhere_ends_it_before_the_503() -> None:
+    event = b"data: " + big_answer(5, 2 * HEAD_BYTES) + b"\n\n"
+
+    async def kept_nowhere(relay: StreamRelay) -> bool:
+        return False
+
+    relay = StreamRelay(chunks_of(split(event[:-1000]), fail=True), closed,
+                        call=Carried(5, exchange=exchange_of(AuditRecord(endpoint="e")),
+                                     answered=kept_nowhere))
+    out = await drain(relay)
+    assert out.startswith(event[:-1000] + b"\n\n")  # the started event ended, unfinished
+    error = orjson.loads(out[len(event) - 1000 + 2:].partition(b"data: ")[2])
+    withheld = orjson.loads(render(StoreUnavailable("the audit log"), 5)[2])
+    assert error == withheld  # the 503's error in place of the stream's own
 
 
 async def test_a_json_answer_passes_unchanged_its_last_chunk_once_it_is_recorded() -> None:
@@ -186,12 +209,11 @@ async def test_a_json_answer_passes_unchanged_its_last_chunk_once_it_is_recorded
     recorded_before_last: list[bool] = []
 
     async def answered(relay: StreamRelay) -> bool:
-        recorded_before_last.append(relay.record is not None and
-                                    relay.record.bytes_out == len(data))
+        recorded_before_last.append(record.bytes_out == len(data))
         return True
 
     relay = JsonRelay(parts[0], chunks_of(parts[1:]), closed,
-                      call=Carried("r", record=record, answered=answered))
+                      call=Carried("r", exchange=exchange_of(record), answered=answered))
     assert await drain(relay) == data
     assert recorded_before_last == [True]
     assert record.status == "error" and record.error_message == "upstream error -32050"
@@ -211,7 +233,7 @@ async def test_a_json_answer_that_cannot_be_finished_ends_short(parts: list[byte
         return True
 
     relay = JsonRelay(parts[0], chunks_of(parts[1:], fail=fail), closed,
-                      call=Carried("r", record=record, answered=on_answer))
+                      call=Carried("r", exchange=exchange_of(record), answered=on_answer))
     out = await drain(relay)
     assert len(out) < sum(map(len, parts)) or not out  # the last chunk is never sent
     assert record.status == "error" and not answered
@@ -225,7 +247,7 @@ async def test_a_json_answer_kept_nowhere_is_withheld() -> None:
         return False
 
     relay = JsonRelay(parts[0], chunks_of(parts[1:]), closed,
-                      call=Carried(1, record=AuditRecord(endpoint="e"), answered=kept_nowhere))
+                      call=Carried(1, exchange=exchange_of(AuditRecord(endpoint="e")), answered=kept_nowhere))
     out = await drain(relay)
     assert data.startswith(out) and len(out) < len(data)
 
@@ -313,7 +335,7 @@ async def test_a_denied_notification_is_dropped_and_the_call_goes_on() -> None:
     body = clean + log_event(f"key {SECRET}") + progress_event(SECRET) + answer_event(1, "ok")
     record = AuditRecord(endpoint="e")
     relay = StreamRelay(chunks_of([body]), closed,
-                        call=Carried(1, record=record),
+                        call=Carried(1, exchange=exchange_of(record)),
                         views=Views(rewrite=rewrite, notice=notice, hold_limit=1 << 20))
     out = await drain(relay)
     assert out == clean + answer_event(1, "ok")
@@ -386,7 +408,7 @@ async def test_a_large_event_that_is_not_the_answer_passes_on_as_it_arrives(
 
     record = AuditRecord(endpoint="e")
     relay = StreamRelay(upstream(), closed,
-                        call=Carried(1, record=record),
+                        call=Carried(1, exchange=exchange_of(record)),
                         views=Views(rewrite=rewrite, notice=notice, hold_limit=HEAD_BYTES))
     head = await asyncio.wait_for(relay.__anext__(), DEADLINE_S)
     assert head == large[:HEAD_BYTES + 100] and relay.mid_event
@@ -406,7 +428,7 @@ async def test_a_large_notification_a_rule_reads_is_held_whole_and_bounded() -> 
     over = big_notice("notifications/progress", 2 * HEAD_BYTES, f"key {SECRET} ")
     record = AuditRecord(endpoint="e")
     relay = StreamRelay(chunks_of(split(over + answer_event(1, "ok"))), closed,
-                        call=Carried(1, record=record),
+                        call=Carried(1, exchange=exchange_of(record)),
                         views=Views(rewrite=rewrite, notice=notice, hold_limit=HEAD_BYTES))
     out = await drain(relay)
     assert SECRET not in out.decode() and not relay.answered
