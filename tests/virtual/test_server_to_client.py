@@ -17,15 +17,14 @@ import pytest
 from mcp import Client, MCPError
 from mcp.server.mcpserver import Context, MCPServer
 
-from proxy.runtime.app import Services, create_app
 from proxy.auth import keys as api_keys
-from proxy.config import from_dict
+from proxy.runtime.app import Services
 from proxy.virtual.schema import EndpointIn
-from tests import db_backends, state_backends
+from tests import db_backends
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import ASGIApp, UpstreamProbe, stateful_sse_app, stateless_json_app
 from tests.helpers import DEADLINE_S, until
-from tests.servers import serve
+from tests.stack import Urls, gateway_stack
 
 MODERN = "2026-07-28"
 
@@ -66,21 +65,18 @@ class Team:
 async def team() -> AsyncIterator[Team]:
     alpha_app, alpha = stateful_sse_app()
     beta_app, _ = stateless_json_app()
-    db = db_backends.url()
-    async with AsyncExitStack() as stack:
-        a = await stack.enter_async_context(serve(alpha_app, graceful_timeout=1))
-        b = await stack.enter_async_context(serve(beta_app, graceful_timeout=1))
-        c = await stack.enter_async_context(serve(talker_app(), graceful_timeout=1))
-        cfg = from_dict({
-            "database": {"url": db}, "state": state_backends.state(),
-            "upstreams": [{"name": "alpha", "url": f"{a}/mcp", "era": "legacy"},
-                          {"name": "beta", "url": f"{b}/mcp", "era": "legacy"},
-                          {"name": "talker", "url": f"{c}/mcp", "era": "legacy"}],
-            "endpoints": [{"name": "team", "members": ["alpha", "beta", "talker"]}],
-        }, env={})
-        app = create_app(cfg)
-        gw = await stack.enter_async_context(serve(app, graceful_timeout=1))
-        yield Team(f"{gw}/mcp/team", alpha, app.extensions["tollhouse"])
+    members = {"alpha": alpha_app, "beta": beta_app, "talker": talker_app()}
+    async with gateway_stack(lambda urls: {
+            "upstreams": legacy(urls),
+            "endpoints": [{"name": "team", "members": list(members)}]},
+            upstreams=members) as site:
+        yield Team(site.endpoint("team"), alpha, site.services)
+
+
+def legacy(urls: Urls) -> list[dict[str, Any]]:
+    """Every served upstream, by its name, as a legacy-era upstream of the gateway."""
+    return [{"name": name, "url": f"{url}/mcp", "era": "legacy"}
+            for name, url in urls.upstreams.items()]
 
 
 def answers_posted(probe: UpstreamProbe) -> list[Any]:
@@ -267,15 +263,11 @@ async def test_members_that_join_or_leave_are_followed_by_an_open_get_stream() -
         return [x for x in probe.exchanges if x.method == "GET" and x.status == 200]
 
     async with AsyncExitStack() as stack:
-        a = await stack.enter_async_context(serve(alpha_app, graceful_timeout=1))
-        b = await stack.enter_async_context(serve(beta_app, graceful_timeout=1))
-        cfg = from_dict({
-            "database": {"url": db}, "state": state_backends.state(), "auth": {"mode": "jwt"},
-            "upstreams": [{"name": "alpha", "url": f"{a}/mcp", "era": "legacy"},
-                          {"name": "beta", "url": f"{b}/mcp", "era": "legacy"}]}, env={})
-        gw = await stack.enter_async_context(serve(create_app(cfg), graceful_timeout=1))
-        admin = await stack.enter_async_context(httpx.AsyncClient(headers=auth,
-                                                                  timeout=DEADLINE_S))
+        site = await stack.enter_async_context(gateway_stack(
+            lambda urls: {"auth": {"mode": "jwt"}, "upstreams": legacy(urls)},
+            upstreams={"alpha": alpha_app, "beta": beta_app},
+            client={"headers": auth, "timeout": DEADLINE_S}))
+        gw, admin = site.url, site.client
         created = await admin.post(f"{gw}/api/v1/endpoints",
                                    json={"name": "crew", "members": ["alpha"]})
         assert created.status_code == 201, created.text
@@ -351,16 +343,14 @@ async def test_a_notice_larger_than_the_head_names_its_member_on_an_unheld_strea
         return "done"
 
     async with AsyncExitStack() as stack:
-        c = await stack.enter_async_context(serve(
-            server.streamable_http_app(streamable_http_path="/mcp"), graceful_timeout=1))
-        cfg = from_dict({
-            "database": {"url": db_backends.url()}, "state": state_backends.state(),
-            "upstreams": [{"name": "loud", "url": f"{c}/mcp", "era": "modern"}],
-            "endpoints": [{"name": "team", "members": ["loud"]}]}, env={})
-        gw = await stack.enter_async_context(serve(create_app(cfg), graceful_timeout=1))
+        site = await stack.enter_async_context(gateway_stack(
+            lambda urls: {"upstreams": [{"name": "loud", "url": f"{urls.upstream}/mcp",
+                                         "era": "modern"}],
+                          "endpoints": [{"name": "team", "members": ["loud"]}]},
+            upstream=server.streamable_http_app(streamable_http_path="/mcp")))
         # a 2026-07-28 client on a 2026-07-28 member, no policy rewriting: nothing holds the
         # answer, and the member's log, past the head, is still held to be named
-        client = await stack.enter_async_context(Client(f"{gw}/mcp/team", mode=MODERN,
+        client = await stack.enter_async_context(Client(site.endpoint("team"), mode=MODERN,
                                                         logging_callback=on_log))
         result = await client.call_tool("loud__shout", {"size": BIG})
         assert result.content[0].text == "done"
@@ -375,15 +365,13 @@ async def test_a_request_past_the_hold_limit_ends_the_call() -> None:
         raise AssertionError("no request this large reaches the client")
 
     async with AsyncExitStack() as stack:
-        a = await stack.enter_async_context(serve(app, graceful_timeout=1))
-        cfg = from_dict({
-            "server": {"max_response_bytes": BIG // 2},
-            "database": {"url": db_backends.url()}, "state": state_backends.state(),
-            "upstreams": [{"name": "alpha", "url": f"{a}/mcp", "era": "legacy"}],
-            "endpoints": [{"name": "team", "members": ["alpha"]}]}, env={})
-        gw = await stack.enter_async_context(serve(create_app(cfg), graceful_timeout=1))
+        site = await stack.enter_async_context(gateway_stack(
+            lambda urls: {"server": {"max_response_bytes": BIG // 2},
+                          "upstreams": legacy(urls),
+                          "endpoints": [{"name": "team", "members": ["alpha"]}]},
+            upstreams={"alpha": app}))
         client = await stack.enter_async_context(connect(
-            f"{gw}/mcp/team", sampling_callback=on_sampling, read_timeout_seconds=DEADLINE_S))
+            site.endpoint("team"), sampling_callback=on_sampling, read_timeout_seconds=DEADLINE_S))
         with pytest.raises(MCPError) as ended:
             await client.call_tool("alpha__ask_sampling", {"prompt": "p" * BIG})
     assert ended.value.error.code == -32000
