@@ -4,8 +4,11 @@ the policies compiled once (`Policies`).
 What is built once, when the policies or the targets change: the Cedar policy sets (the
 enforce policies; all of them, for the shadow decision), each policy's `@reason`, and the JSON
 of every known target's entity with its endpoint. Per call: the caller's entity (a small JSON
-object), the context (`input` converted from the arguments, hour, weekday, zone, era) and one
-Cedar evaluation (two when shadow policies exist).
+object, its parsed Cedar entities kept per caller and target), the context (`input`
+converted from the arguments, hour, weekday, zone, era) and one Cedar evaluation (two when
+shadow policies exist) over only the policies whose scope can reach the target (partitioned
+once per target, on its first call: a policy whose scope cannot match is not applicable in
+Cedar anyway, and no policy reaching a target decides "no permit" without calling Cedar).
 
 How enforce and shadow combine: the decision that is applied is Cedar's over the enforce
 policies only (none at all: allowed, the policy layer is absent); the shadow decision is
@@ -26,8 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import cedarpy
+import orjson
 
-from policies.cedar.load import Policy, policy_set_json
+from policies.cedar.load import Policy, policy_set_json, reachable
 from policies.cedar.schema import ANNOTATIONS, CALL_ACTIONS, NAMESPACE, Catalog, Target
 from policies.cedar.values import Unrepresentable, cedar_input
 
@@ -38,6 +42,7 @@ DEFAULT_ERROR = "policy evaluation failed"
 _ACTION = f"{NAMESPACE}::Action"
 _CALLER = f"{NAMESPACE}::Caller"
 _ENDPOINT = f"{NAMESPACE}::Endpoint"
+ENTITIES_KEPT = 4096  # parsed entity sets (one per caller and target) kept per Policies
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,9 @@ class Policies:
         self.all = cedarpy.PolicySet.from_json_str(policy_set_json(
             {p.id: p.est for p in self.policies})) if self.shadowed else None
         self._targets = {key: _target_json(t) for key, t in catalog.targets.items()}
+        # the entities of a (caller, target) pair, parsed by Cedar once: a caller calls again
+        self._entities: dict[tuple[str, str], cedarpy.Entities] = {}
+        self._partitions: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     @property
     def empty(self) -> bool:
@@ -143,19 +151,20 @@ class Policies:
             applied = failed if self.enforce is not None else Verdict(True)
             return Decision(applied.allowed, applied.policies, applied.reason, applied.errors,
                             failed if self.shadowed else None)
-        applied = (self.evaluate(self.enforce, request, entities)
+        enforce, every = self.partition(call)
+        applied = (self.evaluate(enforce, request, entities)
                    if self.enforce is not None else Verdict(True))
-        shadow = self.evaluate(self.all, request, entities) if self.all is not None else None
+        shadow = self.evaluate(every, request, entities) if self.all is not None else None
         return Decision(applied.allowed, applied.policies, applied.reason, applied.errors,
                         shadow)
 
     def request(self, caller: Caller, call: Call, now: dt.datetime | None = None,
-                arguments: bool = True) -> tuple[dict[str, Any], str]:
+                arguments: bool = True) -> tuple[dict[str, Any], cedarpy.Entities]:
         """The Cedar request and entities (JSON) for a call; `arguments=False` gives an empty
         input (what listing asks). Raises Unrepresentable for an argument Cedar cannot hold."""
         kind = CALL_ACTIONS.get(call.method)
-        when = now or dt.datetime.now(dt.timezone.utc)
-        when = when.astimezone(dt.timezone.utc) if when.tzinfo else when
+        when = now or dt.datetime.now(dt.UTC)
+        when = when.astimezone(dt.UTC) if when.tzinfo else when
         context: dict[str, Any] = {"hour": when.hour, "weekday": when.isoweekday(),
                                    "zone": call.zone, "era": call.era}
         if kind is None:
@@ -172,19 +181,56 @@ class Policies:
                         self.catalog.input_of.get((kind, uid), ""))))
         request = {"principal": {"type": _CALLER, "id": caller.id},
                    "action": {"type": _ACTION, "id": call.method},
-                   "resource": resource, "context": context}
-        return request, f"[{self.caller_json(caller)},{target}]"
+                   "resource": resource, "context": orjson.dumps(context).decode()}
+        return request, self._entities_of(self.caller_json(caller), target)
+
+    def _entities_of(self, caller: str, target: str) -> cedarpy.Entities:
+        key = (caller, target)
+        entities = self._entities.get(key)
+        if entities is None:
+            if len(self._entities) >= ENTITIES_KEPT:
+                self._entities.clear()  # callers change rarely; simpler than an LRU's locking
+            entities = cedarpy.Entities.from_json_str(f"[{caller},{target}]")
+            self._entities[key] = entities
+        return entities
 
     def caller_json(self, caller: Caller) -> str:
         claims = {n: caller.claims[n] for n in self.claims
                   if isinstance(caller.claims.get(n), str)}
         attributes = {n: v for n, v in caller.attributes.items()
                       if isinstance(v, str) and n in self.catalog.attributes}
-        return json.dumps({"uid": {"type": _CALLER, "id": caller.id}, "parents": [],
-                           "attrs": {"groups": sorted(caller.groups), "claims": claims,
-                                     "attributes": attributes, "client": caller.client}})
+        return orjson.dumps({"uid": {"type": _CALLER, "id": caller.id}, "parents": [],
+                             "attrs": {"groups": sorted(caller.groups), "claims": claims,
+                                       "attributes": attributes, "client": caller.client}},
+                            option=orjson.OPT_SORT_KEYS).decode()
 
-    def evaluate(self, policies: Any, request: dict[str, Any], entities: str) -> Verdict:
+    def partition(self, call: Call, relaxed: Any = None) -> tuple[Any, Any]:
+        """The (enforce, all) policy sets whose scope can reach the call's target (None: no
+        policy does); for a list method, the whole sets. `relaxed` (policies.cedar.listing):
+        a function giving a policy's relaxed JSON form, or None to drop it."""
+        kind = CALL_ACTIONS.get(call.method)
+        if kind is None:
+            return self.enforce, self.all
+        key = (("relaxed:" if relaxed else "") + kind, f"{call.endpoint}/{call.name}")
+        found = self._partitions.get(key)
+        if found is None:
+            target = self.catalog.get(kind, key[1]) or Target(
+                kind, call.endpoint, call.name)  # type: ignore[arg-type]
+            reach = {id(p) for p in self.policies if reachable(p.est, [target])}
+            forms = {p.id: (p, relaxed(p.est) if relaxed else p.est)
+                     for p in self.policies if id(p) in reach}
+            enforce = {i: f for i, (p, f) in forms.items() if f and p.mode == "enforce"}
+            every = {i: f for i, (p, f) in forms.items() if f}
+            found = (_policy_set(enforce), _policy_set(every))
+            if len(self._partitions) >= ENTITIES_KEPT:
+                self._partitions.clear()
+            self._partitions[key] = found
+        return found
+
+    def evaluate(self, policies: Any, request: dict[str, Any],
+                 entities: cedarpy.Entities) -> Verdict:
+        if policies is None:
+            return Verdict(False, (), DEFAULT_NO_PERMIT)
         result = cedarpy.is_authorized(request, policies, entities)
         errors = tuple(str(e) for e in result.diagnostics.errors)
         reasons = tuple(sorted(result.diagnostics.reasons))
@@ -196,6 +242,10 @@ class Policies:
             return Verdict(False, (), DEFAULT_NO_PERMIT)
         text = next((r for r in map(self.reason_of, reasons) if r), DEFAULT_FORBID)
         return Verdict(False, reasons, text)
+
+
+def _policy_set(static: dict[str, Any]) -> Any:
+    return cedarpy.PolicySet.from_json_str(policy_set_json(static)) if static else None
 
 
 def _endpoint_json(endpoint: str) -> dict[str, Any]:

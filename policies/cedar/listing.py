@@ -93,9 +93,12 @@ class Lister:
         with the error named)."""
         if self.relaxed is None:
             return True
-        request, entities = self.policies.request(
-            caller, Call(method, endpoint, name, zone=zone, era=era), now, arguments=False)
-        result = cedarpy.is_authorized(request, self.relaxed, entities)
+        call = Call(method, endpoint, name, zone=zone, era=era)
+        relaxed, _ = self.policies.partition(call, relaxed=relax)
+        if relaxed is None:
+            return False
+        request, entities = self.policies.request(caller, call, now, arguments=False)
+        result = cedarpy.is_authorized(request, relaxed, entities)
         return bool(result.allowed or result.diagnostics.errors)
 
 

@@ -53,7 +53,7 @@ def _value(item: Any, declared: Mapping[str, Any] | None, where: str) -> Any:
     kind = declared.get("type") if declared is not None else None
     if kind == "Extension" or (kind is None and isinstance(item, float)):
         return _decimal(item, where)
-    if isinstance(item, bool) or isinstance(item, str):
+    if isinstance(item, (bool, str)):
         return item
     if isinstance(item, int):
         if not _LONG_MIN <= item <= _LONG_MAX:

@@ -57,13 +57,12 @@ from proxy.config.zones import (
 )
 
 __all__ = [
-    "COLLECTION_POLICIES", "GUARDRAIL_DETECT", "LOG_FORMATS", "MAX_COLLECTIONS",
-    "RATE_LIMIT_KEYS", "STATE_SCHEMES", "AccessConfig", "AuthConfig", "CollectionPolicy",
-    "Config", "ConfigError", "ConsoleConfig", "DatabaseConfig", "EgressConfig",
-    "EndpointConfig", "GuardrailRule", "IssuerConfig", "LockoutConfig", "MeteringConfig",
-    "OAuthServerConfig", "ObservabilityConfig", "OidcConfig", "POLICY_MODES", "PinningConfig",
-    "PlaceholderConfig", "PolicyConfig", "RateLimitRule", "ScreeningConfig", "ServerConfig", "StateConfig",
-    "ToolProfile", "UpstreamConfig", "UpstreamOAuthConfig", "from_dict", "load",
-    "parse_networks", "parse_rate", "validate", "validate_egress", "validate_rules",
-    "validate_upstream_egress",
+    "COLLECTION_POLICIES", "GUARDRAIL_DETECT", "LOG_FORMATS", "MAX_COLLECTIONS", "POLICY_MODES",
+    "RATE_LIMIT_KEYS", "STATE_SCHEMES", "AccessConfig", "AuthConfig", "CollectionPolicy", "Config",
+    "ConfigError", "ConsoleConfig", "DatabaseConfig", "EgressConfig", "EndpointConfig",
+    "GuardrailRule", "IssuerConfig", "LockoutConfig", "MeteringConfig", "OAuthServerConfig",
+    "ObservabilityConfig", "OidcConfig", "PinningConfig", "PlaceholderConfig", "PolicyConfig",
+    "RateLimitRule", "ScreeningConfig", "ServerConfig", "StateConfig", "ToolProfile",
+    "UpstreamConfig", "UpstreamOAuthConfig", "from_dict", "load", "parse_networks", "parse_rate",
+    "validate", "validate_egress", "validate_rules", "validate_upstream_egress",
 ]

@@ -163,7 +163,7 @@ def _stored(cfg: Config) -> tuple[list[Target], list[str], str]:
                 seen = conn.execute("SELECT server, tools FROM server_tools").fetchall()
                 pins = conn.execute("SELECT endpoint, name, definition FROM tool_pins").fetchall()
                 users = conn.execute("SELECT attributes FROM users").fetchall()
-        except (*database.errors, *database.missing_table()) as exc:
+        except (*database.errors, *database.missing_table) as exc:
             return [], [], (f"the database {database!r} could not be read ({exc}): no tools "
                             "known; pass --tools FILE")
     schemas = {(e, n): json.loads(d).get("inputSchema") for e, n, d in pins}
@@ -215,7 +215,7 @@ def _case(case: dict[str, Any], path: str, n: int) -> tuple[Caller, Call, dt.dat
     if isinstance(when, str):
         when = dt.datetime.fromisoformat(when)
     if isinstance(when, dt.datetime) and when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
+        when = when.replace(tzinfo=dt.UTC)
     return caller, call, when if isinstance(when, dt.datetime) else None
 
 

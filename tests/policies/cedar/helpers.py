@@ -8,7 +8,7 @@ from typing import Any
 
 from policies.cedar import Call, Caller, Catalog, Policies, Target, parse, validate
 
-NOON_MONDAY = dt.datetime(2026, 1, 5, 12, 0, tzinfo=dt.timezone.utc)
+NOON_MONDAY = dt.datetime(2026, 1, 5, 12, 0, tzinfo=dt.UTC)
 
 TOOLS: list[Target] = [
     Target.tool("pay", {

@@ -22,72 +22,72 @@ TABLE: list[tuple[str, str, Caller, Call, bool]] = [
      alice(), call("transfer", **OK), True),
     ("string !=", f'permit(principal, {TRANSFER}) when {{ context.input.to == "bob" }};',
      alice(), call("transfer", amount=1, to="eve"), False),
-    ("string like", f'permit(principal, {CALL}, resource == Tollhouse::Tool::"github/create_issue")'
-     ' when { context.input.repo like "acme/*" };',
+    ("string like", (f'permit(principal, {CALL}, resource == Tollhouse::Tool::"github/create_issue")'
+     ' when { context.input.repo like "acme/*" };'),
      alice(), call("create_issue", "github", repo="acme/infra"), True),
     ("string like, other org",
-     f'permit(principal, {CALL}, resource == Tollhouse::Tool::"github/create_issue")'
-     ' when { context.input.repo like "acme/*" };',
+     (f'permit(principal, {CALL}, resource == Tollhouse::Tool::"github/create_issue")'
+     ' when { context.input.repo like "acme/*" };'),
      alice(), call("create_issue", "github", repo="evil/infra"), False),
     # numbers: number -> decimal, integer -> Long
-    ("decimal under", f'permit(principal, {TRANSFER}) when '
-     '{ context.input.amount.lessThan(decimal("500.0")) };', alice(), call("transfer", **OK), True),
-    ("decimal over", f'permit(principal, {TRANSFER}) when '
-     '{ context.input.amount.lessThan(decimal("500.0")) };',
+    ("decimal under", (f'permit(principal, {TRANSFER}) when '
+     '{ context.input.amount.lessThan(decimal("500.0")) };'), alice(), call("transfer", **OK), True),
+    ("decimal over", (f'permit(principal, {TRANSFER}) when '
+     '{ context.input.amount.lessThan(decimal("500.0")) };'),
      alice(), call("transfer", amount=500.5, to="b"), False),
-    ("long", f'permit(principal, {TRANSFER}) when '
-     '{ context.input has count && context.input.count <= 3 };',
+    ("long", (f'permit(principal, {TRANSFER}) when '
+     '{ context.input has count && context.input.count <= 3 };'),
      alice(), call("transfer", amount=1, to="b", count=3), True),
-    ("long over", f'permit(principal, {TRANSFER}) when '
-     '{ context.input has count && context.input.count <= 3 };',
+    ("long over", (f'permit(principal, {TRANSFER}) when '
+     '{ context.input has count && context.input.count <= 3 };'),
      alice(), call("transfer", amount=1, to="b", count=4), False),
     # nested objects and sets
-    ("nested record", f'permit(principal, {TRANSFER}) when {{ context.input has meta && '
+    ("nested record", (f'permit(principal, {TRANSFER}) when {{ context.input has meta && '
      'context.input.meta has origin && context.input.meta.origin has country && '
-     'context.input.meta.origin.country == "NL" };',
+     'context.input.meta.origin.country == "NL" };'),
      alice(), call("transfer", amount=1, to="b", meta={"origin": {"country": "NL"}}), True),
-    ("set contains: forbid wins", f'permit(principal, {TRANSFER});\n'
+    ("set contains: forbid wins", (f'permit(principal, {TRANSFER});\n'
      f'forbid(principal, {TRANSFER}) when {{ context.input has meta && context.input.meta has '
-     'tags && context.input.meta.tags.contains("blocked") };',
+     'tags && context.input.meta.tags.contains("blocked") };'),
      alice(), call("transfer", amount=1, to="b", meta={"tags": ["x", "blocked"]}), False),
-    ("set without it", f'permit(principal, {TRANSFER});\n'
+    ("set without it", (f'permit(principal, {TRANSFER});\n'
      f'forbid(principal, {TRANSFER}) when {{ context.input has meta && context.input.meta has '
-     'tags && context.input.meta.tags.contains("blocked") };',
+     'tags && context.input.meta.tags.contains("blocked") };'),
      alice(), call("transfer", amount=1, to="b", meta={"tags": ["x"]}), True),
     # claims, groups, person attributes, client
-    ("claim", f'permit(principal, {CALL}, resource) when {{ principal.claims has department && '
-     'principal.claims.department == "finance" };',
+    ("claim", (f'permit(principal, {CALL}, resource) when {{ principal.claims has department && '
+     'principal.claims.department == "finance" };'),
      alice(claims={"department": "finance"}), call("balance"), True),
-    ("claim missing", f'permit(principal, {CALL}, resource) when {{ principal.claims has '
-     'department && principal.claims.department == "finance" };', alice(), call("balance"), False),
+    ("claim missing", (f'permit(principal, {CALL}, resource) when {{ principal.claims has '
+     'department && principal.claims.department == "finance" };'), alice(), call("balance"), False),
     ("group", f'permit(principal, {CALL}, resource) when {{ principal.groups.contains("sre") }};',
      alice(groups=frozenset({"sre"})), call("balance"), True),
     ("no group", f'permit(principal, {CALL}, resource) when {{ principal.groups.contains("sre") }};',
      alice(groups=frozenset({"dev"})), call("balance"), False),
-    ("person attribute", f'permit(principal, {CALL}, resource) when {{ principal.attributes has '
-     'team && principal.attributes.team == "payments" };',
+    ("person attribute", (f'permit(principal, {CALL}, resource) when {{ principal.attributes has '
+     'team && principal.attributes.team == "payments" };'),
      alice(attributes={"team": "payments"}), call("balance"), True),
     ("api key principal", f'permit(principal == Tollhouse::Caller::"key|k1", {CALL}, resource);',
      Caller.key("k1"), call("balance"), True),
     # annotations, endpoint
-    ("read-only tools", f'permit(principal, {CALL}, resource) when {{ resource has readOnlyHint '
-     '&& resource.readOnlyHint };', alice(), call("balance"), True),
-    ("not read-only", f'permit(principal, {CALL}, resource) when {{ resource has readOnlyHint '
-     '&& resource.readOnlyHint };', alice(), call("transfer", **OK), False),
+    ("read-only tools", (f'permit(principal, {CALL}, resource) when {{ resource has readOnlyHint '
+     '&& resource.readOnlyHint };'), alice(), call("balance"), True),
+    ("not read-only", (f'permit(principal, {CALL}, resource) when {{ resource has readOnlyHint '
+     '&& resource.readOnlyHint };'), alice(), call("transfer", **OK), False),
     ("endpoint", f'permit(principal, {CALL}, resource in Tollhouse::Endpoint::"github");',
      alice(), call("create_issue", "github", repo="a/b"), True),
     ("other endpoint", f'permit(principal, {CALL}, resource in Tollhouse::Endpoint::"github");',
      alice(), call("balance"), False),
     # time (UTC) and zone
-    ("office hours", f'permit(principal, {CALL}, resource) when {{ context.hour >= 9 && '
-     'context.hour < 18 && context.weekday <= 5 };', alice(), call("balance"), True),
+    ("office hours", (f'permit(principal, {CALL}, resource) when {{ context.hour >= 9 && '
+     'context.hour < 18 && context.weekday <= 5 };'), alice(), call("balance"), True),
     ("zone", f'permit(principal, {CALL}, resource) when {{ context.zone == "internal" }};',
      alice(), Call("tools/call", "pay", "balance", {}, zone="internal"), True),
     ("wrong zone", f'permit(principal, {CALL}, resource) when {{ context.zone == "internal" }};',
      alice(), Call("tools/call", "pay", "balance", {}, zone="remote"), False),
     # prompts
-    ("prompt argument", 'permit(principal, action == Tollhouse::Action::"prompts/get", resource)'
-     ' when { context.input.repo like "acme/*" };', alice(),
+    ("prompt argument", ('permit(principal, action == Tollhouse::Action::"prompts/get", resource)'
+     ' when { context.input.repo like "acme/*" };'), alice(),
      Call("prompts/get", "github", "summary", {"repo": "acme/x"}), True),
 ]
 
@@ -103,7 +103,7 @@ def test_decision_table(text: str, who: Caller, what: Call, allowed: bool) -> No
 def test_weekend_and_night_refused() -> None:
     p = compiled(f'permit(principal, {CALL}, resource) when {{ context.hour >= 9 && '
                  'context.weekday <= 5 };')
-    saturday = dt.datetime(2026, 1, 10, 12, tzinfo=dt.timezone.utc)
+    saturday = dt.datetime(2026, 1, 10, 12, tzinfo=dt.UTC)
     assert not p.decide(alice(), call("balance"), saturday).allowed
     assert not p.decide(alice(), call("balance"), NOON_MONDAY.replace(hour=3)).allowed
 
