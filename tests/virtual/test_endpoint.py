@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,11 +17,10 @@ import pytest
 from mcp import Client, MCPError
 from mcp.server.lowlevel import Server
 
-from proxy.runtime.app import Services, create_app
 from proxy.audit import query
-from proxy.config import from_dict
+from proxy.runtime.app import Services
 from proxy.virtual import naming
-from tests import db_backends, state_backends
+from tests import db_backends
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import (
     ASGIApp,
@@ -31,7 +30,7 @@ from tests.e2e.upstreams import (
     stateless_json_app,
 )
 from tests.helpers import DEADLINE_S
-from tests.servers import serve
+from tests.stack import gateway_stack
 
 MODERN = "2026-07-28"
 LONG = "crm-of-the-sales-team-in-the-european-region-and-beyond"  # 55: names past 64
@@ -103,30 +102,22 @@ async def team(list_timeout_s: float = 10.0, **endpoint: Any) -> AsyncIterator[T
     beta_app, beta = stateless_json_app()
     gamma_app, gamma = stateful_sse_app()
     switch = Switch(gamma_app)
-    db = db_backends.url()
-    async with AsyncExitStack() as stack:
-        a = await stack.enter_async_context(serve(alpha_app, graceful_timeout=1))
-        b = await stack.enter_async_context(serve(beta_app, graceful_timeout=1))
-        g = await stack.enter_async_context(serve(switch, graceful_timeout=1))
-        p = await stack.enter_async_context(serve(paging_app(), graceful_timeout=1))
-        cfg = from_dict({
-            "database": {"url": db}, "state": state_backends.state(),
-            "upstreams": [{"name": "alpha", "url": f"{a}/mcp", "total_timeout_s": 20},
-                          {"name": LONG, "url": f"{b}/mcp", "era": "legacy"},
-                          {"name": "gamma", "url": f"{g}/mcp", "era": "modern",
-                           "timeout_s": 5},
-                          {"name": "pages", "url": f"{p}/mcp", "era": "legacy",
-                           "access": {"tools_deny": ["t1"]}}],
+    settings: dict[str, dict[str, Any]] = {
+        "alpha": {"total_timeout_s": 20}, LONG: {"era": "legacy"},
+        "gamma": {"era": "modern", "timeout_s": 5},
+        "pages": {"era": "legacy", "access": {"tools_deny": ["t1"]}}}
+    async with gateway_stack(lambda urls: {
+            "upstreams": [{"name": name, "url": f"{url}/mcp", **settings[name]}
+                          for name, url in urls.upstreams.items()],
             "endpoints": [{"name": "team", "members": ["alpha", LONG, "gamma"],
                            "list_timeout_s": list_timeout_s,
                            "aliases": {"shout": "gamma:echo"}, **endpoint},
                           {"name": "paged", "members": ["pages", "gamma"],
-                           "access": {"tools_deny": ["gamma__*"]}}],
-        }, env={})
-        app = create_app(cfg)
-        gw = await stack.enter_async_context(serve(app, graceful_timeout=1))
-        yield Team(f"{gw}/mcp/team", {"alpha": alpha, LONG: beta, "gamma": gamma}, switch,
-                   app.extensions["tollhouse"], db)
+                           "access": {"tools_deny": ["gamma__*"]}}]},
+            upstreams={"alpha": alpha_app, LONG: beta_app, "gamma": switch,
+                       "pages": paging_app()}) as site:
+        yield Team(site.endpoint("team"), {"alpha": alpha, LONG: beta, "gamma": gamma},
+                   switch, site.services, db_backends.url())
 
 
 def long_name(tool: str) -> str:
@@ -226,8 +217,11 @@ async def test_long_names_route_after_a_restart_of_the_name_map() -> None:
         name = long_name("slow_progress")
         assert len(f"{LONG}__slow_progress") > 64 and name in \
             {x.name for x in (await client.list_tools()).tools}
-        t.state.gateway.virtual._names.clear()  # as after a restart: learned again on a miss
-        assert (await client.call_tool(name, {"steps": 1})).content[0].text == "done"
+        # a restart: the same config in front of the same members, a name map that has learned
+        # nothing yet, so the call's name is learned again on a miss
+        async with gateway_stack(t.state.cfg) as restarted, \
+                connect(restarted.endpoint("team")) as again:
+            assert (await again.call_tool(name, {"steps": 1})).content[0].text == "done"
         assert t.probes[LONG].tool_calls("slow_progress")
 
 
