@@ -15,6 +15,7 @@
     relay     an upstream SSE stream relayed event by event; how a streamed call ends
     scan      what a streamed answer says (id, result or error, isError), read on the way
     resume    an answer on a resumed stream, recorded and held to the call's rules first
+    listening  the GET streams open: each one's relay (resumed or not), their end at a drain
     sse       SSE framing
 
 Identity (proxy/auth), the policies (policies/ through proxy/chain.py) and the upstream
