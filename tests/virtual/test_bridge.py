@@ -5,7 +5,7 @@ virtual endpoint does can be compared with what the plain bridge does."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,13 +15,11 @@ import pytest
 from mcp import Client, MCPError
 from mcp.server.mcpserver import Context, MCPServer
 
-from proxy.runtime.app import create_app
 from proxy.audit import query
-from proxy.config import from_dict
-from tests import db_backends, state_backends
+from tests import db_backends
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import ASGIApp
-from tests.servers import serve
+from tests.stack import gateway_stack
 
 MODERN = "2026-07-28"
 
@@ -69,18 +67,13 @@ class Stack:
 
 @asynccontextmanager
 async def gateway() -> AsyncIterator[Stack]:
-    db = db_backends.url()
-    async with AsyncExitStack() as stack:
-        asker = await stack.enter_async_context(serve(asking_app(), graceful_timeout=1))
-        checker = await stack.enter_async_context(serve(checking_app(), graceful_timeout=1))
-        cfg = from_dict({
-            "database": {"url": db}, "state": state_backends.state(),
-            "upstreams": [{"name": "asker", "url": f"{asker}/mcp", "era": "modern"},
-                          {"name": "checker", "url": f"{checker}/mcp", "era": "legacy"}],
-            "endpoints": [{"name": "team", "members": ["asker", "checker"]}],
-        }, env={})
-        gw = await stack.enter_async_context(serve(create_app(cfg), graceful_timeout=1))
-        yield Stack(gw, db)
+    eras = {"asker": "modern", "checker": "legacy"}
+    async with gateway_stack(lambda urls: {
+            "upstreams": [{"name": name, "url": f"{url}/mcp", "era": eras[name]}
+                          for name, url in urls.upstreams.items()],
+            "endpoints": [{"name": "team", "members": ["asker", "checker"]}]},
+            upstreams={"asker": asking_app(), "checker": checking_app()}) as site:
+        yield Stack(site.url, db_backends.url())
 
 
 async def refused(url: str, tool: str) -> Any:
