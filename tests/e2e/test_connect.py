@@ -19,16 +19,15 @@ import orjson
 import pytest
 from quart import Quart, Response
 
-from proxy.runtime.app import create_app
 from proxy.audit import query
-from proxy.config import from_dict
 from proxy.connect.vault import Vault
-from proxy.storage.db import Database
 from proxy.people.accounts import Accounts
+from proxy.storage.db import Database
 from tests import db_backends, state_backends
 from tests.e2e.test_oauth_sdk import Browser
 from tests.e2e.upstreams import UpstreamProbe, stateless_json_app
-from tests.servers import bound_socket, serve
+from tests.servers import bound_socket
+from tests.stack import Urls, gateway_stack
 
 SECRET = "outer-jwt-secret-of-thirty-two-bytes!!"
 PEOPLE = {"alice": ("alice-pass-1", "alice2", "alice2-pass"),
@@ -93,50 +92,44 @@ async def world(tmp_path: Path, explicit: bool = False, replicas: int = 1,
     for person, (_, upstream_user, upstream_password) in PEOPLE.items():
         Accounts(inner_db).create_local(upstream_user, upstream_password)
         Accounts(outer_db).create_local(person, PEOPLE[person][0])
-    async with serve(app, graceful_timeout=1) as sdk_url:
-        inner_sock, inner = bound_socket(inner_host)
-        inner_cfg = from_dict({
-            "server": {"public_url": inner}, "auth": {"mode": "jwt"},
+    async with gateway_stack(lambda urls: {
+            "server": {"public_url": urls.gateway}, "auth": {"mode": "jwt"},
             "oauth_server": {"enabled": True}, "database": {"url": inner_db.url},
-            "upstreams": [{"name": "up", "url": f"{sdk_url}/mcp", "identity": "headers"}]},
-            env={})
-        async with serve(create_app(inner_cfg, secret_key="inner-secret"), sock=inner_sock,
-                         graceful_timeout=1):
-            outer_sock, outer = bound_socket()
-            oauth: dict[str, Any] = {"discover": True}
-            if explicit:  # a client registered beforehand, configured by hand
-                async with httpx.AsyncClient() as admin:
-                    client = (await admin.post(f"{inner}/oauth/register", json={
-                        "redirect_uris": [f"{outer}/connect/gh/callback"],
-                        "token_endpoint_auth_method": "client_secret_post",
-                        "client_name": "gateway"})).json()
-                oauth = {"client_id": client["client_id"],
-                         "client_secret": client["client_secret"],
-                         "authorization_endpoint": f"{inner}/oauth/authorize",
-                         "token_endpoint": f"{inner}/oauth/token",
-                         "revocation_endpoint": f"{inner}/oauth/revoke"}
-            if stdio is not None:  # no URL: the resource its tokens are for is configured
-                oauth["resource"] = f"{inner}/mcp/up"
-            outer_cfg = from_dict({
-                "server": {"public_url": outer},
-                "state": state_backends.state() if replicas > 1 else {"url": "memory"},
-                "auth": {"mode": "jwt", "issuers": [{"issuer": "tollhouse:local",
-                                                      "hs256_secret": SECRET,
-                                                      "algorithms": ["HS256"]}]},
-                "database": {"url": outer_db.url},
-                "upstreams": [{"name": "gh", "auth": "per_user", "oauth": oauth,
-                               **(stdio or {"url": f"{inner}/mcp/up"}),
-                               **(gh(inner) if gh else {})}]}, env={})
-            async with AsyncExitStack() as stack:
-                urls, states = [], []
-                for n in range(replicas):
-                    sock, url = (outer_sock, outer) if n == 0 else bound_socket()
-                    outer_app = create_app(outer_cfg, vault_keys=VAULT_KEYS)
-                    await stack.enter_async_context(serve(outer_app, sock=sock,
-                                                          graceful_timeout=1))
-                    urls.append(url)
-                    states.append(outer_app.extensions["tollhouse"])
-                yield World(outer, inner, outer_db, inner_db, probe, states[0], urls, states)
+            "state": {"url": "memory"},
+            "upstreams": [{"name": "up", "url": f"{urls.upstream}/mcp", "identity": "headers"}]},
+            upstream=app, host=inner_host, secret_key="inner-secret") as upstream_site:
+        inner = upstream_site.url
+        outer_sock, outer = bound_socket()
+        oauth: dict[str, Any] = {"discover": True}
+        if explicit:  # a client registered beforehand, configured by hand
+            async with httpx.AsyncClient() as admin:
+                client = (await admin.post(f"{inner}/oauth/register", json={
+                    "redirect_uris": [f"{outer}/connect/gh/callback"],
+                    "token_endpoint_auth_method": "client_secret_post",
+                    "client_name": "gateway"})).json()
+            oauth = {"client_id": client["client_id"],
+                     "client_secret": client["client_secret"],
+                     "authorization_endpoint": f"{inner}/oauth/authorize",
+                     "token_endpoint": f"{inner}/oauth/token",
+                     "revocation_endpoint": f"{inner}/oauth/revoke"}
+        if stdio is not None:  # no URL: the resource its tokens are for is configured
+            oauth["resource"] = f"{inner}/mcp/up"
+        outer_cfg = {
+            "server": {"public_url": outer},
+            "state": state_backends.state() if replicas > 1 else {"url": "memory"},
+            "auth": {"mode": "jwt", "issuers": [{"issuer": "tollhouse:local",
+                                                  "hs256_secret": SECRET,
+                                                  "algorithms": ["HS256"]}]},
+            "database": {"url": outer_db.url},
+            "upstreams": [{"name": "gh", "auth": "per_user", "oauth": oauth,
+                           **(stdio or {"url": f"{inner}/mcp/up"}),
+                           **(gh(inner) if gh else {})}]}
+        async with AsyncExitStack() as stack:
+            sites = [await stack.enter_async_context(gateway_stack(
+                outer_cfg, sock=outer_sock if n == 0 else None, vault_keys=VAULT_KEYS))
+                     for n in range(replicas)]
+            urls, states = [s.url for s in sites], [s.services for s in sites]
+            yield World(outer, inner, outer_db, inner_db, probe, states[0], urls, states)
 
 
 async def sign_in(http: httpx.AsyncClient, base: str, name: str, password: str) -> None:
@@ -369,17 +362,16 @@ async def discovering_gateway(documents: dict[str, Any]) -> AsyncIterator[tuple[
 
     database = db_backends.open_database()
     Accounts(database).create_local("alice", "alice-pass-1")
-    async with serve(upstream, graceful_timeout=1) as upstream_url:
-        me["url"] = upstream_url
-        sock, url = bound_socket()
-        cfg = from_dict({"server": {"public_url": url}, "auth": {"mode": "jwt"},
-                         "database": {"url": database.url},
-                         "upstreams": [{"name": "gh", "url": f"{upstream_url}/mcp",
-                                        "auth": "per_user", "oauth": {"discover": True}}]},
-                        env={})
-        async with serve(create_app(cfg, vault_keys=VAULT_KEYS), sock=sock,
-                         graceful_timeout=1):
-            yield url, upstream_url
+
+    def config(urls: Urls) -> dict[str, Any]:
+        me["url"] = urls.upstream
+        return {"server": {"public_url": urls.gateway}, "auth": {"mode": "jwt"},
+                "database": {"url": database.url}, "state": {"url": "memory"},
+                "upstreams": [{"name": "gh", "url": f"{urls.upstream}/mcp",
+                               "auth": "per_user", "oauth": {"discover": True}}]}
+
+    async with gateway_stack(config, upstream=upstream, vault_keys=VAULT_KEYS) as site:
+        yield site.url, site.upstream
 
 
 PRM = "/.well-known/oauth-protected-resource/mcp"
