@@ -22,15 +22,13 @@ import orjson
 import pytest
 from quart import Quart
 
-from proxy.runtime.app import create_app
 from proxy.auth import keys as api_keys
-from proxy.config import from_dict
 from proxy.demo import demo_app
 from proxy.oauth.server import s256
 from proxy.people.accounts import Accounts, UserExists
 from tests import db_backends, state_backends
 from tests.conftest import MCP_HEADERS
-from tests.servers import bound_socket, serve
+from tests.stack import Urls, gateway_stack
 
 
 @dataclass
@@ -62,27 +60,27 @@ async def env(tmp_path: Path, per_user: bool = False, trusted_proxies: list[str]
         accounts.create_local("pat", "pat-password")
     accounts.close()
     _, secret = api_keys.create(db, "ci", [], role="admin")
-    async with serve(demo_app(), graceful_timeout=1) as upstream:
-        sock, url = bound_socket()
-        upstreams: list[dict[str, Any]] = [{"name": "cfgd", "url": f"{upstream}/mcp"}]
+
+    def config(urls: Urls) -> dict[str, Any]:
+        upstreams: list[dict[str, Any]] = [{"name": "cfgd", "url": f"{urls.upstream}/mcp"}]
         if per_user:
-            upstreams.append({"name": "gh", "url": f"{upstream}/mcp", "auth": "per_user",
+            upstreams.append({"name": "gh", "url": f"{urls.upstream}/mcp", "auth": "per_user",
                               "oauth": {"client_id": "gw",
                                         "authorization_endpoint": "https://idp.example/auth",
                                         "token_endpoint": "https://idp.example/token"}})
-        cfg = from_dict({
-            "server": {"public_url": url, "max_request_bytes": 4096,
+        return {
+            "server": {"public_url": urls.gateway, "max_request_bytes": 4096,
                        "trusted_proxies": trusted_proxies or []},
             "auth": {"mode": "jwt", "lockout": {"max_failures": 3}},
             "oauth_server": {"enabled": True},
             "database": {"url": db, **(database or {})},
-            **({"state": state_backends.state()} if shared_state else {}),
-            "upstreams": upstreams}, env={})
-        app = create_app(cfg, secret_key="k", vault_keys={"k1": b"\x01" * 32})
-        async with serve(app, sock=sock, graceful_timeout=1), \
-                httpx.AsyncClient(headers={"Authorization": f"Bearer {secret}"},
-                                  timeout=10) as admin:
-            yield Env(url, upstream, secret, admin, db, app)
+            "state": state_backends.state() if shared_state else {"url": "memory"},
+            "upstreams": upstreams}
+
+    async with gateway_stack(config, upstream=demo_app(), secret_key="k",
+                             vault_keys={"k1": b"\x01" * 32},
+                             client={"headers": {"Authorization": f"Bearer {secret}"}}) as site:
+        yield Env(site.url, site.upstream, secret, site.client, db, site.app)
 
 
 async def signed_in(e: Env, name: str, password: str) -> httpx.AsyncClient:
