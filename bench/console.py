@@ -30,11 +30,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proxy.runtime.app import create_app
 from proxy.audit import rollup
 from proxy.config import from_dict
-from proxy.storage.db import Database
 from proxy.people.accounts import Accounts
+from proxy.runtime.app import create_app
+from proxy.storage.db import Database
 from proxy.strict import ServerIn
 
 PAGES = ("/console/", "/console/servers", "/console/servers/s250", "/console/keys",

@@ -43,8 +43,8 @@ sys.path.insert(0, os.getcwd())  # the checkout to measure: the one this is run 
 
 import httpx
 
-from proxy.runtime.app import create_app
 from proxy.config import from_dict
+from proxy.runtime.app import create_app
 
 CALL = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                    "params": {"name": "echo", "arguments": {"text": "hi"}}}).encode()

@@ -51,8 +51,8 @@ import inprocess
 import paths
 from procs import Processes, free_port
 
-from proxy.runtime.app import create_app
 from proxy.config import from_dict
+from proxy.runtime.app import create_app
 
 Where = tuple[str, int, str]  # a function: file, first line, name
 

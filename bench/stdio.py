@@ -29,8 +29,8 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from proxy.runtime.app import create_app
 from proxy.config import from_dict
+from proxy.runtime.app import create_app
 from tests.servers import serve
 
 SERVER = str(ROOT / "tests" / "stdio" / "server.py")

@@ -22,8 +22,8 @@ sys.path.insert(0, os.getcwd())  # the checkout to measure: the one this is run 
 import httpx
 
 from bench.inprocess import Resolver, one_call
-from proxy.runtime.app import create_app
 from proxy.config import from_dict
+from proxy.runtime.app import create_app
 
 TOOLS = [{"name": f"tool{i}", "inputSchema": {"type": "object"}} for i in range(10)]
 

@@ -26,10 +26,10 @@ from policies.metering import MeteringBackend
 from proxy.chain import Chain
 from proxy.config import Config
 from proxy.destinations import Destinations, IPNetwork
-from proxy.snapshot import Live
 from proxy.metering_backends import build_backend
 from proxy.observability.metrics import Metrics, timed
 from proxy.published import Published
+from proxy.snapshot import Live
 from proxy.state.ratelimit import RateLimitStore
 from proxy.upstream import UpstreamRoute
 from proxy.upstream.stdio import LocalUpstreams

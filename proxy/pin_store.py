@@ -25,8 +25,8 @@ from typing import Any
 import orjson
 
 from policies.guardrails.pinning import Change, Pin, Pins
-from proxy.storage.db import Database
 from proxy.mirror import Mirrors
+from proxy.storage.db import Database
 
 log = logging.getLogger("tollhouse.pins")
 

@@ -30,9 +30,9 @@ import orjson
 
 from proxy.audit.record import AuditRecord
 from proxy.chain import Rewrite
-from proxy.storage.db import Database
 from proxy.jsonrpc import McpMessage
 from proxy.mcp import eras
+from proxy.storage.db import Database
 
 log = logging.getLogger("tollhouse.seen")
 

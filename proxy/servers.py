@@ -16,14 +16,14 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from proxy.storage import db
 from proxy.config import Config, UpstreamConfig, validate_upstream_egress
 from proxy.destinations import Destination, UpstreamEgress
 from proxy.errors import ApiError, BadRequest, Conflict, Invalid, NotFound
 from proxy.mirror import Mirrors
 from proxy.published import Published
-from proxy.strict import ServerIn, ServerOut
+from proxy.storage import db
 from proxy.storage.stored import StoredSpecs
+from proxy.strict import ServerIn, ServerOut
 from proxy.upstream import UpstreamRoute
 
 log = logging.getLogger("tollhouse.registry")

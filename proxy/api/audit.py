@@ -10,7 +10,6 @@ from typing import Any
 
 from quart import Response, request
 
-from proxy.storage import db
 from proxy.api import query
 from proxy.api.bodies import json_response
 from proxy.api.caller import Caller
@@ -18,6 +17,7 @@ from proxy.api.context import Api
 from proxy.audit.database import query as audit_query
 from proxy.audit.database import usage as usage_query
 from proxy.errors import Invalid
+from proxy.storage import db
 
 STATUSES = ("ok", "denied", "error", "cancelled")
 DAY_S = 86400  # the usage period when `since` is not given: the last day

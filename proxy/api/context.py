@@ -11,17 +11,17 @@ from typing import TYPE_CHECKING, Any
 from cachetools import TTLCache
 
 from policies.guardrails.pinning import Pins
-from proxy.storage import db
 from proxy.audit import AuditSink
 from proxy.auth.keys import KeyIndex
 from proxy.destinations import IPNetwork
 from proxy.people.accounts import Accounts
 from proxy.people.signin import Web
 from proxy.pin_store import DatabasePins
-from proxy.servers import Registry
 from proxy.seen import LastSeen
+from proxy.servers import Registry
 from proxy.state.lockouts import LockoutStore
 from proxy.state.sessions import SessionStore
+from proxy.storage import db
 
 if TYPE_CHECKING:
     from proxy.virtual.registry import Endpoints

@@ -15,9 +15,9 @@ from proxy.api.caller import Caller, authenticate
 from proxy.api.context import Api
 from proxy.audit.record import AuditRecord, AuditSink
 from proxy.audit.summary import MANAGEMENT
-from proxy.web.routes import nul_in_body
 from proxy.errors import GatewayError, Invalid, NotPermitted
 from proxy.held import held
+from proxy.web.routes import nul_in_body
 
 Handler = Callable[..., Awaitable[Response]]
 View = Handler  # what Quart serves: the same shape

@@ -383,7 +383,7 @@ def _line(record: AuditRecord, newline: bool = False) -> bytes:
         return json.dumps(record.as_dict(), default=str).encode() + (b"\n" if newline else b"")
 
 
-def _read(target: db.Target, text: str, args: tuple[Any, ...], serial: bool = False
+def read_rows(target: db.Target, text: str, args: tuple[Any, ...], serial: bool = False
           ) -> list[tuple[Any, ...]] | None:
     """Rows of one read-only query; None when there is no database or no such table yet. A
     SQLite file is opened read-only (never created); nothing is migrated. `serial`: no
@@ -436,7 +436,7 @@ def query(target: db.Target, *, status: str | None = None, endpoint: str | None 
         args.extend([before[0], before[0], before[1]])
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     columns = ("id", *COLUMNS) if with_id else COLUMNS
-    rows = _read(target, f"SELECT {', '.join(columns)} FROM audit {where} "
+    rows = read_rows(target, f"SELECT {', '.join(columns)} FROM audit {where} "
                          "ORDER BY ts DESC, id DESC LIMIT ?", (*args, limit))
     return [dict(zip(columns, row)) for row in rows or ()]
 
@@ -502,4 +502,4 @@ def usage(target: db.Target, *, since: float, until: float | None = None,
              "ok": ok, "denied": denied, "error": error, "cancelled": cancelled,
              "bytes_in": bytes_in, "bytes_out": bytes_out, "duration_ms": round(us / 1000, 3)}
             for p, e, kind, tool, n, ok, denied, error, cancelled, bytes_in, bytes_out, us
-            in _read(target, text, tuple(text_args), serial=True) or ()]
+            in read_rows(target, text, tuple(text_args), serial=True) or ()]

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import orjson
+
 if TYPE_CHECKING:
     from proxy.errors import GatewayError
 
@@ -132,3 +134,8 @@ class MemoryAuditSink:
 
     async def close(self) -> None:
         return None
+
+
+def id_text(request_id: Any) -> str:
+    """A request id as the audit log stores it."""
+    return request_id if isinstance(request_id, str) else orjson.dumps(request_id).decode()

@@ -12,7 +12,7 @@ from typing import Any
 
 from proxy.audit import rollup
 from proxy.audit.commit import COLUMNS
-from proxy.audit.database import _read
+from proxy.audit.database import read_rows
 from proxy.audit.rollup import BOUNDS_MS, MANAGEMENT
 from proxy.storage import db
 
@@ -75,7 +75,7 @@ def series(target: db.Target, *, since: float, until: float, bucket_s: int,
     union, union_args = rollup.union(segments, tier, tier_args, raw, args,
                                      tier_head=[int(since), bucket_s],
                                      raw_head=[since, bucket_s])
-    rows = _read(target, f"SELECT k, {_SUMS} FROM ({union}) AS u GROUP BY k",
+    rows = read_rows(target, f"SELECT k, {_SUMS} FROM ({union}) AS u GROUP BY k",
                  tuple(union_args)) or []
     buckets = [{"start": since + i * bucket_s, "ok": 0, "denied": 0, "error": 0,
                 "cancelled": 0} for i in range(count)]
@@ -122,7 +122,7 @@ def summary(target: db.Target, *, since: float, until: float | None = None,
         f"SELECT endpoint, 1 AS n, {', '.join(rollup.STATUSES)}, {_CLASSES}, {{sign}} AS sg "
         f"FROM (SELECT endpoint, {_COUNTS}, {rollup.histogram_class('duration_ms')} AS c "
         "FROM audit WHERE {at} AND endpoint <> ?) AS r", mcp)
-    rows = _read(target, f"SELECT endpoint, "
+    rows = read_rows(target, f"SELECT endpoint, "
                          f"{_net(('n', *rollup.STATUSES, *rollup.HISTOGRAM))} FROM ({union}) "
                          "AS u GROUP BY endpoint HAVING sum(sg * n) > 0", tuple(args)) or []
     endpoints: list[dict[str, Any]] = []
@@ -138,7 +138,7 @@ def summary(target: db.Target, *, since: float, until: float | None = None,
         "SELECT endpoint, CASE WHEN tool IS NULL THEN 2 ELSE 1 END AS kind, coalesce(tool, '') "
         "AS tool, 1 AS n, {sign} AS sg FROM audit WHERE {at} AND endpoint <> ? AND "
         "method = 'tools/call'", mcp)
-    tools = _read(target, "SELECT endpoint, kind, tool, sum(sg * n) AS calls FROM "
+    tools = read_rows(target, "SELECT endpoint, kind, tool, sum(sg * n) AS calls FROM "
                           f"({union}) AS u GROUP BY endpoint, kind, tool HAVING sum(sg * n) > 0 "
                           "ORDER BY calls DESC, endpoint, kind, tool LIMIT ?",
                   (*args, top)) or []
@@ -147,10 +147,10 @@ def summary(target: db.Target, *, since: float, until: float | None = None,
         "SELECT CASE WHEN denied_reason IS NULL THEN 2 ELSE 1 END AS kind, "
         "coalesce(denied_reason, '') AS reason, 1 AS n, {sign} AS sg FROM audit WHERE {at} "
         "AND endpoint <> ? AND status = 'denied'", mcp)
-    denials = _read(target, f"SELECT kind, reason, sum(sg * n) AS calls FROM ({union}) AS u "
+    denials = read_rows(target, f"SELECT kind, reason, sum(sg * n) AS calls FROM ({union}) AS u "
                             "GROUP BY kind, reason HAVING sum(sg * n) > 0 ORDER BY calls DESC, "
                             "reason, kind LIMIT ?", (*args, top)) or []
-    backlog = _read(target, "SELECT count(*) FROM usage_outbox WHERE delivered_at IS NULL",
+    backlog = read_rows(target, "SELECT count(*) FROM usage_outbox WHERE delivered_at IS NULL",
                     ()) or [(0,)]
     return {"since": since, "until": until,
             "endpoints": sorted(endpoints, key=lambda e: (-e["calls"], e["endpoint"])),
@@ -189,12 +189,12 @@ def health(target: db.Target, *, endpoint: str, now: float, recent_s: float,
     error of the hour with that error's message (audit messages hold no secrets). Two reads
     along audit_endpoint_ts_id (the second only if the hour has an error)."""
     hour, recent = now - hour_s, now - recent_s
-    rows = _read(target, "SELECT status, count(*), sum(CASE WHEN ts >= ? THEN 1 ELSE 0 END), "
+    rows = read_rows(target, "SELECT status, count(*), sum(CASE WHEN ts >= ? THEN 1 ELSE 0 END), "
                          "max(ts) FROM audit WHERE ts >= ? AND endpoint = ? AND "
                          "status <> 'denied' GROUP BY status", (recent, hour, endpoint)) or []
     message = None
     if any(status == "error" for status, *_ in rows):
-        found = _read(target, "SELECT error_message FROM audit WHERE ts >= ? AND endpoint = ? "
+        found = read_rows(target, "SELECT error_message FROM audit WHERE ts >= ? AND endpoint = ? "
                               "AND status = 'error' ORDER BY ts DESC, id DESC LIMIT 1",
                       (hour, endpoint)) or []
         message = found[0][0] if found else None
@@ -219,7 +219,7 @@ def healths(target: db.Target, *, endpoints: list[str], now: float, recent_s: fl
     hour, recent = now - hour_s, now - recent_s
     names = list(dict.fromkeys(endpoints))
     marks = ", ".join("?" * len(names))
-    rows = _read(target, "SELECT h.endpoint, h.status, h.n, h.n_recent, h.at, CASE WHEN "
+    rows = read_rows(target, "SELECT h.endpoint, h.status, h.n, h.n_recent, h.at, CASE WHEN "
                          "h.status = 'error' THEN (SELECT e.error_message FROM audit e WHERE "
                          "e.endpoint = h.endpoint AND e.ts >= ? AND e.status = 'error' ORDER "
                          "BY e.ts DESC, e.id DESC LIMIT 1) END FROM (SELECT endpoint, status, "
@@ -239,6 +239,6 @@ def healths(target: db.Target, *, endpoints: list[str], now: float, recent_s: fl
 def record(target: db.Target, record_id: int) -> dict[str, Any] | None:
     """One audit record by its id (as /api/v1/audit gives it)."""
     columns = ("id", *COLUMNS)
-    rows = _read(target, f"SELECT {', '.join(columns)} FROM audit WHERE id = ?",
+    rows = read_rows(target, f"SELECT {', '.join(columns)} FROM audit WHERE id = ?",
                  (record_id,)) or []
     return dict(zip(columns, rows[0])) if rows else None

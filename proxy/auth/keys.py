@@ -21,8 +21,8 @@ from typing import Any, cast
 
 import orjson
 
-from proxy.storage import db
 from proxy.mirror import Mirrors
+from proxy.storage import db
 
 PREFIX = "th_"
 _FORMAT = re.compile(r"^th_([a-z0-9]{10})_([A-Za-z0-9_-]{43})$")

@@ -17,11 +17,11 @@ from quart import Quart, Response, request
 from proxy.api.endpoint import audited
 from proxy.audit.record import AuditRecord
 from proxy.connect.manager import ConnectFailed, Connections
-from proxy.web.paths import segment
 from proxy.errors import GatewayError, NotFound, NotPermitted, NotSignedIn, StoreUnavailable
 from proxy.held import held
 from proxy.people.accounts import User
 from proxy.people.signin import COOKIE, Web, page, see_other
+from proxy.web.paths import segment
 
 JSON = {"Content-Type": "application/json", "Cache-Control": "no-store"}
 log = logging.getLogger("tollhouse.connect")

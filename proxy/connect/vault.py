@@ -29,8 +29,8 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from proxy.storage import db
 from proxy.config import ConfigError
+from proxy.storage import db
 
 _PUT_COLUMNS = ("upstream", "principal", "kid", "sealed", "status", "expires_at", "updated_at")
 _CLIENT_COLUMNS = ("upstream", "issuer", "registration_endpoint", "redirect_uri", "client_id",

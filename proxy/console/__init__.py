@@ -14,9 +14,9 @@ from quart import Blueprint, Quart, Response, request
 
 from proxy.console import admin, mine
 from proxy.console.guard import page, secure
-from proxy.web.paths import segment
 from proxy.people.accounts import User
 from proxy.people.signin import Web
+from proxy.web.paths import segment
 
 STYLESHEET = "/console/static/console.css"
 

@@ -15,9 +15,9 @@ from proxy.api import query
 from proxy.console import charts
 from proxy.console.api import call
 from proxy.console.render import after, render, words
-from proxy.web.paths import segment
 from proxy.people.accounts import User
 from proxy.people.signin import Web
+from proxy.web.paths import segment
 
 AUDIT_FILTERS = ("status", "endpoint", "principal", "tool", "since", "until")
 PERIODS = {"hour": 3600, "day": 86400, "week": 7 * 86400}

@@ -8,9 +8,9 @@ from quart import Response, request
 from proxy.console import clients
 from proxy.console.api import call
 from proxy.console.render import after, render
-from proxy.web.paths import segment
 from proxy.people.accounts import User
 from proxy.people.signin import Web
+from proxy.web.paths import segment
 
 CONNECT_PAGE = 10
 

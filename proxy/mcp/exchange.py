@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from proxy.audit import AuditRecord, AuditSink
+from proxy.audit.record import id_text
 from proxy.chain import Rewrite
 from proxy.errors import (
     Cancelled,
@@ -22,6 +23,7 @@ from proxy.errors import (
 )
 from proxy.jsonrpc import McpMessage, upstream_error_type
 from proxy.observability import Observer
+from proxy.observability.logs import trace_id
 from proxy.state import Session
 from proxy.state.inflight import EndReason
 
@@ -75,6 +77,21 @@ class Exchange:
         self._audit = audit
         self._observer = observer
         observer.begin(record)
+
+    def parsed(self, msg: McpMessage, headers: Mapping[str, str], peer: str | None) -> None:
+        """The parsed message's facts on the record (method, tool, id, the trace it carries
+        in `_meta`, which wins over the request's), then the observers told; the trace a
+        tracer starts for it is the record's."""
+        record = self.record
+        record.method, record.tool = msg.method, msg.tool
+        if msg.kind == "request":
+            record.request_id = id_text(msg.id)
+        meta = msg.params.get("_meta") if msg.params is not None else None
+        if isinstance(meta, dict) and "traceparent" in meta:
+            record.trace_id = trace_id(meta["traceparent"]) or record.trace_id
+        traced = self._observer.parsed(record, msg, headers, peer)
+        if traced is not None:
+            record.trace_id = traced
 
     def seeing(self, msg: McpMessage, rewrite: Rewrite | None) -> Rewrite | None:
         """`rewrite`, for a tools/call with the result seen first: one with `isError: true`

@@ -165,7 +165,7 @@ class Gateway:
             if session is not None:
                 record.session_hash = session.id_hash
             msg = guards.parse(body, version)
-            self._settle(record, msg, req)
+            self._settle(exchange, msg, req)
             ctx = CallContext(principal, route.name, route.url_text, era=record.era,
                               session_hash=record.session_hash, arguments_size=len(body),
                               api_key_id=principal.api_key_id, peer_ip=req.peer,
@@ -204,17 +204,11 @@ class Gateway:
             record.trace_id = trace_id(traceparent)
         return Exchange(record, self.audit, self.observer)
 
-    def _settle(self, record: AuditRecord, msg: McpMessage, req: EdgeRequest) -> None:
-        """The parsed message's facts on its record (method, tool, id, its own trace), the
-        observers told; then a request refused while draining, and the era settled (its
-        2026-07-28 checks)."""
-        record.method, record.tool = msg.method, msg.tool
-        if msg.kind == "request":
-            record.request_id = guards.id_text(msg.id)
-        meta = msg.params.get("_meta") if msg.params is not None else None
-        if isinstance(meta, dict) and "traceparent" in meta:  # the message's own wins
-            record.trace_id = trace_id(meta["traceparent"]) or record.trace_id
-        self.observer.parsed(record, msg, req.headers, req.peer)  # the span
+    def _settle(self, exchange: Exchange, msg: McpMessage, req: EdgeRequest) -> None:
+        """The parsed message's facts on its record and the observers told (`Exchange.parsed`);
+        then a request refused while draining, and the era settled (its 2026-07-28 checks)."""
+        exchange.parsed(msg, req.headers, req.peer)
+        record = exchange.record
         if self.draining and msg.kind == "request":  # notifications, answers still pass
             raise Draining()
         record.era = eras.settle(msg, req.headers, req.duplicated)

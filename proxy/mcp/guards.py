@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
-
 from proxy import jsonrpc
 from proxy.auth.peer import client_ip
 from proxy.destinations import IPNetwork
@@ -70,11 +68,6 @@ def parse(body: bytes, version: str | None) -> McpMessage:
     except GatewayError:
         eras.check_header(version)
         raise
-
-
-def id_text(request_id: Any) -> str:
-    """A request id as the audit log stores it."""
-    return request_id if isinstance(request_id, str) else orjson.dumps(request_id).decode()
 
 
 def late_id(exc: GatewayError, body: bytes) -> Any:

@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from proxy.audit import AuditRecord, AuditSink
+from proxy.audit.record import id_text
 from proxy.auth.principal import Principal
 from proxy.chain import NOTICED, CallContext, Chain, Notice
 from proxy.errors import (
@@ -44,7 +45,6 @@ from proxy.errors import (
     sse_event,
 )
 from proxy.jsonrpc import McpMessage, response_outcome
-from proxy.mcp import guards
 from proxy.mcp.exchange import Exchange
 from proxy.mcp.relay import FINISHED, StreamRelay
 from proxy.mcp.sse import EventSplitter, event_data, event_object, with_data
@@ -147,7 +147,7 @@ class Resumption:
         the call began there (a clock ahead of this one's counts as now)."""
         c = claimed.context
         record = AuditRecord(
-            endpoint=endpoint, method=c.get("method"), request_id=guards.id_text(request_id),
+            endpoint=endpoint, method=c.get("method"), request_id=id_text(request_id),
             principal=principal.subject, tool=c.get("tool"), era=c.get("era") or "legacy",
             session_hash=session.id_hash, call_id=c.get("call_id"), upstream=c.get("upstream"),
             bytes_in=int(c.get("bytes_in") or 0), trace_id=c.get("trace_id") or "")
@@ -159,7 +159,7 @@ class Resumption:
         exc = UpstreamStreamCut("upstream answer on a resumed stream withheld: no replica "
                                 "kept its call to record it")
         exchange = Exchange(AuditRecord(endpoint=endpoint,
-                                        request_id=guards.id_text(request_id),
+                                        request_id=id_text(request_id),
                                         principal=principal.subject,
                                         session_hash=session.id_hash), self.audit, UNOBSERVED)
         exchange.fail(exc)

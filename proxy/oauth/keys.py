@@ -40,9 +40,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from proxy.storage import db
 from proxy.config import ConfigError
 from proxy.singleflight import SingleFlight
+from proxy.storage import db
 
 log = logging.getLogger("tollhouse.oauth")
 

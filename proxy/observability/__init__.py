@@ -26,9 +26,11 @@ class Observer(Protocol):
         per `begin`, whether or not the record is audited."""
 
     def parsed(self, record: AuditRecord, msg: McpMessage, headers: Mapping[str, str],
-               peer: str | None) -> None:
+               peer: str | None) -> str | None:
         """The message is parsed (its method and id are on the record); the HTTP request's
-        headers and peer address. Not called for a message refused before it was parsed."""
+        headers and peer address. Not called for a message refused before it was parsed.
+        An observer that starts a trace for the message returns its trace id, which the
+        call's `Exchange` puts on the record (observers never write it themselves)."""
 
     def results(self, msg: McpMessage, record: AuditRecord, rewrite: Rewrite | None
                 ) -> Rewrite | None:
@@ -56,9 +58,11 @@ class Observers:
             o.end(record)
 
     def parsed(self, record: AuditRecord, msg: McpMessage, headers: Mapping[str, str],
-               peer: str | None) -> None:
+               peer: str | None) -> str | None:
+        traced = None
         for o in self._all:
-            o.parsed(record, msg, headers, peer)
+            traced = o.parsed(record, msg, headers, peer) or traced
+        return traced
 
     def results(self, msg: McpMessage, record: AuditRecord, rewrite: Rewrite | None
                 ) -> Rewrite | None:

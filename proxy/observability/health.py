@@ -16,11 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.storage import migrations
-from proxy.storage.db import Database
 from proxy.errors import StoreUnavailable
 from proxy.observability.metrics import Metrics
 from proxy.state import Stores
+from proxy.storage import migrations
+from proxy.storage.db import Database
 
 log = logging.getLogger("tollhouse.health")
 

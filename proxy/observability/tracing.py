@@ -79,10 +79,10 @@ class Tracing:
         return None  # the span starts at the record's time, once the message is parsed
 
     def parsed(self, record: AuditRecord, msg: McpMessage, headers: Mapping[str, str],
-               peer: str | None) -> None:
+               peer: str | None) -> str | None:
         if msg.kind == "response" or msg.method is None:
             CURRENT.set(None)  # a client's answer to a server's request: no MCP operation
-            return
+            return None
         parent, link = _parent(msg, headers)
         name = _span_name(msg)
         attributes: dict[str, Any] = {"mcp.method.name": msg.method,
@@ -102,7 +102,7 @@ class Tracing:
         call = CallSpans(self, span, set_span_in_context(span, parent), name)
         self._calls[id(record)] = call
         CURRENT.set(call)
-        record.trace_id = format(span.get_span_context().trace_id, "032x")
+        return format(span.get_span_context().trace_id, "032x")  # the record's, by its Exchange
 
     def results(self, msg: McpMessage, record: AuditRecord, rewrite: Rewrite | None
                 ) -> Rewrite | None:

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from proxy.storage import db
 from proxy.auth.principal import Principal
+from proxy.storage import db
 
 LOCAL_ISSUER = "tollhouse:local"
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32, "maxmem": 64 * 1024 * 1024}

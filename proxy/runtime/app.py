@@ -24,23 +24,21 @@ import httpx
 from quart import Quart
 
 from proxy import console, metadata
-
 from proxy import web as edge
 from proxy.api import routes as api_routes
 from proxy.api.context import Api
 from proxy.audit import AuditSink
+from proxy.audit.outbox import OutboxWorker
 from proxy.bodycap import BodyCap
 from proxy.config import Config, parse_networks
 from proxy.connect import routes as connect_routes
 from proxy.connect.guarded import GuardedClient
 from proxy.connect.manager import Connections
 from proxy.connect.vault import Vault, keys_from_env
-from proxy.web.paths import Tollhouse
 from proxy.destinations import IPNetwork, Resolver
 from proxy.held import EXTENSION
 from proxy.mcp.asgi import McpEdge
 from proxy.mcp.gateway import Gateway
-from proxy.audit.outbox import OutboxWorker
 from proxy.mirror import POLL_S as REGISTRY_POLL_S
 from proxy.oauth import keys as oauth_keys
 from proxy.oauth import routes as oauth_routes
@@ -61,6 +59,7 @@ from proxy.upstream import UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
 from proxy.upstream.stdio import LocalUpstreams
 from proxy.upstream.tenants import PeopleAttributes
+from proxy.web.paths import Tollhouse
 
 BODY_TIMEOUT_S = 60.0
 ASGIApp = Any  # an ASGI callable: Quart's, or a layer of the stack in front of it

@@ -27,15 +27,14 @@ from policies.guardrails import Hidden
 from policies.metering import MeteringBackend
 from proxy.api.context import Api
 from proxy.audit import AuditRecord, AuditSink, DatabaseAuditSink
+from proxy.audit.outbox import OutboxWorker
 from proxy.auth.authenticator import Authenticator, BearerAuth, NoAuth
 from proxy.auth.keys import KeyIndex
 from proxy.compiled import Deps, compile
 from proxy.config import MeteringConfig
 from proxy.confine import Environment
 from proxy.destinations import Destinations, SystemResolver, parse_addresses
-from proxy.snapshot import Live
 from proxy.mcp.gateway import Gateway
-from proxy.audit.outbox import OutboxWorker
 from proxy.mirror import Mirrors
 from proxy.observability import Observer, Observers
 from proxy.observability.health import Health
@@ -43,9 +42,10 @@ from proxy.observability.logs import RequestLog
 from proxy.observability.metrics import Metrics
 from proxy.people.live import LiveUsers
 from proxy.pin_store import DatabasePins
-from proxy.servers import Registry
 from proxy.runtime import reload
 from proxy.seen import LastSeen
+from proxy.servers import Registry
+from proxy.snapshot import Live
 from proxy.state.sessions import RedisSessionStore
 from proxy.storage.db import Database
 from proxy.upstream import UpstreamClient

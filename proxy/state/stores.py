@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from proxy.state.learned import BridgeStore, MemoryBridgeStore, RedisBridgeStore
 from proxy.state.browser import BrowserSessions, MemoryBrowserSessions, RedisBrowserSessions
 from proxy.state.codes import CodeStore, MemoryCodeStore, RedisCodeStore
 from proxy.state.flows import FlowStore, MemoryFlowStore, RedisFlowStore
 from proxy.state.inflight import InFlightRegistry, MemoryInFlight, SharedInFlight
+from proxy.state.learned import BridgeStore, MemoryBridgeStore, RedisBridgeStore
 from proxy.state.leases import LeaseStore, MemoryLeases, RedisLeases
 from proxy.state.lockouts import LockoutStore, MemoryLockoutStore, RedisLockoutStore
 from proxy.state.ratelimit import MemoryRateLimitStore, RateLimitStore, RedisRateLimitStore

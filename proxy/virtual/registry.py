@@ -14,13 +14,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from proxy.storage import db
 from proxy.config import Config, EndpointConfig
 from proxy.config.endpoints import config_collision
 from proxy.errors import ApiError, BadRequest, Conflict, Invalid, NotFound
 from proxy.mirror import Mirrors
 from proxy.published import Published
 from proxy.servers import Registry
+from proxy.storage import db
 from proxy.storage.stored import StoredSpecs
 from proxy.virtual.route import VirtualRoute
 from proxy.virtual.schema import EndpointIn, EndpointOut

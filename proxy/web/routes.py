@@ -10,7 +10,6 @@ import re
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
-from proxy.storage import db
 from proxy.errors import (
     DatabaseUnavailable,
     GatewayError,
@@ -22,6 +21,7 @@ from proxy.errors import (
     render,
     surface_of,
 )
+from proxy.storage import db
 
 log = logging.getLogger("tollhouse")
 

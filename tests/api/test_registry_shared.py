@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,19 +14,19 @@ import orjson
 
 from policies.access import Access
 from proxy.api.models import ServerIn
-from proxy.runtime.app import create_app
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
-from proxy.storage.db import Database
 from proxy.demo import demo_app
 from proxy.destinations import Destinations
 from proxy.mirror import Mirrors
 from proxy.servers import Registry
+from proxy.storage.db import Database
 from proxy.upstream import UpstreamRoute
 from tests import db_backends
 from tests.conftest import MCP_HEADERS
 from tests.helpers import until
 from tests.servers import serve
+from tests.stack import gateway_stack
 
 
 @dataclass
@@ -58,24 +58,13 @@ async def world(gateways: int = 2, busy_timeout_s: float = 10.0) -> AsyncIterato
     _, secret = api_keys.create(database, "ops", [], role="admin")
     cfg = from_dict({"auth": {"mode": "jwt"},
                      "database": {"url": database, "busy_timeout_s": busy_timeout_s}}, env={})
-    async with serve(demo_app(), graceful_timeout=1) as upstream:
-        running: list[Gateway] = []
-        async with _gateways(cfg, secret, gateways, running):
-            yield World(upstream, database, secret, running)
-
-
-@asynccontextmanager
-async def _gateways(cfg: Any, secret: str, count: int, into: list[Gateway]
-                    ) -> AsyncIterator[None]:
-    if count == 0:
-        yield
-        return
-    app = create_app(cfg, registry_poll_s=0.05)  # the other gateway catches up quickly
-    async with serve(app, graceful_timeout=1) as url, httpx.AsyncClient(
-            headers={"Authorization": f"Bearer {secret}"}, timeout=10) as admin:
-        into.append(Gateway(url, admin))
-        async with _gateways(cfg, secret, count - 1, into):
-            yield
+    async with AsyncExitStack() as stack:
+        upstream = await stack.enter_async_context(serve(demo_app(), graceful_timeout=1))
+        running = [await stack.enter_async_context(gateway_stack(
+            cfg, registry_poll_s=0.05,  # the other gateway catches up quickly
+            client={"headers": {"Authorization": f"Bearer {secret}"}}))
+            for _ in range(gateways)]
+        yield World(upstream, database, secret, [Gateway(g.url, g.client) for g in running])
 
 
 def answer(response: httpx.Response) -> Any:

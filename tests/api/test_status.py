@@ -12,12 +12,12 @@ import orjson
 import pytest
 from mcp import MCPError
 
-from proxy.runtime.app import Services
 from proxy.audit.record import AuditRecord
-from proxy.storage.db import Database
 from proxy.demo import TOOLS
 from proxy.jsonrpc import McpMessage
+from proxy.runtime.app import Services
 from proxy.seen import MAX_DESCRIPTION, LastSeen
+from proxy.storage.db import Database
 from tests import db_backends, state_backends
 from tests.api.test_api import Env, detail, env, signed_in
 from tests.e2e.sdk_client import connect

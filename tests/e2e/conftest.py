@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from proxy.runtime.app import Services, create_app
 from proxy.audit import AuditSink, DatabaseAuditSink
 from proxy.config import Config, from_dict
 from proxy.mcp.gateway import Gateway
+from proxy.runtime.app import Services, create_app
 from proxy.state.inflight import Later
 from tests import db_backends, state_backends
 from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app, stateless_json_app

@@ -15,10 +15,10 @@ import orjson
 import pytest
 from mcp import Client
 
-from proxy.runtime.app import create_app
 from proxy.audit import query
 from proxy.auth import keys as api_keys
 from proxy.config import from_dict
+from proxy.runtime.app import create_app
 from tests import db_backends
 from tests.e2e.conftest import open_stack
 from tests.e2e.upstreams import UpstreamProbe, build_app, stateful_sse_app, stateless_json_app

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.runtime.app import create_app
 from proxy.audit import query
+from proxy.runtime.app import create_app
 from tests import db_backends
 from tests.e2e.conftest import stack_config
 from tests.e2e.test_eras import modern_request

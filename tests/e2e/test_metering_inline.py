@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.storage import db
-from proxy.runtime.app import create_app
 from proxy.audit.outbox import OutboxWorker
+from proxy.runtime.app import create_app
+from proxy.storage import db
 from tests import db_backends
 from tests.e2e.conftest import stack_config
 from tests.e2e.upstreams import stateless_json_app

@@ -16,8 +16,8 @@ import jwt
 import orjson
 import pytest
 
-from proxy.storage.db import Database
 from proxy.oauth.keys import KeyRing
+from proxy.storage.db import Database
 from tests.e2e.test_oauth_sdk import (
     INITIALIZE,
     MCP_HEADERS,

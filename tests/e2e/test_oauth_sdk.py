@@ -31,12 +31,12 @@ from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import AnyUrl
 
-from proxy.runtime.app import create_app
 from proxy.config import from_dict
-from proxy.storage.db import Database
 from proxy.oauth.cimd import MetadataDocuments
 from proxy.oauth.server import Client, OAuthError
 from proxy.people.accounts import Accounts
+from proxy.runtime.app import create_app
+from proxy.storage.db import Database
 from tests import db_backends
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app

@@ -209,8 +209,8 @@ async def test_json_log_lines(tmp_path: Path, caplog: pytest.LogCaptureFixture) 
 
 
 async def test_healthz_and_readyz(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy.storage import migrations
     from proxy.observability import health as health_module
+    from proxy.storage import migrations
 
     audit = MemoryAuditSink()
     async with open_stack(tmp_path, stateless_json_app, audit=audit) as stack, \
@@ -259,8 +259,8 @@ async def test_healthz_and_readyz(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 async def test_readyz_names_an_unreachable_redis(tmp_path: Path) -> None:
-    from proxy.runtime.app import create_app
     from proxy.config import from_dict
+    from proxy.runtime.app import create_app
 
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))

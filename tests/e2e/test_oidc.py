@@ -390,8 +390,8 @@ async def test_a_provider_gone_before_the_code_exchange_is_a_502(tmp_path: Path)
 
 async def test_create_app_wires_oidc_sign_in(tmp_path: Path) -> None:
     """The same flow through the real app factory: [auth.oidc] in the config is all it takes."""
-    from proxy.runtime.app import create_app
     from proxy.config import from_dict
+    from proxy.runtime.app import create_app
     from tests.servers import bound_socket
 
     provider = OidcProvider()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from proxy.audit.record import id_text
 from proxy.errors import (
     HeaderMismatch,
     InvalidEnvelope,
@@ -56,7 +57,7 @@ def check(data: bytes) -> None:
         assert_edge_error(exc, request_id)
         return
     if msg.kind == "request":
-        assert isinstance(guards.id_text(msg.id), str)
+        assert isinstance(id_text(msg.id), str)
     if era == "modern":
         _modern(msg, headers, duplicated, version)
     else:

@@ -14,11 +14,11 @@ import httpx
 import pytest
 
 from policies.guardrails.pinning import Pins
-from proxy.runtime.app import create_app
 from proxy.auth import keys as api_keys
-from proxy.storage.db import Database
 from proxy.mirror import Mirrors
 from proxy.pin_store import DatabasePins
+from proxy.runtime.app import create_app
+from proxy.storage.db import Database
 from tests import db_backends
 from tests.e2e.conftest import stack_config
 from tests.e2e.sdk_client import connect

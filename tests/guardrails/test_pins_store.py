@@ -3,8 +3,8 @@ starts from, on SQLite and PostgreSQL alike."""
 
 from __future__ import annotations
 
-from proxy.storage.db import Database
 from proxy.pin_store import DatabasePins
+from proxy.storage.db import Database
 from tests import db_backends
 
 TOOL = {"name": "t", "description": "first", "inputSchema": {"type": "object"}}

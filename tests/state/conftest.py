@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from proxy.config import LockoutConfig
-from proxy.state.learned import BridgeStore, MemoryBridgeStore, RedisBridgeStore
 from proxy.state.browser import BrowserSessions, MemoryBrowserSessions, RedisBrowserSessions
 from proxy.state.codes import CodeStore, MemoryCodeStore, RedisCodeStore
 from proxy.state.flows import FlowStore, MemoryFlowStore, RedisFlowStore
+from proxy.state.learned import BridgeStore, MemoryBridgeStore, RedisBridgeStore
 from proxy.state.lockouts import LockoutStore, MemoryLockoutStore, RedisLockoutStore
 from proxy.state.ratelimit import MemoryRateLimitStore, RateLimitStore, RedisRateLimitStore
 from proxy.state.resumable import MemoryResumable, RedisResumable, ResumableStore

@@ -7,11 +7,11 @@ from __future__ import annotations
 import jwt
 import pytest
 
-from proxy.storage.db import Database
 from proxy.oauth.keys import KeyRing
 from proxy.oauth.server import AuthorizationServer, OAuthError, s256
 from proxy.people.accounts import Accounts
 from proxy.state import Stores, open_stores
+from proxy.storage.db import Database
 from tests.conftest import make_config
 
 CALLBACK = "http://127.0.0.1:3000/cb"

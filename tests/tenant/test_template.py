@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from proxy.auth.principal import Principal
-from proxy.runtime.cli import main
 from proxy.config.template import Missing, UrlTemplate
 from proxy.destinations import Destinations, EgressDestinationDenied
+from proxy.runtime.cli import main
 from proxy.upstream.client import UpstreamRoute
 from proxy.upstream.tenants import NoUpstreamForCaller, Tenants
 from tests.helpers import jwt_auth

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.runtime.cli import main
 from proxy.config import ConfigError, from_dict
 from proxy.errors import InvalidParams
+from proxy.runtime.cli import main
 from proxy.virtual import naming
 from proxy.virtual.cursor import Cursors
 

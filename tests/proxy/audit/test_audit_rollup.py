@@ -17,7 +17,7 @@ import pytest
 from proxy.audit import AuditRecord, rollup
 from proxy.audit import summary as aggregates
 from proxy.audit.commit import row_of
-from proxy.audit.database import DatabaseAuditSink, _line, _read, usage
+from proxy.audit.database import DatabaseAuditSink, _line, read_rows, usage
 from proxy.runtime.cli import main
 from proxy.storage import migrations
 from proxy.storage.db import Database
@@ -76,7 +76,7 @@ def raw_series(database: Database, *, since: float, until: float, bucket_s: int,
         args.append(rollup.MANAGEMENT)
     index = ("CAST((ts - ?) / ? AS INTEGER)" if database.dialect == "sqlite"
              else "CAST(floor((ts - ?) / ?) AS BIGINT)")
-    rows = _read(database, f"SELECT {index} AS b, status, count(*) FROM audit WHERE "
+    rows = read_rows(database, f"SELECT {index} AS b, status, count(*) FROM audit WHERE "
                            f"{' AND '.join(clauses)} GROUP BY b, status",
                  (since, bucket_s, *args)) or []
     count = max(1, min(aggregates.MAX_BUCKETS, int(-(-(until - since) // bucket_s))))
@@ -95,7 +95,7 @@ def raw_summary(database: Database, *, since: float, until: float | None = None,
         where, args = f"{where} AND ts < ?", [*args, until]
     classes = " ".join(f"WHEN duration_ms < {b} THEN {i}"
                        for i, b in enumerate(rollup.BOUNDS_MS))
-    rows = _read(database, f"SELECT endpoint, status, CASE {classes} ELSE "
+    rows = read_rows(database, f"SELECT endpoint, status, CASE {classes} ELSE "
                            f"{len(rollup.BOUNDS_MS)} END AS c, count(*) FROM audit WHERE "
                            f"{where} GROUP BY endpoint, status, c", tuple(args)) or []
     endpoints: dict[str, dict[str, Any]] = {}
@@ -110,15 +110,15 @@ def raw_summary(database: Database, *, since: float, until: float | None = None,
         e["error_rate"] = round(e["error"] / e["calls"], 4) if e["calls"] else 0.0
         e["p95_ms"] = aggregates._p95(histograms[name])
     # the same ties broken the same way: calls, then the names (a missing one last)
-    tools = _read(database, f"SELECT endpoint, tool, count(*) FROM audit WHERE {where} AND "
+    tools = read_rows(database, f"SELECT endpoint, tool, count(*) FROM audit WHERE {where} AND "
                             "method = 'tools/call' GROUP BY endpoint, tool ORDER BY count(*) "
                             "DESC, endpoint, tool IS NULL, tool LIMIT ?",
                   (*args, top)) or []
-    denials = _read(database, f"SELECT denied_reason, count(*) FROM audit WHERE {where} AND "
+    denials = read_rows(database, f"SELECT denied_reason, count(*) FROM audit WHERE {where} AND "
                               "status = 'denied' GROUP BY denied_reason ORDER BY count(*) DESC, "
                               "coalesce(denied_reason, ''), denied_reason IS NULL LIMIT ?",
                     (*args, top)) or []
-    backlog = _read(database, "SELECT count(*) FROM usage_outbox WHERE delivered_at IS NULL",
+    backlog = read_rows(database, "SELECT count(*) FROM usage_outbox WHERE delivered_at IS NULL",
                     ()) or [(0,)]
     return {"since": since, "until": until,
             "endpoints": sorted(endpoints.values(), key=lambda e: (-e["calls"], e["endpoint"])),
@@ -140,7 +140,7 @@ def raw_usage(database: Database, *, since: float, until: float | None = None,
         if value is not None:
             where.append(clause)
             args.append(value)
-    rows = _read(database, f"SELECT principal, endpoint, tool, count(*), {counts}, "
+    rows = read_rows(database, f"SELECT principal, endpoint, tool, count(*), {counts}, "
                            "sum(bytes_in), sum(bytes_out), sum(duration_ms) FROM audit WHERE "
                            f"{' AND '.join(where)} GROUP BY principal, endpoint, tool "
                            "ORDER BY count(*) DESC, principal, endpoint, tool IS NULL, tool",
@@ -197,15 +197,15 @@ def near_now() -> tuple[list[tuple[float, float | None]], list[tuple[float, floa
 
 
 def test_a_serial_read_runs_no_parallel_workers(database: Database) -> None:
-    """PostgreSQL: `_read(..., serial=True)` plans without parallel workers (the usage sum:
+    """PostgreSQL: `read_rows(..., serial=True)` plans without parallel workers (the usage sum:
     each worker would see nearly every key), for that statement's transaction only."""
     if not database.postgresql:
         pytest.skip("PostgreSQL's parallel query")
     setting = "SELECT current_setting('max_parallel_workers_per_gather')"
-    default = _read(database, setting, ())
+    default = read_rows(database, setting, ())
     assert default is not None and default != [("0",)]
-    assert _read(database, setting, (), serial=True) == [("0",)]
-    assert _read(database, setting, ()) == default  # (the pooled connection as it was)
+    assert read_rows(database, setting, (), serial=True) == [("0",)]
+    assert read_rows(database, setting, ()) == default  # (the pooled connection as it was)
 
 
 def test_a_plan_reads_its_period_once() -> None:
@@ -344,7 +344,7 @@ async def test_the_rollups_answer_as_the_raw_records_do(database: Database,
         replaying.emit(r)
     await replaying.close()
     assert replaying.replayed == 40 and not fallback.exists()
-    assert _read(database, "SELECT count(*) FROM audit", ()) == [(1750,)]
+    assert read_rows(database, "SELECT count(*) FROM audit", ()) == [(1750,)]
     assert_rollups_are_the_records_folded(database)
     assert_rollups_answer_as_the_records(database)
 
@@ -362,7 +362,7 @@ async def test_a_batch_holding_a_record_written_before_counts_it_once(
         sink.emit(r)
     await sink.close()
     call_ids = {r.call_id for r in (*first, *records(25, seed=6)) if r.call_id}
-    assert _read(database, "SELECT count(*) FROM audit WHERE call_id IS NOT NULL", ()) == [
+    assert read_rows(database, "SELECT count(*) FROM audit WHERE call_id IS NOT NULL", ()) == [
         (len(call_ids),)]
     assert_rollups_are_the_records_folded(database)
     assert_rollups_answer_as_the_records(database)
@@ -389,7 +389,7 @@ async def test_the_migration_fills_the_rollups_from_the_records_there(database_u
         assert len(before) > 100
         # migration 21 on rollups already filled: the same rows, each with its key's id
         assert migrations.upgrade(database) == [21]
-        keys = {tuple(names): key_id for key_id, *names in _read(
+        keys = {tuple(names): key_id for key_id, *names in read_rows(
             database, "SELECT id, principal, endpoint, kind, tool FROM usage_keys", ()) or []}
         assert len(set(keys.values())) == len(keys) == len({r[2:6] for r in before})
         after = usage_rows(database, with_id=True)
@@ -411,7 +411,7 @@ def usage_rows(database: Database, with_id: bool = False) -> list[tuple[Any, ...
     """The usage rollup's rows in key order (with key_id after the key, if asked)."""
     columns = rollup.USAGE.columns() if with_id else rollup.TABLES_20[-1].columns()
     return [tuple(v if isinstance(v, str) or v is None else int(v) for v in row)
-            for row in _read(database, f"SELECT {', '.join(columns)} FROM rollup_usage ORDER "
+            for row in read_rows(database, f"SELECT {', '.join(columns)} FROM rollup_usage ORDER "
                                        "BY span, bucket, principal, endpoint, kind, tool",
                              ()) or []]
 
@@ -475,7 +475,7 @@ def test_the_writer_keeps_only_key_ids_its_transactions_committed(database: Data
         writer.committed()
     finally:
         conn.close()
-    stored = {tuple(names): int(key_id) for key_id, *names in _read(
+    stored = {tuple(names): int(key_id) for key_id, *names in read_rows(
         database, "SELECT id, principal, endpoint, kind, tool FROM usage_keys", ()) or []}
     assert writer.keys == stored and len(stored) == 3
     assert {(u["principal"], u["tool"]): u["calls"] for u in usage(database, since=DAY)} == {
@@ -504,14 +504,14 @@ async def test_the_rollups_rebuilt_take_in_records_written_by_other_means(
         # there, though its key has no id
         assert usage(database, since=DAY + 30, until=DAY + 31) == raw_usage(
             database, since=DAY + 30, until=DAY + 31) != []
-        keys = _read(database, "SELECT id, principal, endpoint, kind, tool FROM usage_keys "
+        keys = read_rows(database, "SELECT id, principal, endpoint, kind, tool FROM usage_keys "
                                "ORDER BY id", ()) or []
         cfg = tmp_path / "c.toml"
         cfg.write_text(f'[database]\nurl = "{url}"\n')
         assert main(["db", "rollups", "--config", str(cfg)]) == 0
         assert "audit rollups rebuilt" in capsys.readouterr().out
         # the keys keep their ids (a running writer's are still right), e9's is new
-        rebuilt = _read(database, "SELECT id, principal, endpoint, kind, tool FROM usage_keys "
+        rebuilt = read_rows(database, "SELECT id, principal, endpoint, kind, tool FROM usage_keys "
                                   "ORDER BY id", ()) or []
         assert rebuilt[:len(keys)] == keys and [r[1:] for r in rebuilt[len(keys):]] == [
             ("p9", "e9", 1, "read")]

@@ -15,7 +15,7 @@ import pytest
 
 from proxy.audit import AuditRecord, rollup
 from proxy.audit import summary as aggregates
-from proxy.audit.database import DatabaseAuditSink, _read
+from proxy.audit.database import DatabaseAuditSink, read_rows
 from proxy.seen import LastSeen
 from proxy.storage.db import Database
 from tests import db_backends
@@ -117,13 +117,13 @@ async def test_a_page_of_servers_is_one_statement(migrated: Database,
 
     def counted(target: Any, text: str, args: tuple[Any, ...]) -> Any:
         statements.append(text)
-        return _read(target, text, args)
+        return read_rows(target, text, args)
 
-    monkeypatch.setattr(aggregates, "_read", counted)
+    monkeypatch.setattr(aggregates, "read_rows", counted)
     got = bulk(migrated, names)
     assert len(statements) == 1
     assert sum(h["last_hour"]["calls"] for h in got.values()) > 0
-    monkeypatch.setattr(aggregates, "_read", _read)
+    monkeypatch.setattr(aggregates, "read_rows", read_rows)
     assert got == each(migrated, names)
     with pytest.raises(ValueError):
         bulk(migrated, [*names, "one more"])
