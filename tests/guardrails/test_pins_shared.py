@@ -17,7 +17,6 @@ from policies.guardrails.pinning import Pins
 from proxy.auth import keys as api_keys
 from proxy.mirror import Mirrors
 from proxy.pin_store import DatabasePins
-from proxy.runtime.app import create_app
 from proxy.storage.db import Database
 from tests import db_backends
 from tests.e2e.conftest import stack_config
@@ -25,6 +24,7 @@ from tests.e2e.sdk_client import connect
 from tests.guardrails.test_guardrails_e2e import Upstream
 from tests.helpers import until
 from tests.servers import serve
+from tests.stack import gateway_stack
 
 TOOL = {"name": "t", "description": "first", "inputSchema": {"type": "object"}}
 OTHER = {**TOOL, "description": "second"}
@@ -127,12 +127,8 @@ async def two_gateways(upstream_url: str, database: str) -> AsyncIterator[list[G
     cfg = stack_config(upstream_url, database, {"auth": {"mode": "jwt"}},
                        screening={"mode": "off"}, pinning={"mode": "approve"})
     async with AsyncExitStack() as stack:
-        gateways = []
-        for _ in range(2):
-            url = await stack.enter_async_context(
-                serve(create_app(cfg, registry_poll_s=0.05), graceful_timeout=1))
-            gateways.append(Gateway(url))
-        yield gateways
+        yield [Gateway((await stack.enter_async_context(
+            gateway_stack(cfg, registry_poll_s=0.05))).url) for _ in range(2)]
 
 
 async def test_a_decision_through_one_gateway_reaches_the_other() -> None:
