@@ -18,9 +18,7 @@ import pytest
 
 from proxy.audit import query
 from proxy.auth import keys as api_keys
-from proxy.config import from_dict
 from proxy.people.accounts import Accounts
-from proxy.runtime.app import create_app
 from proxy.storage.db import Database
 from tests import db_backends, state_backends
 from tests.e2e.sdk_client import connect
@@ -28,6 +26,7 @@ from tests.e2e.test_eras import MODERN, modern_request, sse_or_json
 from tests.e2e.upstreams import UpstreamProbe, build_app
 from tests.helpers import DEADLINE_S, ISSUER, jwt_auth, token, until
 from tests.servers import serve
+from tests.stack import gateway_stack
 
 HOSTS = {"acme.tenants.test": ["127.0.0.2"], "globex.tenants.test": ["127.0.0.3"],
          "inner.tenants.test": ["10.20.30.40"],  # a LAN address: outside zones = loopback
@@ -100,12 +99,11 @@ async def tenants(extra: dict[str, Any] | None = None, **upstream: Any
     first, second, port = _pair_of_sockets()
     db = db_backends.url()
     dns = Dns()
-    cfg = from_dict({**_config(port, db, **upstream), **(extra or {})}, env={})
-    app = create_app(cfg, resolver=dns)
+    cfg = {**_config(port, db, **upstream), **(extra or {})}
     async with serve(acme_app, graceful_timeout=1, sock=first), \
             serve(globex_app, graceful_timeout=1, sock=second), \
-            serve(app, graceful_timeout=1) as url:
-        yield Tenants(f"{url}/mcp/workspace", acme, globex, dns, db, port, app)
+            gateway_stack(cfg, resolver=dns) as site:
+        yield Tenants(site.endpoint("workspace"), acme, globex, dns, db, port, site.app)
 
 
 def bearer(sub: str, **claims: Any) -> dict[str, str]:
@@ -299,11 +297,10 @@ async def test_a_person_attribute_fills_what_no_claim_does() -> None:
         Accounts(database).upsert_federated(ISSUER, "carol", "carol", frozenset(), False)
     finally:
         database.close()
-    cfg = from_dict(_config(port, db), env={})
     async with serve(acme_app, graceful_timeout=1, sock=first), \
-            serve(create_app(cfg, resolver=Dns()), graceful_timeout=1) as url, \
-            httpx.AsyncClient(timeout=DEADLINE_S) as http:
-        endpoint = f"{url}/mcp/workspace"
+            gateway_stack(_config(port, db), resolver=Dns(),
+                          client={"timeout": DEADLINE_S}) as site:
+        url, http, endpoint = site.url, site.client, site.endpoint("workspace")
         answer = await call_modern(http, endpoint, bearer("carol"), "before")
         assert answer["error"] == NO_UPSTREAM
         ops = {"Authorization": f"Bearer {admin}"}
