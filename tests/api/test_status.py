@@ -20,6 +20,7 @@ from proxy.seen import MAX_DESCRIPTION, LastSeen
 from proxy.storage.db import Database
 from tests import db_backends, state_backends
 from tests.api.test_api import Env, detail, env, signed_in
+from tests.builders import message
 from tests.e2e.sdk_client import connect
 
 
@@ -107,8 +108,7 @@ async def test_tools_last_seen_survive_a_restart_and_cost_no_write_unchanged(
 def _list(tools: list[dict[str, Any]], *, cursor: str | None = None) -> tuple[
         McpMessage, dict[str, Any]]:
     params = {"cursor": cursor} if cursor else {}
-    msg = McpMessage("request", 1, "tools/list", params, b"")
-    return msg, {"tools": tools}
+    return message("tools/list", **params), {"tools": tools}
 
 
 async def test_a_changed_list_is_written_trimmed(tmp_path: Path) -> None:
@@ -127,8 +127,7 @@ async def test_a_changed_list_is_written_trimmed(tmp_path: Path) -> None:
         later_page = seen.results(msg, record, None)
         assert later_page is not None and later_page(result) is False
         assert seen.results(msg, AuditRecord(endpoint="virtual"), None) is None
-        assert seen.results(McpMessage("request", 2, "tools/call", {}, b""), record,
-                            None) is None
+        assert seen.results(message("tools/call", id=2), record, None) is None
         stored = await seen.get("s")
         assert seen.writes == 2
         assert [t["name"] for t in stored["tools"]] == ["a", "b"]

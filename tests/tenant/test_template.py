@@ -15,6 +15,7 @@ from proxy.destinations import Destinations, EgressDestinationDenied
 from proxy.runtime.cli import main
 from proxy.upstream.client import UpstreamRoute
 from proxy.upstream.tenants import NoUpstreamForCaller, Tenants
+from tests.builders import principal
 from tests.helpers import jwt_auth
 
 TENANT = {"tenant": ("tenant", "", "[a-z0-9-]{1,63}")}
@@ -124,7 +125,7 @@ async def test_resolved_upstreams_are_bounded_and_the_least_recent_pool_closed()
     route = _route()
 
     def caller(tenant: str) -> Principal:
-        return Principal(subject="s", claims=(("tenant", tenant),))
+        return principal("s", claims=(("tenant", tenant),))
 
     a = await tenants.resolve(route, caller("a"))
     assert a.origin == "http://a.x.test" and a.state_key == "w http://a.x.test/mcp"
@@ -143,7 +144,7 @@ async def test_resolved_upstreams_are_bounded_and_the_least_recent_pool_closed()
     with pytest.raises(EgressDestinationDenied):
         await destinations.check(lan.dial_key)
     with pytest.raises(NoUpstreamForCaller):
-        await tenants.resolve(route, Principal(subject="s"))
+        await tenants.resolve(route, principal("s"))
     await tenants.aclose()
 
 
@@ -156,7 +157,7 @@ async def test_a_reloaded_route_starts_afresh_and_closes_the_old_pools() -> None
         return pools[-1]
 
     tenants = Tenants(Destinations((), _Dns()), pool, spawned.append)
-    caller = Principal(subject="s", claims=(("tenant", "a"),))
+    caller = principal("s", claims=(("tenant", "a"),))
     before = await tenants.resolve(_route(), caller)
     after = await tenants.resolve(_route(), caller)  # a reload built the route again
     assert after is not before and tenants.resolved_count() == 1
