@@ -1,5 +1,6 @@
-"""A stack per test: an official-SDK upstream on Hypercorn, the gateway on Hypercorn in front
-of it with its real transport and a real SQLite audit log, and the official SDK client."""
+"""A stack per test (`tests.stack.gateway_stack`): an official-SDK upstream on Hypercorn, the
+gateway on Hypercorn in front of it with its real transport and a real SQLite audit log, and
+the official SDK client."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ import pytest
 from proxy.audit import AuditSink, DatabaseAuditSink
 from proxy.config import Config, from_dict
 from proxy.mcp.gateway import Gateway
-from proxy.runtime.app import Services, create_app
+from proxy.runtime.app import Services
 from proxy.state.inflight import Later
 from tests import db_backends, state_backends
 from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app, stateless_json_app
-from tests.servers import serve
+from tests.stack import gateway_stack
 
 
 @dataclass
@@ -58,13 +59,11 @@ async def open_stack(tmp_path: Path, make_upstream: Callable[..., Any], *,
     the spans go when `config` turns tracing on)."""
     app, probe = make_upstream()
     db_path = db_backends.url()
-    async with serve(app, graceful_timeout=1) as upstream_url:
-        cfg = stack_config(upstream_url, db_path, config, **upstream)
-        gateway_app = create_app(cfg, audit_sink=audit, later=later,
-                                 span_exporter=span_exporter)
-        async with serve(gateway_app, graceful_timeout=1) as gateway_url:
-            yield Stack(upstream_url, gateway_url, probe, gateway_app.extensions["tollhouse"],
-                        db_path)
+    async with gateway_stack(lambda urls: stack_config(urls.upstream, db_path, config,
+                                                       **upstream),
+                             upstream=app, audit_sink=audit, later=later,
+                             span_exporter=span_exporter) as site:
+        yield Stack(site.upstream, site.url, probe, site.services, db_path)
 
 
 @pytest.fixture(params=["stateful_sse", "stateless_json"])
