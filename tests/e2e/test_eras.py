@@ -17,13 +17,11 @@ from mcp import Client
 
 from proxy.audit import query
 from proxy.auth import keys as api_keys
-from proxy.config import from_dict
-from proxy.runtime.app import create_app
 from tests import db_backends
 from tests.e2e.conftest import open_stack
 from tests.e2e.upstreams import UpstreamProbe, build_app, stateful_sse_app, stateless_json_app
 from tests.helpers import DEADLINE_S
-from tests.servers import serve
+from tests.stack import gateway_stack
 
 MODERN = "2026-07-28"
 
@@ -419,11 +417,11 @@ async def test_an_era_set_through_the_api_applies_on_the_next_call(tmp_path: Pat
     app, probe = stateful_sse_app()
     db = db_backends.url()
     _, secret = api_keys.create(db, "ops", [], role="admin")
-    cfg = from_dict({"auth": {"mode": "jwt"}, "database": {"url": db}}, env={})
-    async with serve(app, graceful_timeout=1) as upstream, \
-            serve(create_app(cfg), graceful_timeout=1) as url, \
-            httpx.AsyncClient(headers={"Authorization": f"Bearer {secret}"},
-                              timeout=DEADLINE_S) as admin:
+    async with gateway_stack({"auth": {"mode": "jwt"}, "database": {"url": db},
+                              "state": {"url": "memory"}}, upstream=app,
+                             client={"headers": {"Authorization": f"Bearer {secret}"},
+                                     "timeout": DEADLINE_S}) as site:
+        upstream, url, admin = site.upstream, site.url, site.client
         spec = {"name": "late", "url": f"{upstream}/mcp", "zones": ["loopback"],
                 "era": "legacy"}
         assert (await admin.post(f"{url}/api/v1/servers", json=spec)).status_code == 201

@@ -170,17 +170,15 @@ async def test_upstream_down_is_32000(tmp_path: Path) -> None:
         pass  # the upstream has stopped; the gateway's config still points at it
     import socket
 
-    from proxy.runtime.app import create_app
     from tests.e2e.conftest import stack_config
-    from tests.servers import serve
+    from tests.stack import gateway_stack
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    app = create_app(stack_config(dead, db_backends.url()))
-    async with serve(app) as url:
+    async with gateway_stack(stack_config(dead, db_backends.url())) as site:
         with pytest.raises(MCPError) as info:
-            async with connect(f"{url}/mcp/up"):
+            async with connect(site.endpoint("up")):
                 pass
         assert info.value.error.code == -32000
         assert info.value.error.message == "upstream unavailable"
