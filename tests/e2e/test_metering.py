@@ -17,13 +17,13 @@ import httpx
 import orjson
 
 from proxy.audit import query
-from proxy.runtime.app import create_app
 from tests import db_backends
 from tests.e2e.conftest import stack_config
 from tests.e2e.test_eras import modern_request
 from tests.e2e.upstreams import UpstreamProbe, stateless_json_app
 from tests.helpers import DEADLINE_S, until
 from tests.servers import serve
+from tests.stack import gateway_stack
 
 SECRET = "metering-hmac-secret"
 
@@ -84,8 +84,8 @@ async def gateway(tmp_path: Path, receiver_url: str, upstream_url: str) -> Async
     apart from the upstream, so a second one can restart on the same database."""
     cfg = stack_config(upstream_url, db_backends.url(), {
         "metering": {"url": receiver_url, "secret": SECRET, "timeout_ms": 2000}})
-    async with serve(create_app(cfg), graceful_timeout=1) as url:
-        yield f"{url}/mcp/up"
+    async with gateway_stack(cfg) as site:
+        yield site.endpoint("up")
 
 
 def legacy_call(tool: str, request_id: int = 1) -> tuple[bytes, dict[str, str]]:

@@ -16,13 +16,12 @@ import httpx
 import orjson
 
 from proxy.audit.outbox import OutboxWorker
-from proxy.runtime.app import create_app
 from proxy.storage import db
 from tests import db_backends
 from tests.e2e.conftest import stack_config
 from tests.e2e.upstreams import stateless_json_app
 from tests.helpers import DEADLINE_S, until
-from tests.servers import serve
+from tests.stack import gateway_stack
 
 
 class Hook:
@@ -113,15 +112,13 @@ async def metered(tmp_path: Path) -> AsyncIterator[Metered]:
     HOOK.reset()
     app, _ = stateless_json_app()
     database = db_backends.url()
-    async with serve(app, graceful_timeout=1) as upstream_url:
-        cfg = stack_config(upstream_url, database, {
+    async with gateway_stack(lambda urls: stack_config(urls.upstream, database, {
             # the journal on whatever the database (the default turns it on for SQLite only)
             "database": {"url": database, "audit_journal": "on",
                          "audit_journal_path": str(tmp_path / "audit-journal")},
-            "metering": {"hook": f"{__name__}:HOOK", "timeout_ms": 2000}})
-        gateway = create_app(cfg)
-        async with serve(gateway, graceful_timeout=1) as url:
-            yield Metered(f"{url}/mcp/up", gateway.extensions["tollhouse"], database)
+            "metering": {"hook": f"{__name__}:HOOK", "timeout_ms": 2000}}),
+            upstream=app) as site:
+        yield Metered(site.endpoint("up"), site.services, database)
 
 
 async def test_each_event_reaches_the_hook_before_the_answer_and_is_never_sent_again(
