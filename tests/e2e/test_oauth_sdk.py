@@ -31,16 +31,14 @@ from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import AnyUrl
 
-from proxy.config import from_dict
 from proxy.oauth.cimd import MetadataDocuments
 from proxy.oauth.server import Client, OAuthError
 from proxy.people.accounts import Accounts
-from proxy.runtime.app import create_app
 from proxy.storage.db import Database
 from tests import db_backends
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import UpstreamProbe, stateful_sse_app
-from tests.servers import bound_socket, serve
+from tests.stack import gateway_stack
 
 USER, PASSWORD = "alice", "pw-alice-123"
 REDIRECT_URI = "http://127.0.0.1:47011/callback"  # never dialled: the test reads the Location
@@ -82,24 +80,18 @@ async def oauth_gateway(tmp_path: Path, *, endpoints: tuple[str, ...] = ("up",),
     database = db_backends.open_database()
     Accounts(database).create_local(USER, PASSWORD)
     db_path = database.url
-    async with serve(upstream_app, graceful_timeout=1) as upstream_url:
-        sock, url = bound_socket()
-        try:
-            cfg = from_dict({
-                "server": {"listen": "127.0.0.1:8080", "public_url": url, **(server or {})},
-                "auth": {"mode": "jwt", **(auth or {})},
-                "oauth_server": {"enabled": True, **(oauth or {})},
-                "database": {"url": db_path},
-                "upstreams": [{"name": n, "url": f"{upstream_url}/mcp",
-                               **({"access": access} if access and (
-                                   access_on is None or n in access_on) else {})}
-                              for n in endpoints],
-            }, env={})
-            app = create_app(cfg, secret_key="test-secret")
-            async with serve(app, sock=sock, graceful_timeout=1):
-                yield Gw(url, db_path, probe)
-        finally:
-            sock.close()  # a no-op once detached
+    async with gateway_stack(lambda urls: {
+            "server": {"listen": "127.0.0.1:8080", "public_url": urls.gateway,
+                       **(server or {})},
+            "auth": {"mode": "jwt", **(auth or {})},
+            "oauth_server": {"enabled": True, **(oauth or {})},
+            "database": {"url": db_path}, "state": {"url": "memory"},
+            "upstreams": [{"name": n, "url": f"{urls.upstream}/mcp",
+                           **({"access": access} if access and (
+                               access_on is None or n in access_on) else {})}
+                          for n in endpoints]},
+            upstream=upstream_app, secret_key="test-secret") as site:
+        yield Gw(site.url, db_path, probe)
 
 
 # -- a headless browser --------------------------------------------------------------------------

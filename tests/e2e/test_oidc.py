@@ -390,30 +390,29 @@ async def test_a_provider_gone_before_the_code_exchange_is_a_502(tmp_path: Path)
 
 async def test_create_app_wires_oidc_sign_in(tmp_path: Path) -> None:
     """The same flow through the real app factory: [auth.oidc] in the config is all it takes."""
-    from proxy.config import from_dict
-    from proxy.runtime.app import create_app
-    from tests.servers import bound_socket
+    from tests.stack import Urls, gateway_stack
 
     provider = OidcProvider()
-    async with running_provider(provider) as issuer:
-        sock, url = bound_socket()
-        db = db_backends.url()
-        cfg = from_dict({
-            "server": {"public_url": url},
+
+    def config(urls: Urls) -> dict[str, Any]:
+        provider.redirect_uris = {f"{urls.gateway}/signin/oidc/callback"}
+        return {
+            "server": {"public_url": urls.gateway},
             "auth": {"mode": "jwt", "oidc": {"issuer": issuer, "client_id": provider.client_id,
                                               "client_secret": provider.client_secret,
                                               "admin_group": ADMINS}},
-            "database": {"url": db},
-            "upstreams": [{"name": "e", "url": "http://127.0.0.1:9/mcp"}]}, env={})
-        provider.redirect_uris = {f"{url}/signin/oidc/callback"}
-        async with serve(create_app(cfg), sock=sock, graceful_timeout=1), \
-                httpx.AsyncClient(follow_redirects=False, trust_env=False) as browser:
-            start = await browser.get(f"{url}/signin/oidc", params={"next": "/signin/done"})
-            assert start.status_code == 303
-            back = (await browser.get(start.headers["location"])).headers["location"]
-            done = await browser.get(back)
-            assert done.status_code == 303 and done.headers["location"] == "/signin/done"
-            page = await browser.get(f"{url}/signin/done")
-            assert "You are signed in as ada." in page.text
+            "database": {"url": db_backends.url()}, "state": {"url": "memory"},
+            "upstreams": [{"name": "e", "url": "http://127.0.0.1:9/mcp"}]}
+
+    async with running_provider(provider) as issuer, gateway_stack(config) as site, \
+            httpx.AsyncClient(follow_redirects=False, trust_env=False) as browser:
+        url = site.url
+        start = await browser.get(f"{url}/signin/oidc", params={"next": "/signin/done"})
+        assert start.status_code == 303
+        back = (await browser.get(start.headers["location"])).headers["location"]
+        done = await browser.get(back)
+        assert done.status_code == 303 and done.headers["location"] == "/signin/done"
+        page = await browser.get(f"{url}/signin/done")
+        assert "You are signed in as ada." in page.text
         [user] = Accounts(db_backends.open_database()).list()
         assert (user.issuer, user.subject) == (provider.base, "user-123")
