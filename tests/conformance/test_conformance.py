@@ -17,11 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.runtime.app import create_app
 from tests.conformance import suite
 from tests.conformance.server import build_app
 from tests.conftest import make_config
-from tests.servers import bound_socket, serve
+from tests.servers import serve
+from tests.stack import gateway_stack
 
 ENDPOINT = "everything"
 
@@ -46,11 +46,10 @@ async def gateway_in_front(upstream_url: str) -> AsyncIterator[str]:
     """Tollhouse (auth mode none, this test's database) in front of `upstream_url`, with the
     suite's loopback Origin (the gateway's own http://127.0.0.1:<port>) in allowed_origins;
     yields the endpoint URL."""
-    sock, base = bound_socket()
-    cfg = make_config(upstreams=[{"name": ENDPOINT, "url": f"{upstream_url}/mcp"}],
-                      server={"public_url": base, "allowed_origins": [base]})
-    async with serve(create_app(cfg), sock=sock, graceful_timeout=1) as url:
-        yield f"{url}/mcp/{ENDPOINT}"
+    async with gateway_stack(lambda urls: make_config(
+            upstreams=[{"name": ENDPOINT, "url": f"{upstream_url}/mcp"}],
+            server={"public_url": urls.gateway, "allowed_origins": [urls.gateway]})) as site:
+        yield site.endpoint(ENDPOINT)
 
 
 def _line(check: suite.Check | None) -> str:
