@@ -42,7 +42,8 @@ def default_policies(cfg: Config, metering: MeteringBackend | None = None,
                      egress: Egress | None = None,
                      rate_limits: RateLimitStore | None = None,
                      pins: Pins | None = None, hidden: Hidden | None = None,
-                     added_access: Published[Any] | None = None) -> list[Policy]:
+                     added_access: Published[Any] | None = None,
+                     cedar: Policy | None = None) -> list[Policy]:
     """The policies this config asks for; a policy with nothing to decide is left out, so it
     costs nothing on the hot path. `rate_limits` is the buckets' store, built with the other
     live state at start-up (proxy.state.open_stores); it is needed when the config has rate
@@ -51,6 +52,8 @@ def default_policies(cfg: Config, metering: MeteringBackend | None = None,
     policies: list[Policy] = []
     if Access.wanted(cfg) or cfg.auth.mode == "jwt":  # the API may add rules at run time
         policies.append(Access(cfg, added_access))
+    if cedar is not None:  # `[policy]`: Cedar, built by proxy.compiled.build_gate
+        policies.append(cedar)
     if cfg.rate_limits:
         if rate_limits is None:
             raise ValueError("rate limits are configured but no rate-limit store was given")

@@ -42,10 +42,15 @@ class CallContext:
     headers: tuple[tuple[str, str], ...] = ()
     clock: Callable[[], float] = field(default=time.monotonic)
     dial_key: str = ""  # the egress entry of a per-caller upstream's resolved URL
+    # a virtual endpoint's own view of a call: what its members answer is decided per member,
+    # with the member's context (proxy.virtual), so a policy that decides by the upstream's
+    # own names (Cedar) stands aside here
+    virtual: bool = False
     # -- outputs ---------------------------------------------------------------------------
     call_id: str | None = None  # metering: the usage event's idempotency key
     audit_note: str | None = None  # metering: e.g. a hook that failed and on_error allowed
     message: McpMessage | None = None  # guardrails: the call as forwarded (arguments redacted)
+    policy: dict[str, Any] | None = None  # cedar: the decision's audit object
 
 
 class Policy(Protocol):

@@ -13,24 +13,34 @@ awaits, so no call sees half of it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ipaddress
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
 from policies import build_egress, default_policies
 from policies.access import Access
+from policies.cedar.book import TargetBook
+from policies.cedar.gate import Gate
+from policies.cedar.load import PolicyError, read_policies
 from policies.guardrails import Hidden
 from policies.guardrails.pinning import Pins
 from policies.metering import MeteringBackend
+from proxy.auth.principal import Principal
 from proxy.chain import Chain
-from proxy.config import Config
-from proxy.destinations import Destinations, IPNetwork
+from proxy.config import Config, ConfigError
+from proxy.destinations import Destinations, IPNetwork, classify
 from proxy.metering_backends import build_backend
 from proxy.observability.metrics import Metrics, timed
 from proxy.published import Published
 from proxy.snapshot import Live
 from proxy.state.ratelimit import RateLimitStore
+from proxy.storage.db import Database
 from proxy.upstream import UpstreamRoute
 from proxy.upstream.stdio import LocalUpstreams
 
@@ -46,11 +56,62 @@ class Deps:
     pins: Pins | None
     hidden: Hidden | None
     added_access: Published[Any]  # the API's access rules, which its registries publish
+    # the tools and prompts the Cedar policies are validated against, learned from lists
+    book: TargetBook = field(default_factory=TargetBook)
+    # a person's attributes (principal.attributes in Cedar), when the users table is read
+    attributes_of: Callable[[Principal], Awaitable[Mapping[str, Any]]] | None = None
+    database: Database | None = None  # where the users' attribute names are read
 
 
-def compile(cfg: Config, deps: Deps, before: Live | None = None) -> Live:
+def build_gate(cfg: Config, base_dir: Path, deps: Deps) -> Gate | None:
+    """The Cedar policies of `[policy]`, read from their files (relative to `base_dir`, the
+    config file's directory) and validated against the targets known; None without files.
+    Raises ConfigError with one line naming the file, the policy and the problem. Reads
+    files and the users table: start-up, or a reload off the event loop, before `compile`."""
+    if not cfg.policy.files:
+        return None
+    try:
+        policies = read_policies(cfg.policy.files, base_dir, cfg.policy.mode)
+        return Gate(policies, deps.book, claims=cfg.policy.claims,
+                    attributes=_attribute_names(deps.database),
+                    zone_of=zone_of, attributes_of=deps.attributes_of)
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def zone_of(ip: str | None) -> str:
+    """The caller's network zone (loopback, lan, remote) of its address; "" when unknown."""
+    if not ip:
+        return ""
+    try:
+        return classify(ipaddress.ip_address(ip))
+    except ValueError:
+        return ""
+
+
+def _attribute_names(database: Database | None) -> list[str]:
+    """The names the users' attributes use (principal.attributes in the Cedar schema)."""
+    if database is None:
+        return []
+    try:
+        with database.transaction() as conn:
+            rows = conn.execute("SELECT attributes FROM users").fetchall()
+    except database.errors:
+        return []
+    names: set[str] = set()
+    for (text,) in rows:
+        with suppress(ValueError):
+            value = orjson.loads(text or "{}")
+            if isinstance(value, dict):
+                names.update(k for k, v in value.items() if isinstance(v, str))
+    return sorted(names)
+
+
+def compile(cfg: Config, deps: Deps, before: Live | None = None,
+            gate: Gate | None = None) -> Live:
     """Everything a call needs of `cfg`. `before`, the snapshot it replaces: its metering
-    backend is kept when `[metering]` did not change (a webhook's client, a hook's module)."""
+    backend is kept when `[metering]` did not change (a webhook's client, a hook's module).
+    `gate`: the Cedar policies `build_gate` read for it (None: no `[policy] files`)."""
     backend: MeteringBackend | None
     if before is not None and before.cfg.metering == cfg.metering:
         backend = before.backend
@@ -62,6 +123,7 @@ def compile(cfg: Config, deps: Deps, before: Live | None = None) -> Live:
     egress = build_egress(cfg, deps.destinations, deps.trusted)
     chain = Chain(default_policies(cfg, metering=backend, egress=egress,
                                    rate_limits=deps.rate_limits, pins=deps.pins,
-                                   hidden=deps.hidden, added_access=deps.added_access))
+                                   hidden=deps.hidden, added_access=deps.added_access,
+                                   cedar=gate))
     access = next((p for p in chain.policies if isinstance(p, Access)), None)
     return Live(cfg, chain, routes, backend, access)

@@ -40,6 +40,8 @@ class AuditRecord:
     note: str | None = None  # e.g. a metering hook that failed and on_error allowed the call
     egress: dict[str, Any] | None = None  # an egress denial's audit object (seed 000)
     upstream: str | None = None  # a per-caller upstream: the origin this caller resolved to
+    policy: dict[str, Any] | None = None  # the Cedar decision (policies.cedar.gate): version,
+    # decision, deciding policy ids, the shadow decision and its policies
     ts: float = field(default_factory=time.time)
     # -- for metrics and the request log line only: never written to the audit log ---------
     error_type: str | None = None  # the OpenTelemetry MCP conventions' error.type
@@ -60,6 +62,8 @@ class AuditRecord:
         self.status = exc.audit_status
         self.failure = exc
         self.error_type = exc.error_type
+        if exc.policy is not None:
+            self.policy = exc.policy
         if exc.data and isinstance(exc.data.get("audit"), dict):  # an egress denial's object
             self.egress = exc.data["audit"]
         if exc.audit_status == "denied":

@@ -320,9 +320,11 @@ def _static_key(iss: IssuerConfig, base_dir: Path) -> Any:
 
 
 def _claims_of(cfg: Config) -> tuple[str, ...]:
-    """The claims per-caller upstream URLs are filled from (proxy.config.template)."""
+    """The claims per-caller upstream URLs are filled from (proxy.config.template), and
+    those Cedar policies read (`[policy] claims`, and the OAuth client's id)."""
+    policy = (*cfg.policy.claims, "client_id", "azp") if cfg.policy.files else ()
     return tuple(sorted({p.claim or name for u in cfg.upstreams
-                         for name, p in u.placeholders.items()}))
+                         for name, p in u.placeholders.items()} | set(policy)))
 
 
 def _kept(claims: Mapping[str, Any], names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:

@@ -55,6 +55,9 @@ class GatewayError(Exception):
     # that refused the call (set by the chain runner on the denial it raised)
     upstream_kind: ClassVar[str | None] = None
     decided_by: str | None = None
+    # the policy decision's audit object (the Cedar gate's: version, decision, policies),
+    # which the record keeps; never on the wire
+    policy: dict[str, Any] | None = None
 
     def __init__(self, detail: str | None = None, *, data: dict[str, Any] | None = None,
                  headers: dict[str, str] | None = None) -> None:

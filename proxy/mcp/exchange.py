@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from proxy.audit import AuditRecord, AuditSink
 from proxy.audit.record import id_text
-from proxy.chain import Rewrite
+from proxy.chain import CallContext, Rewrite
 from proxy.errors import (
     Cancelled,
     EndpointNotFound,
@@ -92,6 +92,12 @@ class Exchange:
         traced = self._observer.parsed(record, msg, headers, peer)
         if traced is not None:
             record.trace_id = traced
+
+    def decided(self, ctx: CallContext) -> None:
+        """What the policies that let the call through tell the audit: the usage event's id,
+        a note, the Cedar decision."""
+        record = self.record
+        record.call_id, record.note, record.policy = ctx.call_id, ctx.audit_note, ctx.policy
 
     def seeing(self, msg: McpMessage, rewrite: Rewrite | None) -> Rewrite | None:
         """`rewrite`, for a tools/call with the result seen first: one with `isError: true`

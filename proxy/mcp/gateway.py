@@ -172,7 +172,7 @@ class Gateway:
                               headers=req.forwarded, dial_key=route.dial_key)
             if msg.kind != "response":  # the chain, once per target (a virtual: the member's)
                 ctx = await routed.forwarding.check(route, chain, msg, ctx)
-                record.call_id, record.note = ctx.call_id, ctx.audit_note
+                exchange.decided(ctx)
                 msg = ctx.message or msg  # a guardrail redacted its arguments
             if msg.kind == "request":
                 return await self.calls.run(routed, req.headers, msg, session, ctx, exchange,

@@ -110,6 +110,16 @@ class Metrics:
         self.denials = Counter("tollhouse_denials_total",
                                "Calls refused, by the policy (or guard) and a bounded reason",
                                ["endpoint", "policy", "reason"], registry=r)
+        # the Cedar policies (policies.cedar.gate), per policy id: a bounded set, the admin's
+        self.policy_denials = Counter(
+            "tollhouse_policy_denials_total",
+            "Calls the Cedar policies refused, by the deciding policy (no permit: empty) "
+            "and mode (enforce; shadow: what shadow policies would have refused)",
+            ["endpoint", "policy", "mode"], registry=r)
+        self.policy_errors = Counter(
+            "tollhouse_policy_errors_total",
+            "Cedar evaluation errors (each refused the call: fail closed)", ["endpoint"],
+            registry=r)
         self.rate_limited = Counter("tollhouse_rate_limit_refusals_total",
                                     "Calls refused by a rate limit", ["endpoint"], registry=r)
         self.upstream_failures = Counter("tollhouse_upstream_failures_total",
@@ -181,6 +191,18 @@ class Metrics:
                 self._count_upstream(endpoint, failure.upstream_kind)
             if failure.audit_status == "denied":
                 self._count_denial(endpoint, failure)
+        if record.policy is not None:
+            self._count_policy(endpoint, record.policy)
+
+    def _count_policy(self, endpoint: str, decided: dict[str, Any]) -> None:
+        if decided.get("errors"):
+            self.policy_errors.labels(endpoint).inc()
+        if decided.get("decision") == "deny":
+            for policy in decided.get("policies") or [""]:
+                self.policy_denials.labels(endpoint, policy, "enforce").inc()
+        elif decided.get("shadow") == "deny":
+            for policy in decided.get("shadow_policies") or [""]:
+                self.policy_denials.labels(endpoint, policy, "shadow").inc()
 
     def results(self, msg: McpMessage, record: AuditRecord, rewrite: Rewrite | None
                 ) -> Rewrite | None:

@@ -145,7 +145,7 @@ class Services:
         # what fills a per-caller upstream's placeholder no claim does: the person's
         # attributes, through the API's own Accounts (a change there applies to the next call)
         self.people = PeopleAttributes(self.accounts) \
-            if any(u.templated for u in cfg.upstreams) else None
+            if any(u.templated for u in cfg.upstreams) or cfg.policy.files else None
         self.oauth = self._oauth()
         self.connections = self._connections()
         self._serving: Serving | None = None

@@ -18,11 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from proxy.compiled import compile
+from proxy.compiled import build_gate, compile
 from proxy.config import Config, ConfigError, UpstreamConfig, load, validate
 from proxy.confine import Environment
 
 if TYPE_CHECKING:
+    from policies.cedar.gate import Gate
     from proxy.runtime.serving import Serving
 
 log = logging.getLogger("tollhouse")
@@ -47,7 +48,10 @@ async def reload(serving: Serving, path: Path, env: Environment | None = None) -
         fixed = fixed_changes(running, read)
         cfg = applied(running, read)
         await asyncio.to_thread(validate, cfg, path.parent)
-        await _apply(serving, cfg)
+        # the Cedar policies read and validated before anything changes: a bad one refuses
+        # the reload and the running policies stay
+        gate = await asyncio.to_thread(build_gate, cfg, path.parent, serving.deps)
+        await _apply(serving, cfg, gate)
     except ConfigError as exc:
         log.error("config reload from %s refused, nothing changed: %s", path, exc)
         return False
@@ -63,7 +67,7 @@ async def reload(serving: Serving, path: Path, env: Environment | None = None) -
     return True
 
 
-async def _apply(serving: Serving, cfg: Config) -> None:
+async def _apply(serving: Serving, cfg: Config, gate: Gate | None) -> None:
     """Compile the new config as start-up does (proxy.compiled), then swap it in within one
     step of the event loop: the route table, the registries' view, the policy chain."""
     gateway, local = serving.gateway, serving.services.local
@@ -72,7 +76,7 @@ async def _apply(serving: Serving, cfg: Config) -> None:
     gateway.auth.keep_claims(cfg)  # a per-caller URL added or changed may name a new claim
     gone = {u.name for u in running.cfg.upstreams} - {u.name for u in cfg.upstreams}
     async with serving.registry.changing():  # from here on nothing awaits: no call sees
-        live = compile(cfg, serving.deps, running)  # half of it
+        live = compile(cfg, serving.deps, running, gate)  # half of it
         local.keep_only({u.name for u in cfg.upstreams if u.stdio})
         serving.swap(live, gone)
     if serving.outbox is not None:

@@ -30,7 +30,7 @@ from proxy.audit import AuditRecord, AuditSink, DatabaseAuditSink
 from proxy.audit.outbox import OutboxWorker
 from proxy.auth.authenticator import Authenticator, BearerAuth, NoAuth
 from proxy.auth.keys import KeyIndex
-from proxy.compiled import Deps, compile
+from proxy.compiled import Deps, build_gate, compile
 from proxy.config import MeteringConfig
 from proxy.confine import Environment
 from proxy.destinations import Destinations, SystemResolver, parse_addresses
@@ -236,8 +236,10 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
     health = Health(database, s.stores, s.metrics, audit)
     stack.callback(health.close)
     deps = Deps(destinations, s.trusted, s.local, upstream.http, s.metrics,
-                s.stores.rate_limits, pin_store.pins, Hidden(), added_access)
-    live = compile(cfg, deps)
+                s.stores.rate_limits, pin_store.pins, Hidden(), added_access,
+                attributes_of=s.people.attributes if s.people is not None else None,
+                database=database)
+    live = compile(cfg, deps, gate=build_gate(cfg, s.base_dir, deps))
     s.routes.update(live.routes)
     virtual = {e.name: VirtualRoute.from_config(e) for e in cfg.endpoints}
     built: Late[Gateway] = Late()  # the per-caller upstreams close what a reload replaced

@@ -364,6 +364,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     # the batch's transaction; a writer of the release before still adds to the rows there.
     Migration(21, "audit rollups: an integer key per principal, endpoint and tool",
               Owned("proxy.audit.rollup")),
+    # the Cedar gate's decision on a call (policies.cedar.gate): the policy version, the
+    # decision and its policies, the shadow decision and its policies, as a JSON object
+    Migration(22, "audit: policy decisions", (
+        AddColumn("audit", "policy", "TEXT"),
+    )),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -55,6 +55,7 @@ class Routing:
         (the member's own name, and the arguments as the policies left them): the spine
         forwards that, and reads the answer and the notifications on its stream with both,
         so every policy sees the member's message both ways; `call` routes by them."""
+        ctx.virtual = True  # the endpoint's own view (a member's is made below)
         if msg.kind != "request" or msg.method not in ROUTED:
             await chain.run(msg, ctx, without=("egress",))  # egress: per member, in the list
             return ctx

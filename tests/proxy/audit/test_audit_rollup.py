@@ -388,7 +388,7 @@ async def test_the_migration_fills_the_rollups_from_the_records_there(database_u
         before = usage_rows(database)
         assert len(before) > 100
         # migration 21 on rollups already filled: the same rows, each with its key's id
-        assert migrations.upgrade(database) == [21]
+        assert migrations.upgrade(database, migrations.MIGRATIONS[:21]) == [21]
         keys = {tuple(names): key_id for key_id, *names in read_rows(
             database, "SELECT id, principal, endpoint, kind, tool FROM usage_keys", ()) or []}
         assert len(set(keys.values())) == len(keys) == len({r[2:6] for r in before})
