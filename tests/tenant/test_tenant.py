@@ -408,3 +408,33 @@ async def test_rate_limits_and_metering_count_each_caller_of_a_templated_endpoin
         assert ok == {e["call_id"] for e in METER.recorded if e["principal"] == sub}
         # the origin the caller resolves to, named on the refusal too (not dialled: above)
         assert {r["upstream"] for r in records} == {f"http://{host}.tenants.test:{t.port}"}
+
+
+async def test_cedar_policies_decide_on_a_templated_endpoint_by_the_callers_claims(
+        tmp_path: Path) -> None:
+    """The Cedar policies on a per-caller endpoint: the tenant claim (listed in [policy]
+    claims) decides; for the other tenant no call of the tool could be permitted, so it
+    answers as an unknown tool, and that caller's server is never reached. A call refused
+    for its arguments answers the policy's tool result."""
+    (tmp_path / "tenants.cedar").write_text(
+        '@id("acme-echoes")\n'
+        'permit(principal, action == Tollhouse::Action::"tools/call",\n'
+        '       resource == Tollhouse::Tool::"workspace/echo")\n'
+        'when { principal.claims has tenant && principal.claims.tenant == "acme"\n'
+        '       && context.input.text != "secret" };\n')
+    extra = {"policy": {"files": [str(tmp_path / "tenants.cedar")], "claims": ["tenant"]}}
+    body, h = modern_request("tools/call", {"name": "echo", "arguments": {"text": "hi"}})
+    async with tenants(extra=extra) as t, httpx.AsyncClient(timeout=DEADLINE_S) as http:
+        allowed = await call_modern(http, t.endpoint, bearer("alice", tenant="acme"), "hi")
+        argued = await call_modern(http, t.endpoint, bearer("alice", tenant="acme"), "secret")
+        hidden = await http.post(t.endpoint, content=body,
+                                 headers={**h, **bearer("bob", tenant="globex")})
+    assert allowed["result"]["content"][0]["text"] == "hi"
+    assert argued["result"]["isError"] is True
+    assert argued["result"]["structuredContent"]["code"] == "gateway.policy.denied"
+    assert hidden.status_code == 400 and hidden.json()["error"]["code"] == -32602
+    assert [c.arguments["text"] for c in t.acme.tool_calls("echo")] == ["hi"]
+    assert t.globex.tool_calls("echo") == []
+    (denied,) = [r for r in _records(t.db, "bob") if r["method"] == "tools/call"]
+    assert denied["status"] == "denied"
+    assert "secret" not in repr(_records(t.db, "alice"))

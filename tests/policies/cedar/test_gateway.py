@@ -20,6 +20,8 @@ from mcp.types import ToolAnnotations
 
 from proxy.audit import query
 from tests.e2e.conftest import Stack, open_stack
+from tests.e2e.sdk_client import connect
+from tests.stdio.conftest import stdio_gateway, stdio_upstream
 
 POLICIES = """
 @id("read-anything")
@@ -61,17 +63,19 @@ class Bank:
             self.calls.append(("wipe", {}))
             return "wiped"
 
-    def app(self) -> Any:
-        return self.server.streamable_http_app(streamable_http_path="/mcp")
+    def app(self, json: bool = False) -> Any:
+        """SSE answers on sessions, or (`json`) stateless JSON ones."""
+        return self.server.streamable_http_app(streamable_http_path="/mcp", json_response=json,
+                                               stateless_http=json)
 
 
 @asynccontextmanager
 async def gateway(tmp_path: Path, bank: Bank, mode: str = "enforce",
-                  text: str = POLICIES) -> AsyncIterator[Stack]:
+                  text: str = POLICIES, json: bool = False) -> AsyncIterator[Stack]:
     (tmp_path / "bank.cedar").write_text(text)
     config = {"policy": {"files": [str(tmp_path / "*.cedar")], "mode": mode},
               "endpoints": [{"name": "v", "members": ["up"]}]}
-    async with open_stack(tmp_path, lambda: (bank.app(), None), config=config,
+    async with open_stack(tmp_path, lambda: (bank.app(json), None), config=config,
                           screening={"mode": "off"}) as stack:
         yield stack
 
@@ -84,10 +88,12 @@ def decided(stack: Stack) -> list[dict[str, Any]]:
     return rows[::-1]
 
 
+@pytest.mark.parametrize("answers", ["sse", "json"])
 @pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
-async def test_policies_decide_on_the_call_itself(tmp_path: Path, mode: str) -> None:
+async def test_policies_decide_on_the_call_itself(tmp_path: Path, mode: str, answers: str
+                                                  ) -> None:
     bank = Bank()
-    async with gateway(tmp_path, bank) as stack, \
+    async with gateway(tmp_path, bank, json=answers == "json") as stack, \
             Client(f"{stack.gateway_url}/mcp/up", mode=mode) as client:
         names = {t.name for t in (await client.list_tools()).tools}
         assert names == {"balance", "transfer"}  # no call of wipe could be permitted
@@ -120,10 +126,12 @@ async def test_policies_decide_on_the_call_itself(tmp_path: Path, mode: str) -> 
     assert "900" not in repr(records)  # an argument's value is never audited
 
 
-async def test_a_virtual_endpoint_decides_by_the_members_tool(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_a_virtual_endpoint_decides_by_the_members_tool(tmp_path: Path, mode: str
+                                                              ) -> None:
     bank = Bank()
     async with gateway(tmp_path, bank) as stack, \
-            Client(f"{stack.gateway_url}/mcp/v", mode="legacy") as client:
+            Client(f"{stack.gateway_url}/mcp/v", mode=mode) as client:
         names = {t.name for t in (await client.list_tools()).tools}
         assert names == {"up__balance", "up__transfer"}
         sent = await client.call_tool("up__transfer", {"amount": 10, "to": "bob"})
@@ -164,3 +172,26 @@ async def test_a_policy_naming_an_attribute_that_does_not_exist_stops_start_up(
         async with gateway(tmp_path, bank, text=bad):
             pass
     assert "departmnet" in str(caught.value) and "bank.cedar" in str(caught.value)
+
+
+async def test_a_stdio_endpoint_is_decided_like_any_other(tmp_path: Path) -> None:
+    """A local process behind the gateway: its echo is permitted, but not for one text."""
+    (tmp_path / "local.cedar").write_text('''
+@id("short-echo")
+permit(principal, action == Tollhouse::Action::"tools/call",
+       resource == Tollhouse::Tool::"local/echo")
+when { context.input.text != "too long to echo" };
+''')
+    config = {"upstreams": [stdio_upstream()],
+              "policy": {"files": [str(tmp_path / "local.cedar")]}}
+    async with stdio_gateway(config) as gw, connect(gw.endpoint("local")) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert names == {"echo"}  # no call of any other tool could be permitted
+        assert (await client.call_tool("echo", {"text": "hi"})).content[0].text == "hi"
+        refused = await client.call_tool("echo", {"text": "too long to echo"})
+        with pytest.raises(MCPError) as unknown:
+            await client.call_tool("pid", {})
+    assert refused.is_error and refused.structured_content is not None
+    assert refused.structured_content["code"] == "gateway.policy.denied"
+    assert refused.structured_content["message"] == "no policy permits this call"
+    assert unknown.value.error.code == -32602
