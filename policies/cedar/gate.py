@@ -41,7 +41,7 @@ from policies.cedar.load import Policy, PolicyError, reachable, validate
 from policies.cedar.schema import Catalog
 from proxy.auth.principal import Principal
 from proxy.chain import CallContext
-from proxy.errors import HiddenTool, PolicyDenied, ToolResultDenial
+from proxy.errors import HiddenTool, PolicyBlocked, PolicyDenied, ToolResultDenial
 from proxy.jsonrpc import McpMessage
 
 log = logging.getLogger("tollhouse.policy")
@@ -53,15 +53,6 @@ _LISTS = {"tools/list": ("tools", "name", "tools/call"),
           "prompts/list": ("prompts", "name", "prompts/get")}
 _TRUE: dict[str, Any] = {"Value": True}
 CLIENT_CLAIMS = ("client_id", "azp")  # where a token names its OAuth client
-
-
-class PolicyBlocked(PolicyDenied):
-    """A prompts/get's or resources/read's arguments a Cedar policy refuses: invalid params,
-    naming the policy's reason, never an argument's value."""
-
-    http_status = 400
-    code = -32602
-    message = "Invalid params"
 
 
 def version_of(policies: Sequence[Policy]) -> str:

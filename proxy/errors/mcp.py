@@ -168,7 +168,8 @@ class MeteringDenied(PolicyDenied):
 
 # seed 001's closed registry for denials a person should read: code -> retryable
 TOOL_ERROR_CODES = {"gateway.metering.denied": False, "gateway.metering.unavailable": True,
-                    "gateway.internal": True, "gateway.guardrail.blocked": False}
+                    "gateway.internal": True, "gateway.guardrail.blocked": False,
+                    "gateway.policy.denied": False}
 
 
 class ToolResultDenial(PolicyDenied):
@@ -185,6 +186,16 @@ class ToolResultDenial(PolicyDenied):
         self.retry_after_ms = retry_after_ms
         # a 2026-07-28 result names its kind ("complete"): the gateway sets it for such a call
         self.result_type: str | None = None
+
+
+class PolicyBlocked(PolicyDenied):
+    """A prompts/get's or resources/read's arguments a Cedar policy refuses (a tools/call's
+    answers as a `ToolResultDenial`, `gateway.policy.denied`): invalid params, naming the
+    policy's reason, never an argument's value."""
+
+    http_status = 400
+    code = -32602
+    message = "Invalid params"
 
 
 class GuardrailBlocked(PolicyDenied):

@@ -88,6 +88,8 @@ EXAMPLES: dict[type[GatewayError], Callable[[], GatewayError]] = {
     errors.InvalidEnvelope: lambda: errors.InvalidEnvelope(),
     errors.PolicyDenied: lambda: errors.PolicyDenied(f"policy: rule {SECRET}"),
     errors.HiddenTool: lambda: errors.HiddenTool(f"access: hidden {SECRET}", "x"),
+    errors.PolicyBlocked: lambda: errors.PolicyBlocked(
+        "cedar: forbidden by p1", "only the security team files security issues"),
     errors.GuardrailBlocked: lambda: errors.GuardrailBlocked(
         "guardrail g: secret in arguments", "Blocked by guardrail g: the arguments carry secret."),
     errors.RateLimited: lambda: errors.RateLimited(f"rate_limit: {SECRET}", 1.2),
