@@ -140,3 +140,45 @@ async def test_a_reload_leaves_the_servers_stored_through_the_api_as_they_are(
         assert (await call("added")).status_code == 404
         assert answer(await call("file"))["result"]["content"][0]["text"] == "hi"
         assert answer(await call("stored"))["result"]["content"][0]["text"] == "hi"
+
+
+async def test_a_reload_applies_changed_policies_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    """[policy]: a reload reads the Cedar files again; one that does not validate is refused
+    with the file, the policy and the attribute named, and the running policies stay."""
+    database = db_backends.url()
+    _, secret = api_keys.create(database, "ops", [], role="admin")
+    path, policies = tmp_path / "c.toml", tmp_path / "p.cedar"
+    policy = '@id("p")\npermit(principal, action, resource) when {{ {} }};\n'
+    policies.write_text(policy.format('context.hour >= 0'))
+    extra = '[policy]\nfiles = ["p.cedar"]\n'
+
+    def config(urls: Urls) -> Config:
+        path.write_text(_file(database, urls.upstream, extra))
+        return load(path, env={})
+
+    async with gateway_stack(config, upstream=demo_app(), base_dir=tmp_path, client={
+            "headers": {"Authorization": f"Bearer {secret}"}}) as site:
+
+        async def echo() -> dict[str, Any]:
+            response = await site.client.post(f"{site.url}/mcp/file", headers=MCP_HEADERS,
+                                              content=orjson.dumps({
+                                                  "jsonrpc": "2.0", "id": 1,
+                                                  "method": "tools/call", "params": {
+                                                      "name": "echo",
+                                                      "arguments": {"text": "hi"}}}))
+            return answer(response)
+
+        assert echo_text(await echo()) == "hi"
+        serving = site.services.serving
+        policies.write_text(policy.format('principal.claims.departmnet == "x"'))
+        assert await serving.reload(path) is False  # refused: nothing changed
+        assert echo_text(await echo()) == "hi"
+        policies.write_text(policy.format('context.input.text != "hi"'))
+        assert await serving.reload(path)
+        refused = await echo()
+        assert refused["result"]["isError"] is True
+        assert refused["result"]["structuredContent"]["code"] == "gateway.policy.denied"
+
+
+def echo_text(answered: dict[str, Any]) -> str:
+    return str(answered["result"]["content"][0]["text"])
