@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Awaitable, Callable, Mapping
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 
 from policies import build_egress, default_policies
 from policies.access import Access
@@ -38,6 +36,7 @@ from proxy.destinations import Destinations, IPNetwork, classify
 from proxy.metering_backends import build_backend
 from proxy.observability.metrics import Metrics, timed
 from proxy.published import Published
+from proxy.seen_targets import stored_targets
 from proxy.snapshot import Live
 from proxy.state.ratelimit import RateLimitStore
 from proxy.storage.db import Database
@@ -70,11 +69,27 @@ def build_gate(cfg: Config, base_dir: Path, deps: Deps) -> Gate | None:
     files and the users table: start-up, or a reload off the event loop, before `compile`."""
     if not cfg.policy.files:
         return None
+    attributes: list[str] = []
+    if deps.database is not None:
+        attributes = stored_targets(deps.database)[1]
     try:
         policies = read_policies(cfg.policy.files, base_dir, cfg.policy.mode)
-        return Gate(policies, deps.book, claims=cfg.policy.claims,
-                    attributes=_attribute_names(deps.database),
+        return Gate(policies, deps.book, claims=cfg.policy.claims, attributes=attributes,
                     zone_of=zone_of, attributes_of=deps.attributes_of)
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def preflight(cfg: Config, base_dir: Path) -> None:
+    """Start-up's check of the Cedar policies, before anything serves: ConfigError (one
+    line, exit 2) for a policy that does not validate against the tools as last seen."""
+    if not cfg.policy.files:
+        return
+    with Database(cfg.database.url, busy_timeout_s=cfg.database.busy_timeout_s) as database:
+        targets, attributes = stored_targets(database)
+    try:
+        Gate(read_policies(cfg.policy.files, base_dir, cfg.policy.mode), TargetBook(targets),
+             claims=cfg.policy.claims, attributes=attributes)
     except PolicyError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -87,24 +102,6 @@ def zone_of(ip: str | None) -> str:
         return classify(ipaddress.ip_address(ip))
     except ValueError:
         return ""
-
-
-def _attribute_names(database: Database | None) -> list[str]:
-    """The names the users' attributes use (principal.attributes in the Cedar schema)."""
-    if database is None:
-        return []
-    try:
-        with database.transaction() as conn:
-            rows = conn.execute("SELECT attributes FROM users").fetchall()
-    except database.errors:
-        return []
-    names: set[str] = set()
-    for (text,) in rows:
-        with suppress(ValueError):
-            value = orjson.loads(text or "{}")
-            if isinstance(value, dict):
-                names.update(k for k, v in value.items() if isinstance(v, str))
-    return sorted(names)
 
 
 def compile(cfg: Config, deps: Deps, before: Live | None = None,

@@ -169,6 +169,9 @@ def _serve(args: argparse.Namespace) -> int:
     env = confine.Environment(os.environ)  # from here on the config and secrets read this
     cfg, base_dir = _load(args, env)
     _check_secrets(cfg, base_dir, env)
+    from proxy.compiled import preflight
+
+    preflight(cfg, base_dir)  # the Cedar policies, against the tools as last seen
     configure_logging(args.log_level, log_format=cfg.observability.log_format)
     confine.undumpable()  # the environment of its exec holds the secrets: closed to others
     env.withdraw()  # and os.environ holds them no more

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from policies.access import Access
+from policies.cedar.book import TargetBook
 from policies.guardrails import Hidden
 from policies.metering import MeteringBackend
 from proxy.api.context import Api
@@ -44,6 +45,7 @@ from proxy.people.live import LiveUsers
 from proxy.pin_store import DatabasePins
 from proxy.runtime import reload
 from proxy.seen import LastSeen
+from proxy.seen_targets import stored_targets
 from proxy.servers import Registry
 from proxy.snapshot import Live
 from proxy.state.sessions import RedisSessionStore
@@ -237,6 +239,7 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
     stack.callback(health.close)
     deps = Deps(destinations, s.trusted, s.local, upstream.http, s.metrics,
                 s.stores.rate_limits, pin_store.pins, Hidden(), added_access,
+                book=TargetBook(stored_targets(database)[0]),  # as last seen
                 attributes_of=s.people.attributes if s.people is not None else None,
                 database=database)
     live = compile(cfg, deps, gate=build_gate(cfg, s.base_dir, deps))

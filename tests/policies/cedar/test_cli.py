@@ -127,3 +127,17 @@ def test_schema_from_the_tools_last_seen(world: Path, capsys: pytest.CaptureFixt
         "attributes"]["claims"]["attributes"]
     assert "2 tools as last seen" in captured.err and "1 of them" in captured.err
     assert _run(world, "check") == 0  # now the stored definition types the arguments
+
+
+def test_serve_stops_on_a_policy_that_does_not_validate_with_one_line(
+        world: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Start-up checks the policies before anything serves: exit 2, one line naming the file,
+    the policy and the attribute (a policy reading arguments of a tool not seen yet is
+    checked in everything else, so this one, on the caller, is caught)."""
+    (world / "policies" / "typo.cedar").write_text(
+        '@id("typo")\npermit(principal, action, resource) '
+        'when { principal.claims.departmnet == "x" };\n')
+    assert main(["serve", "--config", str(world / "tollhouse.toml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "typo.cedar" in err[0] and "typo" in err[0] and "departmnet" in err[0]
