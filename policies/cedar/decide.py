@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +131,9 @@ class Policies:
         # the entities of a (caller, target) pair, parsed by Cedar once: a caller calls again
         self._entities: dict[tuple[str, str], cedarpy.Entities] = {}
         self._partitions: dict[tuple[str, str], tuple[Any, Any]] = {}
+        # per target: the arguments its policies read (None: the whole input); the others are
+        # left out of the request, so Cedar parses only what a policy can look at
+        self._reads: dict[tuple[str, str], frozenset[str] | None] = {}
 
     @property
     def empty(self) -> bool:
@@ -177,12 +180,30 @@ class Policies:
                 Target(kind, call.endpoint, call.name))  # type: ignore[arg-type]
             context["input"] = {} if not arguments else (
                 {"uri": call.name} if kind == "Resource" else cedar_input(
-                    call.arguments, self.catalog.inputs.get(
+                    self._read_of(kind, uid, call.arguments), self.catalog.inputs.get(
                         self.catalog.input_of.get((kind, uid), ""))))
         request = {"principal": {"type": _CALLER, "id": caller.id},
                    "action": {"type": _ACTION, "id": call.method},
                    "resource": resource, "context": orjson.dumps(context).decode()}
         return request, self._entities_of(self.caller_json(caller), target)
+
+    def _read_of(self, kind: str, uid: str, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The arguments the policies reaching this target can read: the others are left out
+        (a policy cannot name them, so no decision changes), and neither parsed by Cedar nor
+        converted (a number decimal cannot hold refuses only where a policy reads it)."""
+        key = (kind, uid)
+        try:
+            reads = self._reads[key]
+        except KeyError:
+            target = self.catalog.get(kind, uid) or Target(kind, *uid.split("/", 1))  # type: ignore[arg-type]
+            reach = [p for p in self.policies if reachable(p.est, [target])]
+            reads = input_read(p.est.get("conditions", []) for p in reach)
+            if len(self._reads) >= ENTITIES_KEPT:
+                self._reads.clear()
+            self._reads[key] = reads
+        if reads is None:
+            return arguments
+        return {k: v for k, v in arguments.items() if k in reads}
 
     def _entities_of(self, caller: str, target: str) -> cedarpy.Entities:
         key = (caller, target)
@@ -260,3 +281,35 @@ def _target_json(target: Target) -> str:
     entity = {"uid": {"type": f"{NAMESPACE}::{target.kind}", "id": target.uid},
               "attrs": attrs, "parents": [{"type": _ENDPOINT, "id": target.endpoint}]}
     return f"{json.dumps(entity)},{json.dumps(_endpoint_json(target.endpoint))}"
+
+
+def input_read(conditions: Iterable[Any]) -> frozenset[str] | None:
+    """The top-level argument names the conditions read (`context.input.x`, `context.input
+    has x`); None when one reads the input otherwise (as a whole, or `context` itself)."""
+    names: set[str] = set()
+    for condition in conditions:
+        if not _reads(condition, names):
+            return None
+    return frozenset(names)
+
+
+def _reads(expr: Any, names: set[str]) -> bool:
+    """Add what `expr` reads of the input to `names`; False when it reads it as a whole."""
+    if isinstance(expr, list):
+        return all(_reads(e, names) for e in expr)
+    if not isinstance(expr, dict):
+        return True
+    if expr.get("Var") == "context":
+        return False  # `context` itself (only its attributes are read through `.`)
+    for op in (".", "has"):
+        inner = expr.get(op)
+        if isinstance(inner, dict) and inner.get("left") == _INPUT:
+            names.add(str(inner.get("attr")))
+            return True
+        if isinstance(inner, dict) and inner.get("left") == _CONTEXT:
+            return inner.get("attr") != "input"  # context.hour, .zone...: not the input
+    return all(_reads(v, names) for v in expr.values())
+
+
+_CONTEXT: dict[str, Any] = {"Var": "context"}
+_INPUT: dict[str, Any] = {".": {"left": _CONTEXT, "attr": "input"}}

@@ -144,11 +144,25 @@ def test_no_policies_decide_nothing() -> None:
 def test_an_evaluation_error_refuses(arguments: dict[str, Any], named: str) -> None:
     p = compiled(f'permit(principal, {CALL}, resource);\n'
                  f'forbid(principal, {TRANSFER}) when '
-                 '{ context.input.amount.greaterThan(decimal("500.0")) };')
+                 '{ context.input.amount.greaterThan(decimal("500.0")) || '
+                 '(context.input has count && context.input.count > 5) };')
     decision = p.decide(alice(), call("transfer", **arguments), NOON_MONDAY)
     assert not decision.allowed
     assert decision.reason == DEFAULT_ERROR
     assert any(named in e for e in decision.errors), decision.errors
+
+
+def test_an_argument_no_policy_reads_is_neither_converted_nor_sent() -> None:
+    """Only what the policies reaching the tool can read goes into the request: an argument
+    none of them names cannot change a decision, so one Cedar could not hold refuses
+    nothing (and costs no parsing)."""
+    p = compiled(f'permit(principal, {CALL}, resource);\n'
+                 f'forbid(principal, {TRANSFER}) when '
+                 '{ context.input.amount.greaterThan(decimal("500.0")) };')
+    unread = {"amount": 1, "to": "bob", "count": 2**70, "note": 1.000001}
+    assert p.decide(alice(), call("transfer", **unread), NOON_MONDAY).allowed
+    request, _ = p.request(alice(), call("transfer", **unread), NOON_MONDAY)
+    assert '"count"' not in request["context"] and '"to"' not in request["context"]
 
 
 def test_a_tool_not_in_the_catalog_is_decided_on_its_arguments_as_sent() -> None:
