@@ -16,8 +16,8 @@ from proxy.audit.database import read_rows
 from proxy.audit.rollup import BOUNDS_MS, MANAGEMENT
 from proxy.storage import db
 
-__all__ = ["BOUNDS_MS", "MANAGEMENT", "MAX_BUCKETS", "MAX_HEALTHS", "health", "healths", "record",
-           "series", "summary"]
+__all__ = ["BOUNDS_MS", "MANAGEMENT", "MAX_BUCKETS", "MAX_HEALTHS", "NO_PERMIT", "health",
+           "healths", "policy_denials", "record", "series", "summary"]
 
 MAX_BUCKETS = 1000  # of a series
 _COUNTS = ", ".join(f"CASE WHEN status = '{s}' THEN 1 ELSE 0 END AS {s}"
@@ -242,3 +242,57 @@ def record(target: db.Target, record_id: int) -> dict[str, Any] | None:
     rows = read_rows(target, f"SELECT {', '.join(columns)} FROM audit WHERE id = ?",
                  (record_id,)) or []
     return dict(zip(columns, rows[0])) if rows else None
+
+
+NO_PERMIT = "(no permit)"  # the row of denials no permit decided (their policies are empty)
+# Each record of the period that the Cedar gate decided and that says "deny" somewhere (the
+# text test skips the JSON of the many allowed calls), as its kind: an evaluation error (it
+# refused the call, whatever policies it names), an enforce denial (its `policies`, the forbids
+# that decided, or none: no permit) or a shadow one (let through; `shadow_policies`); then one
+# row per policy id the kind's list names, or one with none (NULL: no permit), counted.
+# (PostgreSQL: the OFFSET 0s keep each record's text parsed once and its kind settled once,
+# where the planner would inline both into every expression that reads them.)
+_KIND = ("CASE WHEN coalesce({errors}, 0) > 0 THEN 'error' WHEN {decision} = 'deny' THEN "
+         "'enforce' WHEN {shadow} = 'deny' THEN 'shadow' END")
+_DENIALS = {
+    "sqlite": (
+        "SELECT d.kind, CASE WHEN d.kind = 'error' THEN '' ELSE p.value END AS pid, count(*) "
+        "FROM (SELECT " + _KIND.format(errors="json_extract(policy, '$.errors')",
+                                       decision="json_extract(policy, '$.decision')",
+                                       shadow="json_extract(policy, '$.shadow')") +
+        " AS kind, policy FROM audit WHERE ts >= ? AND ts < ? AND instr(policy, '\"deny\"') > 0"
+        ") AS d LEFT JOIN json_each(d.policy, CASE d.kind WHEN 'shadow' THEN "
+        "'$.shadow_policies' WHEN 'enforce' THEN '$.policies' ELSE '$.none' END) AS p "
+        "WHERE d.kind IS NOT NULL GROUP BY d.kind, pid"),
+    "postgresql": (
+        "SELECT d.kind, CASE WHEN d.kind = 'error' THEN '' ELSE p.id END AS pid, count(*) "
+        "FROM (SELECT " + _KIND.format(errors="(j ->> 'errors')::numeric",
+                                       decision="j ->> 'decision'", shadow="j ->> 'shadow'") +
+        " AS kind, j FROM (SELECT policy::jsonb AS j FROM audit WHERE ts >= ? AND ts < ? AND "
+        "strpos(policy, '\"deny\"') > 0 OFFSET 0) AS r OFFSET 0) AS d LEFT JOIN LATERAL "
+        "jsonb_array_elements_text(CASE WHEN d.kind = 'error' THEN NULL ELSE "
+        "d.j -> (CASE d.kind WHEN 'shadow' THEN 'shadow_policies' ELSE 'policies' END) END) "
+        "AS p(id) ON true WHERE d.kind IS NOT NULL GROUP BY d.kind, pid"),
+}
+
+
+def policy_denials(target: db.Target, *, since: float, until: float) -> dict[str, Any]:
+    """Per Cedar policy id, the calls of [`since`, `until`) it refused (`enforce`: the
+    deciding forbids of a refused call, or NO_PERMIT when no permit applied) and those it
+    would have refused but that were let through (`shadow`: an allowed call's shadow denial,
+    by the shadow decision's policies); and `errors`, the calls refused for an evaluation
+    error (fail closed: its record names no policy that decided). From the audit records'
+    `policy` column (policies.cedar.gate), along audit_ts, in one statement; a policy with
+    no denial has no item."""
+    rows = read_rows(target, _DENIALS[_dialect(target)], (since, until)) or []
+    found: dict[str, dict[str, Any]] = {}
+    errors = 0
+    for kind, policy, n in rows:
+        if kind == "error":
+            errors += int(n)
+            continue
+        item = found.setdefault(policy or NO_PERMIT, {"policy": policy or NO_PERMIT,
+                                                      "enforce": 0, "shadow": 0})
+        item[kind] += int(n)
+    return {"since": since, "until": until, "errors": errors,
+            "items": [found[k] for k in sorted(found)]}
