@@ -12,7 +12,7 @@ from typing import Any
 
 from quart import Blueprint, Quart, Response, request
 
-from proxy.console import admin, mine
+from proxy.console import admin, mine, policies
 from proxy.console.guard import page, secure
 from proxy.people.accounts import User
 from proxy.people.signin import Web
@@ -60,6 +60,7 @@ PAGES: tuple[tuple[str, str, Callable[..., Awaitable[Response]], bool], ...] = (
     ("/servers/<name>", "GET", admin.server, True),
     ("/servers/<name>", "POST", admin.change_server, True),
     ("/servers/<name>/delete", "POST", admin.delete_server, True),
+    ("/policies", "GET", policies.policies, True),
     ("/keys", "GET", admin.keys, True),
     ("/keys", "POST", _named(partial(admin.make_key, api_path="/keys", admin=True,
                                      listing=admin.keys), "create_key"), True),
