@@ -1,6 +1,6 @@
 """Tables other processes change, mirrored in memory: the server registry (proxy.servers),
-the virtual endpoints (proxy.virtual.registry), the guardrails' pins (proxy.pin_store) and the API
-keys (proxy.auth.keys).
+the virtual endpoints (proxy.virtual.registry), the guardrails' pins (proxy.pin_store), the API
+keys (proxy.auth.keys) and the Cedar policies of the management API (proxy.policy_store).
 
 A `Mirror` reads its table whole once, then only a version that moves with every write (a
 counter the table's triggers bump, or SQLite's `data_version`), and reads the table again and
@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 log = logging.getLogger("tollhouse.mirror")
 
 POLL_S = 1.0  # how often a process looks for changes other processes made
-WORKERS = 4  # one per mirror of a gateway: a slow read of one never delays another's probe
+WORKERS = 5  # one per mirror of a gateway: a slow read of one never delays another's probe
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -369,6 +369,21 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(22, "audit: policy decisions", (
         AddColumn("audit", "policy", "TEXT"),
     )),
+    # Cedar policies created through /api/v1/policies (proxy.policy_store): one policy a row,
+    # its version 1 when created and one more on each replace; and the counter every gateway
+    # on the database polls to reload them
+    Migration(23, "Cedar policies managed through the management API", (
+        Sql("""CREATE TABLE IF NOT EXISTS policies (
+            id TEXT PRIMARY KEY,
+            text TEXT NOT NULL,
+            mode TEXT NOT NULL DEFAULT 'enforce',
+            version INTEGER NOT NULL,
+            created_at {real} NOT NULL,
+            updated_at {real} NOT NULL,
+            author TEXT
+        )"""),
+        *_change_counter("policies", each="STATEMENT"),
+    )),
 )
 
 LATEST = MIGRATIONS[-1].version
