@@ -35,6 +35,7 @@ from proxy.config import Config, ConfigError
 from proxy.destinations import Destinations, IPNetwork, classify
 from proxy.metering_backends import build_backend
 from proxy.observability.metrics import Metrics, timed
+from proxy.policy_store import PolicyStore
 from proxy.published import Published
 from proxy.seen_targets import stored_targets
 from proxy.snapshot import Live
@@ -60,22 +61,30 @@ class Deps:
     # a person's attributes (principal.attributes in Cedar), when the users table is read
     attributes_of: Callable[[Principal], Awaitable[Mapping[str, Any]]] | None = None
     database: Database | None = None  # where the users' attribute names are read
+    # the Cedar policies created through /api/v1/policies (None: not managed here)
+    policies: PolicyStore | None = None
 
 
 def build_gate(cfg: Config, base_dir: Path, deps: Deps) -> Gate | None:
     """The Cedar policies of `[policy]`, read from their files (relative to `base_dir`, the
-    config file's directory) and validated against the targets known; None without files.
+    config file's directory) and validated against the targets known, with those of the
+    management API (`deps.policies`: a fault of theirs refuses what they govern, never the
+    load). None without files and without the API's store; with the store, a gate even
+    while it holds no policy: it governs no endpoint and costs a call one method call, and
+    the API's first policy takes effect without a restart.
     Raises ConfigError with one line naming the file, the policy and the problem. Reads
     files and the users table: start-up, or a reload off the event loop, before `compile`."""
-    if not cfg.policy.files:
+    if not cfg.policy.files and deps.policies is None:
         return None
     attributes: list[str] = []
     if deps.database is not None:
         attributes = stored_targets(deps.database)[1]
     try:
-        policies = read_policies(cfg.policy.files, base_dir, cfg.policy.mode)
+        policies = read_policies(cfg.policy.files, base_dir, cfg.policy.mode) \
+            if cfg.policy.files else []
         return Gate(policies, deps.book, claims=cfg.policy.claims, attributes=attributes,
-                    zone_of=zone_of, attributes_of=deps.attributes_of)
+                    zone_of=zone_of, attributes_of=deps.attributes_of,
+                    added=deps.policies, mode=cfg.policy.mode)
     except PolicyError as exc:
         raise ConfigError(str(exc)) from None
 

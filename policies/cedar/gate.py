@@ -24,6 +24,15 @@ known tool is `pending` until one is learned: what it says of the arguments is v
 until then its other parts are validated and its calls decided on the arguments as sent. A
 policy that fails validation against newly learned targets refuses the calls it reaches, naming
 the problem, until the policies are fixed (a reload, or the API).
+
+The policies are the config file's (`files`, read at start-up and by a reload) and those added
+while the gateway runs (`Added`: the management API's, proxy.policy_store), whose `version` the
+gate compares on each call it could decide: when it moved, the gate takes the new set and
+rebuilds its compiled policies once, as when the book learned something, and its `version`
+(the digest in every audit record) moves with it. A set that no longer validates then refuses
+the calls it governs, as above; the API validates a change before it stores it (`admits`). A
+gate without a policy (no `[policy] files`, none added yet) governs no endpoint, learns
+nothing, and costs a call one method call.
 """
 
 from __future__ import annotations
@@ -32,12 +41,12 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from policies.cedar.book import TargetBook
 from policies.cedar.decide import Call, Caller, Decision, Policies
 from policies.cedar.listing import Lister, names_input
-from policies.cedar.load import Policy, PolicyError, reachable, validate
+from policies.cedar.load import Mode, Policy, PolicyError, reachable, validate
 from policies.cedar.schema import Catalog
 from proxy.auth.principal import Principal
 from proxy.chain import CallContext
@@ -98,9 +107,31 @@ def governed(policies: Iterable[Policy]) -> frozenset[str] | None:
     return frozenset(named)
 
 
+def unique(policies: Sequence[Policy]) -> None:
+    """Raise PolicyError when two policies share an id (a decision names them by it)."""
+    seen: dict[str, str] = {}
+    for policy in policies:
+        if policy.id in seen:
+            raise PolicyError(f"policy: {policy.file}: policy id '{policy.id}' is also used "
+                              f"in {seen[policy.id]}")
+        seen[policy.id] = policy.file
+
+
+class Added(Protocol):
+    """Policies added while the gateway runs (the management API's): `policies` is read
+    again whenever `version` moved."""
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def policies(self) -> Sequence[Policy]: ...
+
+
 class Gate:
     """The chain's Cedar policy. `zone_of(peer ip)` is the caller's network zone;
-    `attributes_of(principal)` the person's attributes (None: not known here)."""
+    `attributes_of(principal)` the person's attributes (None: not known here); `added` the
+    policies added at run time (`mode` "shadow": they are shadow too)."""
 
     name: ClassVar[str] = "cedar"
     order: ClassVar[int] = 150
@@ -109,45 +140,92 @@ class Gate:
                  claims: Sequence[str] = (), attributes: Sequence[str] = (),
                  zone_of: Callable[[str | None], str] = lambda ip: "",
                  attributes_of: Callable[[Principal], Awaitable[Mapping[str, Any]]]
-                 | None = None) -> None:
-        self.policies = tuple(policies)
-        self.version = version_of(self.policies)
+                 | None = None, added: Added | None = None, mode: Mode = "enforce") -> None:
+        self.files = tuple(policies)  # the config file's
+        self._added = added
+        self._added_seen = 0
+        self._mode = mode
         self._book = book
         self._claims = tuple(claims)
         self._attribute_names = tuple(attributes)
         self._zone_of = zone_of
         self._attributes_of = attributes_of
-        self._governed = governed(self.policies)
         self._problem: str | None = None  # a validation against learned targets that failed
         self.pending: tuple[str, ...] = ()
-        self._compiled, self._lister = self._compile()  # raises PolicyError at load
+        self._gather()
+        try:
+            self._compiled, self._lister = self._compile()  # raises PolicyError at load
+        except PolicyError as exc:
+            if len(self.policies) == len(self.files):
+                raise
+            # the file's own faults stop a start-up or a reload; the added ones' refuse what
+            # they govern, until they are fixed through the API
+            self._compiled, self._lister = self._compile(self.files)
+            self._failed(exc)
 
     @classmethod
     def wanted(cls, policies: Sequence[Policy]) -> bool:
         return bool(policies)
 
-    def _compile(self) -> tuple[Policies, Lister]:
-        catalog = Catalog(self._book.targets(), self._claims, self._attribute_names)
-        self.pending = settle(self.policies, catalog)
+    def _gather(self) -> None:
+        """The policies as they are now: the file's, then those added."""
+        added: tuple[Policy, ...] = ()
+        if self._added is not None:
+            self._added_seen = self._added.version
+            added = tuple(self._added.policies)
+            if self._mode == "shadow":
+                added = tuple(replace(p, mode="shadow") for p in added)
+        self.policies = (*self.files, *added)
+        self.version = version_of(self.policies)
+        self._governed = governed(self.policies)
+
+    def _catalog(self) -> Catalog:
+        return Catalog(self._book.targets(), self._claims, self._attribute_names)
+
+    def _compile(self, policies: Sequence[Policy] | None = None) -> tuple[Policies, Lister]:
+        chosen = self.policies if policies is None else policies
+        catalog = self._catalog()
+        unique(chosen)
+        self.pending = settle(chosen, catalog)
         self._seen = self._book.version
-        compiled = Policies(self.policies, catalog, self._claims)
+        compiled = Policies(chosen, catalog, self._claims)
         return compiled, Lister(compiled)
 
     def _current(self) -> tuple[Policies, Lister]:
-        """The compiled policies, rebuilt once after the book learned something."""
-        if self._book.version != self._seen:
+        """The compiled policies, rebuilt once after the book learned something or the added
+        policies changed."""
+        added = self._added
+        moved = added is not None and added.version != self._added_seen
+        if moved or self._book.version != self._seen:
+            if moved:
+                self._gather()
             try:
                 self._compiled, self._lister = self._compile()
                 self._problem = None
             except PolicyError as exc:
                 self._seen = self._book.version
-                self._problem = str(exc)
-                log.error("policies no longer validate against the tools as now listed; the "
-                          "calls they govern are refused until they are fixed: %s", exc)
+                self._failed(exc)
         return self._compiled, self._lister
 
+    def _failed(self, exc: PolicyError) -> None:
+        self._problem = str(exc)
+        log.error("policies no longer validate (against the tools as now listed, or as "
+                  "changed through the API); the calls they govern are refused until they "
+                  "are fixed: %s", exc)
+
     def governs(self, endpoint: str) -> bool:
+        added = self._added
+        if added is not None and added.version != self._added_seen:
+            self._current()  # a change through the API: what is governed may have moved
         return self._governed is None or endpoint in self._governed
+
+    def admits(self, added: Sequence[Policy]) -> None:
+        """Raise PolicyError (one line, naming the policy and the problem) unless the file's
+        policies with `added` (the API's, as a change would leave them) validate against the
+        targets known now, as `_compile` validates them."""
+        policies = (*self.files, *added)
+        unique(policies)
+        settle(policies, self._catalog())
 
     async def check(self, call: McpMessage, ctx: CallContext) -> None:
         found = _CALLS.get(call.method or "")
@@ -191,9 +269,11 @@ class Gate:
         listing = _LISTS.get(call.method or "")
         if listing is None or ctx.virtual:  # a virtual endpoint's members decide their own
             return None
+        endpoint, governs = ctx.endpoint, self.governs(ctx.endpoint)
+        if not self.policies:
+            return None  # no policy yet: nothing to hide, nothing to validate
         key, field, method = listing
         first = not (call.params or {}).get("cursor")
-        endpoint, governs = ctx.endpoint, self.governs(ctx.endpoint)
 
         principal = ctx.principal
         zone, era = self._zone_of(ctx.peer_ip), ctx.era

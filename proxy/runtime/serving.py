@@ -43,6 +43,7 @@ from proxy.observability.logs import RequestLog
 from proxy.observability.metrics import Metrics
 from proxy.people.live import LiveUsers
 from proxy.pin_store import DatabasePins
+from proxy.policy_store import PolicyStore
 from proxy.runtime import reload
 from proxy.seen import LastSeen
 from proxy.seen_targets import stored_targets
@@ -210,7 +211,7 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
     grace = Grace(cfg.server.shutdown_grace_s)
     stack.callback(database.close)
     stack.push_async_callback(s.stores.aclose)
-    mirrors = Mirrors(given.registry_poll_s)  # servers, endpoints, pins, keys: one pool
+    mirrors = Mirrors(given.registry_poll_s)  # servers, endpoints, pins, keys, policies
     keys = KeyIndex(database, mirrors) if cfg.auth.mode == "jwt" else None
     if keys is not None:
         stack.callback(keys.close)
@@ -241,7 +242,8 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
                 s.stores.rate_limits, pin_store.pins, Hidden(), added_access,
                 book=TargetBook(stored_targets(database)[0]),  # as last seen
                 attributes_of=s.people.attributes if s.people is not None else None,
-                database=database)
+                database=database,
+                policies=PolicyStore(database, mirrors))  # the API's Cedar policies, polled
     live = compile(cfg, deps, gate=build_gate(cfg, s.base_dir, deps))
     s.routes.update(live.routes)
     virtual = {e.name: VirtualRoute.from_config(e) for e in cfg.endpoints}
