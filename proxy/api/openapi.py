@@ -31,13 +31,15 @@ from proxy.api.models import (
     UserPatch,
     UserPut,
 )
+from proxy.api.policies import PolicyIn, PolicyOut
 from proxy.api.status import MAX_NAMES
 from proxy.virtual.schema import EndpointIn, EndpointOut, EndpointPatch
 
 MODELS: tuple[type[BaseModel], ...] = (ServerIn, ServerPatch, ServerOut, KeyIn, MyKeyIn,
                                        KeyPut, KeyPatch, KeyOut, KeyCreated, UserIn, UserPut,
                                        UserOut, UserPatch, Me, UsageRow, Role, RoleIn,
-                                       RolePatch, EndpointIn, EndpointPatch, EndpointOut)
+                                       RolePatch, EndpointIn, EndpointPatch, EndpointOut,
+                                       PolicyIn, PolicyOut)
 ERRORS = {
     "400": "A precondition of the operation does not hold.",
     "401": "No credential, or an invalid or expired one.",
@@ -181,6 +183,22 @@ def _roles_and_me() -> dict[str, Any]:
                           conflict=True)},
         "/api/v1/me": {"get": _op("Who is calling, and whether they are an administrator",
                                   "200", _ref(Me))},
+    }
+
+
+def _policies() -> dict[str, Any]:
+    return {
+        "/api/v1/policies": {
+            "get": _op("List the Cedar policies: the config file's, then the API's, by id",
+                       "200", _list_of(PolicyOut)),
+            "post": _op("Create a Cedar policy (validated with the others before it is "
+                        "stored)", "201", _ref(PolicyOut), PolicyIn, conflict=True)},
+        "/api/v1/policies/{policy_id}": {
+            "get": _op("One policy", "200", _ref(PolicyOut), params=["policy_id"]),
+            "put": _op("Replace a policy of the API's (its version moves)", "200",
+                       _ref(PolicyOut), PolicyIn, ["policy_id"], conflict=True),
+            "delete": _op("Delete a policy of the API's", "204", None, params=["policy_id"],
+                          conflict=True)},
     }
 
 
@@ -410,8 +428,8 @@ def document(*, connections: bool = False) -> dict[str, Any]:
     """The document of the routes served: `connections` when the app serves
     /api/v1/me/connections (proxy.connect, with a per_user upstream)."""
     schemas = _schemas()
-    paths = {**_roles_and_me(), **_servers_and_keys(), **_users(), **_audit_and_usage(),
-             **_pins(), **_console(), **_status()}
+    paths = {**_roles_and_me(), **_servers_and_keys(), **_policies(), **_users(),
+             **_audit_and_usage(), **_pins(), **_console(), **_status()}
     if connections:
         paths.update(_connections())
     return {"openapi": "3.1.0",
