@@ -219,6 +219,11 @@ class Gate:
             self._current()  # a change through the API: what is governed may have moved
         return self._governed is None or endpoint in self._governed
 
+    def refresh(self) -> None:
+        """Take the latest change of the added policies now (a call takes it by itself): for
+        a reader of `policies` and `version` outside a call (the API, the console)."""
+        self._current()
+
     def admits(self, added: Sequence[Policy]) -> None:
         """Raise PolicyError (one line, naming the policy and the problem) unless the file's
         policies with `added` (the API's, as a change would leave them) validate against the

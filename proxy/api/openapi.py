@@ -189,8 +189,11 @@ def _roles_and_me() -> dict[str, Any]:
 def _policies() -> dict[str, Any]:
     return {
         "/api/v1/policies": {
-            "get": _op("List the Cedar policies: the config file's, then the API's, by id",
-                       "200", _list_of(PolicyOut)),
+            "get": _op("List the Cedar policies: the config file's, then the API's, by id, "
+                       "and the version each decided call's audit record names", "200",
+                       {**_list_of(PolicyOut), "required": ["items", "version"],
+                        "properties": {**_list_of(PolicyOut)["properties"],
+                                       "version": {"type": ["string", "null"]}}}),
             "post": _op("Create a Cedar policy (validated with the others before it is "
                         "stored)", "201", _ref(PolicyOut), PolicyIn, conflict=True)},
         "/api/v1/policies/{policy_id}": {

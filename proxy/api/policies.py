@@ -83,11 +83,15 @@ def _configs(gate: Gate | None) -> Sequence[Policy]:
 
 
 async def policies(who: Caller, api: Api) -> Response:
-    """Every policy: the config file's, then the API's, each by id."""
+    """Every policy: the config file's, then the API's, each by id; and `version`, the
+    digest of them all that each decided call's audit record names (null: no gate)."""
     store, gate = _serving()
+    rows = await store.rows()
     items = [_configured(p) for p in sorted(_configs(gate), key=lambda p: p.id)]
-    items += [_stored(r) for r in await store.rows()]
-    return json_response({"items": items})
+    items += [_stored(r) for r in rows]
+    if gate is not None:
+        gate.refresh()  # the store's latest change, as the next call would take it
+    return json_response({"items": items, "version": None if gate is None else gate.version})
 
 
 async def policy(who: Caller, api: Api, policy_id: str) -> Response:

@@ -232,6 +232,8 @@ async def test_a_created_policy_decides_the_next_call_and_a_deleted_one_stops(
             assert refusal["status"] == "denied"
             assert refusal["policy"]["policies"] == ["no-mallory"]
             first = refusal["policy"]["version"]
+            listed = (await site.client.get("/api/v1/policies")).json()
+            assert listed["version"] == first == bob["policy"]["version"]
             # replaced (shadow): the version in the audit moves, nothing is refused
             shadow = "@mode(\"shadow\")\n" + NO_MALLORY
             put = await site.client.put("/api/v1/policies/no-mallory", json={"text": shadow})
@@ -239,6 +241,8 @@ async def test_a_created_policy_decides_the_next_call_and_a_deleted_one_stops(
             await until(bank.allowed, what="the shadow policy letting the call through")
             latest = (await bank.records())[0]["policy"]
             assert latest["version"] != first and latest["shadow"] == "deny"
+            assert (await site.client.get("/api/v1/policies")).json()["version"] == \
+                latest["version"]
             assert latest["shadow_policies"] == ["no-mallory"]
             assert (await site.client.delete("/api/v1/policies/no-mallory")).status_code == 204
             assert (await site.client.delete("/api/v1/policies/up-open")).status_code == 204
