@@ -51,6 +51,8 @@ def _row(policy: Policy, counts: dict[str, Any] | None, pending: tuple[str, ...]
 
 async def policies(web: Web, user: User) -> Response:
     gate = _gate()
+    if gate is not None:
+        gate.refresh()  # a change made through another replica's API, taken now
     if gate is None or not gate.policies:
         return await render("policies.html", user, rows=[], gone=[], version=None)
     serving = held().serving
