@@ -1,5 +1,5 @@
-"""The README's worked examples are valid Cedar against the schema the gateway generates for
-the tools they name, and decide as the README says."""
+"""The worked examples of the docs' Policies page (docs/policies.md) are valid Cedar against the
+schema the gateway generates for the tools they name, and decide as the page says."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from policies.cedar import Call, Caller, Catalog, Policies, Target, parse, validate
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "policies.md"
 TOOLS = [
     Target.tool("pay", {"name": "transfer", "inputSchema": {
         "type": "object", "properties": {"amount": {"type": "integer"}, "to": {"type": "string"}},
@@ -28,14 +28,13 @@ MONDAY_NOON = dt.datetime(2026, 12, 7, 12, tzinfo=dt.UTC)
 
 
 def examples() -> str:
-    text = README.read_text()
-    start = text.index("## Policies")
-    return re.search(r"```cedar\n(.*?)```", text[start:], re.DOTALL).group(1)  # type: ignore[union-attr]
+    text = PAGE.read_text()
+    return re.search(r"```cedar\n(.*?)```", text, re.DOTALL).group(1)  # type: ignore[union-attr]
 
 
-def test_the_readme_examples_validate_and_decide_as_it_says() -> None:
+def test_the_policies_page_examples_validate_and_decide_as_it_says() -> None:
     catalog = Catalog(TOOLS, claims=["department"], attributes=["region"])
-    policies = parse(examples(), "README.md")
+    policies = parse(examples(), "docs/policies.md")
     validate(policies, catalog)  # raises naming the policy on any fault
     assert [p.id for p in policies] == ["small-payments", "security-label", "finance-only",
                                         "read-only", "office-hours", "eu-data"]
