@@ -7,7 +7,7 @@ VENV ?= .venv
 CONSTRAINTS ?= constraints.txt
 PIP_INSTALL = $(VENV)/bin/pip install --quiet -c $(CONSTRAINTS) --build-constraint $(CONSTRAINTS)
 
-.PHONY: demo test install bench conformance deploy-check constraints
+.PHONY: demo test install bench conformance deploy-check constraints docs docs-api
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +39,7 @@ test: $(VENV)/.installed
 		--jobs $(TEST_JOBS) -- $(PYTEST_ARGS)
 
 # The official MCP conformance suite, directly against an official-SDK server and through the
-# gateway, both eras; the same test is part of `make test` (README, "The conformance suite").
+# gateway, both eras; the same test is part of `make test` (docs/conformance.md).
 # It installs the two pinned suite releases (and Node 22 when the machine's node is older)
 # from the npm registry into .conformance/ on first use.
 conformance: $(VENV)/.installed
@@ -49,7 +49,18 @@ bench: $(VENV)/.installed
 	$(PIP_INSTALL) -e '.[test,bench]'
 	$(VENV)/bin/python bench/run.py
 
-# The deployment files and the package, checked statically (README, "Deployment"): compose
+# The docs site (mkdocs.yml, docs/), built strict into build/site: a broken link or anchor, or a
+# page left out of the navigation, fails it (tests/docs builds it the same way in `make test`).
+# It loads nothing from another host, so build/site/index.html opens offline.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
+
+# The management API's reference pages anew from the code (docs/api/openapi.json and
+# docs/api-reference.md), after a change to its routes or models; tests/docs fails until then.
+docs-api: $(VENV)/.installed
+	$(VENV)/bin/python -m tests.docs.api_reference
+
+# The deployment files and the package, checked statically (docs/deployment.md): compose
 # schema, nginx -t, kustomize renders validated, the wheel installed and run from a fresh venv.
 deploy-check:
 	.ci/deploy-check
@@ -69,7 +80,7 @@ constraints:
 	mv build/constraints.txt $(CONSTRAINTS)
 
 # Coverage-guided fuzzing (atheris) of the code that reads untrusted bytes: FUZZ_SECONDS per
-# target (README, "Fuzzing"). A crash is written to .fuzz/; the inputs that add coverage are
+# target (docs/fuzzing.md). A crash is written to .fuzz/; the inputs that add coverage are
 # merged into the committed corpus, tests/fuzz/corpus/<target>/. `make test` runs a short fixed
 # campaign of each target.
 .PHONY: fuzz
