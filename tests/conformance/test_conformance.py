@@ -1,6 +1,6 @@
 """The official MCP conformance suite, run against an official-SDK server twice per era: once
 directly and once through Tollhouse. Parity is the pass criterion: every check the upstream
-passes on its own must pass through the gateway too (README, "The conformance suite").
+passes on its own must pass through the gateway too (docs/conformance.md).
 
 The suite is installed from the npm registry into `.conformance/` on first use (see
 `tests/conformance/suite.py`). Without npm or the registry the test is skipped, except under
@@ -26,7 +26,7 @@ from tests.stack import gateway_stack
 ENDPOINT = "everything"
 
 # Checks that pass against the upstream alone and fail through Tollhouse *on purpose*, by
-# (era, scenario, check id), each with its reason. The README's conformance section lists the
+# (era, scenario, check id), each with its reason. docs/conformance.md lists the
 # same entries; a check failing because of a gateway defect does not belong here.
 EXEMPT: dict[tuple[str, str, str], str] = {}
 

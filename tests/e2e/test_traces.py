@@ -1,7 +1,7 @@
-"""Traces (README, "Traces"): the gateway on Hypercorn with tracing on, its spans in the SDK's
-in-memory exporter (through the real BatchSpanProcessor), the official SDK client in front and
-a real upstream behind that records the `traceparent` header and `params._meta` it receives;
-and one gateway whose OTLP/HTTP exporter posts to a local receiver."""
+"""Traces (docs/operations.md, "Traces"): the gateway on Hypercorn with tracing on, its spans in
+the SDK's in-memory exporter (through the real BatchSpanProcessor), the official SDK client in
+front and a real upstream behind that records the `traceparent` header and `params._meta` it
+receives; and one gateway whose OTLP/HTTP exporter posts to a local receiver."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ whose log names the replica that served each.
 
 How a key rotates today: nothing but the token endpoint (and start-up) rotates. Each token
 it issues calls `KeyRing.rotate_if_due`, which mints a key once the newest stored one is
-`oauth_server.key_rotation_s` old (no CLI command rotates). The bound tested is the README's:
+`oauth_server.key_rotation_s` old (no CLI command rotates). The bound tested is the docs':
 a key minted on one replica is in every replica's JWKS from `min(60 s, key_rotation_s)` after
 it was stored, and signs, on every replica, once published for `min(360 s, key_rotation_s /
 2)`.
@@ -227,7 +227,7 @@ def echoing(text: str) -> Callable[[Served], bool]:
 async def known_everywhere(w: World, http: httpx.AsyncClient, token: str) -> None:
     """Until each replica accepts `token`: one signed with a key another replica minted a
     moment ago is verified once this replica rereads the key table (an unknown key id rereads
-    it, at most once a second: README, "Several replicas")."""
+    it, at most once a second: docs/deployment.md, "Several replicas")."""
     for replica in w.replicas:
         async def accepted(url: str = replica.endpoint) -> bool:
             return answered(await call(http, url, token, "known"), "known")

@@ -252,7 +252,7 @@ async def test_a_json_answer_kept_nowhere_is_withheld() -> None:
     assert data.startswith(out) and len(out) < len(data)
 
 
-# -- notifications on a call's stream (guardrails, README "Guardrails") ----------------------
+# -- notifications on a call's stream (guardrails, docs/guardrails.md) ------------------------
 
 SECRET = "AKIAIOSFODNN7EXAMPLE"
 
