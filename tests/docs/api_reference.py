@@ -60,8 +60,11 @@ def _json_schema(part: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _routes(doc: dict[str, Any]) -> list[str]:
-    out = ["| Method | Path | What it does | Body | Success |", "|---|---|---|---|---|"]
+    """A section per path, a row per method."""
+    out: list[str] = []
     for path, item in doc["paths"].items():
+        out += ["", f"### `{path}`", "", "| Method | What it does | Body | Success |",
+                "|---|---|---|---|"]
         for method in METHODS:
             if method not in item:
                 continue
@@ -72,7 +75,7 @@ def _routes(doc: dict[str, Any]) -> list[str]:
                 f"{code}" + (f" {_type(schema)}"
                              if (schema := _json_schema(op["responses"][code])) else "")
                 for code in ok)
-            out.append(f"| {method.upper()} | `{path}` | {_cell(op.get('summary', ''))} | "
+            out.append(f"| {method.upper()} | {_cell(op.get('summary', ''))} | "
                        f"{_type(body) if body else ''} | {_cell(success)} |")
     return out
 
@@ -120,7 +123,6 @@ def page() -> str:
          "[Management API](management-api.md)."),
         "",
         "## Routes",
-        "",
         *_routes(doc),
         "",
         "## Errors",
