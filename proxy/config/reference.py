@@ -318,5 +318,14 @@ def _header(key: Key) -> str:
 def _row(key: Key, docs: str) -> str:
     default = f"`{key.default}`" if key.default and key.default != "required" else key.default
     choices = ", ".join(f"`{c}`" for c in key.choices)
-    cells = (f"`{key.path}`", key.kind, default, choices, key.doc, docs)
+    cells = (f"`{key.path}`", key.kind, default, choices, _text(key.doc), docs)
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def _text(comment: str) -> str:
+    """A comment as Markdown text: `<this>` shown, not taken for HTML, and `*` for itself
+    (code spans, between backticks, as they are)."""
+    parts = comment.split("`")
+    for i in range(0, len(parts), 2):
+        parts[i] = parts[i].replace("<", "&lt;").replace("*", "\\*")
+    return "`".join(parts)

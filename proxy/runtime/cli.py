@@ -1,4 +1,5 @@
-"""The console script: `tollhouse serve | demo | audit | usage | db | users | keys | policy`."""
+"""The console script: `tollhouse serve | demo | audit | usage | db | users | keys | policy
+| config`."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "serve": _serve, "demo": _demo, "keys": _keys, "usage": _usage, "users": _users,
-        "db": _db, "audit": _audit, "policy": _policy}
+        "db": _db, "audit": _audit, "policy": _policy, "config": _config}
     try:
         return commands[args.command](args)
     except ConfigError as exc:
@@ -89,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
         "rollups", help="rebuild the audit rollups (what the usage aggregates read) from the "
                         "audit records, after records were added or removed by other means")
     _config_arg(rollups)
+    config = sub.add_parser("config", help="the config file's keys")
+    config.add_subparsers(dest="config_command", required=True).add_parser(
+        "reference", help="print the Markdown reference of every key (docs/config-reference.md)")
     _account_commands(sub)
     _policy_commands(sub)
     return parser
@@ -335,6 +339,14 @@ def _demo_admin(url: str) -> str | None:
     finally:
         accounts.close()
     return password
+
+
+def _config(args: argparse.Namespace) -> int:
+    """`tollhouse config reference`: the reference generated from the config tables."""
+    from proxy.config import reference
+
+    sys.stdout.write(reference.render())
+    return 0
 
 
 def _db(args: argparse.Namespace) -> int:
