@@ -319,7 +319,7 @@ def _demo(args: argparse.Namespace) -> int:
             run_hypercorn(app, [f"fd://{gw_sock.detach()}"], 5.0, stop),
         )
 
-    asyncio.run(run())
+    run_loop(run())
     return 0
 
 

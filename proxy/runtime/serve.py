@@ -138,6 +138,9 @@ def run_loop(main: Coroutine[Any, Any, T], event_loop: str = "asyncio") -> T:
 
         factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
+        # once a process, here where the loop is made: `tollhouse demo` serves two apps on it
+        loop = runner.get_loop()
+        log.debug("event loop: %s.%s", type(loop).__module__, type(loop).__qualname__)
         return runner.run(main)
 
 
@@ -166,7 +169,6 @@ async def run_hypercorn(app: Any, binds: list[str], grace_s: float,
     hc.keep_alive_timeout = 75
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    log.info("event loop: %s.%s", type(loop).__module__, type(loop).__qualname__)
     tasks: set[asyncio.Task[Any]] = set()
     reloading = asyncio.Lock()
 

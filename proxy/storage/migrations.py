@@ -458,9 +458,12 @@ def apply(conn: Connection, dialect: Dialect,
         with suppress(Exception):
             conn.rollback()
         raise
+    # a new database's creation is one line; an upgrade names each migration it applied
+    if pending and not done:
+        log.info("database schema created at version %d", max(m.version for m in pending))
     for migration in pending:
-        log.info("database schema: applied migration %d (%s)", migration.version,
-                 migration.name)
+        log.log(logging.DEBUG if not done else logging.INFO,
+                "database schema: applied migration %d (%s)", migration.version, migration.name)
     return [m.version for m in pending]
 
 

@@ -45,7 +45,8 @@ async def test_the_gateway_serves_on_uvloop(tmp_path: Path) -> None:
     async with serve(app) as upstream:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "proxy", "serve", "--config",
-            str(_config(tmp_path, upstream, "uvloop")), stderr=asyncio.subprocess.PIPE)
+            str(_config(tmp_path, upstream, "uvloop")), "--log-level", "debug",
+            stderr=asyncio.subprocess.PIPE)
         assert proc.stderr is not None
         seen: list[str] = []
         try:
