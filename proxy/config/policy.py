@@ -20,9 +20,12 @@ _CLAIM = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]*$")
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    files: tuple[str, ...] = ()
-    claims: tuple[str, ...] = ()
-    mode: Literal["enforce", "shadow"] = "enforce"
+    """`[policy]`: Cedar policies deciding tools/call, resources/read and prompts/get on
+    the call itself, after the access rules (both must allow)."""
+
+    files: tuple[str, ...] = ()  # Cedar policy files; globs relative to the config file
+    claims: tuple[str, ...] = ()  # token claims exposed to policies as principal.claims
+    mode: Literal["enforce", "shadow"] = "enforce"  # "shadow": evaluate and audit, never refuse
 
 
 def check(cfg: Config) -> None:

@@ -145,7 +145,7 @@ def keys(cls: type[Any] = Config, prefix: str = "") -> Iterator[Key]:
         if table is None:
             yield Key(path, _kind(tp), _default(f), _choices(path, tp), doc)
         else:
-            yield Key(path, kind, "", (), _joined(doc, table))
+            yield Key(path, kind, "", (), _table_doc(doc, table))
             yield from keys(table, f"{path}{below}")
 
 
@@ -260,12 +260,12 @@ def field_docs(cls: type[Any]) -> dict[str, str]:
     return docs
 
 
-def _joined(comment: str, cls: Any) -> str:
-    """A table's description: the comment on its field, then its class's docstring."""
+def _table_doc(comment: str, cls: Any) -> str:
+    """A table's description: its class's docstring, else the comment on its field."""
     doc = inspect.getdoc(cls) or ""
     if doc == inspect.getdoc(object) or doc.startswith(f"{cls.__name__}("):
         doc = ""  # the dataclass's generated signature, not a description
-    return " ".join(part for part in (comment, " ".join(doc.split())) if part)
+    return " ".join(doc.split()) or comment
 
 
 def _kind(tp: Any) -> str:

@@ -13,18 +13,26 @@ from proxy.config.zones import DEFAULT_METADATA_ADDRESSES, ZONES
 
 @dataclass(frozen=True)
 class ServerConfig:
-    listen: str = "127.0.0.1:8080"
+    """`[server]`: where the gateway listens and how clients reach it, its limits, and its
+    processes."""
+
+    listen: str = "127.0.0.1:8080"  # host:port the gateway listens on
+    # how clients reach the gateway: in hints, metadata and JWT audiences
     public_url: str = "http://127.0.0.1:8080"
+    # a larger request body, declared or streamed: 413 before any other check
     max_request_bytes: int = 4 * 1024 * 1024
     # an answer the gateway must hold whole to rewrite it (a filtered list, a bridged result);
     # one nobody rewrites streams through at any size
     max_response_bytes: int = 16 * 1024 * 1024
+    # browser Origins allowed on /mcp besides public_url's; any other: 403
     allowed_origins: list[str] = field(default_factory=list)
+    # a session unused this long is forgotten (the client re-initializes)
     session_idle_timeout_s: float = 3600.0
-    max_sessions: int = 100_000
-    shutdown_grace_s: float = 10.0
+    max_sessions: int = 100_000  # sessions kept at most; the least recently used go first
+    shutdown_grace_s: float = 10.0  # on SIGTERM/SIGINT: how long calls in flight get to finish
     # a comment line on an SSE response this long idle, so proxies keep it open; 0: none
     sse_heartbeat_s: float = 15.0
+    # proxies (IPs or CIDR ranges) whose X-Forwarded-For decides the caller's zone
     trusted_proxies: list[str] = field(default_factory=list)
     # worker processes sharing the listen address (one socket, bound once by `tollhouse
     # serve`); more than one needs a shared [state] url (Redis)
@@ -59,38 +67,49 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class IssuerConfig:
-    issuer: str
-    jwks_url: str = ""
-    public_key_pem: str = ""
-    hs256_secret: str = ""
+    """One `[[auth.issuers]]` table: an issuer whose JWTs the gateway accepts, with exactly one
+    of `jwks_url`, `public_key_pem` or `hs256_secret`."""
+
+    issuer: str  # must equal the token's "iss"
+    jwks_url: str = ""  # where the issuer publishes its keys
+    public_key_pem: str = ""  # or its key: a PEM file (relative to the config) or PEM text
+    hs256_secret: str = ""  # or a shared secret for HS* tokens (use ${ENV})
+    # the algorithms accepted; each must fit the key type
     algorithms: list[str] = field(default_factory=lambda: ["RS256"])
-    audience: str = ""
-    subject_claim: str = "sub"
-    groups_claim: str = "groups"
-    scopes_claim: str = "scope"
-    name_claim: str = "name"
-    leeway_s: float = 30.0
-    jwks_refresh_s: float = 3600.0
-    jwks_min_refetch_s: float = 60.0
+    audience: str = ""  # empty: the endpoint's resource URL, public_url + "/mcp/<name>"
+    subject_claim: str = "sub"  # the claim that names the caller
+    groups_claim: str = "groups"  # a list, or a space or comma separated string
+    scopes_claim: str = "scope"  # space separated, as OAuth's "scope"
+    name_claim: str = "name"  # the caller's display name
+    leeway_s: float = 30.0  # clock skew allowed on exp and nbf
+    jwks_refresh_s: float = 3600.0  # the JWKS is refetched this often (keys are kept on failure)
+    jwks_min_refetch_s: float = 60.0  # an unknown kid refetches at most this often
 
 
 @dataclass(frozen=True)
 class LockoutConfig:
-    max_failures: int = 10
-    window_s: float = 60.0
-    lockout_s: float = 300.0
-    max_tracked: int = 100_000
+    """`[auth.lockout]`: repeated bad credentials from one client address (read through
+    `server.trusted_proxies`), or for one account at password sign-in, answer 429 for a while."""
+
+    max_failures: int = 10  # failures within window_s that lock
+    window_s: float = 60.0  # the window failures are counted in
+    lockout_s: float = 300.0  # how long a lock lasts (Retry-After)
+    max_tracked: int = 100_000  # addresses and credentials tracked at most
 
 
 @dataclass(frozen=True)
 class OidcConfig:
-    issuer: str = ""
-    client_id: str = ""
-    client_secret: str = ""
-    admin_group: str = ""
+    """`[auth.oidc]`: federated sign-in (OpenID Connect, code + PKCE); off while `issuer` is
+    empty."""
+
+    issuer: str = ""  # the provider's issuer URL; empty: federated sign-in off
+    client_id: str = ""  # this gateway's client at the provider
+    client_secret: str = ""  # e.g. "${OIDC_CLIENT_SECRET}"
+    admin_group: str = ""  # members of this group are Tollhouse administrators
+    # asked for at sign-in; must include openid
     scopes: list[str] = field(default_factory=lambda: ["openid", "profile", "email"])
-    groups_claim: str = "groups"
-    name_claim: str = "preferred_username"
+    groups_claim: str = "groups"  # where the ID token lists the user's groups
+    name_claim: str = "preferred_username"  # the user name (else the email, then sub)
 
     @property
     def enabled(self) -> bool:
@@ -99,25 +118,40 @@ class OidcConfig:
 
 @dataclass(frozen=True)
 class OAuthServerConfig:
-    enabled: bool = False
-    access_token_ttl_s: int = 600
+    """`[oauth_server]`: Tollhouse as the OAuth 2.1 authorization server of its endpoints
+    (needs auth.mode = "jwt" and TOLLHOUSE_SECRET_KEY)."""
+
+    enabled: bool = False  # MCP clients register and send people through /signin and consent
+    access_token_ttl_s: int = 600  # access tokens: ES256 JWTs for one endpoint (RFC 8707)
+    # refresh tokens rotate on every use; reuse revokes the family
     refresh_token_ttl_s: int = 2592000
-    code_ttl_s: int = 60
-    key_rotation_s: int = 86400
-    browser_session_ttl_s: int = 28800
+    code_ttl_s: int = 60  # authorization codes, used once
+    key_rotation_s: int = 86400  # a new signing key this often (old ones stay published)
+    browser_session_ttl_s: int = 28800  # the sign-in cookie's server-side session
+    # a rotated refresh token its client presents again this soon gets the same new tokens; 0:
+    # every reuse revokes the family
     refresh_grace_s: int = 10
+    # http://127.0.0.1 and [::1] redirect URIs match any port (RFC 8252 7.3)
     loopback_any_port: bool = True
-    reverse_domain_schemes: bool = True
+    reverse_domain_schemes: bool = True  # com.example.app:/cb redirect URIs (RFC 8252 7.1)
+    # the private-use redirect URI schemes of IDEs' MCP clients
     private_use_schemes: list[str] = field(default_factory=lambda: [
         "cursor", "vscode", "vscode-insiders", "windsurf"])
 
 
 @dataclass(frozen=True)
 class AuthConfig:
+    """`[auth]`: who callers are: one anonymous principal, or bearer JWTs and API keys."""
+
+    # "none": one anonymous principal, loopback only; "jwt": bearer JWTs and API keys
     mode: str = "none"
-    issuers: list[IssuerConfig] = field(default_factory=list)
+    issuers: list[IssuerConfig] = field(default_factory=list)  # the issuers whose JWTs are accepted
+    # named in each endpoint's protected-resource metadata (RFC 9728)
     authorization_servers: list[str] = field(default_factory=list)
+    # likewise (each endpoint adds its access.allow_scopes)
     scopes_supported: list[str] = field(default_factory=list)
+    # EC P-256 key (PEM file or text) signing the identity tokens upstreams with identity = "jwt"
+    # get; empty: one made at start-up
     signing_key_pem: str = ""
     lockout: LockoutConfig = field(default_factory=LockoutConfig)
     oidc: OidcConfig = field(default_factory=OidcConfig)
@@ -125,24 +159,31 @@ class AuthConfig:
 
 @dataclass(frozen=True)
 class ToolProfile:
+    # glob patterns the group's callers also get
     tools_allow: list[str] = field(default_factory=list)
-    tools_deny: list[str] = field(default_factory=list)
+    tools_deny: list[str] = field(default_factory=list)  # glob patterns denied to them
 
 
 @dataclass(frozen=True)
 class AccessConfig:
     """Who may use the endpoint, and which tools, prompts and resources (glob patterns)."""
 
+    # callers admitted by subject; all four empty: anyone authenticated
     allow_subjects: list[str] = field(default_factory=list)
-    allow_groups: list[str] = field(default_factory=list)
+    allow_groups: list[str] = field(default_factory=list)  # callers admitted by group
+    # by scope; a caller lacking them gets 403 insufficient_scope
     allow_scopes: list[str] = field(default_factory=list)
-    allow_keys: list[str] = field(default_factory=list)
+    allow_keys: list[str] = field(default_factory=list)  # callers admitted by API key id
+    # glob patterns ("search_*"); empty: every tool
     tools_allow: list[str] = field(default_factory=list)
-    tools_deny: list[str] = field(default_factory=list)
+    tools_deny: list[str] = field(default_factory=list)  # glob patterns; a deny always wins
+    # more tool patterns for the callers of a group
     group_tools: dict[str, ToolProfile] = field(default_factory=dict)
-    prompts_allow: list[str] = field(default_factory=list)
-    prompts_deny: list[str] = field(default_factory=list)
+    prompts_allow: list[str] = field(default_factory=list)  # the same for prompts, by name
+    prompts_deny: list[str] = field(default_factory=list)  # the same for prompts, by name
+    # and for resources, by URI or URI template
     resources_allow: list[str] = field(default_factory=list)
+    # and for resources, by URI or URI template
     resources_deny: list[str] = field(default_factory=list)
 
     @property
@@ -153,6 +194,10 @@ class AccessConfig:
 
 @dataclass(frozen=True)
 class DatabaseConfig:
+    """`[database]`: where everything persisted is kept (audit log, usage outbox, keys,
+    users, tokens, registered servers); its migrations run at start-up."""
+
+    # sqlite:///PATH (relative to the working directory) or postgresql://USER:PW@HOST:PORT/DB
     url: str = "sqlite:///tollhouse.db"
     # how long a statement waits for a lock another writer holds before the operation gives
     # up (the management API answers 503 with Retry-After)
@@ -187,7 +232,7 @@ class StateConfig:
     """Where the live state is kept (proxy.state): "memory", in this one process, or a Redis
     (`redis://` or `rediss://` for TLS) that every gateway process of a deployment shares."""
 
-    url: str = "memory"
+    url: str = "memory"  # "memory", or redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for TLS)
     key_prefix: str = "tollhouse:"  # every key and pub/sub channel starts with it
     # how long one Redis command may take before the request is answered 503 (and how long
     # connecting may take): the bound on detecting an unreachable Redis
@@ -202,14 +247,14 @@ class StateConfig:
 class UpstreamOAuthConfig:
     """How Tollhouse gets each person's own token for a per_user upstream."""
 
-    client_id: str = ""
-    client_secret: str = ""
-    authorization_endpoint: str = ""
-    token_endpoint: str = ""
-    revocation_endpoint: str = ""
-    scopes: list[str] = field(default_factory=list)
-    discover: bool = False
-    refresh_margin_s: float = 60.0
+    client_id: str = ""  # an explicit client; empty with discover: one is registered (RFC 7591)
+    client_secret: str = ""  # e.g. "${GITHUB_CLIENT_SECRET}"
+    authorization_endpoint: str = ""  # the upstream's authorization server; unless discover
+    token_endpoint: str = ""  # likewise, unless discover
+    revocation_endpoint: str = ""  # RFC 7009; used on disconnect when set
+    scopes: list[str] = field(default_factory=list)  # the scopes asked for
+    discover: bool = False  # find the endpoints from the upstream's metadata (RFC 9728, RFC 8414)
+    refresh_margin_s: float = 60.0  # a token is refreshed this long before it expires
     # the RFC 8707 resource the tokens are asked for; empty: the upstream's url (a stdio
     # upstream has none, so none is named unless set)
     resource: str = ""
@@ -221,8 +266,8 @@ class ScreeningConfig:
     "Guardrails"). "warn" audits a flagged one and passes it; "hide" also hides it."""
 
     mode: str = "warn"  # "off" | "warn" | "hide"
-    max_description_chars: int = 4096
-    max_schema_bytes: int = 65536
+    max_description_chars: int = 4096  # a longer description is flagged "oversized"
+    max_schema_bytes: int = 65536  # so is a schema over this many bytes (serialized)
 
 
 @dataclass(frozen=True)
@@ -238,10 +283,11 @@ class GuardrailRule:
     """One `[[guardrails]]` table: where to look for secrets and personal data, and what to do
     with what is found."""
 
-    name: str
+    name: str  # named in the audit record
     endpoints: list[str] = field(default_factory=list)  # empty: all
     tools: list[str] = field(default_factory=lambda: ["*"])  # tool, prompt names; resource URIs
-    on: list[str] = field(default_factory=lambda: ["arguments", "results"])
+    on: list[str] = field(default_factory=lambda: ["arguments", "results"])  # where to look
+    # what to look for ("entropy" too flags UUIDs and hashes)
     detect: list[str] = field(default_factory=lambda: [
         "secrets", "card_numbers", "iban", "email", "phone"])
     action: str = "redact"  # "redact" | "deny" | "audit"
@@ -259,21 +305,29 @@ class PlaceholderConfig:
 
 @dataclass(frozen=True)
 class UpstreamConfig:
-    name: str
+    """One `[[upstreams]]` table: an MCP server served at /mcp/<name>, over HTTP or stdio."""
+
+    name: str  # served at /mcp/<name>: letters, digits, '-', '_', '.'
     url: str = ""  # required for transport "http"; none for "stdio"
+    # static headers sent upstream (a credential); the client's are never sent
     headers: dict[str, str] = field(default_factory=dict)
-    timeout_s: float = 30.0
-    total_timeout_s: float = 300.0
+    timeout_s: float = 30.0  # connect and idle-read timeout
+    total_timeout_s: float = 300.0  # a call's ceiling; past it the call is cancelled
+    # who may use it, and which tools, prompts and resources
     access: AccessConfig = field(default_factory=AccessConfig)
-    identity: str = "none"
-    identity_audience: str = ""
-    era: str = "auto"
+    identity: str = "none"  # what the upstream learns of the caller: "none", "headers" or "jwt"
+    identity_audience: str = ""  # the identity token's audience; empty: the upstream's url
+    era: str = "auto"  # its protocol era: "auto" (learned), "legacy" (2025-11-25) or "modern"
+    # the destination zones it may be dialled in
     zones: list[str] = field(default_factory=lambda: list(ZONES))
+    # data-policy labels of what it serves (see [egress])
     collections: list[str] = field(default_factory=list)
-    auth: str = "static"
+    auth: str = "static"  # "static": the headers; "per_user": each person's own token
+    # auth = "per_user": how each person's token is got
     oauth: UpstreamOAuthConfig = field(default_factory=UpstreamOAuthConfig)
     screening: ScreeningConfig = field(default_factory=ScreeningConfig)
     pinning: PinningConfig = field(default_factory=PinningConfig)
+    # a per-caller url's {name}s: where each value comes from
     placeholders: dict[str, PlaceholderConfig] = field(default_factory=dict)
     max_resolved: int = 256  # per-caller URL: resolved upstreams (and pools) kept, LRU
 
@@ -285,13 +339,13 @@ class UpstreamConfig:
     # a local MCP server the gateway runs and speaks to on stdin/stdout (README, "Local
     # upstreams: stdio servers"); every key below is for transport = "stdio" only
     transport: str = "http"
-    command: str = ""
-    args: list[str] = field(default_factory=list)
+    command: str = ""  # the program, looked up on the PATH
+    args: list[str] = field(default_factory=list)  # its arguments
     env: dict[str, str] = field(default_factory=dict)  # the process's only environment
     cwd: str = ""  # empty: / (never the gateway's own directory, where its data may be)
-    process: str = "shared"  # or "per_user": one process per person
-    max_processes: int = 50
-    idle_stop_s: float = 600.0
+    process: str = "shared"  # "shared": one for all callers; "per_user": one per person
+    max_processes: int = 50  # per_user: at most this many at once
+    idle_stop_s: float = 600.0  # a process unused this long is stopped
     start_timeout_s: float = 30.0  # spawn to the answer to `initialize`
     token_env: str = ""  # per_user: the variable that carries the person's upstream token
     run_as: str = ""  # a user to run the process as (the gateway must be root to switch)
@@ -310,24 +364,29 @@ class EndpointConfig:
     """One `[[endpoints]]` table: a virtual endpoint, several upstreams behind one
     /mcp/<name> (proxy/virtual/)."""
 
-    name: str
-    members: list[str]
-    separator: str = "__"
-    list_timeout_s: float = 2.0
-    aliases: dict[str, str] = field(default_factory=dict)
+    name: str  # served at /mcp/<name>; not an upstream's name
+    members: list[str]  # the upstreams behind it ([[upstreams]] or registered servers)
+    separator: str = "__"  # an exposed name is <member><separator><name>
+    list_timeout_s: float = 2.0  # a member slower than this is left out of a list answer
+    aliases: dict[str, str] = field(default_factory=dict)  # exposed name = "<member>:<tool>"
+    # as an upstream's, by exposed name; each member's own still applies
     access: AccessConfig = field(default_factory=AccessConfig)
-    total_timeout_s: float = 300.0
+    total_timeout_s: float = 300.0  # a call's ceiling, as for an upstream
 
 
 @dataclass(frozen=True)
 class MeteringConfig:
+    """`[metering]`: the hook or webhook asked before each metered call, and sent one usage
+    event after it."""
+
     hook: str = ""        # "module:object" with async authorize(request) and record(event)
     url: str = ""         # or the HTTP webhook
     secret: str = ""      # HMAC-SHA256 key for the webhook's X-Tollhouse-Signature
-    timeout_ms: int = 500
-    on_error: str = "deny"
+    timeout_ms: int = 500  # authorize must answer within this
+    on_error: str = "deny"  # "deny" (fail closed) or "allow" when authorize cannot answer
+    # the JSON-RPC methods metered
     methods: list[str] = field(default_factory=lambda: ["tools/call"])
-    retry_max_s: float = 300.0
+    retry_max_s: float = 300.0  # the longest wait between usage delivery attempts
     # a delivered usage event stays in the outbox this long (to see what was sent), then goes
     keep_delivered_h: float = 24.0
 
@@ -342,12 +401,13 @@ class RateLimitRule:
     spell; 0 means the rate's own count, so "100/h" lets the hour's 100 calls come together,
     as "100 per hour" reads. A burst of 1 spaces every call evenly."""
 
-    name: str
-    key: str = "principal"
+    name: str  # named in the audit record
+    key: str = "principal"  # what one bucket counts for
+    # the JSON-RPC methods counted
     methods: list[str] = field(default_factory=lambda: ["tools/call"])
-    rate: str = "10/s"
-    burst: int = 0
-    endpoints: list[str] = field(default_factory=list)
+    rate: str = "10/s"  # n/s, n/min or n/h
+    burst: int = 0  # calls allowed at once; 0: the rate's own count
+    endpoints: list[str] = field(default_factory=list)  # empty: all
 
 
 @dataclass(frozen=True)
@@ -355,7 +415,9 @@ class EgressConfig:
     """`[egress]`. `collections` maps a data label to the farthest zone its data may be served
     to. `metadata_addresses` replaces, not extends, the built-in list."""
 
+    # label = the farthest zone its data may be served to
     collections: dict[str, str] = field(default_factory=dict)
+    # refused unless an upstream's url names one
     metadata_addresses: list[str] = field(default_factory=lambda: list(DEFAULT_METADATA_ADDRESSES))
 
 
@@ -364,12 +426,12 @@ class ObservabilityConfig:
     """`[observability]`: the Prometheus scrape endpoint, tracing and the log line format
     (README, "Operating Tollhouse"). `metrics_token` is a secret (use `${ENV}`)."""
 
-    metrics: bool = True
+    metrics: bool = True  # false: /metrics answers 404 and nothing is measured
     metrics_token: str = ""  # empty: no token, and /metrics answers only on loopback
-    metrics_public: bool = False  # unless this is true
+    metrics_public: bool = False  # true: /metrics answers any peer, not only loopback
     otlp_endpoint: str = ""  # empty: tracing off
-    service_name: str = "tollhouse"
-    log_format: str = "text"  # or "json"
+    service_name: str = "tollhouse"  # the spans' service.name
+    log_format: str = "text"  # "text" or "json" (one JSON object a line)
 
 
 @dataclass(frozen=True)
@@ -377,7 +439,7 @@ class ConsoleConfig:
     """`[console]`: the web console at /console/ (README, "Web console"), behind the sign-in
     pages, which it turns on."""
 
-    enabled: bool = True
+    enabled: bool = True  # false: /console/ answers 404
 
 
 @dataclass(frozen=True)

@@ -64,8 +64,8 @@ def test_what_a_key_does_is_the_comment_on_its_field() -> None:
     assert above.startswith("an answer the gateway must hold whole to rewrite it")
     assert field_docs(UpstreamConfig)["max_line_bytes"] == ("one JSON-RPC message on stdout, "
                                                            "at most")
-    assert field_docs(UpstreamConfig)["access"] == ""  # the property above it ends the comment
-    tables = {k.path: k.doc for k in keys() if k.table}
+    assert field_docs(UpstreamConfig)["transport"].startswith("a local MCP server")
+    tables = {k.path: k.doc for k in keys() if k.table}  # a table's: its class's docstring
     assert tables["upstreams[].screening"].startswith("`[upstreams.screening]`: the definitions")
 
 
