@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar, Protocol
 
@@ -126,6 +126,18 @@ class Added(Protocol):
 
     @property
     def policies(self) -> Sequence[Policy]: ...
+
+
+class _Done:
+    """An awaitable already finished (it yields nothing and is None)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return iter(())  # type: ignore[return-value]  # an iterator is all `await` needs
+
+
+DONE = _Done()
 
 
 class Gate:
@@ -232,10 +244,17 @@ class Gate:
         unique(policies)
         settle(policies, self._catalog())
 
-    async def check(self, call: McpMessage, ctx: CallContext) -> None:
+    def check(self, call: McpMessage, ctx: CallContext) -> Awaitable[None]:
+        """A call this gate decides nothing of (another method, a virtual endpoint's own
+        view, an endpoint no policy names: most calls) is answered with `DONE`, so the chain
+        awaits no coroutine for it; the others go to `_decide`."""
         found = _CALLS.get(call.method or "")
         if found is None or ctx.virtual or not self.governs(ctx.endpoint):
-            return
+            return DONE
+        return self._decide(call, ctx, found)
+
+    async def _decide(self, call: McpMessage, ctx: CallContext,
+                      found: tuple[str, str, str]) -> None:
         params = call.params or {}
         name = params.get(found[1])
         if not isinstance(name, str):
