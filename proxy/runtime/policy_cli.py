@@ -24,8 +24,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from policies.cedar import Call, Caller, Catalog, Policies, PolicyError, Target, could_permit
-from policies.cedar import load as load_policies
+from policies.cedar import (
+    Call,
+    Caller,
+    Catalog,
+    Policies,
+    Policy,
+    PolicyError,
+    Target,
+    could_permit,
+    read_policies,
+    validate,
+)
 from proxy.config import Config, ConfigError, load
 
 _METHODS = {"tool": "tools/call", "prompt": "prompts/get", "resource": "resources/read"}
@@ -113,20 +123,41 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _compiled(args: argparse.Namespace) -> Policies | None:
-    """The config's policies loaded and validated; None (the problem printed) when they are
-    not."""
+    """The policies the gateway decides with, the config file's and those stored through
+    /api/v1/policies, loaded and validated together; None (the problem printed) when they
+    are not, or when there are none."""
     cfg = _config(args)
-    if not cfg.policy.files:
-        print("tollhouse: policy: the config names no [policy] files", file=sys.stderr)
-        return None
-    catalog, _ = _catalog(cfg, args)
     try:
-        policies = load_policies(cfg.policy.files, Path(args.config).resolve().parent, catalog,
-                                 cfg.policy.mode)
+        files = read_policies(cfg.policy.files, Path(args.config).resolve().parent,
+                              cfg.policy.mode) if cfg.policy.files else []
+        added = _added(cfg)
+        if not files and not added:
+            print("tollhouse: policy: the config names no [policy] files and the database "
+                  "holds no policy", file=sys.stderr)
+            return None
+        catalog, _ = _catalog(cfg, args)
+        policies = [*files, *added]
+        validate(policies, catalog)
     except PolicyError as exc:
         print(f"tollhouse: {exc}", file=sys.stderr)
         return None
     return Policies(policies, catalog)
+
+
+def _added(cfg: Config) -> list[Policy]:
+    """The policies stored through /api/v1/policies (none when the table cannot be read), with
+    `[policy] mode = "shadow"` making them shadow as it does the files'."""
+    from proxy.policy_store import parse_one
+    from proxy.storage.db import Database
+
+    with Database(cfg.database.url) as database:
+        try:
+            with database.transaction() as conn:
+                rows = conn.execute("SELECT id, text, mode FROM policies ORDER BY id").fetchall()
+        except (*database.errors, *database.missing_table):
+            return []
+    return [parse_one(text, pid, "shadow" if cfg.policy.mode == "shadow" else mode)
+            for pid, text, mode in rows]
 
 
 def _catalog(cfg: Config, args: argparse.Namespace) -> tuple[Catalog, str]:

@@ -193,3 +193,19 @@ async def test_without_timed_collections_a_cycle_waits_for_the_threshold(thresho
         assert alive() is not None  # what the timed collections are for
         gc.collect()
         assert alive() is None
+
+
+@pytest.mark.parametrize("command", [["keys", "list"], ["users", "list"], ["db", "upgrade"],
+                                     ["audit"], ["usage"]])
+def test_each_command_migrates_a_fresh_database_in_a_fresh_process(
+        tmp_path: Path, command: list[str]) -> None:
+    """A command run alone (its own interpreter, nothing else imported) brings a new
+    database to the whole schema: the features that register their tables' migrations (the
+    audit rollups) are registered by the process, whichever command opens the database."""
+    config = tmp_path / "c.toml"
+    config.write_text(f'[database]\nurl = "sqlite:///{tmp_path}/fresh.db"\n'
+                      '[[upstreams]]\nname = "up"\nurl = "http://127.0.0.1:9/mcp"\n')
+    done = subprocess.run([sys.executable, "-m", "proxy", *command, "--config", str(config)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
