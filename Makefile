@@ -7,7 +7,7 @@ VENV ?= .venv
 CONSTRAINTS ?= constraints.txt
 PIP_INSTALL = $(VENV)/bin/pip install --quiet -c $(CONSTRAINTS) --build-constraint $(CONSTRAINTS)
 
-.PHONY: demo test install bench conformance deploy-check constraints docs docs-api
+.PHONY: demo test install bench conformance deploy-check constraints docs docs-api docs-config
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,11 @@ docs: $(VENV)/.installed
 # docs/api-reference.md), after a change to its routes or models; tests/docs fails until then.
 docs-api: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.docs.api_reference
+
+# The configuration reference anew from the config types (docs/config-reference.md), after a
+# change to a config key or to a docs page it links; tests/docs fails until then.
+docs-config: $(VENV)/.installed
+	$(VENV)/bin/tollhouse config reference > docs/config-reference.md
 
 # The deployment files and the package, checked statically (docs/deployment.md): compose
 # schema, nginx -t, kustomize renders validated, the wheel installed and run from a fresh venv.
