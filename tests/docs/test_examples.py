@@ -84,28 +84,40 @@ class Example:
         return f"{self.page}:{self.line}:{self.lang}"
 
 
+def _closing(lines: list[str], opening: int, fence: str) -> int | None:
+    """The line that closes the block opened at `opening` with `fence`, if any."""
+    return next((j for j in range(opening + 1, len(lines))
+                 if lines[j].strip().startswith(fence)
+                 and lines[j].strip().strip(fence[0]) == ""), None)
+
+
 def find(docs: Path = DOCS) -> tuple[list[Example], list[str]]:
-    """The marked blocks of every page under `docs`, and each misplaced marker (page:line)."""
+    """The marked blocks of every page under `docs`, and each misplaced marker (page:line).
+    A marker inside a code block (a page showing the marker itself) is text, not a marker."""
     found: list[Example] = []
     faults: list[str] = []
     for page in sorted(docs.rglob("*.md")):
         name = page.relative_to(docs).as_posix()
         lines = page.read_text(encoding="utf-8").splitlines()
-        for i, line in enumerate(lines):
-            if line.strip() != MARKER:
-                continue
-            opening = FENCE.match(lines[i + 1]) if i + 1 < len(lines) else None
-            if opening is None:
+        i = 0
+        while i < len(lines):
+            marked = lines[i].strip() == MARKER
+            fenced = i + marked < len(lines) and FENCE.match(lines[i + marked].lstrip())
+            if marked and not fenced:
                 faults.append(f"docs/{name}:{i + 1}: {MARKER} is not directly above a fence")
+            if not fenced:
+                i += 1
                 continue
-            fence, lang = opening.groups()
-            end = next((j for j in range(i + 2, len(lines))
-                        if lines[j].strip().startswith(fence)
-                        and lines[j].strip().strip(fence[0]) == ""), None)
+            start = i + marked
+            fence, lang = fenced.groups()
+            end = _closing(lines, start, fence)
             if end is None:
-                faults.append(f"docs/{name}:{i + 2}: the marked block is never closed")
-                continue
-            found.append(Example(name, i + 2, lang, "\n".join(lines[i + 2:end]) + "\n"))
+                faults.append(f"docs/{name}:{start + 1}: a code block is never closed")
+                break
+            if marked:
+                found.append(Example(name, start + 1, lang,
+                                     "\n".join(lines[start + 1:end]) + "\n"))
+            i = end + 1
     return found, faults
 
 
