@@ -64,7 +64,7 @@ DOCS = ROOT / "docs"
 MARKER = "<!-- example -->"
 FENCE = re.compile(r"^(`{3,}|~{3,})\s*([\w+-]*)")
 KINDS = {"toml": "toml", "sh": "shell", "bash": "shell", "python": "python"}
-AT_LEAST = {"toml": 6, "shell": 3, "python": 1}
+AT_LEAST = {"toml": 6, "shell": 6, "python": 1}
 TIMEOUT_S = 60.0  # one example's commands, end to end
 DEMO_MCP_URL = re.compile(r"MCP URL +(http://127\.0\.0\.1:\d+)/mcp/demo")
 
