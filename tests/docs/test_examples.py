@@ -155,16 +155,17 @@ def substitute(text: str, demo: Demo) -> str:
     return re.sub(r"/tmp/tollhouse-demo-[^/\s]*/tollhouse\.db", str(demo.db), text)
 
 
-def _mcp_url(proc: subprocess.Popen[bytes]) -> str:
+def _mcp_url(proc: subprocess.Popen[bytes], log: Path) -> str:
     """The demo's address from its first line on stdout; fails past the deadline or if it
-    exits first."""
+    exits first, showing what it logged."""
     assert proc.stdout is not None
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
-        assert sel.select(DEADLINE_S * 3), "tollhouse demo said nothing in time"
-    line = proc.stdout.readline().decode()
+        said = sel.select(DEADLINE_S * 3)
+    line = proc.stdout.readline().decode() if said else ""
     match = DEMO_MCP_URL.search(line)
-    assert match, f"tollhouse demo's first line: {line!r} (exit {proc.poll()})"
+    assert match, (f"tollhouse demo's first line: {line!r} (exit {proc.poll()}); it logged:\n"
+                   + log.read_text(errors="replace")[-3000:])
     return match.group(1)
 
 
@@ -178,9 +179,10 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
             [sys.executable, "-m", "proxy", "demo", "--port", "0", "--db", str(db)],
             stdout=subprocess.PIPE, stderr=log, cwd=tmp)
         try:
-            url = _mcp_url(proc)
+            url = _mcp_url(proc, tmp / "demo.log")
             # its socket listens before the banner: this waits in the backlog until it serves
-            assert httpx.get(f"{url}/readyz", timeout=DEADLINE_S * 3).status_code == 200
+            assert httpx.get(f"{url}/readyz", timeout=DEADLINE_S * 3,
+                             trust_env=False).status_code == 200
             work = tmp / "work"
             work.mkdir()
             (work / ".venv").symlink_to(sys.prefix, target_is_directory=True)
@@ -202,7 +204,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
 
 def _run(argv: list[str], demo: Demo, example: Example) -> None:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
-           f"{os.environ.get('PATH', '')}"}
+           f"{os.environ.get('PATH', '')}",
+           "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
     done = subprocess.run(argv, cwd=demo.workdir, env=env, capture_output=True, text=True,
                           timeout=TIMEOUT_S, check=False)
     assert done.returncode == 0, (
