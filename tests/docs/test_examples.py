@@ -17,6 +17,7 @@ What each language's example must do:
 - `sh` / `bash`: commands against a demo gateway (`tollhouse demo --port 0`, one for the
   module, on its own database). They run with `bash -e -o pipefail` (the first command that
   fails fails the example) within `TIMEOUT_S`, and must exit 0.
+  A `curl` in one says `-f` (`curl -fsS`): without it an HTTP error still exits 0.
 - `python`: a script against the same demo gateway (the SDK walk-through), run with this
   interpreter within `TIMEOUT_S`; it must exit 0.
 
