@@ -100,7 +100,7 @@ async def test_policies_decide_on_the_call_itself(tmp_path: Path, mode: str, ans
         assert (await client.call_tool("balance", {})).content[0].text == "42"
         sent = await client.call_tool("transfer", {"amount": 100, "to": "bob"})
         assert not sent.is_error and sent.content[0].text == "sent 100 to bob"
-        big = await client.call_tool("transfer", {"amount": 900, "to": "bob"})
+        big = await client.call_tool("transfer", {"amount": 987_654_321, "to": "bob"})
         to_mallory = await client.call_tool("transfer", {"amount": 5, "to": "mallory"})
         with pytest.raises(MCPError) as unknown:
             await client.call_tool("wipe", {})
@@ -110,7 +110,7 @@ async def test_policies_decide_on_the_call_itself(tmp_path: Path, mode: str, ans
     assert big.structured_content["message"] == "no policy permits this call"
     assert to_mallory.is_error and to_mallory.structured_content is not None
     assert to_mallory.structured_content["message"] == "transfers to mallory are not allowed"
-    assert "mallory" not in big.content[0].text and "900" not in big.content[0].text
+    assert "987654321" not in big.content[0].text
     assert unknown.value.error.code == -32602 and "wipe" in unknown.value.error.message
     assert bank.calls == [("balance", {}), ("transfer", {"amount": 100, "to": "bob"})]
     records = decided(stack)
@@ -123,7 +123,9 @@ async def test_policies_decide_on_the_call_itself(tmp_path: Path, mode: str, ans
     assert records[3]["policy"]["policies"] == ["never-mallory"]
     assert records[3]["denied_reason"] == "cedar: forbidden by never-mallory"
     assert len({r["policy"]["version"] for r in records}) == 1
-    assert "900" not in repr(records)  # an argument's value is never audited
+    # an argument's value is never audited (in what a record says of the call)
+    assert not any("987654321" in repr([r["denied_reason"], r["error_message"], r["note"],
+                                        r["policy"]]) for r in records)
 
 
 @pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
