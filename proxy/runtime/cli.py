@@ -312,10 +312,17 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"  audit log: tollhouse audit --db {db}", flush=True)
     print("  Ctrl-C to stop", flush=True)
 
+    # the demo's own MCP server says where it listens only at --log-level debug: the URL to
+    # paste is the gateway's, printed above
+    inner = "tollhouse.demo.upstream"
+    logging.getLogger(inner).setLevel(logging.DEBUG if args.log_level == "debug"
+                                      else logging.WARNING)
+
     async def run() -> None:
         stop = asyncio.Event()
         await asyncio.gather(
-            run_hypercorn(demo_app(), [f"fd://{demo_sock.detach()}"], 2.0, stop),
+            run_hypercorn(demo_app(), [f"fd://{demo_sock.detach()}"], 2.0, stop,
+                          errorlog=inner),
             run_hypercorn(app, [f"fd://{gw_sock.detach()}"], 5.0, stop),
         )
 

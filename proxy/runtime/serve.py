@@ -148,13 +148,15 @@ async def run_hypercorn(app: Any, binds: list[str], grace_s: float,
                          stop: asyncio.Event | None = None,
                          on_signal: Callable[[int], None] | None = None,
                          config_path: Path | None = None,
-                         env: confine.Environment | None = None) -> None:
+                         env: confine.Environment | None = None,
+                         errorlog: str = "hypercorn.error") -> None:
     """Serve `app` until SIGINT/SIGTERM (or `stop`); `on_signal` hears which signal stopped
     it. A stop signal drains a Tollhouse app first (`Serving.drain`: new calls refused, calls
     in flight given up to `grace_s`), then Hypercorn closes the connections within what is
     left of it; a second stop signal changes nothing. With `config_path`, SIGHUP reloads the
     config from it (`Serving.reload`), its `${VAR}`s read from `env`, the environment the
-    process started with (os.environ without it)."""
+    process started with (os.environ without it). `errorlog`: the logger Hypercorn's own
+    lines (`Running on ...`) go to."""
     from hypercorn.asyncio import serve
     from hypercorn.config import Config as HyperConfig
 
@@ -164,7 +166,7 @@ async def run_hypercorn(app: Any, binds: list[str], grace_s: float,
     hc = HyperConfig()
     hc.bind = binds
     hc.accesslog = None
-    hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.errorlog = logging.getLogger(errorlog)
     hc.graceful_timeout = grace_s
     hc.keep_alive_timeout = 75
     stop = stop or asyncio.Event()

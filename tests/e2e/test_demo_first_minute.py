@@ -45,5 +45,9 @@ async def test_the_demo_says_what_a_newcomer_needs_and_keeps_start_up_at_debug(
     assert [t for lvl, t in said if "event loop:" in t and lvl == "DEBUG"] != []
     assert len([t for _, t in said if "event loop:" in t]) == 1, said
     assert ("INFO", f"database schema created at version {migrations.LATEST}") in said
+    # one "Running on" line a newcomer may take for the URL: the gateway's (the demo's own
+    # MCP server's goes to a logger of its own, shown at debug only)
+    running = [logger for _, logger, text in lines if text.startswith("Running on")]
+    assert sorted(running) == ["hypercorn.error", "tollhouse.demo.upstream"], lines
     applied = [lvl for lvl, t in said if "applied migration" in t]
     assert applied == ["DEBUG"] * len(migrations.MIGRATIONS), said
