@@ -13,12 +13,11 @@ line(s). A field without one is listed with an empty description (`undocumented(
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import inspect
 import io
 import re
-import textwrap
+import sys
 import tokenize
 import typing
 import unicodedata
@@ -235,29 +234,71 @@ def _slug(text: str) -> str:
 
 def field_docs(cls: type[Any]) -> dict[str, str]:
     """Each field's comment in the class's source: the comment lines right above the field
-    and the comments on its own line(s), joined into one line."""
-    source = textwrap.dedent(inspect.getsource(cls))
+    and the comments on its own line(s), joined into one line. Read with `tokenize` alone:
+    `ast` (and `inspect.getsource`, which parses the module) can fail on CPython 3.11 with
+    "AST constructor recursion depth mismatch" while another thread compiles."""
+    lines = _class_lines(cls)
     comments: dict[int, str] = {}
     code_lines: set[int] = set()
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+    starts: list[tuple[int, str]] = []  # (line, field) of each `name: type` at the body's level
+    depth = 0
+    line_start = True
+    for tok in tokenize.generate_tokens(io.StringIO("".join(lines)).readline):
         if tok.type == tokenize.COMMENT:
             comments[tok.start[0]] = tok.string.lstrip("#").strip()
-        elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
-            code_lines.add(tok.start[0])
-    body = typing.cast(ast.ClassDef, ast.parse(source).body[0]).body
+            continue
+        if tok.type in (tokenize.NL, tokenize.NEWLINE):
+            line_start = tok.type == tokenize.NEWLINE or line_start
+            continue
+        if tok.type in (tokenize.INDENT, tokenize.DEDENT):
+            continue
+        code_lines.add(tok.start[0])
+        if tok.type == tokenize.OP and tok.string in "([{":
+            depth += 1
+        elif tok.type == tokenize.OP and tok.string in ")]}":
+            depth -= 1
+        if line_start and depth == 0 and tok.type == tokenize.NAME and tok.start[1] == 4:
+            starts.append((tok.start[0], tok.string))
+        line_start = False
+    fields = {name for name in getattr(cls, "__dataclass_fields__", {})}
+    ends = [line for line, _ in starts[1:]] + [len(lines) + 1]
     docs: dict[str, str] = {}
-    for node in body:
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+    for (line, name), following in zip(starts, ends, strict=True):
+        if name not in fields:
             continue
         above: list[str] = []
-        line = node.lineno - 1
-        while line in comments and line not in code_lines:
-            above.insert(0, comments[line])
-            line -= 1
-        end = node.end_lineno or node.lineno
-        after = [comments[n] for n in range(node.lineno, end + 1) if n in comments]
-        docs[node.target.id] = " ".join(above + after)
+        n = line - 1
+        while n in comments and n not in code_lines:
+            above.insert(0, comments[n])
+            n -= 1
+        end = max((c for c in code_lines if line <= c < following), default=line)
+        after = [comments[k] for k in range(line, end + 1) if k in comments]
+        docs[name] = " ".join(above + after)
     return docs
+
+
+def _class_lines(cls: type[Any]) -> list[str]:
+    """The source lines of `cls` (dedented to the class's own column), found by reading its
+    module's file: the `class` line and every line after it that is blank, a comment or
+    indented deeper."""
+    path = sys.modules[cls.__module__].__file__
+    assert path is not None
+    source = Path(path).read_text(encoding="utf-8").splitlines(keepends=True)
+    head = re.compile(rf"^(\s*)class {re.escape(cls.__name__)}\b")
+    for i, text in enumerate(source):
+        found = head.match(text)
+        if found is None:
+            continue
+        indent = len(found.group(1))
+        out = [text[indent:]]
+        for rest in source[i + 1:]:
+            if rest.strip() and len(rest) - len(rest.lstrip()) <= indent:
+                break
+            out.append(rest[indent:] if len(rest) > indent else rest.lstrip(" "))
+        while out and not out[-1].strip():
+            out.pop()
+        return out
+    raise ValueError(f"class {cls.__name__} not found in {path}")
 
 
 def _table_doc(comment: str, cls: Any) -> str:

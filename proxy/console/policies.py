@@ -17,6 +17,7 @@ from quart import Response
 
 from policies.cedar.gate import Gate
 from policies.cedar.load import Policy
+from proxy.api.audit import settled
 from proxy.audit import summary as aggregates
 from proxy.console.render import render
 from proxy.held import held
@@ -58,6 +59,7 @@ async def policies(web: Web, user: User) -> Response:
     serving = held().serving
     assert serving is not None  # a gate is only found while serving
     until = _minute()
+    await settled(serving.api)  # this process's calls counted: their records committed first
     day = await serving.api.aggregate(aggregates.policy_denials, since=until - DAY_S,
                                       until=until)
     counts = {item["policy"]: item for item in day["items"]}
