@@ -1,5 +1,4 @@
-"""The gateway's own process, closed to the processes it starts (README, "Local upstreams:
-stdio servers").
+"""The gateway's own process, closed to the processes it starts (docs/per-caller-and-stdio.md).
 
 Its secrets leave the process environment once read (`Environment`): `tollhouse serve` keeps
 a private copy of the environment it started with, reads the config's `${VAR}`s and its own

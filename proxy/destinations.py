@@ -167,7 +167,7 @@ class UpstreamEgress:
     def local(cls, name: str, collections: Iterable[str] = ()) -> UpstreamEgress:
         """A process the gateway runs (a stdio upstream): no host, so no destination check;
         its collection labels still decide who may receive its data. What the process
-        itself dials is outside these rules (README, "Local upstreams: stdio servers")."""
+        itself dials is outside these rules (docs/per-caller-and-stdio.md)."""
         return cls(name, "", 0, ZONES, tuple(collections))
 
 

@@ -1,4 +1,4 @@
-"""Guardrails for third-party servers (README, "Guardrails"): one policy, order 400, after
+"""Guardrails for third-party servers (docs/guardrails.md): one policy, order 400, after
 egress and before metering, so a call it denies is never billed.
 
 - `check`: a tool, prompt or resource that screening or pinning hid answers as an unknown one

@@ -1,7 +1,7 @@
 """Screening a tool's, prompt's or resource's definition before a client (and its model) reads
 it: what `screen` returns is the list of rules the definition breaks, empty when it is clean.
 
-The rules (README, "Guardrails"):
+The rules (docs/guardrails.md):
 - `invisible`: a character a person does not see but a model reads: the Unicode tags block
   (U+E0000-E007F), zero-width characters (U+200B-200D, U+2060-2064, U+FEFF, U+180E) and the
   bidirectional controls (U+200E-200F, U+202A-202E, U+2066-2069, U+061C);

@@ -1,5 +1,5 @@
-"""/api/v1/pins: the guardrails' tool definitions changed since they were pinned (README,
-"Guardrails"). GET lists the changes waiting, each with a diff of the definition; approving one
+"""/api/v1/pins: the guardrails' tool definitions changed since they were pinned
+(docs/guardrails.md). GET lists the changes waiting, each with a diff of the definition; approving one
 makes it the pin (the tool is shown again), rejecting one keeps that definition hidden. Each
 approval and rejection is one audit record: the change's own (`endpoint.audited`, endpoint
 `/api/v1`), named here (method `pins/approve` or `pins/reject`, the tool; the hash decided and

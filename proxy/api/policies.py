@@ -1,4 +1,4 @@
-"""/api/v1/policies: the Cedar policies the gateway decides with (README, "Policies"), those of
+"""/api/v1/policies: the Cedar policies the gateway decides with (docs/policies.md), those of
 the config file's `[policy] files` (read-only, `source: config`) and those created here
 (stored, `source: api`, proxy.policy_store), and their bodies.
 

@@ -4,7 +4,7 @@ of reads) and /api/v1/sessions (the live gateway sessions, per endpoint).
 
 Health is read from the audit log, never kept apart: the server's records of the last
 `RECENT_S` and of the last hour (`aggregates.health`). `state` says in one word what those
-figures mean (README, "Server status"):
+figures mean (docs/management-api.md):
 
 - "idle": no call to the server in the last `RECENT_S`;
 - "failing": at least `FAILING_RATE` of those calls were errors, or the latest was one;

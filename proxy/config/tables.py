@@ -262,8 +262,8 @@ class UpstreamOAuthConfig:
 
 @dataclass(frozen=True)
 class ScreeningConfig:
-    """`[upstreams.screening]`: the definitions an upstream lists, checked (README,
-    "Guardrails"). "warn" audits a flagged one and passes it; "hide" also hides it."""
+    """`[upstreams.screening]`: the definitions an upstream lists, checked
+    (docs/guardrails.md). "warn" audits a flagged one and passes it; "hide" also hides it."""
 
     mode: str = "warn"  # "off" | "warn" | "hide"
     max_description_chars: int = 4096  # a longer description is flagged "oversized"
@@ -336,8 +336,8 @@ class UpstreamConfig:
         """A per-caller upstream: its URL has placeholders."""
         return "{" in self.url or bool(self.placeholders)
 
-    # a local MCP server the gateway runs and speaks to on stdin/stdout (README, "Local
-    # upstreams: stdio servers"); every key below is for transport = "stdio" only
+    # a local MCP server the gateway runs and speaks to on stdin/stdout
+    # (docs/per-caller-and-stdio.md); every key below is for transport = "stdio" only
     transport: str = "http"
     command: str = ""  # the program, looked up on the PATH
     args: list[str] = field(default_factory=list)  # its arguments
@@ -424,7 +424,7 @@ class EgressConfig:
 @dataclass(frozen=True)
 class ObservabilityConfig:
     """`[observability]`: the Prometheus scrape endpoint, tracing and the log line format
-    (README, "Operating Tollhouse"). `metrics_token` is a secret (use `${ENV}`)."""
+    (docs/operations.md). `metrics_token` is a secret (use `${ENV}`)."""
 
     metrics: bool = True  # false: /metrics answers 404 and nothing is measured
     metrics_token: str = ""  # empty: no token, and /metrics answers only on loopback
@@ -436,7 +436,7 @@ class ObservabilityConfig:
 
 @dataclass(frozen=True)
 class ConsoleConfig:
-    """`[console]`: the web console at /console/ (README, "Web console"), behind the sign-in
+    """`[console]`: the web console at /console/ (docs/console.md), behind the sign-in
     pages, which it turns on."""
 
     enabled: bool = True  # false: /console/ answers 404

@@ -1,5 +1,5 @@
-"""Virtual endpoints: several upstream members behind one /mcp/<name> (README, "Virtual
-endpoints"). `VirtualRoute` is what the edge routes; `VirtualForwarder` is the forwarding step
+"""Virtual endpoints: several upstream members behind one /mcp/<name>
+(docs/virtual-endpoints.md). `VirtualRoute` is what the edge routes; `VirtualForwarder` is the forwarding step
 the spine takes for it."""
 
 from proxy.virtual.route import VirtualRoute

@@ -16,7 +16,7 @@ SEPARATOR = SEPARATOR_RULE.pattern
 
 
 class EndpointIn(Strict):
-    """Several upstream servers behind one /mcp/<name> (README, "Virtual endpoints")."""
+    """Several upstream servers behind one /mcp/<name> (docs/virtual-endpoints.md)."""
 
     name: str = Field(pattern=NAME)
     members: list[Member] = Field(min_length=1, max_length=64)
