@@ -130,6 +130,6 @@ def compile(cfg: Config, deps: Deps, before: Live | None = None,
     chain = Chain(default_policies(cfg, metering=backend, egress=egress,
                                    rate_limits=deps.rate_limits, pins=deps.pins,
                                    hidden=deps.hidden, added_access=deps.added_access,
-                                   cedar=gate))
+                                   cedar=gate if gate is not None and gate.active else None))
     access = next((p for p in chain.policies if isinstance(p, Access)), None)
-    return Live(cfg, chain, routes, backend, access)
+    return Live(cfg, chain, routes, backend, access, gate)

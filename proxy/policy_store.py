@@ -67,6 +67,7 @@ class PolicyStore:
         self._rows: dict[str, Stored] = {}
         self.policies: tuple[Policy, ...] = ()
         self.version = 0  # moves with every change applied here
+        self._listeners: list[Callable[[], None]] = []
         self._mirror = mirrors.mirror("policies", self._read_version, self._read_all,
                                       self._apply, errors=database.errors)
         self._apply(self._mirror.load_now())
@@ -79,6 +80,12 @@ class PolicyStore:
         self._rows = rows
         self.policies = tuple(r.policy for r in sorted(rows.values(), key=lambda r: r.id))
         self.version += 1
+        for listener in self._listeners:
+            listener()
+
+    def listen(self, listener: Callable[[], None]) -> None:
+        """`listener()` after each change applied (on the event loop, nothing awaited)."""
+        self._listeners.append(listener)
 
     async def sync(self) -> None:
         """Catch up with changes other gateways made, if any."""

@@ -19,6 +19,7 @@ from proxy.config import Config
 
 if TYPE_CHECKING:
     from policies.access import Access
+    from policies.cedar.gate import Gate
     from policies.metering import MeteringBackend
     from proxy.upstream import UpstreamRoute
 
@@ -31,3 +32,6 @@ class Live:
     routes: Mapping[str, UpstreamRoute] = field(default_factory=dict)
     backend: MeteringBackend | None = None  # [metering]'s, timed when there are metrics
     access: Access | None = None  # the chain's access policy (what a consent page asks)
+    # the Cedar gate built for this config, whether or not it is in the chain: one with no
+    # policy stays out of it (the API's first policy puts it in: Serving.policies_changed)
+    gate: Gate | None = None

@@ -231,6 +231,13 @@ class Gate:
             self._current()  # a change through the API: what is governed may have moved
         return self._governed is None or endpoint in self._governed
 
+    @property
+    def active(self) -> bool:
+        """Whether any policy is loaded, the file's or the API's as of now: a gate with none
+        stays out of the chain and costs a call nothing (proxy.compiled, Serving)."""
+        self.refresh()
+        return bool(self.policies)
+
     def refresh(self) -> None:
         """Take the latest change of the added policies now (a call takes it by itself): for
         a reader of `policies` and `version` outside a call (the API, the console)."""

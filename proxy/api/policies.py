@@ -74,8 +74,7 @@ def _serving() -> tuple[PolicyStore, Gate | None]:
     store = serving.deps.policies if serving is not None else None
     if serving is None or store is None:
         raise NotFound("policies are not managed through this API here")
-    gate = next((p for p in serving.gateway.live.chain.policies if isinstance(p, Gate)), None)
-    return store, gate
+    return store, serving.gateway.live.gate
 
 
 def _configs(gate: Gate | None) -> Sequence[Policy]:

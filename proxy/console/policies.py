@@ -39,7 +39,7 @@ def _gate() -> Gate | None:
     serving = held().serving
     if serving is None:
         return None
-    return next((p for p in serving.gateway.live.chain.policies if isinstance(p, Gate)), None)
+    return serving.gateway.live.gate
 
 
 def _row(policy: Policy, counts: dict[str, Any] | None, pending: tuple[str, ...]

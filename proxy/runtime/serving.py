@@ -14,6 +14,7 @@ the stores and the database go last (opened first).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Collection
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -31,6 +32,7 @@ from proxy.audit import AuditRecord, AuditSink, DatabaseAuditSink
 from proxy.audit.outbox import OutboxWorker
 from proxy.auth.authenticator import Authenticator, BearerAuth, NoAuth
 from proxy.auth.keys import KeyIndex
+from proxy.chain import Chain
 from proxy.compiled import Deps, build_gate, compile
 from proxy.config import MeteringConfig
 from proxy.confine import Environment
@@ -167,6 +169,21 @@ class Serving:
     def draining(self, value: bool) -> None:
         self.gateway.draining = value
 
+    def policies_changed(self) -> None:
+        """The API's policies changed (here, or on another gateway: the mirror): the Cedar
+        gate joins the chain when it has its first policy, and leaves it with its last, so a
+        gateway without policies pays nothing for the gate. Nothing awaits."""
+        live = self.gateway.live
+        gate = live.gate
+        if gate is None:
+            return
+        present = any(p is gate for p in live.chain.policies)
+        if gate.active == present:
+            return
+        others = [p for p in live.chain.policies if p is not gate]
+        chain = Chain(others if present else [*others, gate])
+        self.gateway.live = dataclasses.replace(live, chain=chain)
+
     def swap(self, live: Live, gone: Collection[str] = ()) -> None:
         """`live`'s routes served, the upstreams in `gone` no more, the registries rebased on
         its config and the snapshot the next call reads swapped in. Nothing awaits: a reload
@@ -263,6 +280,8 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
                       api=api, tracing=tracing)
     if outbox is not None:
         outbox.use(live.backend, cfg.metering)
+    if deps.policies is not None:
+        deps.policies.listen(serving.policies_changed)
     mirrors.start()  # what other processes change: servers, endpoints, pins, polled
     stack.push_async_callback(mirrors.stop)
     await seen.start()

@@ -217,9 +217,16 @@ async def test_a_created_policy_decides_the_next_call_and_a_deleted_one_stops(
         site = w.sites[0]
         async with connect(site.endpoint("up"), headers=w.auth) as client:
             bank = Bank(client, w.database)
+
+            def chained() -> bool:  # the gate is in the chain only while it has a policy
+                serving = site.services.serving
+                return serving is not None and "cedar" in serving.gateway.live.chain.names
+
             assert await bank.allowed()  # no policy: nothing decided
             assert (await bank.records())[0]["policy"] is None
+            assert not chained()
             assert (await create(site.client, OPEN)).status_code == 201
+            assert chained()
             assert (await create(site.client, NO_MALLORY, id="no-mallory")).status_code == 201
             await until(bank.refused, what="the created policy refusing")
             denied = await bank.transfer()
@@ -246,6 +253,7 @@ async def test_a_created_policy_decides_the_next_call_and_a_deleted_one_stops(
             assert latest["shadow_policies"] == ["no-mallory"]
             assert (await site.client.delete("/api/v1/policies/no-mallory")).status_code == 204
             assert (await site.client.delete("/api/v1/policies/up-open")).status_code == 204
+            assert not chained()
             assert await bank.allowed()
             assert (await bank.records())[0]["policy"] is None  # nothing decides any more
 
