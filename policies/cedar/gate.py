@@ -46,7 +46,7 @@ from typing import Any, ClassVar, Protocol
 from policies.cedar.book import TargetBook
 from policies.cedar.decide import Call, Caller, Decision, Policies
 from policies.cedar.listing import Lister, names_input
-from policies.cedar.load import Mode, Policy, PolicyError, reachable, validate
+from policies.cedar.load import Mode, Policy, PolicyError, reachable, unique, validate
 from policies.cedar.schema import Catalog
 from proxy.auth.principal import Principal
 from proxy.chain import CallContext
@@ -105,16 +105,6 @@ def governed(policies: Iterable[Policy]) -> frozenset[str] | None:
         named.add(uid if str(entity.get("type", "")).endswith("::Endpoint")
                   else uid.partition("/")[0])
     return frozenset(named)
-
-
-def unique(policies: Sequence[Policy]) -> None:
-    """Raise PolicyError when two policies share an id (a decision names them by it)."""
-    seen: dict[str, str] = {}
-    for policy in policies:
-        if policy.id in seen:
-            raise PolicyError(f"policy: {policy.file}: policy id '{policy.id}' is also used "
-                              f"in {seen[policy.id]}")
-        seen[policy.id] = policy.file
 
 
 class Added(Protocol):

@@ -76,13 +76,18 @@ def read_policies(patterns: Iterable[str], base_dir: Path,
         except (OSError, UnicodeDecodeError) as exc:
             raise PolicyError(f"policy: {name}: cannot read: {exc}") from None
         policies.extend(parse(text, name, mode))
+    unique(policies)
+    return policies
+
+
+def unique(policies: Sequence[Policy]) -> None:
+    """Raise PolicyError when two policies share an id (a decision names them by it)."""
     seen: dict[str, str] = {}
     for policy in policies:
         if policy.id in seen:
             raise PolicyError(f"policy: {policy.file}: policy id '{policy.id}' is also used "
                               f"in {seen[policy.id]}")
         seen[policy.id] = policy.file
-    return policies
 
 
 def parse(text: str, file: str, mode: Mode = "enforce") -> list[Policy]:
