@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.config import (
+    audit_exports,
     auth,
     endpoints,
     guardrails,
@@ -63,7 +64,7 @@ def validate(cfg: Config, base_dir: Path) -> None:
         server.check, functools.partial(auth.check, base_dir=base_dir), stores.check_database,
         stores.check_state, server.check_processes, upstreams.check, endpoints.check,
         observability.check, metering.check, guardrails.check, rates.check, zones.check,
-        policy.check,
+        policy.check, audit_exports.check,
     )
     for check in checks:
         check(cfg)

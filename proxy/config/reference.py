@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from proxy.config.audit_exports import EXPORT_FORMATS, EXPORT_KINDS
 from proxy.config.guardrails import GUARDRAIL_DETECT
 from proxy.config.observability import LOG_FORMATS
 from proxy.config.rates import RATE_LIMIT_KEYS
@@ -61,6 +62,8 @@ CHOICES: Mapping[str, tuple[str, ...]] = {
     "guardrails[].on": ("arguments", "results"),
     "guardrails[].detect": GUARDRAIL_DETECT,
     "guardrails[].action": ("redact", "deny", "audit"),
+    "audit.exports[].kind": EXPORT_KINDS,
+    "audit.exports[].format": EXPORT_FORMATS,
 }
 
 # which part of the docs explains a key: the longest path prefix listed here, a page of docs/
@@ -112,6 +115,7 @@ PAGES: Mapping[str, str] = {
     "guardrails": "guardrails.md#",
     "console": "console.md#",
     "policy": "policies.md#",
+    "audit.exports": "audit-export.md#",
 }
 
 

@@ -443,6 +443,46 @@ class ConsoleConfig:
 
 
 @dataclass(frozen=True)
+class ExportConfig:
+    """One `[[audit.exports]]` table: a receiver every audit record is streamed to, at least
+    once, through a durable outbox (docs/audit-export.md). `token` and `secret` are secrets
+    (use `${ENV}`): never logged."""
+
+    name: str  # names the export in metrics, logs and the console
+    kind: str  # "syslog" | "otlp" | "splunk_hec" | "webhook"
+    # syslog: tcp://host:port or tls://host:port; the others: an http:// or https:// URL
+    # (otlp: the full logs URL, e.g. http://collector:4318/v1/logs; splunk_hec: the HEC's
+    # address, /services/collector/event added when the URL has no path)
+    url: str
+    format: str = "ocsf"  # "ocsf" (OCSF 1.x API Activity, class 6003) or "native"
+    # splunk_hec only: the HEC token, sent as "Authorization: Splunk <token>"
+    token: str = field(default="", repr=False)
+    # webhook only (required there): the HMAC-SHA256 key of the Tollhouse-Signature header
+    secret: str = field(default="", repr=False)
+    # a PEM file of the CA certificates to trust for tls:// and https:// (relative to the
+    # config); empty: the system's
+    ca_file: str = ""
+    # otlp, splunk_hec and webhook: headers sent with every request (an Authorization, say;
+    # never logged)
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+    facility: int = 13  # syslog: the RFC 5424 facility (13: log audit)
+    # records queued for this export at most; beyond, new records are not queued for it and
+    # are counted as dropped (they stay in the audit log), until the backlog falls below
+    max_backlog: int = 1_000_000
+    batch: int = 100  # records sent at a time (one request, or one burst of syslog frames)
+    timeout_s: float = 10.0  # one send's limit (connect, write, the receiver's answer)
+    retry_max_s: float = 300.0  # the longest wait between attempts while the receiver fails
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """`[audit]`: the audit log beyond the database it is written to (docs/audit-export.md)."""
+
+    # every audit record streamed to each receiver listed here (a SIEM, a log pipeline)
+    exports: list[ExportConfig] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -458,6 +498,7 @@ class Config:
     guardrails: list[GuardrailRule] = field(default_factory=list)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
 
     def upstream(self, name: str) -> UpstreamConfig | None:
         return next((u for u in self.upstreams if u.name == name), None)

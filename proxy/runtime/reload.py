@@ -3,7 +3,7 @@
 The tables each call decides by (upstreams, their access rules and tool profiles, identity,
 headers and timeouts, `[[rate_limits]]`, `[metering]`, `[egress] collections`) apply from
 the next call. The rest is fixed while the process runs: the listen address, the database,
-the state store and the workers, and with them every key that start-up wires into a
+the state store and the workers, the audit exports, and with them every key that start-up wires into a
 long-lived object (all of `[server]`, `[auth]`, `[oauth_server]`, the metadata addresses, and
 per-user upstreams, whose connections and sign-in routes exist only as started). A reload
 that changes one of those keeps its running value and names the key in its one log line.
@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("tollhouse")
 
 # the tables and keys that keep their start-up values, in the order the log line names them
+# (the metrics, tracer and log format are built once, at start; so are the audit exports'
+# workers and the audit writer's list of them)
 FIXED = ("server", "auth", "database", "state", "oauth_server", "egress.metadata_addresses",
-         "observability")  # the metrics, tracer and log format are built once, at start
+         "observability", "audit.exports")
 
 
 async def reload(serving: Serving, path: Path, env: Environment | None = None) -> bool:
@@ -109,6 +111,8 @@ def applied(running: Config, read: Config) -> Config:
                                database=running.database, state=running.state,
                                oauth_server=running.oauth_server, egress=egress,
                                observability=running.observability,
+                               audit=dataclasses.replace(read.audit,
+                                                         exports=running.audit.exports),
                                upstreams=[*upstreams, *kept.values()])
 
 

@@ -90,6 +90,7 @@ _SEEDS: dict[str, dict[str, Any]] = {
     "upstreams": {"name": "up", "url": "http://127.0.0.1:9/mcp"},
     "rate_limits": {"name": "r"},
     "guardrails": {"name": "g"},
+    "audit.exports": {"name": "siem", "kind": "syslog", "url": "tcp://127.0.0.1:6514"},
 }
 
 
