@@ -42,11 +42,14 @@ class Leg:
     bearer: str | None = None  # this person's own upstream token (per_user upstreams)
     route: UpstreamRoute | None = None  # where it went (a virtual endpoint's member)
     learn: Rewrite | None = None  # a list's reader, before any rule filters it (names.py)
+    # what the client is shown in place of the upstream's own, once the policies have read
+    # and rewritten the result (a virtual endpoint's member URIs: proxy/virtual/uris.py)
+    shown: Rewrite | None = None
 
     def rewrite(self, rewrite: Rewrite | None, method: str | None) -> Rewrite | None:
         """The policies' result rewrite, plus what this leg's bridge does to a result (and,
-        first, what the gateway learns from it)."""
-        rewrite = after(self.learn, rewrite)
+        first, what the gateway learns from it; last, what the client is shown instead)."""
+        rewrite = then(after(self.learn, rewrite), self.shown)
         if self.bridged and not self.legacy_result:
             return _with_completion(rewrite, method)
         if self.to_legacy_client:
@@ -158,6 +161,18 @@ def after(seen: Rewrite | None, rewrite: Rewrite | None) -> Rewrite | None:
     def both(result: dict[str, Any]) -> bool:
         seen(result)
         return rewrite(result)
+
+    return both
+
+
+def then(rewrite: Rewrite | None, last: Rewrite | None) -> Rewrite | None:
+    """`rewrite`, then `last` (True: either changed the result)."""
+    if rewrite is None or last is None:
+        return rewrite or last
+
+    def both(result: dict[str, Any]) -> bool:
+        changed = rewrite(result)
+        return last(result) or changed
 
     return both
 

@@ -3,7 +3,8 @@ items under the names the endpoint exposes, in the endpoint's order, a name two 
 share kept by the first, an aliased tool the endpoint's rules refuse by its namespaced name
 left out, paged with one sealed cursor holding the members' own, `Cursors`), and initialize
 or server/discover answered with the members' merged capabilities (`opening`). The names
-each list shows are learned on the way (`Exposed.learn`), whatever the caller may see.
+each list shows are learned on the way (`Exposed.learn`), whatever the caller may see; a
+tool's UI resource (MCP Apps) is exposed like the resource (proxy/virtual/uris.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from proxy.errors import HiddenTool
 from proxy.jsonrpc import McpMessage
 from proxy.mcp import bridge, eras, names
 from proxy.state import Session
-from proxy.virtual import naming
+from proxy.virtual import naming, uris
 from proxy.virtual.cursor import Cursors
 from proxy.virtual.exposed import Exposed, expose
 from proxy.virtual.fanout import FanOut
@@ -90,7 +91,8 @@ class Lists:
                 if kind == "tool" and exposed in route.aliases and \
                         await self._alias_denied(route, chain, ctx, member, original):
                     continue
-                items.append({**item, field: exposed})
+                shown = {**item, field: exposed}
+                items.append(uris.tool(member, shown) if kind == "tool" else shown)
             nxt = result.get("nextCursor")
             if isinstance(nxt, str) and nxt:
                 more[member] = nxt

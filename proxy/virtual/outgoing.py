@@ -4,7 +4,8 @@ GET stream), and the client's answers back.
 A server-to-client request (sampling, elicitation, roots) gets an id sealed to the member and
 the client's session (`Cursors.seal_id`), which `respond` opens when the client answers, to
 send the answer on to that member's session with the member's own id; a log message or a
-progress notice names the member; a member's `list_changed` is the endpoint's own.
+progress notice names the member, a resource update the resource as the endpoint exposes it;
+a member's `list_changed` is the endpoint's own.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from proxy.mcp.forward import Forwarder
 from proxy.mcp.forwarding import Outgoing
 from proxy.mcp.legs import Leg
 from proxy.state import Session
+from proxy.virtual import uris
 from proxy.virtual.cursor import Cursors
 from proxy.virtual.members import Members
 from proxy.virtual.route import VirtualRoute
@@ -67,6 +69,8 @@ class MemberRequests:
             text = params.get("message")
             params["message"] = f"{member}: {text}" if isinstance(text, str) else member
             return True
+        if method == "notifications/resources/updated":  # a resource as the endpoint names it
+            return uris.updated(member, params)
         return False  # list_changed and the rest: as the endpoint's own, unchanged
 
     async def respond(self, route: VirtualRoute, msg: McpMessage, session: Session | None,

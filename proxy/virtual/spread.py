@@ -5,7 +5,8 @@ member (or members) it goes to, through the plain `Forwarder`.
 (proxy/virtual/routing.py). `call` then routes it: a list goes to every member at once and
 whatever has not answered within `list_timeout_s` is left out (proxy/virtual/fanout.py), the
 answers merged and paged with a sealed cursor (proxy/virtual/lists.py); a call goes to the one
-member that owns the name, with the member's original name; `initialize` and
+member that owns the name, with the member's original name, and the resource URIs in its
+answer exposed as the endpoint names them (proxy/virtual/uris.py); `initialize` and
 `server/discover` are answered here with the members' merged capabilities. Member sessions
 are opened by the Forwarder's bridge when first needed, held per endpoint and caller, and
 reopened when a member forgets one (proxy/virtual/members.py). What a member sends the client
@@ -27,6 +28,7 @@ from proxy.mcp.forwarding import Listened, NoStream, Outgoing
 from proxy.mcp.legs import Leg
 from proxy.state import Session
 from proxy.upstream import UpstreamRoute
+from proxy.virtual import uris
 from proxy.virtual.cursor import Cursors
 from proxy.virtual.exposed import Exposed
 from proxy.virtual.fanout import FanOut
@@ -94,6 +96,7 @@ class VirtualForwarder:
             await self.forward.call(member, mheaders, mmsg, None,
                                     context(ctx, member, leg=True), into)
             into.leg.route = member
+            into.leg.shown = uris.shown(target.member, method)  # its URIs, as exposed
             if not modern:  # a member is spoken to as a 2026-07-28 caller would
                 if into.leg.bridged:  # a legacy member's result, for a legacy client: as it is
                     into.leg.legacy_result = True

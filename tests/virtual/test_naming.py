@@ -40,6 +40,24 @@ def test_uris_round_trip() -> None:
     assert naming.member_uri("file:///a", ["crm"]) is None
 
 
+def test_ui_uris_keep_their_scheme_and_round_trip() -> None:
+    """An MCP Apps UI resource stays `ui://` (a host renders nothing else), its member the
+    first segment; a URI template's expansion reads back the same way."""
+    uri = naming.exposed_uri("apps", "ui://get-time/mcp-app.html")
+    assert uri == "ui://apps/get-time/mcp-app.html"
+    assert naming.member_uri(uri, ["crm", "apps"]) == ("apps", "ui://get-time/mcp-app.html")
+    assert naming.exposed_uri("apps", "ui://widgets/{id}") == "ui://apps/widgets/{id}"
+    assert naming.member_uri("ui://apps/widgets/7", ["apps"]) == ("apps", "ui://widgets/7")
+    assert naming.member_uri("ui://apps", ["apps"]) is None  # no path: nothing of a member's
+    # the member's own URI names no member: it reaches none
+    assert naming.member_uri("ui://get-time/mcp-app.html", ["apps"]) is None
+    assert naming.member_uri("tollhouse://apps/ui://get-time/x", ["apps"]) == \
+        ("apps", "ui://get-time/x")  # the wrapped form still reads back
+    # other schemes are wrapped as before, an uppercase UI:// too (only ui:// is MCP Apps')
+    assert naming.exposed_uri("apps", "UI://x/y") == "tollhouse://apps/UI://x/y"
+    assert naming.exposed_uri("apps", "file:///a") == "tollhouse://apps/file:///a"
+
+
 def test_cursors_are_bound_to_caller_endpoint_and_list() -> None:
     cursors = Cursors(b"k")
     sealed = cursors.seal("team", "tools/list", "iss|alice", {"crm": "p2"})
