@@ -116,6 +116,8 @@ PAGES: Mapping[str, str] = {
     "console": "console.md#",
     "policy": "policies.md#",
     "audit.exports": "audit-export.md#",
+    "audit.retention_days": "audit-evidence.md#retention",
+    "audit.chain": "audit-evidence.md#",
 }
 
 

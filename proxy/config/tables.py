@@ -475,11 +475,35 @@ class ExportConfig:
 
 
 @dataclass(frozen=True)
+class ChainConfig:
+    """`[audit.chain]`: tamper evidence (docs/audit-evidence.md). Each writer links every
+    record it commits to the one before it (SHA-256) and signs the chains' heads with an
+    Ed25519 key every `checkpoint_every_s`; `tollhouse audit verify` checks both. Read at
+    start-up: a change takes effect at the next start."""
+
+    enabled: bool = False  # link each record to the one before it, and sign checkpoints
+    # the Ed25519 private key (PEM, inline or a file relative to the config) that signs the
+    # checkpoints, e.g. "${TOLLHOUSE_AUDIT_SIGNING_KEY}"; required when enabled. Never
+    # logged; `tollhouse audit public-key` prints the public key an auditor verifies with
+    signing_key: str = field(default="", repr=False)
+    # a signed checkpoint of the chains' heads at least this often while records arrive
+    # (and at a clean stop): records a tail cut could remove unnoticed are those of the
+    # last interval
+    checkpoint_every_s: float = 60.0
+
+
+@dataclass(frozen=True)
 class AuditConfig:
-    """`[audit]`: the audit log beyond the database it is written to (docs/audit-export.md)."""
+    """`[audit]`: the audit log beyond the database it is written to (docs/audit-export.md,
+    docs/audit-evidence.md)."""
 
     # every audit record streamed to each receiver listed here (a SIEM, a log pipeline)
     exports: list[ExportConfig] = field(default_factory=list)
+    # records older than this many days are removed by a background task, in small batches
+    # (the rollups, and so the usage totals, keep them); 0: keep forever
+    retention_days: int = 0
+    # tamper evidence: hash-chained records and signed checkpoints
+    chain: ChainConfig = field(default_factory=ChainConfig)
 
 
 @dataclass(frozen=True)

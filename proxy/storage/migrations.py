@@ -384,6 +384,41 @@ MIGRATIONS: tuple[Migration, ...] = (
         )"""),
         *_change_counter("policies", each="STATEMENT"),
     )),
+    # tamper evidence (proxy.audit.chain, docs/audit-evidence.md): each writer (one process's
+    # audit writer thread, from its start) links the records it commits into a chain of its
+    # own: `chain_id`, the record's place in it (`chain_seq`, from 1) and the SHA-256 over its
+    # predecessor's hash and its canonical form (`chain_hash`, hex); the chain's records are
+    # read in order through the unique index. `audit_checkpoints` holds the signed
+    # checkpoints of every chain's head, each linked to the one before it; `audit_verifications`
+    # each `tollhouse audit verify`'s outcome
+    Migration(24, "audit: hash chains per writer, signed checkpoints, verifications", (
+        AddColumn("audit", "chain_id", "TEXT"),
+        AddColumn("audit", "chain_seq", "BIGINT"),
+        AddColumn("audit", "chain_hash", "TEXT"),
+        Sql("CREATE UNIQUE INDEX IF NOT EXISTS audit_chain ON audit (chain_id, chain_seq) "
+            "WHERE chain_id IS NOT NULL"),
+        Sql("""CREATE TABLE IF NOT EXISTS audit_checkpoints (
+            seq {bigint} PRIMARY KEY,
+            at {real} NOT NULL,
+            writer TEXT NOT NULL,
+            key_id TEXT NOT NULL,
+            body TEXT NOT NULL,
+            hash TEXT NOT NULL,
+            signature TEXT NOT NULL
+        )"""),
+        Sql("""CREATE TABLE IF NOT EXISTS audit_verifications (
+            id {id},
+            at {real} NOT NULL,
+            by_name TEXT NOT NULL,
+            ok INTEGER NOT NULL,
+            detail TEXT NOT NULL,
+            since {real},
+            records {bigint} NOT NULL,
+            checkpoint_seq {bigint},
+            checkpoint_at {real},
+            checkpoint_hash TEXT
+        )"""),
+    )),
 )
 
 LATEST = MIGRATIONS[-1].version
