@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ import cedarpy
 import orjson
 
 from policies.cedar.load import Policy, policy_set_json, reachable
+from policies.cedar.plan import NOTHING, Plan, Raw, Reads, Side, combine, plan, policy_set, reads_of
 from policies.cedar.schema import ANNOTATIONS, CALL_ACTIONS, NAMESPACE, Catalog, Target
 from policies.cedar.values import Unrepresentable, cedar_input
 
@@ -43,6 +44,7 @@ _ACTION = f"{NAMESPACE}::Action"
 _CALLER = f"{NAMESPACE}::Caller"
 _ENDPOINT = f"{NAMESPACE}::Endpoint"
 ENTITIES_KEPT = 4096  # parsed entity sets (one per caller and target) kept per Policies
+DECIDED_CONTEXT_MAX = 512  # a decision is kept when its context's JSON is at most this long
 
 
 @dataclass(frozen=True)
@@ -131,9 +133,15 @@ class Policies:
         # the entities of a (caller, target) pair, parsed by Cedar once: a caller calls again
         self._entities: dict[tuple[str, str], cedarpy.Entities] = {}
         self._partitions: dict[tuple[str, str], tuple[Any, Any]] = {}
-        # per target: the arguments its policies read (None: the whole input); the others are
-        # left out of the request, so Cedar parses only what a policy can look at
-        self._reads: dict[tuple[str, str], frozenset[str] | None] = {}
+        # decisions by request: a caller repeating a call, or calling a tool whose policies
+        # read none of its arguments, is answered without Cedar
+        self._decided: dict[tuple[bool, str, str, str, str], tuple[Raw, Raw]] = {}
+        self._plans: dict[tuple[str, str], Plan] = {}
+        self._policy_reads = {p.id: reads_of(p.est.get("conditions", []))
+                              for p in self.policies}
+        # per target: what its policies read of the context and the input; the rest is left
+        # out of the request, so Cedar parses only what a policy can look at
+        self._reads: dict[tuple[str, str], Reads] = {}
 
     @property
     def empty(self) -> bool:
@@ -144,16 +152,89 @@ class Policies:
         return policy.reason if policy is not None else None
 
     def decide(self, caller: Caller, call: Call, now: dt.datetime | None = None) -> Decision:
-        """The decision on one call; never raises for what the caller sent."""
+        """The decision on one call; never raises for what the caller sent. The target's
+        policies that read no argument are answered once per caller and context (`Plan`):
+        per call, Cedar evaluates only those that read the arguments."""
         if self.empty:
             return ALLOWED
+        kind = CALL_ACTIONS.get(call.method)
+        if kind is None:
+            return self._decide_whole(caller, call, now)
+        uid = f"{call.endpoint}/{call.name}"
+        target = self._targets.get((kind, uid)) or _target_json(
+            Target(kind, call.endpoint, call.name))  # type: ignore[arg-type]
+        caller_json = self.caller_json(caller)
+        base = _base_context(call, now)
+        plan = self._plan_of(kind, uid)
+        try:
+            fixed = self._side(plan.fixed, False, (caller.id, caller_json), target, kind, call,
+                               base)
+            varying = self._side(plan.varying, True, (caller.id, caller_json), target, kind,
+                                 call, base)
+        except Unrepresentable as exc:
+            return self._unrepresentable(exc)
+        applied = (self._verdict(combine(fixed[0], varying[0]))
+                   if self.enforce is not None else Verdict(True))
+        shadow = (self._verdict(combine(fixed[1], varying[1]))
+                  if self.all is not None else None)
+        return Decision(applied.allowed, applied.policies, applied.reason, applied.errors,
+                        shadow)
+
+    def _side(self, side: Side | None, varying: bool, caller: tuple[str, str], target: str,
+              kind: str, call: Call, base: dict[str, Any]) -> tuple[Raw, Raw]:
+        """Cedar's (enforce, every) answers over one side of a target's plan, kept by request:
+        an equal request (caller, target and what the side reads of the context) has an
+        equal answer."""
+        if side is None:
+            return NOTHING, NOTHING
+        context = base if side.context is None else {
+            k: v for k, v in base.items() if k in side.context}
+        if side.reads_input:
+            context["input"] = {"uri": call.name} if kind == "Resource" else cedar_input(
+                _only(call.arguments, side.input), self.catalog.inputs.get(
+                    self.catalog.input_of.get((kind, f"{call.endpoint}/{call.name}"), "")))
+        text = orjson.dumps(context).decode()
+        key = (varying, caller[1], target, call.method, text)
+        found = self._decided.get(key)
+        if found is not None:
+            return found
+        request = {"principal": {"type": _CALLER, "id": caller[0]},
+                   "action": {"type": _ACTION, "id": call.method},
+                   "resource": {"type": f"{NAMESPACE}::{kind}",
+                                "id": f"{call.endpoint}/{call.name}"},
+                   "context": text}
+        entities = self._entities_of(caller[1], target)
+        found = (_raw(side.enforce, request, entities),
+                 _raw(side.every, request, entities) if self.all is not None else NOTHING)
+        if len(text) <= DECIDED_CONTEXT_MAX:
+            if len(self._decided) >= ENTITIES_KEPT:
+                self._decided.clear()
+            self._decided[key] = found
+        return found
+
+    def _plan_of(self, kind: str, uid: str) -> Plan:
+        found = self._plans.get((kind, uid))
+        if found is None:
+            target = self.catalog.get(kind, uid) or Target(kind, *uid.split("/", 1))  # type: ignore[arg-type]
+            found = plan((p for p in self.policies if reachable(p.est, [target])),
+                         self._policy_reads, policy_set)
+            if len(self._plans) >= ENTITIES_KEPT:
+                self._plans.clear()
+            self._plans[(kind, uid)] = found
+        return found
+
+    def _unrepresentable(self, exc: Unrepresentable) -> Decision:
+        failed = Verdict(False, (), DEFAULT_ERROR, (str(exc),))
+        applied = failed if self.enforce is not None else Verdict(True)
+        return Decision(applied.allowed, applied.policies, applied.reason, applied.errors,
+                        failed if self.shadowed else None)
+
+    def _decide_whole(self, caller: Caller, call: Call, now: dt.datetime | None) -> Decision:
+        """A list method's decision: one evaluation over the whole sets."""
         try:
             request, entities = self.request(caller, call, now)
         except Unrepresentable as exc:
-            failed = Verdict(False, (), DEFAULT_ERROR, (str(exc),))
-            applied = failed if self.enforce is not None else Verdict(True)
-            return Decision(applied.allowed, applied.policies, applied.reason, applied.errors,
-                            failed if self.shadowed else None)
+            return self._unrepresentable(exc)
         enforce, every = self.partition(call)
         applied = (self.evaluate(enforce, request, entities)
                    if self.enforce is not None else Verdict(True))
@@ -164,12 +245,10 @@ class Policies:
     def request(self, caller: Caller, call: Call, now: dt.datetime | None = None,
                 arguments: bool = True) -> tuple[dict[str, Any], cedarpy.Entities]:
         """The Cedar request and entities (JSON) for a call; `arguments=False` gives an empty
-        input (what listing asks). Raises Unrepresentable for an argument Cedar cannot hold."""
+        input (what listing asks). The context holds only what the policies reaching the
+        target read (`Reads`). Raises Unrepresentable for an argument Cedar cannot hold."""
         kind = CALL_ACTIONS.get(call.method)
-        when = now or dt.datetime.now(dt.UTC)
-        when = when.astimezone(dt.UTC) if when.tzinfo else when
-        context: dict[str, Any] = {"hour": when.hour, "weekday": when.isoweekday(),
-                                   "zone": call.zone, "era": call.era}
+        context = _base_context(call, now)
         if kind is None:
             resource = {"type": _ENDPOINT, "id": call.endpoint}
             target = json.dumps(_endpoint_json(call.endpoint))
@@ -178,32 +257,34 @@ class Policies:
             resource = {"type": f"{NAMESPACE}::{kind}", "id": uid}
             target = self._targets.get((kind, uid)) or _target_json(
                 Target(kind, call.endpoint, call.name))  # type: ignore[arg-type]
-            context["input"] = {} if not arguments else (
-                {"uri": call.name} if kind == "Resource" else cedar_input(
-                    self._read_of(kind, uid, call.arguments), self.catalog.inputs.get(
-                        self.catalog.input_of.get((kind, uid), ""))))
+            reads = self._reads_of(kind, uid)
+            if reads.input is None or reads.input:
+                context["input"] = {} if not arguments else (
+                    {"uri": call.name} if kind == "Resource" else cedar_input(
+                        _only(call.arguments, reads.input), self.catalog.inputs.get(
+                            self.catalog.input_of.get((kind, uid), ""))))
+            if reads.context is not None:
+                context = {k: v for k, v in context.items() if k in reads.context}
         request = {"principal": {"type": _CALLER, "id": caller.id},
                    "action": {"type": _ACTION, "id": call.method},
                    "resource": resource, "context": orjson.dumps(context).decode()}
         return request, self._entities_of(self.caller_json(caller), target)
 
-    def _read_of(self, kind: str, uid: str, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The arguments the policies reaching this target can read: the others are left out
-        (a policy cannot name them, so no decision changes), and neither parsed by Cedar nor
-        converted (a number decimal cannot hold refuses only where a policy reads it)."""
+    def _reads_of(self, kind: str, uid: str) -> Reads:
+        """What the policies reaching this target read of the context and of the input: the
+        rest is left out of the request (a policy cannot name it, so no decision changes), and
+        neither parsed by Cedar nor converted (a number decimal cannot hold refuses only where
+        a policy reads it)."""
         key = (kind, uid)
-        try:
-            reads = self._reads[key]
-        except KeyError:
+        reads = self._reads.get(key)
+        if reads is None:
             target = self.catalog.get(kind, uid) or Target(kind, *uid.split("/", 1))  # type: ignore[arg-type]
             reach = [p for p in self.policies if reachable(p.est, [target])]
-            reads = input_read(p.est.get("conditions", []) for p in reach)
+            reads = reads_of(p.est.get("conditions", []) for p in reach)
             if len(self._reads) >= ENTITIES_KEPT:
                 self._reads.clear()
             self._reads[key] = reads
-        if reads is None:
-            return arguments
-        return {k: v for k, v in arguments.items() if k in reads}
+        return reads
 
     def _entities_of(self, caller: str, target: str) -> cedarpy.Entities:
         key = (caller, target)
@@ -242,7 +323,7 @@ class Policies:
                      for p in self.policies if id(p) in reach}
             enforce = {i: f for i, (p, f) in forms.items() if f and p.mode == "enforce"}
             every = {i: f for i, (p, f) in forms.items() if f}
-            found = (_policy_set(enforce), _policy_set(every))
+            found = (policy_set(enforce), policy_set(every))
             if len(self._partitions) >= ENTITIES_KEPT:
                 self._partitions.clear()
             self._partitions[key] = found
@@ -250,14 +331,15 @@ class Policies:
 
     def evaluate(self, policies: Any, request: dict[str, Any],
                  entities: cedarpy.Entities) -> Verdict:
-        if policies is None:
-            return Verdict(False, (), DEFAULT_NO_PERMIT)
-        result = cedarpy.is_authorized(request, policies, entities)
-        errors = tuple(str(e) for e in result.diagnostics.errors)
-        reasons = tuple(sorted(result.diagnostics.reasons))
+        return self._verdict(_raw(policies, request, entities))
+
+    def _verdict(self, raw: Raw) -> Verdict:
+        """A Cedar answer as applied: an error denies, naming it; a deny names the deciding
+        forbid's @reason."""
+        allowed, reasons, errors = raw
         if errors:
             return Verdict(False, reasons, DEFAULT_ERROR, errors)
-        if result.allowed:
+        if allowed:
             return Verdict(True, reasons)
         if not reasons:
             return Verdict(False, (), DEFAULT_NO_PERMIT)
@@ -265,8 +347,20 @@ class Policies:
         return Verdict(False, reasons, text)
 
 
-def _policy_set(static: dict[str, Any]) -> Any:
-    return cedarpy.PolicySet.from_json_str(policy_set_json(static)) if static else None
+def _raw(policies: Any, request: dict[str, Any], entities: cedarpy.Entities) -> Raw:
+    if policies is None:
+        return NOTHING
+    result = authorize(request, policies, entities)
+    diagnostics = result.get("diagnostics") or {}
+    return (result.get("decision") == "Allow",
+            tuple(sorted(diagnostics.get("reason") or ())),
+            tuple(str(e) for e in diagnostics.get("errors") or ()))
+
+
+def _base_context(call: Call, now: dt.datetime | None) -> dict[str, Any]:
+    when = now or dt.datetime.now(dt.UTC)
+    when = when.astimezone(dt.UTC) if when.tzinfo else when
+    return {"hour": when.hour, "weekday": when.isoweekday(), "zone": call.zone, "era": call.era}
 
 
 def _endpoint_json(endpoint: str) -> dict[str, Any]:
@@ -283,33 +377,28 @@ def _target_json(target: Target) -> str:
     return f"{json.dumps(entity)},{json.dumps(_endpoint_json(target.endpoint))}"
 
 
-def input_read(conditions: Iterable[Any]) -> frozenset[str] | None:
-    """The top-level argument names the conditions read (`context.input.x`, `context.input
-    has x`); None when one reads the input otherwise (as a whole, or `context` itself)."""
-    names: set[str] = set()
-    for condition in conditions:
-        if not _reads(condition, names):
-            return None
-    return frozenset(names)
+def authorize(request: dict[str, Any], policies: Any, entities: cedarpy.Entities
+              ) -> dict[str, Any]:
+    """Cedar's answer to one request, as its JSON object ("decision", "diagnostics").
+    cedarpy's `is_authorized` wraps the engine's batch call in a list, re-encodes a context
+    already in JSON, and builds result objects through the standard json module: about a
+    sixth of a decision (bench/cedar_decide.py). The engine's call is made here directly, with
+    the context as JSON text; tests/policies/cedar/test_decide.py checks that it answers as
+    `is_authorized` does, so a cedarpy upgrade that changes it fails there."""
+    if _BATCH is None:  # pragma: no cover - a cedarpy without the engine module
+        result = cedarpy.is_authorized(request, policies, entities)
+        return {"decision": "Allow" if result.allowed else "Deny",
+                "diagnostics": {"reason": result.diagnostics.reasons,
+                                "errors": result.diagnostics.errors}}
+    answer: dict[str, Any] = orjson.loads(_BATCH([request], policies, entities._inner,
+                                                 None, False)[0])
+    return answer
 
 
-def _reads(expr: Any, names: set[str]) -> bool:
-    """Add what `expr` reads of the input to `names`; False when it reads it as a whole."""
-    if isinstance(expr, list):
-        return all(_reads(e, names) for e in expr)
-    if not isinstance(expr, dict):
-        return True
-    if expr.get("Var") == "context":
-        return False  # `context` itself (only its attributes are read through `.`)
-    for op in (".", "has"):
-        inner = expr.get(op)
-        if isinstance(inner, dict) and inner.get("left") == _INPUT:
-            names.add(str(inner.get("attr")))
-            return True
-        if isinstance(inner, dict) and inner.get("left") == _CONTEXT:
-            return inner.get("attr") != "input"  # context.hour, .zone...: not the input
-    return all(_reads(v, names) for v in expr.values())
+_BATCH = getattr(getattr(cedarpy, "_internal", None), "is_authorized_batch", None)
 
 
-_CONTEXT: dict[str, Any] = {"Var": "context"}
-_INPUT: dict[str, Any] = {".": {"left": _CONTEXT, "attr": "input"}}
+def _only(arguments: Mapping[str, Any], names: frozenset[str] | None) -> Mapping[str, Any]:
+    if names is None:
+        return arguments
+    return {k: v for k, v in arguments.items() if k in names}

@@ -23,7 +23,7 @@ from typing import Any
 
 import cedarpy
 
-from policies.cedar.decide import Call, Caller, Policies
+from policies.cedar.decide import Call, Caller, Policies, authorize
 from policies.cedar.load import policy_set_json
 
 _PLAIN_CONTEXT = frozenset({"hour", "weekday", "zone", "era"})
@@ -98,8 +98,9 @@ class Lister:
         if relaxed is None:
             return False
         request, entities = self.policies.request(caller, call, now, arguments=False)
-        result = cedarpy.is_authorized(request, relaxed, entities)
-        return bool(result.allowed or result.diagnostics.errors)
+        result = authorize(request, relaxed, entities)
+        return result.get("decision") == "Allow" or bool(
+            (result.get("diagnostics") or {}).get("errors"))
 
 
 @functools.lru_cache(maxsize=8)
