@@ -26,6 +26,7 @@ import cedarpy
 from policies.cedar.decide import Call, Caller, Policies, authorize
 from policies.cedar.load import policy_set_json
 
+ANSWERS_KEPT = 16384  # listing answers kept per Lister (caller x target x context read)
 _PLAIN_CONTEXT = frozenset({"hour", "weekday", "zone", "era"})
 _TRUE: dict[str, Any] = {"Value": True}
 
@@ -85,6 +86,9 @@ class Lister:
                    if p.mode == "enforce" and (r := relax(p.est)) is not None}
         self.relaxed = cedarpy.PolicySet.from_json_str(policy_set_json(relaxed)) if (
             policies.enforce is not None) else None
+        # answers by request: a caller listing again (same target, same context read) is
+        # answered without Cedar
+        self._answers: dict[tuple[str, str, str, str], bool] = {}
 
     def could_permit(self, caller: Caller, method: str, endpoint: str, name: str, *,
                      zone: str = "", era: str = "", now: dt.datetime | None = None) -> bool:
@@ -98,9 +102,17 @@ class Lister:
         if relaxed is None:
             return False
         request, entities = self.policies.request(caller, call, now, arguments=False)
-        result = authorize(request, relaxed, entities)
-        return result.get("decision") == "Allow" or bool(
-            (result.get("diagnostics") or {}).get("errors"))
+        key = (self.policies.caller_json(caller), method, request["resource"]["id"],
+               request["context"])
+        found = self._answers.get(key)
+        if found is None:
+            result = authorize(request, relaxed, entities)
+            found = result.get("decision") == "Allow" or bool(
+                (result.get("diagnostics") or {}).get("errors"))
+            if len(self._answers) >= ANSWERS_KEPT:
+                self._answers.clear()
+            self._answers[key] = found
+        return found
 
 
 @functools.lru_cache(maxsize=8)
