@@ -6,7 +6,8 @@ yet, so a record is counted once however often its batch is tried. On a SQLite f
 checkpointer thread copies the WAL into the database out of the commits' way. Above it,
 `DatabaseAuditSink` (proxy.audit.database) owns the queue, the writer thread, the journal and
 the fallback file. The audit table's columns (`COLUMNS`) and a record's row (`row_of`) are
-here.
+here. With the hash chain on (proxy.audit.chain), each row goes in with its chain columns,
+linked in the transaction that inserts it; the chain's head moves once that commits.
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from proxy.audit import rollup
+from proxy.audit.chain import CHAIN_COLUMNS, Chain, Head
 from proxy.audit.record import AuditRecord
 from proxy.storage import db
+
+if TYPE_CHECKING:
+    from proxy.audit.checkpoint import Checkpoints
 
 log = logging.getLogger("tollhouse.audit")
 
@@ -37,8 +42,12 @@ _OUTBOX_COLUMNS = ("call_id", "event", "created_at", "next_attempt_at", "deliver
 # that clause: the rollups (proxy.audit.rollup) count every row it sends, so a row already
 # there must fail the batch (which is then written row by row, counting what lands) rather
 # than be passed over silently
-_INSERT_NEW = (f"INSERT INTO audit ({', '.join(COLUMNS)}) "
-               f"VALUES ({', '.join('?' for _ in COLUMNS)})")
+def _insert_new(columns: tuple[str, ...]) -> str:
+    return (f"INSERT INTO audit ({', '.join(columns)}) "
+            f"VALUES ({', '.join('?' for _ in columns)})")
+
+
+_INSERT_NEW = _insert_new(COLUMNS)
 _INSERT = f"{_INSERT_NEW} ON CONFLICT DO NOTHING"
 # a record without a call id has no key of its own: before a retry or a replay writes it, is
 # it there already? (ts has microseconds: with endpoint, principal and request id, one record)
@@ -50,6 +59,8 @@ _CHUNKS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
 # the default most `?` a statement may hold (SQLITE_MAX_VARIABLE_NUMBER; 999 before 3.32)
 _MAX_VARIABLES = 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
 _EXISTS = ("SELECT request_id FROM audit WHERE ts = ? AND endpoint = ? AND principal = ?")
+_CALL_EXISTS = "SELECT 1 FROM audit WHERE call_id = ?"
+Pairs = list[tuple[AuditRecord, tuple[Any, ...]]]
 
 
 def connect(target: db.Target) -> db.Connection:
@@ -70,19 +81,23 @@ class Committer:
     """One batch of audit records into the database (`attempt`), from the writer thread
     only, on the connection it keeps (a new one when the last was lost). `on_outbox` is
     called after a commit that held usage events still to deliver. `committed` counts the
-    records committed, `commits` the transactions."""
+    records committed, `commits` the transactions. With a `chain`, every row is linked into
+    it (proxy.audit.chain) in the transaction that inserts it."""
 
     def __init__(self, database: db.Database, retry_backoff_s: float,
-                 on_outbox: Callable[[], None] | None) -> None:
+                 on_outbox: Callable[[], None] | None, chain: Chain | None = None) -> None:
         self._db = database
         self._retry_backoff_s = retry_backoff_s
         self._on_outbox = on_outbox
+        self.chain = chain
+        columns = COLUMNS if chain is None else (*COLUMNS, *CHAIN_COLUMNS)
         self._sql_insert = database.sql(_INSERT)
-        self._sql_insert_new = database.sql(_INSERT_NEW)
+        self._sql_insert_new = database.sql(_insert_new(columns))
         self._sql_insert_returning = database.sql(f"{_INSERT} RETURNING 1")
         self._sql_exists = database.sql(_EXISTS)
+        self._sql_call_exists = database.sql(_CALL_EXISTS)
         self._sql_outbox = database.insert_ignore("usage_outbox", _OUTBOX_COLUMNS)
-        self._many_insert_new = _multi_row("audit", COLUMNS, ignore=False)
+        self._many_insert_new = _multi_row("audit", columns, ignore=False)
         self._many_outbox = _multi_row("usage_outbox", _OUTBOX_COLUMNS)
         self._rollups = rollup.Writer(database.dialect)
         self._conn: db.Connection | None = connect(database)
@@ -113,10 +128,13 @@ class Committer:
             return exc
         for attempt in range(tries):
             exact = bool(attempt or replay)
+            head: Head | None = None
             try:
                 if self._conn is None:  # the last one was lost (a database restart, say)
                     self._conn = connect(self._db)
-                if exact:
+                if self.chain is not None:
+                    usage, head = self._commit_linked(self._conn, pairs, exact)
+                elif exact:
                     usage = self._commit_exact(self._conn, self._missing(self._conn, pairs))
                 else:
                     usage = self._commit(self._conn, pairs)
@@ -135,6 +153,8 @@ class Committer:
                 if attempt + 1 < tries:
                     time.sleep(self._retry_backoff_s * 2**attempt)
                 continue
+            if head is not None and self.chain is not None:
+                self.chain.advance(head)
             self._rollups.committed()  # (the usage key ids it read are kept from now on)
             self.committed += len(batch)
             self.commits += 1
@@ -144,6 +164,34 @@ class Committer:
                 self._on_outbox()
             return None
         return failure
+
+    def checkpoint(self, checkpoints: Checkpoints) -> None:
+        """A signed checkpoint of this writer's chain, on its connection, between batches; a
+        failure is logged and the checkpoint tried again a little later."""
+        try:
+            if self._conn is None:
+                self._conn = connect(self._db)
+            checkpoints.write(self._conn)
+        except Exception as exc:  # noqa: BLE001 - a database error, or a lost connection
+            self._reset()
+            checkpoints.postpone()
+            log.warning("audit chain: checkpoint not written (%s): tried again shortly",
+                        exc if isinstance(exc, self._db.errors) else type(exc).__name__)
+
+    def _commit_linked(self, conn: db.Connection, pairs: Pairs, exact: bool
+                       ) -> tuple[bool, Head]:
+        """With the chain on: the rows linked from the chain's head and committed as a first
+        try is; a retry or a replay first takes the head from the database (a commit whose
+        answer was lost may have moved it) and leaves out every record there already, by its
+        call id too, so that each record is linked once and the chain has no gap. Whether it
+        held usage events to deliver, and the chain's head once it commits."""
+        assert self.chain is not None
+        if exact:
+            self.chain.resync(conn, self._db)
+            pairs = self._missing(conn, pairs, by_call_id=True)
+        rows, head = self.chain.link([row for _, row in pairs])
+        linked = [(record, row) for (record, _), row in zip(pairs, rows, strict=True)]
+        return self._commit(conn, linked), head
 
     def _commit(self, conn: db.Connection, pairs: list[tuple[AuditRecord, tuple[Any, ...]]]
                 ) -> bool:
@@ -204,14 +252,18 @@ class Committer:
         conn.commit()
         return _to_deliver(usage)
 
-    def _missing(self, conn: db.Connection, pairs: list[tuple[AuditRecord, tuple[Any, ...]]]
-                 ) -> list[tuple[AuditRecord, tuple[Any, ...]]]:
+    def _missing(self, conn: db.Connection, pairs: Pairs, by_call_id: bool = False) -> Pairs:
         """The rows not in the audit log yet. One with a call id is left to the unique index
-        (its insert does nothing); one without is looked for by time, endpoint, principal and
-        request id. Only on a retry or a replay."""
+        (its insert does nothing) unless `by_call_id` (the chain: it is looked for by it);
+        one without is looked for by time, endpoint, principal and request id. Only on a
+        retry or a replay."""
         out = []
         for record, row in pairs:
-            if row[15] is None:
+            if row[15] is not None:
+                if by_call_id and conn.execute(self._sql_call_exists,
+                                               (row[15],)).fetchone() is not None:
+                    continue
+            else:
                 found = conn.execute(self._sql_exists, (row[0], row[3], row[2])).fetchall()
                 if any(f[0] == row[1] for f in found):
                     continue

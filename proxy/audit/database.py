@@ -36,6 +36,7 @@ import orjson
 
 from proxy.audit import journal as journals
 from proxy.audit import rollup
+from proxy.audit.checkpoint import Checkpoints
 from proxy.audit.commit import COLUMNS, Committer
 from proxy.audit.record import AuditRecord
 from proxy.storage import db
@@ -56,7 +57,10 @@ class DatabaseAuditSink:
     JSON-lines file (beside a SQLite database, else `fallback_path` or the working directory)
     rather than being dropped; the next sink on that file (the next start) puts what the file
     holds into the database, then removes it. SQLite or PostgreSQL, whichever `target` names
-    (a Database, a URL, or a SQLite path). At most `batch_size` records share a commit."""
+    (a Database, a URL, or a SQLite path). At most `batch_size` records share a commit.
+    With `checkpoints` (the hash chain on, proxy.audit.chain), every record is linked into
+    this writer's chain as it is committed, and the writer thread signs a checkpoint of its
+    head whenever one falls due (and at close)."""
 
     def __init__(self, target: db.Target, batch_size: int = 500,
                  retry_backoff_s: float = 0.05,
@@ -66,7 +70,8 @@ class DatabaseAuditSink:
                  journal_rotate_bytes: int = journals.ROTATE_BYTES,
                  commit_window_s: float = 0.0,
                  deliver: Callable[[AuditRecord], bool] | None = None,
-                 on_fallback: Callable[[int], None] | None = None) -> None:
+                 on_fallback: Callable[[int], None] | None = None,
+                 checkpoints: Checkpoints | None = None) -> None:
         self._db = db.resolve(target)
         self._owns_db = self._db is not target
         if fallback_path is None:
@@ -83,7 +88,9 @@ class DatabaseAuditSink:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # the batches' transactions, on the writer's own connection; `on_outbox` is called
         # (from the writer thread) after usage events land
-        self._committer = Committer(self._db, retry_backoff_s, on_outbox)
+        self._checkpoints = checkpoints
+        self._committer = Committer(self._db, retry_backoff_s, on_outbox,
+                                    checkpoints.chain if checkpoints is not None else None)
         self._in_file = 0  # records written to the fallback file
         self.replayed = 0  # records taken from a fallback file into the database
         # the write-ahead journal (proxy/audit/journal.py), when on: answers wait for its
@@ -169,7 +176,9 @@ class DatabaseAuditSink:
         self._replay()  # what an earlier run could only put in the fallback file, first
         stop = False
         while not stop:
-            item = self._queue.get()  # a lone record is written at once: no waiting window
+            item = self._next()  # a lone record is written at once: no waiting window
+            if item is None:  # a checkpoint fell due while nothing arrived: written
+                continue
             if self._window and not self._urgent.is_set():  # unless the journal holds it
                 self._urgent.wait(self._window)
             self._urgent.clear()
@@ -203,9 +212,28 @@ class DatabaseAuditSink:
                 self._retire(retired)
         if self._journal is not None:  # everything before the stop is in: the last one goes
             self._retire(self._journal.segment)
+        if self._checkpoints is not None and self._checkpoints.due_in() is not None:
+            self._committer.checkpoint(self._checkpoints)  # the head at a clean stop
         self._committer.close()
         if self._owns_db:
             self._db.close()
+
+    def _next(self) -> Any:
+        """The next item of the queue. With the chain on, a checkpoint is written first when
+        one is due, and the wait for an item ends when the next falls due (None: one was
+        written, nothing arrived)."""
+        checkpoints = self._checkpoints
+        if checkpoints is None:
+            return self._queue.get()
+        due = checkpoints.due_in()
+        if due == 0:
+            self._committer.checkpoint(checkpoints)
+            due = checkpoints.due_in()
+        try:
+            return self._queue.get(timeout=due)
+        except queue.Empty:
+            self._committer.checkpoint(checkpoints)
+            return None
 
     def _retire(self, segment: journals.Segment) -> None:
         """A segment whose records are all written: removed, unless one of them could be kept
