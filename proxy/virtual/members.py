@@ -27,6 +27,9 @@ from proxy.virtual.route import VirtualRoute
 log = logging.getLogger("tollhouse.virtual")
 
 RELAYED = ("sampling", "elicitation", "roots")  # a client's capabilities a member may use
+# the client extensions relayed too: MCP Apps needs nothing of the gateway but what it carries
+# (tools' _meta and resources), so a member may see that the client renders its UI
+RELAYED_EXTENSIONS = ("io.modelcontextprotocol/ui",)
 
 
 class Members:
@@ -114,12 +117,19 @@ def outbound(msg: McpMessage, name: str | None, session: Session | None
 
 def _relayed(envelope: dict[str, Any] | None) -> dict[str, Any]:
     """What a legacy client declared in its initialize (kept with its gateway session, in the
-    shared state), as far as the gateway relays it: the requests a member may send it, and
-    no notice from the client (roots' listChanged: a member is sent none)."""
+    shared state), as far as the gateway relays it: the requests a member may send it, the
+    MCP Apps extension, and no notice from the client (roots' listChanged: a member is sent
+    none)."""
     declared = envelope.get(eras.CLIENT_CAPS) if envelope is not None else None
     if not isinstance(declared, dict):
         return {}
     out = {key: declared[key] for key in RELAYED if isinstance(declared.get(key), dict)}
     if "roots" in out:
         out["roots"] = {k: v for k, v in out["roots"].items() if k != "listChanged"}
+    extensions = declared.get("extensions")
+    if isinstance(extensions, dict):
+        relayed = {key: extensions[key] for key in RELAYED_EXTENSIONS
+                   if isinstance(extensions.get(key), dict)}
+        if relayed:
+            out["extensions"] = relayed
     return out

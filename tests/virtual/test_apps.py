@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 from mcp import Client, MCPError, types
-from mcp.server.apps import APP_MIME_TYPE, Apps
-from mcp.server.mcpserver import MCPServer
+from mcp.client.extension import advertise
+from mcp.server.apps import APP_MIME_TYPE, EXTENSION_ID, Apps, client_supports_apps
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.prompts.base import UserMessage
 
 from proxy.audit import query
@@ -62,6 +63,11 @@ class Member:
                                                     mime_type=APP_MIME_TYPE)),
                          types.TextContent(type="text", text="see ui://clock/app.html")],
                 meta={"ui": {"resourceUri": "ui://clock/app.html"}})
+
+        @server.tool()
+        def renders_apps(ctx: Context) -> str:
+            """Whether the client declared it renders MCP Apps (as a member sees it)."""
+            return str(client_supports_apps(ctx))
 
         @server.resource("file:///notes.txt")
         def notes() -> str:
@@ -198,3 +204,24 @@ async def test_a_resource_allowlist_holds_for_ui_resources(tmp_path: Path) -> No
             assert caught.value.error.message == f"Resource not found: {hidden}"
         assert CLOCK in text_of(await client.read_resource("ui://up/clock/app.html"))
     assert member.reads == []
+
+
+@pytest.mark.parametrize(("mode", "member_era", "seen"), [
+    ("legacy", "legacy", "True"), ("legacy", "auto", "True"), ("2026-07-28", "auto", "True"),
+    # a 2026-07-28 caller's legacy member session is held per caller, declaring nothing
+    ("2026-07-28", "legacy", "False")])
+async def test_a_member_sees_that_the_client_renders_apps(tmp_path: Path, mode: str,
+                                                          member_era: str, seen: str) -> None:
+    """The client's MCP Apps declaration reaches the member, so a tool that offers its UI
+    only to a client that renders it (`client_supports_apps`) does through the endpoint."""
+    member = Member()
+    ui = advertise(EXTENSION_ID, {"mimeTypes": [APP_MIME_TYPE]})
+    async with gateway(tmp_path, member, upstream={"era": member_era}) as (_, url):
+        async with Client(url, mode=mode, extensions=[ui]) as client:
+            result = await client.call_tool("up__renders_apps", {})
+            assert isinstance(result.content[0], types.TextContent)
+            assert result.content[0].text == seen
+        async with Client(url, mode=mode) as client:  # one that does not: told so
+            result = await client.call_tool("up__renders_apps", {})
+            assert isinstance(result.content[0], types.TextContent)
+            assert result.content[0].text == "False"
