@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from mcp import Client, MCPError, types
@@ -21,6 +21,9 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.prompts.base import UserMessage
 
 from proxy.audit import query
+from proxy.virtual import uris
+from proxy.virtual.cursor import Cursors
+from proxy.virtual.outgoing import MemberRequests
 from tests.e2e.conftest import Stack, open_stack
 
 CLOCK = "<!doctype html><title>clock</title>"
@@ -225,3 +228,32 @@ async def test_a_member_sees_that_the_client_renders_apps(tmp_path: Path, mode: 
             result = await client.call_tool("up__renders_apps", {})
             assert isinstance(result.content[0], types.TextContent)
             assert result.content[0].text == "False"
+
+
+def test_a_members_resource_update_names_the_exposed_uri() -> None:
+    requests = MemberRequests(cast(Any, None), Cursors(b"k"), cast(Any, None))
+    notice = {"jsonrpc": "2.0", "method": "notifications/resources/updated",
+              "params": {"uri": "ui://clock/app.html"}}
+    assert requests.view("v", "up", "caller c", notice)
+    assert notice["params"] == {"uri": "ui://up/clock/app.html"}
+
+
+def test_malformed_results_pass_unchanged() -> None:
+    """What is not the shape the spec gives is left as the member sent it, never an error."""
+    for method, result in [
+            ("tools/call", {"content": [None, "x", {"type": "resource_link", "uri": 7},
+                                        {"type": "resource", "resource": "x"}],
+                            "_meta": {"ui": "x", "ui/resourceUri": None}}),
+            ("tools/call", {"content": "x", "_meta": []}),
+            ("resources/read", {"contents": [{"uri": None}, 3]}),
+            ("resources/read", {"contents": {"uri": "ui://x/y"}}),
+            ("prompts/get", {"messages": [{"content": None}, None]}),
+            ("prompts/get", {"messages": "x"})]:
+        shown = uris.shown("up", method)
+        assert shown is not None
+        before = repr(result)
+        assert not shown(result)
+        assert repr(result) == before
+    assert uris.shown("up", "tools/list") is None
+    item = {"name": "t", "_meta": {"ui": {"resourceUri": None}}}
+    assert uris.tool("up", item) is item
