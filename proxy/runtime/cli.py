@@ -22,6 +22,7 @@ import orjson
 
 from proxy import confine
 from proxy.config import Config, ConfigError, load
+from proxy.runtime import audit_cli
 from proxy.runtime.serve import (
     configure_logging,
     run_hypercorn,
@@ -73,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--since", help="a duration such as 30s, 15m, 2h, 7d, or an ISO time")
     audit.add_argument("--limit", type=int, default=50)
     audit.add_argument("--json", action="store_true", help="one JSON object per line")
+    audit_cli.add_commands(audit)  # audit verify, audit public-key
 
     usage = sub.add_parser("usage", help="calls per principal, endpoint and tool over a period")
     _config_arg(usage)
@@ -509,6 +511,9 @@ def parse_since(text: str, now: float | None = None) -> float:
 
 def _audit(args: argparse.Namespace) -> int:
     from proxy.audit import query
+
+    if getattr(args, "audit_command", None):
+        return audit_cli.command(args)
 
     path = args.db if args.db else _load(args)[0].database.url
     since = parse_since(args.since) if args.since else None
