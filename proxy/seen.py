@@ -11,8 +11,10 @@ with the one this process last wrote or read (loaded at start-up), so a tools/li
 what it listed before costs no write. Writes go to one writer task and run off the event loop,
 in the order they were seen; one that fails is logged and retried with the next sighting.
 Tools are kept trimmed (`MAX_TOOLS`, names, titles and descriptions cut) before hashing:
-what an upstream may send is unbounded, what is stored is not. A per-caller upstream's list is
-the last caller's.
+what an upstream may send is unbounded, what is stored is not. Each also keeps, for the Cedar
+policies validated at start-up (proxy.seen_targets), its boolean hints (readOnlyHint, ...) and
+its inputSchema when that is at most `MAX_SCHEMA` bytes of JSON; the API shows name, title and
+description only. A per-caller upstream's list is the last caller's.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ MAX_NAME = 128
 MAX_TITLE = 200
 MAX_DESCRIPTION = 300
 MAX_VERSION = 32
+MAX_SCHEMA = 16384  # bytes of a tool's inputSchema as JSON: a larger one is not kept
+HINTS = ("destructiveHint", "idempotentHint", "openWorldHint", "readOnlyHint")
+SHOWN = ("name", "title", "description")  # what the API shows of a tool kept
 WATCHED = frozenset({"tools/list", "initialize", "server/discover"})
 _TOOLS = ("server", "tools", "tools_hash", "tools_seen_at")
 _ERA = ("server", "era", "era_seen_at")
@@ -68,11 +73,34 @@ def trimmed(tools: list[Any]) -> list[dict[str, Any]]:
         title = tool.get("title")
         if title is None and isinstance(tool.get("annotations"), dict):
             title = tool["annotations"].get("title")
-        kept.append({"name": _cut(tool["name"], MAX_NAME), "title": _cut(title, MAX_TITLE),
-                     "description": _cut(tool.get("description"), MAX_DESCRIPTION)})
+        entry: dict[str, Any] = {"name": _cut(tool["name"], MAX_NAME),
+                                 "title": _cut(title, MAX_TITLE),
+                                 "description": _cut(tool.get("description"), MAX_DESCRIPTION)}
+        hints = tool.get("annotations")
+        if isinstance(hints, dict) and (kept_hints := {
+                k: hints[k] for k in HINTS if isinstance(hints.get(k), bool)}):
+            entry["annotations"] = kept_hints
+        schema = tool.get("inputSchema")
+        if isinstance(schema, dict) and _size(schema) <= MAX_SCHEMA:
+            entry["inputSchema"] = schema
+        kept.append(entry)
         if len(kept) == MAX_TOOLS:
             break
     return kept
+
+
+def _size(value: Any) -> int:
+    try:
+        return len(orjson.dumps(value))
+    except TypeError:  # not JSON (cannot come from a parsed answer): not kept
+        return MAX_SCHEMA + 1
+
+
+def shown(tools: Any) -> Any:
+    """The tools as the API shows them: name, title and description of each."""
+    if not isinstance(tools, list):
+        return tools
+    return [{k: t.get(k) for k in SHOWN} if isinstance(t, dict) else t for t in tools]
 
 
 def _version(msg: McpMessage, result: Mapping[str, Any]) -> str | None:
@@ -212,7 +240,7 @@ class LastSeen:
             if digest is not None:  # another replica's list: compare with that one from now on
                 self._hashes[server] = digest
             out[server] = {"era": era, "era_seen_at": era_at,
-                           "tools": orjson.loads(tools) if tools is not None else None,
+                           "tools": shown(orjson.loads(tools)) if tools is not None else None,
                            "tools_seen_at": tools_at}
         return out
 

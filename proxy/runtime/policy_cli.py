@@ -1,11 +1,11 @@
 """`tollhouse policy check | test | explain | schema`: the Cedar policies (`[policy]`, issue 37)
 checked, tested and explained like code, offline.
 
-The schema is generated from the tools as last seen, read from the database: the tool names
-of each upstream's last tools/list (`server_tools`), their argument schemas where the
-guardrails' pinning recorded the definition (`tool_pins`), the person attribute names
-(`users`). The last seen list keeps no annotations, so the hints are declared (optional) but
-unknown offline; a tool whose definition was never pinned has no known arguments. `--tools
+The schema is generated from the tools as last seen, read from the database
+(proxy.seen_targets): the tools of each upstream's last tools/list with their hints and
+argument schemas (`server_tools`; a pinned definition, `tool_pins`, takes precedence), the
+person attribute names (`users`). A tool whose schema was over proxy.seen.MAX_SCHEMA has no
+known arguments. `--tools
 FILE` (JSON: `{"<endpoint>": [tool, ...]}` or `{"<endpoint>": {"tools": [...], "prompts":
 [...]}}`, tools as tools/list gives them) names the tools instead, for CI without a database.
 
@@ -185,31 +185,20 @@ def _tools_file(path: Path) -> Iterable[Target]:
 
 
 def _stored(cfg: Config) -> tuple[list[Target], list[str], str]:
-    """The tools as last seen in the database, with their pinned argument schemas."""
+    """The tools as last seen in the database, with their hints and argument schemas."""
+    from proxy.seen_targets import read_targets
     from proxy.storage.db import Database
 
     with Database(cfg.database.url) as database:
         try:
-            with database.transaction() as conn:
-                seen = conn.execute("SELECT server, tools FROM server_tools").fetchall()
-                pins = conn.execute("SELECT endpoint, name, definition FROM tool_pins").fetchall()
-                users = conn.execute("SELECT attributes FROM users").fetchall()
+            targets, attributes = read_targets(database)
         except (*database.errors, *database.missing_table) as exc:
             return [], [], (f"the database {database!r} could not be read ({exc}): no tools "
                             "known; pass --tools FILE")
-    schemas = {(e, n): json.loads(d).get("inputSchema") for e, n, d in pins}
-    targets = []
-    for server, tools in seen:
-        for tool in json.loads(tools) if tools else ():
-            name = tool.get("name")
-            if isinstance(name, str):
-                targets.append(Target.tool(server, {
-                    "name": name, "inputSchema": schemas.get((server, name))}))
-    attributes = sorted({k for (row,) in users for k in json.loads(row or "{}")})
     return targets, attributes, (
-        f"{len(targets)} tools as last seen in the database; argument schemas of "
-        f"{sum(1 for t in targets if t.input_schema)} of them from their pinned definitions "
-        "(the others have no known arguments); tool annotations are not stored")
+        f"{len(targets)} tools as last seen in the database, "
+        f"{sum(1 for t in targets if t.input_schema)} of them with their argument schemas "
+        "(the others have no known arguments)")
 
 
 def _cases(path: str) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from proxy.audit.record import AuditRecord
 from proxy.demo import TOOLS
 from proxy.jsonrpc import McpMessage
 from proxy.runtime.app import Services
-from proxy.seen import MAX_DESCRIPTION, LastSeen
+from proxy.seen import MAX_DESCRIPTION, MAX_SCHEMA, LastSeen
 from proxy.storage.db import Database
 from tests import db_backends, state_backends
 from tests.api.test_api import Env, detail, env, signed_in
@@ -117,8 +117,12 @@ async def test_a_changed_list_is_written_trimmed(tmp_path: Path) -> None:
     await seen.start()
     try:
         record = AuditRecord(endpoint="s")
-        for tools in ([{"name": "a"}], [{"name": "a"}], [{"name": "a"}, {"name": "b",
-                      "description": "x" * 5000, "annotations": {"title": "B"}}]):
+        small = {"type": "object", "properties": {"n": {"type": "integer"}}}
+        huge = {"type": "object", "description": "x" * (MAX_SCHEMA + 1)}
+        for tools in ([{"name": "a"}], [{"name": "a"}], [
+                {"name": "a", "inputSchema": huge},
+                {"name": "b", "description": "x" * 5000, "inputSchema": small,
+                 "annotations": {"title": "B", "readOnlyHint": True, "openWorldHint": "no"}}]):
             msg, result = _list(tools)
             rewrite = seen.results(msg, record, None)
             assert rewrite is not None and rewrite(result) is False
@@ -133,9 +137,16 @@ async def test_a_changed_list_is_written_trimmed(tmp_path: Path) -> None:
         assert [t["name"] for t in stored["tools"]] == ["a", "b"]
         b = stored["tools"][1]
         assert b["title"] == "B" and len(b["description"]) == MAX_DESCRIPTION
+        assert set(b) == {"name", "title", "description"}  # what the API shows
         with database.transaction() as conn:
             text = conn.execute("SELECT tools FROM server_tools WHERE server = 's'").fetchone()
-        assert orjson.loads(text[0]) == stored["tools"]
+        # kept for the Cedar policies (proxy.seen_targets): the boolean hints, and a schema
+        # within MAX_SCHEMA
+        kept = orjson.loads(text[0])
+        assert kept[1]["annotations"] == {"readOnlyHint": True}
+        assert kept[1]["inputSchema"] == small and "inputSchema" not in kept[0]
+        assert [{k: t[k] for k in ("name", "title", "description")} for t in kept] == stored[
+            "tools"]
     finally:
         await seen.aclose()
         database.close()

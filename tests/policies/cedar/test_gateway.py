@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from mcp import Client, MCPError
@@ -21,6 +22,7 @@ from mcp.types import ToolAnnotations
 from proxy.audit import query
 from tests.e2e.conftest import Stack, open_stack
 from tests.e2e.sdk_client import connect
+from tests.e2e.test_eras import modern_request
 from tests.stdio.conftest import stdio_gateway, stdio_upstream
 
 POLICIES = """
@@ -197,3 +199,29 @@ when { context.input.text != "too long to echo" };
     assert refused.structured_content["code"] == "gateway.policy.denied"
     assert refused.structured_content["message"] == "no policy permits this call"
     assert unknown.value.error.code == -32602
+
+
+async def test_what_a_list_showed_validates_and_decides_after_a_restart(tmp_path: Path) -> None:
+    """The tools as last listed (their argument schemas and hints) are kept in the database:
+    after a restart, a policy naming an argument that does not exist stops start-up before any
+    list, and a policy on a hint decides before any list."""
+    bank = Bank()
+    async with gateway(tmp_path, bank) as stack, connect(stack.endpoint) as client:
+        assert {t.name for t in (await client.list_tools()).tools} == {"balance", "transfer"}
+    typo = ('permit(principal, action == Tollhouse::Action::"tools/call", '
+            'resource == Tollhouse::Tool::"up/transfer") when { context.input.amout < 5 };')
+    with pytest.raises(Exception) as caught:
+        async with gateway(tmp_path, bank, text=typo):
+            pass
+    assert "amout" in str(caught.value) and "bank.cedar" in str(caught.value)
+    hints = ('permit(principal, action == Tollhouse::Action::"tools/call", resource) '
+             'when { resource has readOnlyHint && resource.readOnlyHint };')
+    async with gateway(tmp_path, bank, text=hints) as stack, httpx.AsyncClient() as http:
+        answers = []
+        for name, arguments in (("balance", {}), ("transfer", {"amount": 1, "to": "b"})):
+            body, headers = modern_request("tools/call", {"name": name, "arguments": arguments})
+            answer = await http.post(stack.endpoint, content=body, headers=headers)
+            answers.append(answer.json())
+    assert answers[0]["result"]["content"][0]["text"] == "42", answers
+    assert answers[1]["error"]["code"] == -32602  # hidden: no call of it could be permitted
+    assert [c[0] for c in bank.calls] == ["balance"]
