@@ -1,6 +1,7 @@
 """Who is calling /api/v1: a signed-in person (browser cookie) or a script with an API key
 (`Authorization: Bearer th_...`). 401: no or bad credential; 403: a person who is not an
-administrator, an endpoint-kind API key, or a cookie-authenticated change without this
+administrator (an auditor may read what the route table lets auditors read), an auditor's
+change of any kind, an endpoint-kind API key, or a cookie-authenticated change without this
 gateway's Origin/Referer (seed 004); 429: an auth-failure lockout, in the OAuth shape
 {"error", "error_description"} as at the edge (seed 004)."""
 
@@ -21,6 +22,7 @@ from proxy.people.signin import COOKIE
 
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 LOCKED_OUT = "api: locked out after repeated failures"  # the reason (the wire has one text)
+READS_ONLY = "an auditor reads only: it cannot change anything"
 
 
 @dataclass(frozen=True)
@@ -30,17 +32,26 @@ class Caller:
     name: str
     admin: bool
     via: Literal["cookie", "api_key"]
+    auditor: bool = False  # a person holding the role `auditor`, or a key of role "auditor"
+
+    @property
+    def reads_only(self) -> bool:
+        """An auditor who is not also an administrator: every change is refused."""
+        return self.auditor and not self.admin
 
 
-async def authenticate(api: Api, *, admin: bool, changes: bool) -> Caller:
-    """The caller of this request; `admin`: only an administrator may call, `changes`: the
-    request changes something (a cookie must then come with this gateway's Origin)."""
+async def authenticate(api: Api, *, admin: bool, changes: bool, auditor: bool = False
+                       ) -> Caller:
+    """The caller of this request; `admin`: only an administrator may call (or an auditor,
+    with `auditor`), `changes`: the request changes something (a cookie must then come with
+    this gateway's Origin; `proxy.api.endpoint` refuses an auditor's change, once the record
+    names them)."""
     authorization = request.headers.get("Authorization", "")
     if authorization.lower().startswith("bearer "):
         who = await _by_key(api, authorization[7:].strip())
     else:
         who = await _by_cookie(api, changes)
-    if admin and not who.admin:
+    if admin and not who.admin and not (auditor and who.auditor):
         raise NotPermitted("administrators only")
     return who
 
@@ -59,7 +70,7 @@ async def _by_key(api: Api, token: str) -> Caller:
     if key.endpoints:
         raise NotPermitted("an endpoint-kind API key cannot use the management API")
     return Caller(f"key:{key.id}", "tollhouse:api-key", key.name, key.role == "admin",
-                  "api_key")
+                  "api_key", key.role == "auditor")
 
 
 async def _by_cookie(api: Api, changes: bool) -> Caller:
@@ -70,9 +81,10 @@ async def _by_cookie(api: Api, changes: bool) -> Caller:
     if changes and not api.web.same_origin(request.headers):  # type: ignore[union-attr]
         raise NotPermitted("a cookie-authenticated change must come from this gateway "
                            "(Origin or Referer)")
-    return Caller(user.subject, user.issuer, user.name, user.is_admin, "cookie")
+    return Caller(user.subject, user.issuer, user.name, user.is_admin, "cookie",
+                  user.is_auditor)
 
 
 async def me(who: Caller, api: Api) -> Response:
     return json_response(Me(subject=who.subject, issuer=who.issuer, name=who.name,
-                            admin=who.admin, via=who.via))
+                            admin=who.admin, auditor=who.auditor, via=who.via))

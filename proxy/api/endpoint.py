@@ -1,7 +1,9 @@
 """The one wrapper every /api/v1 handler is served through: it fetches the `Api`,
-authenticates the caller, refuses NULs and maps a busy or unreachable database to its 503. A
-handler is a module-level `async def handler(who: Caller, api: Api, **path) -> Response`; what
-it raises (a `proxy.errors` class) the app's one error handler renders (proxy.web.routes)."""
+authenticates the caller, decides who may call (administrators, auditors on the reads the route
+table lets them make, and never an auditor's change), audits every change and every read of
+audit records, refuses NULs and maps a busy or unreachable database to its 503. A handler is a
+module-level `async def handler(who: Caller, api: Api, **path) -> Response`; what it raises (a
+`proxy.errors` class) the app's one error handler renders (proxy.web.routes)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 
 from quart import Response, request
 
-from proxy.api.caller import Caller, authenticate
+from proxy.api.caller import READS_ONLY, Caller, authenticate
 from proxy.api.context import Api
 from proxy.audit.record import AuditRecord, AuditSink
 from proxy.audit.summary import MANAGEMENT
@@ -38,6 +40,10 @@ class Route:
     # the handler names what it changed on the change's one record (given as `record`): a
     # pin decision is that record, not a second one
     names_change: bool = False
+    auditor: bool = False  # an auditor may call it too (a read: an auditor changes nothing)
+    # the route reads audit records: each call is an audit record of its own, as a change is
+    # (who, and through `record`, given to the handler, which filter and how many records)
+    reads_audit: bool = False
 
     @property
     def endpoint(self) -> str:
@@ -64,31 +70,43 @@ def current() -> Api:
 
 
 async def _serve(route: Route, api: Api, path: dict[str, Any]) -> Response:
-    if request.method in READS:
-        who: Caller = await authenticate(api, admin=route.admin, changes=False)
+    reads = request.method in READS
+    if reads and not route.reads_audit:
+        who: Caller = await authenticate(api, admin=route.admin, changes=False,
+                                         auditor=route.auditor)
         await refuse_nul(path, route.query)
         return await route.handler(who, api, **path)
 
-    async def change(record: AuditRecord) -> Response:
-        who = await authenticate(api, admin=False, changes=True)
+    async def audited_call(record: AuditRecord) -> Response:
+        who = await authenticate(api, admin=False, changes=not reads)
         record.principal = f"{who.issuer}|{who.subject}"  # a refused person is named too
-        if route.admin and not who.admin:
+        if not reads and who.reads_only:
+            raise NotPermitted(READS_ONLY)
+        if route.admin and not who.admin and not (reads and route.auditor and who.auditor):
             raise NotPermitted("administrators only")
         await refuse_nul(path, route.query)
-        if route.names_change:
+        if route.names_change or route.reads_audit:
             return await route.handler(who, api, record=record, **path)
         return await route.handler(who, api, **path)
 
-    return await audited(api.audit, change)
+    return await audited(api.audit, audited_call)
+
+
+class Streamed(Response):
+    """An answer streamed after its handler returns, whose body hands the request's audit
+    record to the sink itself once it ends (an export: how many records it sent is known only
+    then); `audited` leaves the record to it."""
 
 
 async def audited(sink: AuditSink | None, change: Callable[[AuditRecord], Awaitable[Response]]
                   ) -> Response:
-    """A change through /api/v1, and its one audit record (`change` names the principal on
-    it once known, and a handler may name what it changed), durable before the answer, as at
-    the MCP edge."""
+    """A change through /api/v1 (or a read of audit records), and its one audit record
+    (`change` names the principal on it once known, and a handler may name what it changed or
+    read), durable before the answer, as at the MCP edge; a `Streamed` answer's body writes
+    it when it ends."""
     record = AuditRecord(endpoint=AUDIT_ENDPOINT,
                          method=f"{request.method} {request.path}"[:300])
+    later = False
     try:
         response = await change(record)
     except GatewayError as exc:
@@ -103,11 +121,12 @@ async def audited(sink: AuditSink | None, change: Callable[[AuditRecord], Awaita
         raise
     else:
         record.http_status = response.status_code
+        later = isinstance(response, Streamed)
         return response
     finally:
         if record.note is None:  # a handler that named its change said what it did
             record.note = f"HTTP {record.http_status}"
-        if sink is not None:
+        if sink is not None and not later:
             await sink.write(record)
 
 

@@ -1,6 +1,7 @@
 """/api/v1/keys: API keys. PUT and PATCH change a key's name, endpoints, role and expiry; the
 secret never changes and is shown only by POST. A revoked key is final: changing it is a 409.
-The gateway's key index sees a change on its next lookup (the next /mcp request)."""
+The gateway's key index sees a change on its next lookup (the next /mcp request). A key of
+role `auditor` is a management key: it names no endpoint (422), and no MCP endpoint takes it."""
 
 from __future__ import annotations
 
@@ -40,6 +41,26 @@ def _known_endpoints(api: Api) -> Check:
     return check
 
 
+def _auditor_names_no_endpoint(api: Api, key_id: str | None = None) -> Check:
+    """A check for `read`: a key of role `auditor` (the body's, or for a PATCH that leaves
+    the role out, the stored key's) names no endpoint (the body's, else the stored key's)."""
+
+    async def check(data: dict[str, Any]) -> Problems:
+        role, endpoints = data.get("role"), data.get("endpoints")
+        if key_id is not None and ("role" not in data or "endpoints" not in data):
+            stored = await asyncio.to_thread(api_keys.get, api.database, key_id) \
+                if re.fullmatch(KEY_ID, key_id) else None
+            if stored is not None:
+                role = data.get("role", stored.role)
+                endpoints = data.get("endpoints", sorted(stored.endpoints))
+        if role == "auditor" and isinstance(endpoints, list) and endpoints:
+            return [{"loc": ["body", "endpoints"], "msg": "a key of role auditor reads the "
+                     "management API and names no endpoint", "type": "value_error"}]
+        return []
+
+    return check
+
+
 async def _change_key(api: Api, key_id: str, changes: dict[str, Any]) -> Response:
     try:
         changed = await asyncio.to_thread(
@@ -65,7 +86,7 @@ async def keys(who: Caller, api: Api) -> Response:
 
 
 async def create_key(who: Caller, api: Api) -> Response:
-    body = await read(KeyIn, _known_endpoints(api))
+    body = await read(KeyIn, _known_endpoints(api), _auditor_names_no_endpoint(api))
     key, secret = await asyncio.to_thread(api_keys.create, api.database, body.name,
                                           body.endpoints, body.role, body.expires_in_days)
     return json_response(KeyCreated(**key.public(), key=secret), 201)
@@ -79,13 +100,15 @@ async def key(who: Caller, api: Api, key_id: str) -> Response:
 
 
 async def put_key(who: Caller, api: Api, key_id: str) -> Response:
-    body = await read(KeyPut, same_as_path("id", key_id), _known_endpoints(api))
+    body = await read(KeyPut, same_as_path("id", key_id), _known_endpoints(api),
+                      _auditor_names_no_endpoint(api))
     return await _change_key(api, key_id, {"name": body.name, "endpoints": body.endpoints,
                                            "role": body.role, "expires_at": body.expires_at})
 
 
 async def patch_key(who: Caller, api: Api, key_id: str) -> Response:
-    body = await read(KeyPatch, same_as_path("id", key_id), _known_endpoints(api))
+    body = await read(KeyPatch, same_as_path("id", key_id), _known_endpoints(api),
+                      _auditor_names_no_endpoint(api, key_id))
     sent = body.model_fields_set - {"id"}
     return await _change_key(api, key_id, {field: getattr(body, field) for field in sent})
 

@@ -37,13 +37,17 @@ class Role(BaseModel):
 
 
 RoleName = Annotated[str, Field(pattern=NAME)]
+# an API key's role: "" (an endpoint key, or a management key that reads what a person does),
+# "admin", or "auditor" (reads the audit log, usage, policies and the audit evidence's status;
+# changes nothing; a management key only: never valid at an MCP endpoint)
+KeyRole = Literal["", "admin", "auditor"]
 Expiry = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
 
 
 class KeyIn(Strict):
     name: str = Field(min_length=1, max_length=100, pattern=TEXT)
     endpoints: list[str] = Field(default_factory=list)
-    role: Literal["", "admin"] = ""
+    role: KeyRole = ""
     expires_in_days: float | None = number(gt=0, le=36500)
 
 
@@ -61,7 +65,7 @@ class KeyPut(Strict):
     id: str | None = None
     name: str = Field(min_length=1, max_length=100, pattern=TEXT)
     endpoints: list[str]
-    role: Literal["", "admin"] = ""
+    role: KeyRole = ""
     expires_at: Expiry | None
 
 
@@ -72,7 +76,7 @@ class KeyPatch(Strict):
     id: str | None = None
     name: str = unsent(min_length=1, max_length=100, pattern=TEXT)
     endpoints: list[str] = unsent()
-    role: Literal["", "admin"] = unsent()
+    role: KeyRole = unsent()
     expires_at: Expiry | None = None
 
 
@@ -142,6 +146,7 @@ class Me(BaseModel):
     issuer: str
     name: str
     admin: bool
+    auditor: bool  # holds the role `auditor`: reads the audit evidence, changes nothing
     via: Literal["cookie", "api_key"]
 
 

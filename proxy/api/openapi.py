@@ -43,8 +43,9 @@ MODELS: tuple[type[BaseModel], ...] = (ServerIn, ServerPatch, ServerOut, KeyIn, 
 ERRORS = {
     "400": "A precondition of the operation does not hold.",
     "401": "No credential, or an invalid or expired one.",
-    "403": "Not an administrator, an endpoint-kind API key, or a cookie change without this "
-           "gateway's Origin.",
+    "403": "Not an administrator (auditors may read the audit log, usage, policies and the "
+           "audit evidence's status), an auditor's change, an endpoint-kind API key, or a "
+           "cookie change without this gateway's Origin.",
     "404": "The named resource does not exist.",
     "409": "A name already in use, a built-in role, a role someone holds, a server API keys "
            "name, or a revoked key.",
@@ -440,7 +441,8 @@ def document(*, connections: bool = False) -> dict[str, Any]:
             "paths": paths,
             "components": {"schemas": schemas, "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer",
-                           "description": "an admin API key (th_...)"},
+                           "description": "a management API key (th_...) of role admin, "
+                                          "or auditor to read"},
                 "cookie": {"type": "apiKey", "in": "cookie", "name": "tollhouse_session"}}}}
 
 

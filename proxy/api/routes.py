@@ -1,5 +1,7 @@
 """The /api/v1 route table: every route, the module-level handler that serves it and who may
-call it, in the order they are registered. Each is served through `endpoint.view`; the
+call it (administrators; `admin=False`: anyone signed in; `auditor=True`: auditors too, on a
+read), and whether it reads audit records (each call then audited), in the order they are
+registered. Each is served through `endpoint.view`; the
 handlers reach the `Api` and the caller as arguments (see `endpoint`)."""
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ ROUTES: tuple[Route, ...] = (
     Route("/users/<name>", "PUT", users.put_user),
     Route("/users/<name>", "PATCH", users.patch_user),
     Route("/users/<name>", "DELETE", users.delete_user),
-    Route("/policies", "GET", policies.policies),
+    Route("/policies", "GET", policies.policies, auditor=True),
     Route("/policies", "POST", policies.create_policy, names_change=True),
-    Route("/policies/<policy_id>", "GET", policies.policy),
+    Route("/policies/<policy_id>", "GET", policies.policy, auditor=True),
     Route("/policies/<policy_id>", "PUT", policies.put_policy, names_change=True),
     Route("/policies/<policy_id>", "DELETE", policies.delete_policy, names_change=True),
     Route("/roles", "GET", roles.roles),
@@ -65,8 +67,8 @@ ROUTES: tuple[Route, ...] = (
     Route("/roles/<name>", "PUT", roles.put_role),
     Route("/roles/<name>", "PATCH", roles.patch_role),
     Route("/roles/<name>", "DELETE", roles.delete_role),
-    Route("/audit", "GET", audit.audit, query=True),
-    Route("/usage", "GET", audit.usage_totals, query=True),
+    Route("/audit", "GET", audit.audit, query=True, auditor=True, reads_audit=True),
+    Route("/usage", "GET", audit.usage_totals, query=True, auditor=True),
     Route("/pins", "GET", pins.pending),
     Route("/pins/<server>/<tool>/approve", "POST", pins.approve, names_change=True),
     Route("/pins/<server>/<tool>/reject", "POST", pins.reject, names_change=True),
@@ -75,10 +77,11 @@ ROUTES: tuple[Route, ...] = (
     Route("/me/keys", "GET", mine.my_keys, admin=False),
     Route("/me/keys", "POST", mine.create_my_key, admin=False),
     Route("/me/keys/<key_id>", "DELETE", mine.revoke_my_key, admin=False),
-    Route("/usage/series", "GET", summary.usage_series, query=True),
-    Route("/usage/summary", "GET", summary.usage_summary, query=True),
-    Route("/audit/export", "GET", summary.audit_export, query=True),
-    Route("/audit/<record_id>", "GET", summary.audit_record),
+    Route("/usage/series", "GET", summary.usage_series, query=True, auditor=True),
+    Route("/usage/summary", "GET", summary.usage_summary, query=True, auditor=True),
+    Route("/audit/export", "GET", summary.audit_export, query=True, auditor=True,
+          reads_audit=True),
+    Route("/audit/<record_id>", "GET", summary.audit_record, auditor=True, reads_audit=True),
 )
 
 

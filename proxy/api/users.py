@@ -1,5 +1,7 @@
-"""/api/v1/users: people. `roles` are custom roles (see /roles), each of which must exist;
-the built-in ones are `admin` (the admin field) and `user` (everyone). PUT replaces admin and
+"""/api/v1/users: people. `roles` are custom roles (see /roles), each of which must exist, and
+the built-in role `auditor` (reads the audit log, usage, policies and the audit evidence's
+status; changes nothing); the other built-in ones are `admin` (the admin field) and `user`
+(everyone). PUT replaces admin and
 roles and keeps the password unless one is sent; a federated user has no password here (400)."""
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from proxy.api.caller import Caller
 from proxy.api.context import Api
 from proxy.api.models import NAME, UserIn, UserOut, UserPatch, UserPut
 from proxy.errors import BadRequest, Conflict, Invalid, NotFound
-from proxy.people.accounts import LastAdmin, NotLocal, UnknownRoles, User, UserExists
+from proxy.people.accounts import (
+    AUDITOR,
+    LastAdmin,
+    NotLocal,
+    UnknownRoles,
+    User,
+    UserExists,
+)
 from proxy.people.signin import COOKIE
 
 
@@ -26,8 +35,9 @@ def _user_name(name: str) -> str:
 
 
 def _user_out(u: User) -> UserOut:
+    roles = u.roles | {AUDITOR} if u.is_auditor else u.roles
     return UserOut(id=u.id, name=u.name, issuer=u.issuer, subject=u.subject, admin=u.is_admin,
-                   roles=sorted(u.roles), attributes=dict(u.attributes))
+                   roles=sorted(roles), attributes=dict(u.attributes))
 
 
 def _unknown_roles(exc: UnknownRoles, roles: list[str]) -> Invalid:
@@ -44,7 +54,7 @@ def _unknown_roles(exc: UnknownRoles, roles: list[str]) -> Invalid:
 
 def _known_roles(api: Api) -> Check:
     """A check for `read`: each of the body's roles (well-formed ones: the model names the
-    others) is a custom role."""
+    others) is a custom role or `auditor`."""
 
     async def check(data: dict[str, Any]) -> Problems:
         roles = data.get("roles")
@@ -54,6 +64,7 @@ def _known_roles(api: Api) -> Check:
         if not named:
             return []
         known = {r.name for r in await asyncio.to_thread(api.accounts.roles) if not r.builtin}
+        known.add(AUDITOR)
         return _unknown_roles(UnknownRoles([r for r in named if r not in known]),
                               roles).problems
 

@@ -165,6 +165,9 @@ class BearerAuth:
             raise Failed("unknown, revoked or expired API key")
         if key.endpoints and endpoint not in key.endpoints:
             raise Forbidden(f"auth: API key {key.id} is not valid for endpoint {endpoint}")
+        if key.role == "auditor":  # reads the management API, calls no tool
+            raise Forbidden(f"auth: API key {key.id} is an auditor's: it is not valid for "
+                            "any endpoint")
         return Principal(subject=f"key:{key.id}", issuer="tollhouse:api-key",
                          display_name=key.name, kind="api_key", api_key_id=key.id,
                          key_endpoints=key.endpoints, role=key.role)

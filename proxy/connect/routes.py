@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 import orjson
 from quart import Quart, Response, request
 
+from proxy.api.caller import READS_ONLY
 from proxy.api.endpoint import audited
 from proxy.audit.record import AuditRecord
 from proxy.connect.manager import ConnectFailed, Connections
@@ -154,6 +155,8 @@ async def api_disconnect(here: ConnectRoutes, upstream: str) -> Response:
         record.principal = user.principal().key
         if not here.web.same_origin(request.headers):
             raise NotPermitted("a cookie-authenticated change must come from this gateway")
+        if user.reads_only:
+            raise NotPermitted(READS_ONLY)
         if upstream not in here.connections.upstreams:
             raise NotFound(f"upstream '{upstream}' not found")
         await here.connections.disconnect(upstream, user.principal().key)

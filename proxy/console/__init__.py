@@ -13,7 +13,7 @@ from typing import Any
 from quart import Blueprint, Quart, Response, request
 
 from proxy.console import admin, mine, policies
-from proxy.console.guard import page, secure
+from proxy.console.guard import Who, page, secure
 from proxy.people.accounts import User
 from proxy.people.signin import Web
 from proxy.web.paths import segment
@@ -31,7 +31,9 @@ def _bind(view: Callable[..., Awaitable[Response]], web: Web
 
 
 async def _home(web: Web, user: User) -> Response:
-    return await (admin.overview(web, user) if user.is_admin else mine.home(web, user))
+    if user.is_admin or user.is_auditor:  # the overview reads aggregates an auditor may read
+        return await admin.overview(web, user)
+    return await mine.home(web, user)
 
 
 def _timestamp(ts: float) -> str:
@@ -52,46 +54,47 @@ def _named(view: Callable[..., Awaitable[Response]], name: str
     return named
 
 
-# (rule, method, view, administrators only)
-PAGES: tuple[tuple[str, str, Callable[..., Awaitable[Response]], bool], ...] = (
-    ("/", "GET", _home, False),
-    ("/servers", "GET", admin.servers, True),
-    ("/servers", "POST", admin.create_server, True),
-    ("/servers/<name>", "GET", admin.server, True),
-    ("/servers/<name>", "POST", admin.change_server, True),
-    ("/servers/<name>/delete", "POST", admin.delete_server, True),
-    ("/policies", "GET", policies.policies, True),
-    ("/keys", "GET", admin.keys, True),
+# (rule, method, view, who may see it: "admin", "auditor" (administrators and auditors) or
+# "anyone" signed in; an auditor changes nothing, whatever the page)
+PAGES: tuple[tuple[str, str, Callable[..., Awaitable[Response]], Who], ...] = (
+    ("/", "GET", _home, "anyone"),
+    ("/servers", "GET", admin.servers, "admin"),
+    ("/servers", "POST", admin.create_server, "admin"),
+    ("/servers/<name>", "GET", admin.server, "admin"),
+    ("/servers/<name>", "POST", admin.change_server, "admin"),
+    ("/servers/<name>/delete", "POST", admin.delete_server, "admin"),
+    ("/policies", "GET", policies.policies, "auditor"),
+    ("/keys", "GET", admin.keys, "admin"),
     ("/keys", "POST", _named(partial(admin.make_key, api_path="/keys", admin=True,
-                                     listing=admin.keys), "create_key"), True),
+                                     listing=admin.keys), "create_key"), "admin"),
     ("/keys/<key_id>/revoke", "POST",
-     _named(partial(admin.revoke_at, api_path="/keys"), "revoke_key"), True),
-    ("/users", "GET", admin.users, True),
-    ("/users", "POST", admin.create_user, True),
-    ("/users/<name>", "POST", admin.change_user, True),
-    ("/users/<name>/delete", "POST", admin.delete_user, True),
-    ("/roles", "POST", admin.create_role, True),
-    ("/roles/<name>/delete", "POST", admin.delete_role, True),
-    ("/audit", "GET", admin.audit, True),
-    ("/audit/<int:record_id>", "GET", admin.audit_record, True),
-    ("/usage", "GET", admin.usage, True),
-    ("/me/connections", "GET", mine.connections, False),
-    ("/me/connections/<upstream>/disconnect", "POST", mine.disconnect, False),
-    ("/me/keys", "GET", mine.my_keys, False),
+     _named(partial(admin.revoke_at, api_path="/keys"), "revoke_key"), "admin"),
+    ("/users", "GET", admin.users, "admin"),
+    ("/users", "POST", admin.create_user, "admin"),
+    ("/users/<name>", "POST", admin.change_user, "admin"),
+    ("/users/<name>/delete", "POST", admin.delete_user, "admin"),
+    ("/roles", "POST", admin.create_role, "admin"),
+    ("/roles/<name>/delete", "POST", admin.delete_role, "admin"),
+    ("/audit", "GET", admin.audit, "auditor"),
+    ("/audit/<int:record_id>", "GET", admin.audit_record, "auditor"),
+    ("/usage", "GET", admin.usage, "auditor"),
+    ("/me/connections", "GET", mine.connections, "anyone"),
+    ("/me/connections/<upstream>/disconnect", "POST", mine.disconnect, "anyone"),
+    ("/me/keys", "GET", mine.my_keys, "anyone"),
     ("/me/keys", "POST", _named(partial(admin.make_key, api_path="/me/keys", admin=False,
-                                        listing=mine.my_keys), "create_my_key"), False),
+                                        listing=mine.my_keys), "create_my_key"), "anyone"),
     ("/me/keys/<key_id>/revoke", "POST",
-     _named(partial(admin.revoke_at, api_path="/me/keys"), "revoke_my_key"), False),
-    ("/me/connect", "GET", mine.connect_client, False),
+     _named(partial(admin.revoke_at, api_path="/me/keys"), "revoke_my_key"), "anyone"),
+    ("/me/connect", "GET", mine.connect_client, "anyone"),
 )
 
 
 def register(app: Quart, web: Web) -> None:
     bp = Blueprint("console", __name__, url_prefix="/console", template_folder="templates",
                    static_folder="static", static_url_path="/static")
-    for rule, method, view, admin_only in PAGES:
+    for rule, method, view, who in PAGES:
         endpoint = f"{view.__name__}_{method.lower()}"
-        bp.add_url_rule(rule, endpoint, page(lambda: web, admin=admin_only)(_bind(view, web)),
+        bp.add_url_rule(rule, endpoint, page(lambda: web, who=who)(_bind(view, web)),
                         methods=[method])
     bp.add_app_template_filter(_timestamp, "timestamp")
     bp.add_app_template_filter(segment, "segment")  # every name in a URL the pages build

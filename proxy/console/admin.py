@@ -141,8 +141,8 @@ async def keys(web: Web, user: User, created: dict[str, Any] | None = None,
 
 def key_body(form: Any, admin: bool) -> dict[str, Any]:
     body: dict[str, Any] = {"name": form.get("name", ""), "endpoints": form.getlist("endpoints")}
-    if admin and form.get("role") == "admin":
-        body["role"] = "admin"
+    if admin and form.get("role") in ("admin", "auditor"):
+        body["role"] = form["role"]
     days = form.get("expires_in_days", "").strip()
     if days:
         try:

@@ -1,6 +1,7 @@
 """What every /console/ response and change passes: the person signed in (else 303 to
-/signin?next=...), administrators only on the administrators' pages, a CSRF token and this
-gateway's Origin on every POST, and the headers (a strict CSP with no inline script or style,
+/signin?next=...), administrators only on the administrators' pages (auditors too on those
+they may read), no change at all by an auditor, a CSRF token and this gateway's Origin on every
+POST, and the headers (a strict CSP with no inline script or style,
 no framing, no caching, no sniffing)."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import hashlib
 import hmac
 from collections.abc import Awaitable, Callable
 from functools import wraps
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlencode
 
 from quart import Response, render_template, request
@@ -23,6 +24,8 @@ HEADERS = {"Content-Security-Policy": CSP, "X-Frame-Options": "DENY",
            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin",
            "Cache-Control": "no-store"}
 View = Callable[..., Awaitable[Any]]
+# who may see a page: administrators; administrators and auditors; anyone signed in
+Who = Literal["admin", "auditor", "anyone"]
 
 
 def secure(response: Response) -> Response:
@@ -47,9 +50,19 @@ async def refuse(web: Web, status: int, title: str, message: str,
     return Response(body, status, {"Content-Type": "text/html; charset=utf-8"})
 
 
-def page(web_of: Callable[[], Web], *, admin: bool) -> Callable[[View], View]:
-    """A console view: signed in (and an administrator, if `admin`); a POST also needs this
-    gateway's Origin (or Referer) and the session's CSRF token. The view gets the user."""
+def allowed(user: User, who: Who) -> bool:
+    """Whether `user` may see a page for `who` (a change is refused to an auditor anyway)."""
+    if who == "admin":
+        return user.is_admin
+    if who == "auditor":
+        return user.is_admin or user.is_auditor
+    return True
+
+
+def page(web_of: Callable[[], Web], *, who: Who) -> Callable[[View], View]:
+    """A console view: signed in (and one of `who`); a POST also needs this gateway's Origin
+    (or Referer) and the session's CSRF token, and is refused to an auditor who is not an
+    administrator. The view gets the user."""
 
     def wrap(view: View) -> View:
         @wraps(view)
@@ -61,7 +74,11 @@ def page(web_of: Callable[[], Web], *, admin: bool) -> Callable[[View], View]:
                 target = request.full_path.rstrip("?") if request.method == "GET" \
                     else "/console/"
                 return see_other("/signin?" + urlencode({"next": target}))
-            if admin and not user.is_admin:
+            if request.method == "POST" and user.reads_only:  # whatever the page
+                return await refuse(web, 403, "Auditors change nothing",
+                                    "An auditor's account reads the audit evidence and "
+                                    "changes nothing.", user)
+            if not allowed(user, who):
                 return await refuse(web, 403, "Administrators only",
                                     "This page is for the gateway's administrators.", user)
             if request.method == "POST":

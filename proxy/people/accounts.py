@@ -6,7 +6,11 @@ or an external JWT with the same (issuer, subject). Local accounts have issuer `
 and subject `local:<name>`; federated ones keep their identity provider's issuer and `sub`.
 Passwords are hashed with scrypt (memory-hard, in the standard library) and never logged.
 
-Roles: every user holds the built-in role `user`, administrators `admin` too (`is_admin`).
+Roles: every user holds the built-in role `user`, administrators `admin` too (`is_admin`), and
+auditors the built-in role `auditor` (`is_auditor`: they read the audit log, usage, policies and
+the audit evidence's status through /api/v1 and the console, and change nothing). The auditor
+role is a row of `user_roles` under a name no custom role can have (`AUDITOR_ROW`: a role's name
+has no ':'), so it needs no column of its own and is never one of the user's groups.
 Custom roles (the `roles` table, made through the management API) are held through
 `user_roles` and act as groups: `User.groups` is the identity provider's groups (the `groups`
 column, which each federated sign-in overwrites) together with the user's custom roles (which it
@@ -42,8 +46,15 @@ _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_.@-]+")
 _NAME_START = re.compile(r"^[^A-Za-z0-9]+")
 FEDERATED_FALLBACK = "user"  # a chosen name with nothing of the rule in it
 
+AUDITOR = "auditor"
 BUILTIN_ROLES = {"admin": "manages the gateway through /api/v1",
-                 "user": "uses the endpoints their access rules allow"}
+                 "user": "uses the endpoints their access rules allow",
+                 AUDITOR: "reads the audit log, usage, policies and the audit evidence's "
+                          "status; changes nothing"}
+# the auditor role as `user_roles` (and, for its foreign key, `roles`) hold it: not a name a
+# custom role can have, so a custom role named `auditor` made before the role was built in
+# stays a group and gives no auditor rights
+AUDITOR_ROW = "tollhouse:auditor"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +68,17 @@ class User:
     roles: frozenset[str] = frozenset()  # the custom roles alone
     # what a per-caller upstream URL may be filled from (proxy.config.template), sorted
     attributes: tuple[tuple[str, str], ...] = ()
+    is_auditor: bool = False  # holds the built-in role `auditor`
 
     @property
     def local(self) -> bool:
         return self.issuer == LOCAL_ISSUER
+
+    @property
+    def reads_only(self) -> bool:
+        """An auditor who is not an administrator: refused every change through /api/v1 and
+        the console."""
+        return self.is_auditor and not self.is_admin
 
     def principal(self) -> Principal:
         return Principal(subject=self.subject, issuer=self.issuer, display_name=self.name,
@@ -93,7 +111,9 @@ _DUMMY = hash_password(secrets.token_hex(8))
 _COLUMNS = "id, name, issuer, subject, is_admin, groups, attributes"
 
 
-def _user(row: tuple[object, ...], roles: frozenset[str] = frozenset()) -> User:
+def _user(row: tuple[object, ...], held: frozenset[str] = frozenset()) -> User:
+    """A user from its row and its `user_roles` rows (the auditor role's among them)."""
+    roles = held - {AUDITOR_ROW}
     groups = str(row[5] or "")
     try:
         stored = orjson.loads(str(row[6] or "{}"))
@@ -102,7 +122,8 @@ def _user(row: tuple[object, ...], roles: frozenset[str] = frozenset()) -> User:
     attributes = tuple(sorted((str(k), str(v)) for k, v in stored.items())) \
         if isinstance(stored, dict) else ()
     return User(str(row[0]), str(row[1]), str(row[2]), str(row[3]), bool(row[4]),
-                frozenset(g for g in groups.split("\n") if g) | roles, roles, attributes)
+                frozenset(g for g in groups.split("\n") if g) | roles, roles, attributes,
+                AUDITOR_ROW in held)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,11 +198,12 @@ class Accounts:
                      roles: Iterable[str] = (),
                      attributes: Mapping[str, str] | None = None) -> User:
         """A local account; UserExists if the name is taken, UnknownRoles if a role is not a
-        custom role."""
+        custom role nor `auditor`."""
         held = _unique(roles)
+        custom = frozenset(held) - {AUDITOR}
         attrs = dict(sorted((attributes or {}).items()))
         user = User(secrets.token_hex(8), name, LOCAL_ISSUER, f"local:{name}", admin,
-                    frozenset(held), frozenset(held), tuple(attrs.items()))
+                    custom, custom, tuple(attrs.items()), AUDITOR in held)
         hashed = hash_password(password)
         try:
             with self._db.transaction() as conn:
@@ -228,9 +250,10 @@ class Accounts:
             else:
                 conn.execute(sql("UPDATE users SET is_admin = ?, groups = ? WHERE id = ?"),
                              (int(admin), joined, row[0]))
-                roles = self._roles_of(conn, str(row[0]))
+                held = self._roles_of(conn, str(row[0]))
+                roles = held - {AUDITOR_ROW}
                 user = User(str(row[0]), str(row[1]), issuer, subject, admin, groups | roles,
-                            roles)
+                            roles, is_auditor=AUDITOR_ROW in held)
         self._changed()
         return user
 
@@ -334,18 +357,26 @@ class Accounts:
 
     def _set_roles(self, conn: db.Connection, user_id: str, roles: tuple[str, ...]
                    ) -> None:
-        """Replace the user's custom roles (inside the caller's transaction, which the
-        UnknownRoles raised here rolls back). Each row is written only if its role exists, in
-        one statement; on PostgreSQL the foreign key also stops a role deleted meanwhile."""
+        """Replace the user's custom roles and the auditor role (inside the caller's
+        transaction, which the UnknownRoles raised here rolls back). Each row is written only if
+        its role exists, in one statement; on PostgreSQL the foreign key also stops a role
+        deleted meanwhile. The auditor role's row in `roles` is written the first time a user
+        is given it."""
         sql = self._db.sql
         conn.execute(sql("DELETE FROM user_roles WHERE user_id = ?"), (user_id,))
-        unknown = {r for r in roles if r in BUILTIN_ROLES}
+        unknown = {r for r in roles if r in BUILTIN_ROLES and r != AUDITOR}
+        if AUDITOR in roles:
+            now = time.time()
+            conn.execute(sql("INSERT INTO roles (name, description, created_at, updated_at) "
+                             "VALUES (?, ?, ?, ?) ON CONFLICT (name) DO NOTHING"),
+                         (AUDITOR_ROW, BUILTIN_ROLES[AUDITOR], now, now))
         for role in roles:
-            if role in BUILTIN_ROLES:
+            if role in BUILTIN_ROLES and role != AUDITOR:
                 continue
+            stored = AUDITOR_ROW if role == AUDITOR else role
             try:
                 cur = conn.execute(sql("INSERT INTO user_roles (user_id, role) SELECT ?, name "
-                                       "FROM roles WHERE name = ?"), (user_id, role))
+                                       "FROM roles WHERE name = ?"), (user_id, stored))
             except self._db.integrity_errors:
                 raise UnknownRoles([role]) from None
             if cur.rowcount != 1:
@@ -358,8 +389,9 @@ class Accounts:
     def roles(self) -> tuple[Role, ...]:
         """The built-in roles, then the custom ones by name."""
         with self._db.transaction() as conn:
-            rows = conn.execute(self._db.sql("SELECT name, description FROM roles "
-                                             "ORDER BY name"), ()).fetchall()
+            rows = conn.execute(self._db.sql("SELECT name, description FROM roles WHERE "
+                                             "name <> ? ORDER BY name"), (AUDITOR_ROW,)
+                                ).fetchall()
         return (*(Role(n, d, True) for n, d in BUILTIN_ROLES.items()),
                 *(Role(str(n), str(d), False) for n, d in rows))
 

@@ -121,7 +121,9 @@ def _account_commands(sub: Any) -> None:
     create.add_argument("--name", required=True)
     create.add_argument("--endpoint", action="append", default=[],
                         help="limit the key to this endpoint (repeatable; default: all)")
-    create.add_argument("--role", choices=["admin"], default="")
+    create.add_argument("--role", choices=["admin", "auditor"], default="",
+                        help="admin: the management API; auditor: reads the audit evidence "
+                             "through it and changes nothing (names no endpoint)")
     create.add_argument("--expires-in", type=float, metavar="DAYS")
     create.add_argument("--json", action="store_true")
     listing = keys_sub.add_parser("list", help="list keys (never their secrets)")
@@ -463,12 +465,18 @@ def _keys(args: argparse.Namespace) -> int:
             print("tollhouse: keys create: --expires-in must be a positive number of days",
                   file=sys.stderr)
             return 2
+        if args.role == "auditor" and args.endpoint:
+            print("tollhouse: keys create: an auditor key names no --endpoint",
+                  file=sys.stderr)
+            return 2
         key, secret = keys.create(path, args.name, args.endpoint, args.role, args.expires_in)
         if args.json:
             out.write(orjson.dumps({"id": key.id, "key": secret, "name": key.name}).decode()
                       + "\n")
         else:
             scope = ", ".join(sorted(key.endpoints)) or "every endpoint"
+            if key.role == "auditor":
+                scope = "the management API, to read the audit evidence (no endpoint)"
             out.write(f"created API key {key.id} ({key.name}) for {scope}; "
                       "the secret below is shown once:\n")
             out.write(secret + "\n")

@@ -487,7 +487,7 @@ async def test_access_rules_through_the_api_apply_on_the_next_call(tmp_path: Pat
         assert patched.status_code == 200, patched.text
         assert "result" in (await tool("add")).json()
         roles = (await e.admin.get(e.api("/roles"))).json()["items"]
-        assert [r["name"] for r in roles] == ["admin", "user"]
+        assert [r["name"] for r in roles] == ["admin", "user", "auditor"]
 
 
 async def test_single_users_and_keys(tmp_path: Path) -> None:
@@ -853,8 +853,8 @@ async def test_federated_users_keep_their_roles_and_have_no_password(tmp_path: P
 async def test_roles_registry(tmp_path: Path) -> None:
     async with env(tmp_path) as e:
         listed = (await e.admin.get(e.api("/roles"))).json()["items"]
-        assert [(r["name"], r["source"]) for r in listed] == [("admin", "builtin"),
-                                                              ("user", "builtin")]
+        assert [(r["name"], r["source"]) for r in listed] == [
+            ("admin", "builtin"), ("user", "builtin"), ("auditor", "builtin")]
         made = await e.admin.post(e.api("/roles"), json={"name": "ops",
                                                          "description": "on call"})
         assert made.status_code == 201
@@ -910,7 +910,7 @@ async def test_roles_registry(tmp_path: Path) -> None:
         assert (await e.admin.delete(e.api("/roles/ops"))).status_code == 204
         assert (await e.admin.get(e.api("/roles/ops"))).status_code == 404
         assert [r["name"] for r in (await e.admin.get(e.api("/roles"))).json()["items"]] == [
-            "admin", "user"]
+            "admin", "user", "auditor"]
 
 
 # -- a role at the edge --------------------------------------------------------------------------

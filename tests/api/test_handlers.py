@@ -61,7 +61,7 @@ async def test_a_handler_is_a_plain_function() -> None:
         answer = await caller.me(ADMIN, api)
         assert answer.status_code == 200 and await answer.get_json() == {
             "subject": "key:abc", "issuer": "tollhouse:api-key", "name": "ci", "admin": True,
-            "via": "api_key"}
+            "auditor": False, "via": "api_key"}
         with pytest.raises(NotFound) as refused:  # never a role's name: no query made
             await roles.role(ADMIN, api, "no such/role")
         assert (refused.value.wire_status, refused.value.detail) == (
