@@ -29,12 +29,16 @@ from policies.guardrails import Hidden
 from policies.metering import MeteringBackend
 from proxy.api.context import Api
 from proxy.audit import AuditRecord, AuditSink, DatabaseAuditSink
+from proxy.audit import chain as audit_chain
+from proxy.audit.checkpoint import Checkpoints, Signer
 from proxy.audit.outbox import OutboxWorker
+from proxy.audit.retention import Retention
 from proxy.auth.authenticator import Authenticator, BearerAuth, NoAuth
 from proxy.auth.keys import KeyIndex
 from proxy.chain import Chain
 from proxy.compiled import Deps, build_gate, compile
 from proxy.config import MeteringConfig
+from proxy.config.audit_chain import signing_key
 from proxy.confine import Environment
 from proxy.destinations import Destinations, SystemResolver, parse_addresses
 from proxy.mcp.gateway import Gateway
@@ -282,6 +286,10 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
         outbox.use(live.backend, cfg.metering)
     if deps.policies is not None:
         deps.policies.listen(serving.policies_changed)
+    retention = _retention(s)
+    if retention is not None:  # (its pass in progress ends before the database closes)
+        pruning = asyncio.get_running_loop().create_task(retention.run())
+        stack.push_async_callback(_stopped, pruning)
     mirrors.start()  # what other processes change: servers, endpoints, pins, polled
     stack.push_async_callback(mirrors.stop)
     await seen.start()
@@ -302,9 +310,37 @@ def _audit(s: Services) -> tuple[AuditSink, UsageOutbox | None]:
     audit = DatabaseAuditSink(
         database, journal=cfg.database.journal(sqlite_file),
         commit_window_s=cfg.database.audit_commit_window_ms / 1000,
-        on_outbox=outbox.wake, deliver=outbox.deliver,
+        on_outbox=outbox.wake, deliver=outbox.deliver, checkpoints=_checkpoints(s),
         on_fallback=metrics.audit_fallback.inc if metrics is not None else None)
     return audit, outbox
+
+
+def _signer(s: Services) -> Signer | None:
+    """The audit chain's signing key, with the chain on (checked when the config loaded)."""
+    chain = s.cfg.audit.chain
+    return Signer(signing_key(chain, s.base_dir)) if chain.enabled else None
+
+
+def _checkpoints(s: Services) -> Checkpoints | None:
+    """With the chain on: this process's audit chain, a new one each start, and the
+    checkpoints its writer signs (proxy.audit.chain)."""
+    signer = _signer(s)
+    if signer is None:
+        return None
+    return Checkpoints(s.database, signer, audit_chain.Chain(), s.cfg.audit.chain.checkpoint_every_s)
+
+
+def _retention(s: Services) -> Retention | None:
+    """The task removing records older than `[audit] retention_days` (none: 0)."""
+    days = s.cfg.audit.retention_days
+    if not days or s.given.audit_sink is not None:
+        return None
+    return Retention(s.database, days, _signer(s))
+
+
+async def _stopped(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.wait({task}, timeout=10)
 
 
 def _tracing(s: Services) -> Any:
