@@ -347,6 +347,8 @@ class Gate:
         if decision.shadow is not None:
             outcome["shadow"] = "allow" if decision.shadow.allowed else "deny"
             outcome["shadow_policies"] = list(decision.shadow.policies)
+            if decision.shadow.errors:
+                outcome["shadow_errors"] = len(decision.shadow.errors)
         return outcome
 
 

@@ -253,24 +253,28 @@ NO_PERMIT = "(no permit)"  # the row of denials no permit decided (their policie
 # (PostgreSQL: the OFFSET 0s keep each record's text parsed once and its kind settled once,
 # where the planner would inline both into every expression that reads them.)
 _KIND = ("CASE WHEN coalesce({errors}, 0) > 0 THEN 'error' WHEN {decision} = 'deny' THEN "
-         "'enforce' WHEN {shadow} = 'deny' THEN 'shadow' END")
+         "'enforce' WHEN {shadow} = 'deny' AND coalesce({shadow_errors}, 0) > 0 THEN "
+         "'shadow_error' WHEN {shadow} = 'deny' THEN 'shadow' END")
 _DENIALS = {
     "sqlite": (
-        "SELECT d.kind, CASE WHEN d.kind = 'error' THEN '' ELSE p.value END AS pid, count(*) "
-        "FROM (SELECT " + _KIND.format(errors="json_extract(policy, '$.errors')",
-                                       decision="json_extract(policy, '$.decision')",
-                                       shadow="json_extract(policy, '$.shadow')") +
+        "SELECT d.kind, CASE WHEN d.kind LIKE '%error' THEN '' ELSE p.value END AS pid, "
+        "count(*) FROM (SELECT " + _KIND.format(
+            errors="json_extract(policy, '$.errors')",
+            decision="json_extract(policy, '$.decision')",
+            shadow="json_extract(policy, '$.shadow')",
+            shadow_errors="json_extract(policy, '$.shadow_errors')") +
         " AS kind, policy FROM audit WHERE ts >= ? AND ts < ? AND instr(policy, '\"deny\"') > 0"
         ") AS d LEFT JOIN json_each(d.policy, CASE d.kind WHEN 'shadow' THEN "
         "'$.shadow_policies' WHEN 'enforce' THEN '$.policies' ELSE '$.none' END) AS p "
         "WHERE d.kind IS NOT NULL GROUP BY d.kind, pid"),
     "postgresql": (
-        "SELECT d.kind, CASE WHEN d.kind = 'error' THEN '' ELSE p.id END AS pid, count(*) "
+        "SELECT d.kind, CASE WHEN d.kind LIKE '%error' THEN '' ELSE p.id END AS pid, count(*) "
         "FROM (SELECT " + _KIND.format(errors="(j ->> 'errors')::numeric",
-                                       decision="j ->> 'decision'", shadow="j ->> 'shadow'") +
+                                       decision="j ->> 'decision'", shadow="j ->> 'shadow'",
+                                       shadow_errors="(j ->> 'shadow_errors')::numeric") +
         " AS kind, j FROM (SELECT policy::jsonb AS j FROM audit WHERE ts >= ? AND ts < ? AND "
         "strpos(policy, '\"deny\"') > 0 OFFSET 0) AS r OFFSET 0) AS d LEFT JOIN LATERAL "
-        "jsonb_array_elements_text(CASE WHEN d.kind = 'error' THEN NULL ELSE "
+        "jsonb_array_elements_text(CASE WHEN d.kind LIKE '%error' THEN NULL ELSE "
         "d.j -> (CASE d.kind WHEN 'shadow' THEN 'shadow_policies' ELSE 'policies' END) END) "
         "AS p(id) ON true WHERE d.kind IS NOT NULL GROUP BY d.kind, pid"),
 }
@@ -280,19 +284,21 @@ def policy_denials(target: db.Target, *, since: float, until: float) -> dict[str
     """Per Cedar policy id, the calls of [`since`, `until`) it refused (`enforce`: the
     deciding forbids of a refused call, or NO_PERMIT when no permit applied) and those it
     would have refused but that were let through (`shadow`: an allowed call's shadow denial,
-    by the shadow decision's policies); and `errors`, the calls refused for an evaluation
-    error (fail closed: its record names no policy that decided). From the audit records'
-    `policy` column (policies.cedar.gate), along audit_ts, in one statement; a policy with
-    no denial has no item."""
+    by the shadow decision's policies); `errors`, the calls refused for an evaluation
+    error (fail closed: its record names no policy that decided); and `shadow_errors`, the
+    calls let through whose shadow evaluation failed (that would have been refused for the
+    error, had the shadow policies been enforced). From the audit records' `policy` column
+    (policies.cedar.gate), along audit_ts, in one statement; a policy with no denial has no
+    item."""
     rows = read_rows(target, _DENIALS[_dialect(target)], (since, until)) or []
     found: dict[str, dict[str, Any]] = {}
-    errors = 0
+    errors = {"error": 0, "shadow_error": 0}
     for kind, policy, n in rows:
-        if kind == "error":
-            errors += int(n)
+        if kind in errors:
+            errors[kind] += int(n)
             continue
         item = found.setdefault(policy or NO_PERMIT, {"policy": policy or NO_PERMIT,
                                                       "enforce": 0, "shadow": 0})
         item[kind] += int(n)
-    return {"since": since, "until": until, "errors": errors,
-            "items": [found[k] for k in sorted(found)]}
+    return {"since": since, "until": until, "errors": errors["error"],
+            "shadow_errors": errors["shadow_error"], "items": [found[k] for k in sorted(found)]}

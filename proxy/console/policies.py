@@ -67,6 +67,7 @@ async def policies(web: Web, user: User) -> Response:
             for p in sorted(gate.policies, key=lambda p: p.id)]
     no_permit = counts.pop(aggregates.NO_PERMIT, None)
     return await render("policies.html", user, rows=rows, version=gate.version,
-                        no_permit=no_permit, errors=day["errors"], since=day["since"],
+                        no_permit=no_permit, errors=day["errors"],
+                        shadow_errors=day["shadow_errors"], since=day["since"],
                         until=day["until"],
                         gone=[counts[k] for k in sorted(counts)])  # no longer loaded

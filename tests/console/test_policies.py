@@ -50,6 +50,8 @@ def decision(rng: random.Random) -> dict[str, Any] | None:
     if rng.random() < 0.5:
         out["shadow"] = rng.choice(("allow", "deny"))
         out["shadow_policies"] = rng.sample(IDS, rng.randint(0, 2))
+        if out["shadow"] == "deny" and rng.random() < 0.2:
+            out["shadow_errors"] = rng.randint(1, 2)
     return out
 
 
@@ -57,7 +59,7 @@ def expected(records: list[AuditRecord]) -> dict[str, Any]:
     """What policy_denials should answer, counted here record by record."""
     enforce: Counter[str] = Counter()
     shadow: Counter[str] = Counter()
-    errors = 0
+    errors = shadow_errors = 0
     for r in records:
         p = r.policy
         if p is None or not SINCE <= r.ts < UNTIL:
@@ -66,9 +68,12 @@ def expected(records: list[AuditRecord]) -> dict[str, Any]:
             errors += 1
         elif p["decision"] == "deny":
             enforce.update(p["policies"] or [aggregates.NO_PERMIT])
+        elif p.get("shadow") == "deny" and p.get("shadow_errors"):
+            shadow_errors += 1
         elif p.get("shadow") == "deny":
             shadow.update(p["shadow_policies"] or [aggregates.NO_PERMIT])
-    return {"since": SINCE, "until": UNTIL, "errors": errors, "items": [
+    return {"since": SINCE, "until": UNTIL, "errors": errors, "shadow_errors": shadow_errors,
+            "items": [
         {"policy": k, "enforce": enforce[k], "shadow": shadow[k]}
         for k in sorted(set(enforce) | set(shadow))]}
 
@@ -111,19 +116,22 @@ async def test_denials_named_one_by_one(migrated: Database) -> None:
         {"decision": "allow", "policies": ["p1"], "shadow": "allow", "shadow_policies": ["p1"]},
         {"decision": "deny", "policies": ["p1"], "errors": 2},
         {"decision": "allow", "policies": ["p1"]},
+        {"decision": "allow", "policies": ["p1"], "shadow": "deny", "shadow_policies": ["s1"],
+         "shadow_errors": 1},
     ]
     await write(migrated, [AuditRecord(endpoint="e", method="tools/call", request_id=str(i),
                                        ts=at, policy={"version": "v", **p})
                            for i, p in enumerate(made)])
     got = aggregates.policy_denials(migrated, since=SINCE, until=UNTIL)
-    assert got["errors"] == 1
+    assert got["errors"] == 1 and got["shadow_errors"] == 1
     assert got["items"] == [
         {"policy": aggregates.NO_PERMIT, "enforce": 1, "shadow": 1},
         {"policy": "f1", "enforce": 2, "shadow": 0},
         {"policy": "f2", "enforce": 1, "shadow": 0},
         {"policy": "s1", "enforce": 0, "shadow": 1}]
     empty = aggregates.policy_denials(migrated, since=UNTIL, until=UNTIL + 60)
-    assert empty == {"since": UNTIL, "until": UNTIL + 60, "errors": 0, "items": []}
+    assert empty == {"since": UNTIL, "until": UNTIL + 60, "errors": 0, "shadow_errors": 0,
+                     "items": []}
 
 
 POLICIES = """

@@ -82,6 +82,23 @@ async def test_shadow_mode_applies_to_added_policies() -> None:
     assert ctx.policy is not None and ctx.policy["shadow"] == "deny"
 
 
+async def test_a_shadow_evaluation_error_is_audited_as_one_and_refuses_nothing() -> None:
+    """A shadow policy that fails to evaluate (an overflow) lets the call through; the audit
+    object says the shadow decision was an error, not a shadow policy's refusal (the console
+    counts them apart)."""
+    added = Added()
+    added.set(OPEN, '@mode("shadow")\nforbid(principal, action == Tollhouse::Action::'
+                    '"tools/call", resource == Tollhouse::Tool::"pay/transfer") when { '
+                    'context.input has count && context.input.count * 9223372036854775807 > 1 };')
+    gate = Gate([], book(), added=added)
+    call = McpMessage("request", 1, "tools/call", {"name": "transfer", "arguments": {
+        "amount": 5, "to": "bob", "count": 2}}, b"")
+    await gate.check(call, ctx := context())
+    assert ctx.policy is not None and ctx.policy["decision"] == "allow"
+    assert ctx.policy["shadow"] == "deny" and ctx.policy["shadow_errors"] == 1
+    assert "errors" not in ctx.policy
+
+
 async def test_an_added_policy_that_does_not_validate_refuses_what_it_governs() -> None:
     added = Added()
     added.set(OPEN, 'forbid(principal, action, resource in Tollhouse::Endpoint::"pay") '
