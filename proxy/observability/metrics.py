@@ -120,6 +120,10 @@ class Metrics:
             "tollhouse_policy_errors_total",
             "Cedar evaluation errors (each refused the call: fail closed)", ["endpoint"],
             registry=r)
+        self.policy_shadow_errors = Counter(
+            "tollhouse_policy_shadow_errors_total",
+            "Calls let through whose shadow evaluation failed (not counted as shadow "
+            "denials)", ["endpoint"], registry=r)
         self.rate_limited = Counter("tollhouse_rate_limit_refusals_total",
                                     "Calls refused by a rate limit", ["endpoint"], registry=r)
         self.upstream_failures = Counter("tollhouse_upstream_failures_total",
@@ -138,6 +142,25 @@ class Metrics:
         self.outbox_age = Gauge("tollhouse_usage_outbox_oldest_age_seconds",
                                 "Age of the oldest undelivered usage event (0 when none)",
                                 registry=r, multiprocess_mode="mostrecent")
+        # the audit exports (proxy.audit.exports), per configured export
+        self.export_sent = Counter("tollhouse_audit_export_sent_total",
+                                   "Audit records the export's receiver took", ["export"],
+                                   registry=r)
+        self.export_failed = Counter(
+            "tollhouse_audit_export_failed_total",
+            "Audit records in sends to the export's receiver that failed (each is tried again)",
+            ["export"], registry=r)
+        self.export_dropped = Counter(
+            "tollhouse_audit_export_dropped_total",
+            "Audit records not queued for the export because its backlog was full (they stay "
+            "in the audit log)", ["export"], registry=r)
+        self.export_backlog = Gauge("tollhouse_audit_export_backlog",
+                                    "Audit records queued for the export and not yet delivered",
+                                    ["export"], registry=r, multiprocess_mode="mostrecent")
+        self.export_lag = Gauge(
+            "tollhouse_audit_export_lag_seconds",
+            "Age of the oldest audit record not yet delivered to the export (0 when none)",
+            ["export"], registry=r, multiprocess_mode="mostrecent")
         self.hook_duration = Histogram("tollhouse_metering_hook_duration_seconds",
                                        "How long the metering hook took to authorize a call",
                                        buckets=HOOK_BUCKETS, registry=r)
@@ -200,6 +223,8 @@ class Metrics:
         if decided.get("decision") == "deny":
             for policy in decided.get("policies") or [""]:
                 self.policy_denials.labels(endpoint, policy, "enforce").inc()
+        elif decided.get("shadow") == "deny" and decided.get("shadow_errors"):
+            self.policy_shadow_errors.labels(endpoint).inc()
         elif decided.get("shadow") == "deny":
             for policy in decided.get("shadow_policies") or [""]:
                 self.policy_denials.labels(endpoint, policy, "shadow").inc()

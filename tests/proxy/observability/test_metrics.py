@@ -190,3 +190,32 @@ async def test_fallback_writes_are_counted(tmp_path: Path) -> None:
     assert metrics.audit_fallback._value.get() == 1
     (line,) = fallback.read_bytes().splitlines()
     assert "failure" not in orjson.loads(line) and "error_type" not in orjson.loads(line)
+
+
+def _samples(metrics: Metrics, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    text = metrics.render().decode()
+    return {tuple(sorted(s.labels.items())): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == name}
+
+
+def test_cedar_decisions_counted_by_kind() -> None:
+    """Enforce refusals per deciding policy, shadow refusals per shadow policy, evaluation
+    errors, and shadow evaluation errors apart from the shadow refusals."""
+    metrics = Metrics()
+    for policy in ({"decision": "deny", "policies": ["f1"]},
+                   {"decision": "deny", "policies": [], "errors": 1},
+                   {"decision": "allow", "policies": ["p"], "shadow": "deny",
+                    "shadow_policies": ["s1"]},
+                   {"decision": "allow", "policies": ["p"], "shadow": "deny",
+                    "shadow_policies": [], "shadow_errors": 1},
+                   {"decision": "allow", "policies": ["p"]}):
+        metrics.end(AuditRecord(endpoint="e", method="tools/call", policy=policy))
+    denials = _samples(metrics, "tollhouse_policy_denials_total")
+    assert denials == {
+        (("endpoint", "e"), ("mode", "enforce"), ("policy", "f1")): 1.0,
+        (("endpoint", "e"), ("mode", "enforce"), ("policy", "")): 1.0,
+        (("endpoint", "e"), ("mode", "shadow"), ("policy", "s1")): 1.0}
+    assert _samples(metrics, "tollhouse_policy_errors_total") == {(("endpoint", "e"),): 1.0}
+    assert _samples(metrics, "tollhouse_policy_shadow_errors_total") == {
+        (("endpoint", "e"),): 1.0}
