@@ -1,6 +1,7 @@
 """The web console in a real browser (headless Chromium through Selenium): an administrator
 signs in, registers a server, edits its tool profile and sees the change on the MCP edge,
-creates and revokes a key, filters and exports the audit log; a person connects and
+creates and revokes a key, adds a Cedar policy and sees it on the policies page, filters and
+exports the audit log; a person connects and
 disconnects their upstream account and makes a key of their own. Every page is checked with
 axe-core (no serious violations) and saved as a screenshot in build/console-screenshots/."""
 
@@ -171,6 +172,18 @@ def _administrator(v: Visit, demo: str) -> None:
     assert v.path == "/console/keys?done=revoked" and "revoked" in v.text()
     v.keep("keys")
     assert edge_tools(v.base, secret, "crm").status_code == 401
+
+    # a Cedar policy added through the API (as the console's session), then its page
+    with httpx.Client(cookies=v.cookies(), headers={"Origin": v.base}, timeout=10) as http:
+        made = http.post(f"{v.base}/api/v1/policies", json={
+            "id": "crm-for-everyone",
+            "text": '@reason("crm is open to all")\npermit(principal, action, '
+                    'resource in Tollhouse::Endpoint::"crm");'})
+    assert made.status_code == 201, made.text
+    v.open("/console/policies")
+    text = v.text()
+    assert "crm-for-everyone" in text and "crm is open to all" in text
+    v.keep("policies")
 
     v.open("/console/users")
     v.fill("form[action='/console/users']", {"name": "carol", "password": "carol-pass-1"})
