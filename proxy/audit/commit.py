@@ -29,6 +29,7 @@ from proxy.storage import db
 
 if TYPE_CHECKING:
     from proxy.audit.checkpoint import Checkpoints
+    from proxy.audit.exports.queue import ExportQueue
 
 log = logging.getLogger("tollhouse.audit")
 
@@ -91,6 +92,10 @@ class Committer:
         self._on_outbox = on_outbox
         self.chain = chain
         columns = COLUMNS if chain is None else (*COLUMNS, *CHAIN_COLUMNS)
+        # the audit exports (proxy.audit.exports), when any: each row that lands is queued
+        # for every export in its batch's transaction (`exports.add`), as its usage event is
+        self.exports: ExportQueue | None = None
+        self._columns = columns
         self._sql_insert = database.sql(_INSERT)
         self._sql_insert_new = database.sql(_insert_new(columns))
         self._sql_insert_returning = database.sql(f"{_INSERT} RETURNING 1")
@@ -162,6 +167,8 @@ class Committer:
                 self._checkpoints.committed()
             if usage and self._on_outbox is not None:
                 self._on_outbox()
+            if self.exports is not None:
+                self.exports.committed()
             return None
         return failure
 
@@ -210,6 +217,8 @@ class Committer:
                 if usage:
                     cur.executemany(self._sql_outbox, usage)
                 self._rollups.add(cur, rows)
+                if self.exports is not None:
+                    self.exports.add(cur, rows, self._columns)
                 raw.commit()
             return _to_deliver(usage)
         cur = conn.cursor()
@@ -217,6 +226,8 @@ class Committer:
             _insert_rows(cur, self._many_insert_new, rows)
             _insert_rows(cur, self._many_outbox, usage)
             self._rollups.add(cur, rows)
+            if self.exports is not None:
+                self.exports.add(cur, rows, self._columns)
         finally:
             cur.close()
         conn.commit()
@@ -247,6 +258,8 @@ class Committer:
             for event in usage:
                 cur.execute(self._sql_outbox, event)
             self._rollups.add(cur, rows)
+            if self.exports is not None:  # the rows that landed only
+                self.exports.add(cur, rows, self._columns)
         finally:
             cur.close()
         conn.commit()

@@ -38,6 +38,7 @@ from proxy.audit import journal as journals
 from proxy.audit import rollup
 from proxy.audit.checkpoint import Checkpoints
 from proxy.audit.commit import COLUMNS, Committer
+from proxy.audit.exports.queue import ExportQueue
 from proxy.audit.record import AuditRecord
 from proxy.storage import db
 
@@ -71,7 +72,8 @@ class DatabaseAuditSink:
                  commit_window_s: float = 0.0,
                  deliver: Callable[[AuditRecord], bool] | None = None,
                  on_fallback: Callable[[int], None] | None = None,
-                 checkpoints: Checkpoints | None = None) -> None:
+                 checkpoints: Checkpoints | None = None,
+                 exports: ExportQueue | None = None) -> None:
         self._db = db.resolve(target)
         self._owns_db = self._db is not target
         if fallback_path is None:
@@ -91,6 +93,9 @@ class DatabaseAuditSink:
         self._checkpoints = checkpoints
         self._committer = Committer(self._db, retry_backoff_s, on_outbox,
                                     checkpoints.chain if checkpoints is not None else None)
+        # the audit exports' queue (proxy.audit.exports): each record that lands is queued for
+        # every export in its batch's transaction
+        self._committer.exports = exports
         self._in_file = 0  # records written to the fallback file
         self.replayed = 0  # records taken from a fallback file into the database
         # the write-ahead journal (proxy/audit/journal.py), when on: answers wait for its

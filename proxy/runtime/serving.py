@@ -31,6 +31,7 @@ from proxy.api.context import Api
 from proxy.audit import AuditRecord, AuditSink, DatabaseAuditSink
 from proxy.audit import chain as audit_chain
 from proxy.audit.checkpoint import Checkpoints, Signer
+from proxy.audit.exports.service import Exports
 from proxy.audit.outbox import OutboxWorker
 from proxy.audit.retention import Retention
 from proxy.auth.authenticator import Authenticator, BearerAuth, NoAuth
@@ -249,9 +250,12 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
                                 added=added_destinations)
     upstream = UpstreamClient(given.upstream_transport, destinations=destinations)
     stack.push_async_callback(upstream.aclose)
-    audit, outbox = _audit(s)
+    audit, outbox, exports = _audit(s)
     if outbox is not None:  # after the sink closed: it delivers what the sink wrote
         stack.push_async_callback(lambda: outbox.close(grace.drained()))
+    if exports is not None:  # stopped after the sink closed (what it wrote waits for them)
+        exports.start()
+        stack.push_async_callback(exports.close)
     stack.push_async_callback(audit.close)  # every accepted record and usage event on disk
     seen = LastSeen(database, s.routes.__contains__)
     stack.push_async_callback(seen.aclose)
@@ -297,22 +301,24 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
     return serving
 
 
-def _audit(s: Services) -> tuple[AuditSink, UsageOutbox | None]:
+def _audit(s: Services) -> tuple[AuditSink, UsageOutbox | None, Exports | None]:
     """The audit sink (a test's, else this database's) and, for the database's, the usage
-    outbox it feeds."""
+    outbox it feeds and the audit exports (`[[audit.exports]]`) it queues records for."""
     if s.given.audit_sink is not None:
-        return s.given.audit_sink, None
+        return s.given.audit_sink, None, None
     database, cfg = s.database, s.cfg
     sqlite_file = database.path if database.dialect == "sqlite" and not database.memory \
         else None
     outbox = UsageOutbox(database)
     metrics = s.metrics
+    exports = Exports(database, cfg.audit.exports, metrics) if cfg.audit.exports else None
     audit = DatabaseAuditSink(
         database, journal=cfg.database.journal(sqlite_file),
         commit_window_s=cfg.database.audit_commit_window_ms / 1000,
         on_outbox=outbox.wake, deliver=outbox.deliver, checkpoints=_checkpoints(s),
-        on_fallback=metrics.audit_fallback.inc if metrics is not None else None)
-    return audit, outbox
+        on_fallback=metrics.audit_fallback.inc if metrics is not None else None,
+        exports=exports.queue if exports is not None else None)
+    return audit, outbox, exports
 
 
 def _signer(s: Services) -> Signer | None:

@@ -419,6 +419,39 @@ MIGRATIONS: tuple[Migration, ...] = (
             checkpoint_hash TEXT
         )"""),
     )),
+    # the audit exports (proxy.audit.exports): each record queued for each export in the
+    # transaction that writes it (`seq`: the order its writer committed them; one row per
+    # export and event id), and each export's lease (which gateway sends), totals, last error
+    # and backlog as last measured
+    Migration(25, "audit exports: the outbox per export and each export's state", (
+        Sql("""CREATE TABLE IF NOT EXISTS audit_export_outbox (
+            seq {id},
+            export TEXT NOT NULL,
+            event_id TEXT NOT NULL,
+            record TEXT NOT NULL,
+            created_at {real} NOT NULL
+        )"""),
+        Sql("CREATE UNIQUE INDEX IF NOT EXISTS audit_export_outbox_event ON "
+            "audit_export_outbox (export, event_id)"),
+        Sql("CREATE INDEX IF NOT EXISTS audit_export_outbox_order ON audit_export_outbox "
+            "(export, seq)"),
+        Sql("""CREATE TABLE IF NOT EXISTS audit_exports (
+            name TEXT PRIMARY KEY,
+            holder TEXT,
+            lease_until {real} NOT NULL DEFAULT 0,
+            sent {bigint} NOT NULL DEFAULT 0,
+            failed {bigint} NOT NULL DEFAULT 0,
+            dropped {bigint} NOT NULL DEFAULT 0,
+            backlog {bigint} NOT NULL DEFAULT 0,
+            oldest_at {real},
+            is_full INTEGER NOT NULL DEFAULT 0,
+            last_error TEXT,
+            last_error_at {real},
+            last_sent_at {real},
+            next_attempt_at {real} NOT NULL DEFAULT 0,
+            failures INTEGER NOT NULL DEFAULT 0
+        )"""),
+    )),
 )
 
 LATEST = MIGRATIONS[-1].version
