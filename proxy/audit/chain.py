@@ -161,13 +161,11 @@ def status(database: db.Target, enabled: bool) -> ChainStatus:
     """Whether the chain is on (`[audit.chain] enabled`), the last checkpoint, and the last
     verification's outcome. Blocking: call it off the event loop. Fields are None where the
     database has none (or not the tables yet)."""
-    from proxy.audit.database import read_rows
-
-    checkpoint = read_rows(database, "SELECT seq, at, body FROM audit_checkpoints "
-                                     "ORDER BY seq DESC LIMIT 1", ())
-    verified = read_rows(database, "SELECT at, by_name, ok, detail, checkpoint_seq, "
-                                   "checkpoint_at FROM audit_verifications "
-                                   "ORDER BY at DESC, id DESC LIMIT 1", ())
+    checkpoint = _rows(database, "SELECT seq, at, body FROM audit_checkpoints "
+                                 "ORDER BY seq DESC LIMIT 1")
+    verified = _rows(database, "SELECT at, by_name, ok, detail, checkpoint_seq, "
+                               "checkpoint_at FROM audit_verifications "
+                               "ORDER BY at DESC, id DESC LIMIT 1")
     fields: dict[str, Any] = {}
     if checkpoint:
         seq, at, body = checkpoint[0]
@@ -183,3 +181,14 @@ def status(database: db.Target, enabled: bool) -> ChainStatus:
                       verified_checkpoint_seq=None if cp_seq is None else int(cp_seq),
                       verified_checkpoint_at=None if cp_at is None else float(cp_at))
     return ChainStatus(enabled=enabled, **fields)
+
+
+def _rows(target: db.Target, text: str) -> list[Any]:
+    """Rows of a query; none when the table is not there (a database not migrated yet)."""
+    with db.using(target) as database, database.lease() as conn:
+        try:
+            return list(conn.execute(text).fetchall())
+        except database.missing_table:
+            return []
+        finally:
+            conn.rollback()

@@ -7,6 +7,7 @@ import argparse
 import getpass
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,11 @@ def _config(p: argparse.ArgumentParser) -> None:
                    help="path to the TOML config (default: $TOLLHOUSE_CONFIG)")
 
 
-def command(args: argparse.Namespace) -> int:
+def command(args: argparse.Namespace, parse_since: Callable[[str], float]) -> int:
+    """`parse_since`: how the command line reads a time (proxy.runtime.cli)."""
     if args.audit_command == "public-key":
         return _public_key(args)
-    return _verify(args)
+    return _verify(args, parse_since(args.since) if args.since else None)
 
 
 def _signing_key(args: argparse.Namespace) -> Any:
@@ -86,17 +88,15 @@ def _keys(args: argparse.Namespace) -> tuple[list[Any], str | None]:
     return keys, url
 
 
-def _verify(args: argparse.Namespace) -> int:
+def _verify(args: argparse.Namespace, since: float | None) -> int:
     from proxy.audit import verify
     from proxy.audit.chain import key_id
-    from proxy.runtime.cli import parse_since
     from proxy.storage import db
 
     keys, url = _keys(args)
     target = args.db or url
     if not target:
         raise ConfigError("audit verify: which database? pass --config PATH or --db URL")
-    since = parse_since(args.since) if args.since else None
     out = sys.stdout
     database = db.resolve(target)
     try:

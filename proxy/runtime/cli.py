@@ -521,7 +521,7 @@ def _audit(args: argparse.Namespace) -> int:
     from proxy.audit import query
 
     if getattr(args, "audit_command", None):
-        return audit_cli.command(args)
+        return audit_cli.command(args, parse_since)
 
     path = args.db if args.db else _load(args)[0].database.url
     since = parse_since(args.since) if args.since else None
