@@ -427,13 +427,57 @@ def _status() -> dict[str, Any]:
     }
 
 
+def _evidence() -> dict[str, Any]:
+    """The audit evidence's status (proxy.api.evidence): the chain's and each export's."""
+    when = {"type": ["number", "null"], "description": "a Unix time, or null: none yet"}
+    number = {"type": ["integer", "null"]}
+    chain = {"type": "object", "required": ["enabled", "checkpoint_seq", "verified_by"],
+             "properties": {
+        "enabled": {"type": "boolean", "description": "[audit.chain] enabled"},
+        "checkpoint_seq": {**number, "description": "the last signed checkpoint"},
+        "checkpoint_at": when,
+        "chains": {"type": "integer", "description": "the chain heads it names"},
+        "verified_at": {**when, "description": "the last `tollhouse audit verify`"},
+        "verified_by": {"type": ["string", "null"], "description": "who ran it"},
+        "verified_ok": {"type": ["boolean", "null"]},
+        "verified_detail": {"type": ["string", "null"], "description":
+                            "what it verified, or the first problem it found"},
+        "verified_checkpoint_seq": {**number, "description": "the last checkpoint it found "
+                                                             "intact"},
+        "verified_checkpoint_at": when}}
+    export = {"type": "object", "required": ["name", "kind", "backlog", "lag_s", "sent",
+                                             "failed", "dropped", "full"], "properties": {
+        "name": {"type": "string"},
+        "kind": {"type": "string", "enum": ["syslog", "otlp", "splunk_hec", "webhook"]},
+        "format": {"type": "string", "enum": ["ocsf", "native"]},
+        "backlog": {"type": "integer", "description": "records queued, not yet delivered"},
+        "lag_s": {"type": "number", "description": "the age of the oldest of them (0: none)"},
+        "sent": {"type": "integer"},
+        "failed": {"type": "integer", "description": "records in sends that failed, once "
+                                                     "per attempt"},
+        "dropped": {"type": "integer", "description": "records not queued: the backlog was "
+                                                      "full"},
+        "full": {"type": "boolean"},
+        "last_error": {"type": ["string", "null"]},
+        "last_error_at": when, "last_sent_at": when}}
+    return {
+        "/api/v1/audit/chain": {"get": _op(
+            "The audit chain: on or off, its last signed checkpoint, and the last "
+            "verification (when, by whom, its outcome)", "200", chain)},
+        "/api/v1/audit/exports": {"get": _op(
+            "Each [[audit.exports]]: its backlog and lag, records sent, failed and dropped, "
+            "its last error", "200", {"type": "object", "required": ["items"], "properties": {
+                "items": {"type": "array", "items": export}}})},
+    }
+
+
 @cache
 def document(*, connections: bool = False) -> dict[str, Any]:
     """The document of the routes served: `connections` when the app serves
     /api/v1/me/connections (proxy.connect, with a per_user upstream)."""
     schemas = _schemas()
     paths = {**_roles_and_me(), **_servers_and_keys(), **_policies(), **_users(),
-             **_audit_and_usage(), **_pins(), **_console(), **_status()}
+             **_audit_and_usage(), **_pins(), **_console(), **_status(), **_evidence()}
     if connections:
         paths.update(_connections())
     return {"openapi": "3.1.0",

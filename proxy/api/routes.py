@@ -12,6 +12,7 @@ from proxy.api import (
     audit,
     caller,
     endpoints,
+    evidence,
     keys,
     mine,
     openapi,
@@ -81,6 +82,9 @@ ROUTES: tuple[Route, ...] = (
     Route("/usage/summary", "GET", summary.usage_summary, query=True, auditor=True),
     Route("/audit/export", "GET", summary.audit_export, query=True, auditor=True,
           reads_audit=True),
+    # the audit evidence's status (issue 39): the chain's and each export's
+    Route("/audit/chain", "GET", evidence.chain, auditor=True),
+    Route("/audit/exports", "GET", evidence.exports, auditor=True),
     Route("/audit/<record_id>", "GET", summary.audit_record, auditor=True, reads_audit=True),
 )
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from quart import Blueprint, Quart, Response, request
 
-from proxy.console import admin, mine, policies
+from proxy.console import admin, evidence, mine, policies
 from proxy.console.guard import Who, page, secure
 from proxy.people.accounts import User
 from proxy.people.signin import Web
@@ -78,6 +78,7 @@ PAGES: tuple[tuple[str, str, Callable[..., Awaitable[Response]], Who], ...] = (
     ("/audit", "GET", admin.audit, "auditor"),
     ("/audit/<int:record_id>", "GET", admin.audit_record, "auditor"),
     ("/usage", "GET", admin.usage, "auditor"),
+    ("/evidence", "GET", evidence.evidence, "auditor"),
     ("/me/connections", "GET", mine.connections, "anyone"),
     ("/me/connections/<upstream>/disconnect", "POST", mine.disconnect, "anyone"),
     ("/me/keys", "GET", mine.my_keys, "anyone"),
