@@ -428,13 +428,21 @@ class Accounts:
                                             "WHERE name = ?"), (description, time.time(), name))
         return Role(name, description, False) if cur.rowcount == 1 else None
 
+    def _legacy_auditor(self) -> Role | None:
+        """A custom role named `auditor` made before the built-in one (a group, no rights)."""
+        with self._db.transaction() as conn:
+            row = conn.execute(self._db.sql("SELECT description FROM roles WHERE name = ?"),
+                               (AUDITOR,)).fetchone()
+        return Role(AUDITOR, str(row[0]), False) if row else None
+
     def delete_role(self, name: str) -> bool:
         """Delete a custom role no user holds; False if there is none by that name,
-        RoleInUse (with the number of holders) if someone holds it, BuiltinRole for admin and
-        user. The check and the delete are one statement."""
-        if name in BUILTIN_ROLES:
-            raise BuiltinRole(name)
+        RoleInUse (with the number of holders) if someone holds it, BuiltinRole for a built-in
+        role (but a custom role named `auditor` made before that role was built in, which
+        can be deleted as any custom role). The check and the delete are one statement."""
         sql = self._db.sql
+        if name in BUILTIN_ROLES and (name != AUDITOR or self._legacy_auditor() is None):
+            raise BuiltinRole(name)
         holders = ("SELECT count(*) FROM user_roles ur JOIN users u ON u.id = ur.user_id "
                    "WHERE ur.role = ?")
         try:

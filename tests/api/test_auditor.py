@@ -17,6 +17,7 @@ import httpx
 import orjson
 
 from proxy.api.caller import READS_ONLY
+from proxy.storage.db import Database
 from tests.api.test_api import Env, detail, env, signed_in
 from tests.conftest import MCP_HEADERS
 
@@ -241,3 +242,29 @@ async def test_an_administrator_and_a_user_are_unchanged(tmp_path: Path) -> None
         assert (await pat.get(e.api("/audit"))).status_code == 403
         for c in (root, pat):
             await c.aclose()
+
+
+async def test_a_custom_role_named_auditor_from_before_grants_nothing(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        database = Database(e.db)
+        try:  # made before the role was built in (a custom role's name then), and held
+            with database.transaction() as conn:
+                conn.execute(database.sql("INSERT INTO roles (name, description, created_at, "
+                                          "updated_at) VALUES ('auditor', 'old', 0, 0)"), ())
+                conn.execute(database.sql("INSERT INTO user_roles (user_id, role) SELECT id, "
+                                          "'auditor' FROM users WHERE name = 'pat'"), ())
+        finally:
+            database.close()
+        pat = await signed_in(e, "pat", "pat-password")
+        assert (await pat.get(e.api("/me"))).json()["auditor"] is False
+        assert (await pat.get(e.api("/audit"))).status_code == 403
+        roles = [(r["name"], r["source"]) for r in (await e.admin.get(e.api("/roles"))
+                                                    ).json()["items"]]
+        assert ("auditor", "builtin") in roles and ("auditor", "api") in roles
+        held = await e.admin.delete(e.api("/roles/auditor"))
+        assert held.status_code == 409 and "held by 1 user" in detail(held)
+        await e.admin.patch(e.api("/users/pat"), json={"roles": []})
+        assert (await e.admin.delete(e.api("/roles/auditor"))).status_code == 204
+        builtin = await e.admin.delete(e.api("/roles/auditor"))
+        assert builtin.status_code == 409 and "built in" in detail(builtin)
+        await pat.aclose()
