@@ -460,7 +460,7 @@ class ExportConfig:
     # webhook only (required there): the HMAC-SHA256 key of the Tollhouse-Signature header
     secret: str = field(default="", repr=False)
     # a PEM file of the CA certificates to trust for tls:// and https:// (relative to the
-    # config); empty: the system's
+    # working directory); empty: the system's
     ca_file: str = ""
     # otlp, splunk_hec and webhook: headers sent with every request (an Authorization, say;
     # never logged)
