@@ -31,6 +31,7 @@ from proxy.state.revocations import MemoryRevocationStore, RedisRevocationStore,
 from proxy.state.rotations import MemoryRotationStore, RedisRotationStore, RotationStore
 from proxy.state.sessions import MemorySessionStore, RedisSessionStore, SessionStore
 from proxy.state.shared import Shared
+from proxy.state.tasks import MemoryTaskStore, RedisTaskStore, TaskStore
 
 if TYPE_CHECKING:
     from proxy.config import Config
@@ -57,6 +58,7 @@ class Stores:
     leases: LeaseStore  # who refreshes a person's upstream token (proxy.connect.manager)
     rotations: RotationStore  # refresh rotations within oauth_server.refresh_grace_s
     resumable: ResumableStore  # resumable calls' contexts (proxy/mcp/resume.py)
+    tasks: TaskStore  # who created each MCP task (proxy/mcp/tasks.py)
     shared: Shared | None = None  # the Redis connection, when the state is shared
 
     async def start(self) -> None:
@@ -94,6 +96,7 @@ def open_stores(cfg: Config, clock: Callable[[], float] = time.monotonic) -> Sto
         leases=MemoryLeases(clock=clock),
         rotations=MemoryRotationStore(oauth.refresh_grace_s, clock=clock),
         resumable=MemoryResumable(clock=clock),
+        tasks=MemoryTaskStore(clock=clock),
     )
 
 
@@ -116,5 +119,6 @@ def _redis_stores(cfg: Config) -> Stores:
         leases=RedisLeases(shared),
         rotations=RedisRotationStore(shared, oauth.refresh_grace_s),
         resumable=RedisResumable(shared),
+        tasks=RedisTaskStore(shared),
         shared=shared,
     )

@@ -25,6 +25,7 @@ from proxy.state.revocations import MemoryRevocationStore, RedisRevocationStore,
 from proxy.state.rotations import MemoryRotationStore, RedisRotationStore, RotationStore
 from proxy.state.sessions import MemorySessionStore, RedisSessionStore, SessionStore
 from proxy.state.shared import Shared
+from proxy.state.tasks import MemoryTaskStore, RedisTaskStore, TaskStore
 from tests import state_backends
 from tests.helpers import Clock
 
@@ -72,6 +73,9 @@ class MemoryBackend:
 
     def resumable(self) -> ResumableStore:
         return MemoryResumable(clock=self.clock)
+
+    def tasks(self) -> TaskStore:
+        return MemoryTaskStore(clock=self.clock)
 
 
 # ARGV: the prefix, the milliseconds to move by, the rate-limit buckets' prefix
@@ -143,6 +147,9 @@ class RedisBackend:
 
     def resumable(self) -> ResumableStore:
         return RedisResumable(self.shared)
+
+    def tasks(self) -> TaskStore:
+        return RedisTaskStore(self.shared)
 
 
 Backend = MemoryBackend | RedisBackend
