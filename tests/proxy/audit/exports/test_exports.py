@@ -36,7 +36,7 @@ from tests.proxy.audit.exports.receivers import (
     tls_pair,
 )
 from tests.servers import serve
-from tests.stack import Site, gateway_stack
+from tests.stack import Site, Urls, gateway_stack
 
 DEADLINE_S = 30.0
 HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
@@ -342,3 +342,27 @@ def test_status_of_a_fresh_database_is_empty() -> None:
         "sent": 0, "failed": 0, "dropped": 0, "full": False, "last_error": None,
         "last_error_at": None, "last_sent_at": None}]
     assert orjson.dumps(status(database, []))  == b"[]"
+
+
+async def test_two_gateways_on_one_database_send_once_each_writer_in_order(
+        tmp_path: Path) -> None:
+    """Both gateways queue for the export; the one holding its lease sends everything, once
+    (two senders at a time would repeat records), each gateway's records in the order it wrote
+    them; when one stops, the other sends what follows."""
+    app, _ = stateless_json_app()
+    async with receiving("webhook", tmp_path) as (receiver, keys), serve(app) as upstream_url:
+        cfg = config({**keys, "format": "native"})(Urls("", upstream_url))
+        async with gateway_stack(cfg) as one:
+            async with gateway_stack(cfg) as two:
+                made = 0
+                for round_ in range(3):
+                    made += await calls(one, 3, f"one{round_}")
+                    made += await calls(two, 3, f"two{round_}")
+                await delivered(receiver, "native", made)
+            made += await calls(one, 2, "after")  # `two` stopped, its lease handed back
+            want = await delivered(receiver, "native", made)
+    assert len(receiver.events) == len(set(receiver.ids())) == len(want)  # each sent once
+    position = {eid: i for i, eid in enumerate(receiver.ids())}
+    for tag in ("one", "two", "after"):
+        mine = [eid for eid, record in want if str(record["request_id"]).startswith(tag)]
+        assert mine and [position[e] for e in mine] == sorted(position[e] for e in mine), tag
