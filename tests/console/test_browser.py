@@ -1,9 +1,11 @@
 """The web console in a real browser (headless Chromium through Selenium): an administrator
 signs in, registers a server, edits its tool profile and sees the change on the MCP edge,
 creates and revokes a key, adds a Cedar policy and sees it on the policies page, filters and
-exports the audit log; a person connects and
-disconnects their upstream account and makes a key of their own. Every page is checked with
-axe-core (no serious violations) and saved as a screenshot in build/console-screenshots/."""
+exports the audit log, opens the audit evidence page; a person connects and disconnects their
+upstream account and makes a key of their own; an auditor reads the evidence page and the
+audit log (a read that is itself recorded) and is refused a change. Every page is checked
+with axe-core (no serious violations) and saved as a screenshot in
+build/console-screenshots/."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[tuple[Any, str]]:
         accounts = Accounts(w.outer_db)
         accounts.create_local("root", "root-password-1", admin=True)
         accounts.create_local("dora", "dora-password-1", admin=True)
+        accounts.create_local("ava", "ava-password-1", roles=["auditor"])
         # people who chose their own names at an identity provider: one taken, one a path
         for sub, name in (("s-dora", "dora"), ("s-path", "x/../../servers/crm")):
             accounts.upsert_federated(IDP, sub, name, frozenset(), False)
@@ -130,6 +133,7 @@ def test_console_in_a_browser(tmp_path: Path) -> None:
         _administrator(v, demo)
         _hostile_names(v, w)
         _person(v, w)
+        _auditor(v, w)
         assert v.problems == [], "\n".join(v.problems)
 
 
@@ -211,6 +215,11 @@ def _administrator(v: Visit, demo: str) -> None:
     assert "Busiest tools" in v.text()
     v.keep("usage")
 
+    v.open("/console/evidence")
+    text = v.text()
+    assert "The audit chain is off" in text and "No export" in text
+    v.keep("evidence")
+
 
 def _hostile_names(v: Visit, w: Any) -> None:
     """Save and Delete on the rows of people whose names collide with an administrator's or
@@ -274,3 +283,25 @@ def _person(v: Visit, w: Any) -> None:
                for r in query(w.outer_db, endpoint="/api/v1", limit=100)}
     assert changes[("DELETE /api/v1/me/connections/gh", "ok")] == "tollhouse:local|local:alice"
     assert changes[("POST /api/v1/me/keys", "ok")] == "tollhouse:local|local:alice"
+    v.click(v.driver.find_element("css selector", "form.signout button"))
+
+
+def _auditor(v: Visit, w: Any) -> None:
+    """An auditor reads the audit log and the evidence page; a form they send is refused,
+    and their read of the audit log is itself a record."""
+    v.open("/console/evidence")
+    v.fill("form[action='/signin']", {"name": "ava", "password": "ava-password-1"})
+    assert v.path == "/console/evidence" and "Tamper evidence" in v.text()
+    nav = v.driver.find_element("css selector", "nav").text
+    assert "Audit evidence" in nav and "Servers" not in nav
+    v.keep("evidence-auditor")
+    v.open("/console/audit?status=ok")
+    assert "Audit log" in v.text()
+    v.open("/console/me/keys")
+    v.fill("form[action='/console/me/keys']", {"name": "nope"})
+    assert "Auditors change nothing" in v.text()
+    v.keep("auditor-refused")
+    reads = [r for r in query(w.outer_db, endpoint="/api/v1", limit=100)
+             if r["principal"] == "tollhouse:local|local:ava"]
+    assert [r["method"] for r in reads] == ["audit/read"]
+    assert reads[0]["note"].endswith("filter: status=ok&limit=50")
