@@ -117,7 +117,7 @@ PAGES: Mapping[str, str] = {
     "policy": "policies.md#",
     "audit.exports": "audit-export.md#",
     "audit.retention_days": "audit-evidence.md#retention",
-    "audit.chain": "audit-evidence.md#",
+    "audit.chain": "audit-evidence.md#the-hash-chain-one-per-writer",
 }
 
 
