@@ -97,7 +97,7 @@ async def audit_export(who: Caller, api: Api, record: AuditRecord) -> Response:
         raise Invalid(problems)
     await settled(api)
     record.method = "audit/export"
-    body = _Counted(_rows(api, filters, form), record, api.audit, read_args())
+    body = CountedExport(_rows(api, filters, form), record, api.audit, read_args())
     response = Streamed(cast(Any, body), 200, {
         "Content-Type": FORMATS[form], "Cache-Control": "no-store",
         "Content-Disposition": f'attachment; filename="audit.{form}"'})
@@ -105,7 +105,7 @@ async def audit_export(who: Caller, api: Api, record: AuditRecord) -> Response:
     return response
 
 
-class _Counted:
+class CountedExport:
     """An export's body: its chunks, and how many records they held; the export's audit record
     (its note: that count and the filter) goes to the sink once, when the body ends (read to
     the end, closed early as the client goes, or failed)."""
@@ -117,7 +117,7 @@ class _Counted:
         self.sent = 0
         self._ended = False
 
-    def __aiter__(self) -> _Counted:
+    def __aiter__(self) -> CountedExport:
         return self
 
     async def __anext__(self) -> bytes:
@@ -126,8 +126,11 @@ class _Counted:
         except StopAsyncIteration:
             self._end(cut=False)
             raise
-        except BaseException:
+        except asyncio.CancelledError:
             self._end(cut=True)
+            raise
+        except BaseException:
+            self._end(cut=True, failed=True)
             raise
         self.sent += records
         return chunk
@@ -138,12 +141,14 @@ class _Counted:
         finally:
             self._end(cut=True)
 
-    def _end(self, *, cut: bool) -> None:
+    def _end(self, *, cut: bool, failed: bool = False) -> None:
         if self._ended:
             return
         self._ended = True
         self._record.note = read_note(self.sent, self._shown, cut=cut)
-        if cut:
+        if failed:  # a page could not be read: the reader got what came before
+            self._record.status, self._record.error_message = "error", "api: export failed"
+        elif cut:
             self._record.status, self._record.error_message = "cancelled", "api: export cut short"
         if self._sink is not None:
             self._sink.emit(self._record)

@@ -17,9 +17,11 @@ import httpx
 import orjson
 
 from proxy.api.caller import READS_ONLY
+from proxy.audit import AuditRecord, DatabaseAuditSink
 from proxy.storage.db import Database
 from tests.api.test_api import Env, detail, env, signed_in
 from tests.conftest import MCP_HEADERS
+from tests.helpers import until
 
 READS = {"GET", "HEAD", "OPTIONS"}
 # a path argument's stand-in: an int converter gets a number, any other a plain name
@@ -268,3 +270,35 @@ async def test_a_custom_role_named_auditor_from_before_grants_nothing(tmp_path: 
         builtin = await e.admin.delete(e.api("/roles/auditor"))
         assert builtin.status_code == 409 and "built in" in detail(builtin)
         await pat.aclose()
+
+
+async def test_an_export_cut_short_is_recorded_with_what_was_sent(tmp_path: Path) -> None:
+    async with env(tmp_path) as e:
+        sink = DatabaseAuditSink(e.db)
+        for i in range(20_000):  # megabytes of CSV: more than the sockets buffer
+            sink.emit(AuditRecord(endpoint="cfgd", method="tools/call", principal=f"p{i}",
+                                  tool="echo", note="x" * 200))
+        await sink.close()
+        async with e.admin.stream("GET", e.api("/audit/export"),
+                                  params={"endpoint": "cfgd"}) as export:
+            assert export.status_code == 200
+            received = 0
+            async for chunk in export.aiter_bytes():
+                received += len(chunk)
+                if received > 100_000:  # some pages in, the reader leaves
+                    break
+        records: list[dict[str, Any]] = []
+
+        async def recorded() -> bool:
+            nonlocal records
+            records = [r for r in (await e.admin.get(e.api("/audit"), params={
+                "endpoint": "/api/v1"})).json()["items"] if r["method"] == "audit/export"]
+            return bool(records)
+
+        await until(recorded, what="the export's record")
+        (record,) = records
+        sent = int(record["note"].split(" ")[0])
+        assert 0 < sent < 20_000, record["note"]
+        assert record["note"].endswith("(cut short); filter: endpoint=cfgd")
+        assert (record["status"], record["error_message"]) == ("cancelled",
+                                                               "api: export cut short")
