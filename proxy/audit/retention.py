@@ -5,7 +5,10 @@ transaction, so that no lock it takes is held long enough to delay a call's reco
 With the chain on, a chain is only ever cut at its start: the records removed are the
 longest run from the chain's start (its last anchor) whose every record is older than the
 cut and that a checkpoint has signed (a record newer than the cut, or not signed yet, stops
-the run: it and those after it wait for a later pass). Before it removes anything, the task
+the run: it and those after it wait for a later pass). A writer that stopped before it
+signed its last records (killed) leaves them unsigned: once they are all older than the cut
+and link from its last signed head (or its genesis), the pass signs them as it removes them.
+Before it removes anything, the task
 writes a signed checkpoint whose anchors name, per chain, the last record it removes (its
 place and hash): `tollhouse audit verify` then verifies each chain from its anchor, and says
 so. Records in no chain (written with the chain off) are removed by time. Checkpoints older
@@ -27,7 +30,9 @@ import time
 from collections.abc import Callable
 
 from proxy.audit import checkpoint
+from proxy.audit.chain import genesis, link
 from proxy.audit.checkpoint import Entries, Signer
+from proxy.audit.commit import COLUMNS
 from proxy.storage import db
 
 log = logging.getLogger("tollhouse.audit")
@@ -103,12 +108,16 @@ class Retention:
             try:
                 rows = checkpoint.newest(conn, database, 50)
                 base = next((r for r in rows if r.verified_by(self._signer.public)), None)
-                if base is None:
-                    return {}
+                entries = base.parsed()["chains"] if base is not None else {}
+                ids = {r[0] for r in conn.execute(
+                    "SELECT DISTINCT chain_id FROM audit WHERE chain_id IS NOT NULL").fetchall()}
                 out = {}
-                for chain_id, entry in base.parsed()["chains"].items():
+                for chain_id in sorted(ids | set(entries)):
+                    entry = entries.get(chain_id) or [0, genesis(chain_id).hex(), 0, ""]
                     head, anchor = int(entry[0]), int(entry[2])
                     last = self._run_end(conn, chain_id, anchor, head, cut)
+                    if (last[0] if last else anchor) == head:  # the run reached the head
+                        last = self._sealed(conn, chain_id, head, entry[1], cut) or last
                     if last is not None:
                         out[chain_id] = last
                 return out
@@ -133,6 +142,32 @@ class Retention:
                 return end
             after = int(rows[-1][0])
 
+    def _sealed(self, conn: db.Connection, chain_id: str, head: int, head_hash: str,
+                cut: float) -> tuple[int, str] | None:
+        """The end of a chain's records after its signed head when they are all older than
+        the cut and link from that head: a writer that stopped (killed, say) before it
+        signed them. The retention checkpoint signs them as it anchors the chain past them,
+        so they go too, having been checked here. None if there are none, or any fails."""
+        text = self._database.sql(
+            f"SELECT chain_seq, {', '.join(COLUMNS)}, chain_hash FROM audit WHERE chain_id = ? "
+            f"AND chain_seq > ? ORDER BY chain_seq LIMIT {self.READ}")
+        digest, after, end = bytes.fromhex(head_hash), head, None
+        while True:
+            rows = conn.execute(text, (chain_id, after)).fetchall()
+            for row in rows:
+                seq = int(row[0])
+                if seq != after + 1 or float(row[1]) >= cut:
+                    return None
+                digest = link(digest, chain_id, seq, row[1:-1])
+                if digest.hex() != row[-1]:
+                    log.error("audit retention: chain %s record #%d does not link: its "
+                              "unsigned tail is left for `tollhouse audit verify`",
+                              chain_id, seq)
+                    return None
+                after, end = seq, (seq, row[-1])
+            if len(rows) < self.READ:
+                return end
+
     def _sign_cut(self, anchors: dict[str, tuple[int, str]], cut: float, now: float) -> None:
         """The checkpoint that anchors each chain at its last record removed, before any
         is: verify then starts there."""
@@ -141,7 +176,9 @@ class Retention:
         def update(entries: Entries) -> None:
             for chain_id, (seq, digest) in anchors.items():
                 entry = entries.get(chain_id)
-                if entry is not None and seq > int(entry[2]):
+                if entry is None or seq > int(entry[0]):  # a stopped writer's tail, sealed
+                    entries[chain_id] = [seq, digest, seq, digest]
+                elif seq > int(entry[2]):
                     entry[2], entry[3] = seq, digest
 
         database = self._database

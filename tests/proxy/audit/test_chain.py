@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from proxy.audit import chain as chains
 from proxy.audit.chain import genesis, link, status
 from proxy.audit.checkpoint import Signer
-from proxy.audit.commit import COLUMNS
+from proxy.audit.commit import COLUMNS, Committer
 from proxy.audit.database import usage
 from proxy.audit.record import AuditRecord
 from proxy.audit.retention import Retention
@@ -325,6 +325,52 @@ async def test_retention_with_the_chain_on_keeps_the_rest_verifiable(tmp_path: P
     execute(("DELETE FROM audit WHERE id = ?", (left[0][0],)))  # the first one kept
     code, out = verify(tmp_path, key)
     assert code == 1 and "record #7 is missing (removed)" in out, out
+
+
+async def test_retention_takes_a_stopped_writers_unsigned_tail(tmp_path: Path) -> None:
+    """A writer killed before it signed its last records: once they are past the cut and
+    link from its last signed head, retention signs them as it removes them. A chain never
+    signed at all is taken the same way."""
+    key = Ed25519PrivateKey.generate()
+    await chained_log(key, 4)  # chain A: 5 records, signed at the stop
+    signed = chain_rows()
+    database = Database(db_backends.url())
+    try:
+        lot = [AuditRecord(endpoint="up", method="tools/call", request_id=f"k{i}", ts=time.time())
+               for i in range(5)]
+        tail = Committer(database, 0.01, None, chains.Chain(signed[0][1]))
+        assert tail.attempt(lot[:2], 1, replay=True) is None  # A #6, #7: never signed
+        tail.close()
+        lone = Committer(database, 0.01, None, chains.Chain())
+        assert lone.attempt(lot[2:], 1) is None  # chain B: never signed at all
+        lone.close()
+        assert verify(tmp_path, key)[0] == 0  # (links only, after the last checkpoint)
+        retention = Retention(database, 1, Signer(key), clock=lambda: time.time() + 2 * 86400)
+        assert await asyncio.to_thread(retention.prune) == 10
+    finally:
+        database.close()
+    assert chain_rows() == []
+    code, out = verify(tmp_path, key)
+    assert code == 0 and "OK: verified 0 records in 2 chains" in out, out
+    assert "from retention's cut at" in out and "(after record #7)" in out, out
+
+
+async def test_retention_with_the_chain_off_removes_by_time() -> None:
+    database = Database(db_backends.url())
+    try:
+        now = time.time()
+        committer = Committer(database, 0.01, None)
+        lot = [AuditRecord(endpoint="up", method="tools/call", tool="echo", principal="p",
+                           request_id=f"r{i}", ts=now - (3 - i % 3) * 86400)
+               for i in range(1200)]  # 400 each 3, 2 and 1 days old
+        assert committer.attempt(lot, 1) is None
+        committer.close()
+        removed = Retention(database, 2, None, clock=lambda: now + 60).prune()
+    finally:
+        database.close()
+    assert removed == 800  # in batches of 500
+    left = db_backends.rows(db_backends.url(), "SELECT min(ts) FROM audit")
+    assert left[0][0] > now - 2 * 86400
 
 
 def test_a_bad_signing_key_is_one_line_naming_the_key(tmp_path: Path) -> None:
