@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 from quart import Quart
 
-from proxy import console, metadata
+from proxy import cards, console, metadata
 from proxy import web as edge
 from proxy.api import routes as api_routes
 from proxy.api.context import Api
@@ -98,9 +98,11 @@ def create_app(cfg: Config, **overrides: Any) -> Quart:
     _routes(app, services)
     # the ASGI stack, outermost first: each layer answers what it owns and hands the rest on
     layers: list[Callable[[ASGIApp], ASGIApp]] = [
+    quart = app.asgi_app
         lambda inner: BodyCap(inner, "/api/v1/", cfg.server.max_request_bytes, "api"),
         lambda inner: McpEdge(inner, services.edge_gateway,
                               max_body=cfg.server.max_request_bytes,
+        lambda inner: cards.Passage(inner, quart),  # /mcp/<endpoint>/server-card: Quart's
                               body_timeout_s=BODY_TIMEOUT_S,
                               heartbeat_s=cfg.server.sse_heartbeat_s,
                               refused=services.request_log.refused),
@@ -279,3 +281,4 @@ def _routes(app: Quart, services: Services) -> None:
     api_routes.register(app)
     observability_routes.register(app, cfg.observability, services.metrics,
                                   lambda: services.serving)
+    cards.register(app, cfg.server.public_url, cfg.auth.mode != "none")

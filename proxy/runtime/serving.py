@@ -277,6 +277,7 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
     gateway = built.bind(_gateway(s, live, upstream, audit, keys, virtual, tracing, seen,
                                   tenants))
     stack.push_async_callback(gateway.tenants.aclose)  # per-caller upstreams' pools
+    gateway.virtual.learning(seen.listed)  # a member's lists are kept as its own are
     changed = partial(gateway.virtual.members_changed, virtual)
     registry = Registry(cfg, s.routes, mirrors, added_access, added_destinations, database,
                         reserved=virtual.__contains__, changed=changed)

@@ -452,6 +452,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             failures INTEGER NOT NULL DEFAULT 0
         )"""),
     )),
+    # the prompts and resources each server last listed, beside its tools (proxy.seen), for
+    # the endpoints' server cards (proxy.cards); each list kept trimmed with its hash
+    Migration(26, "upstream servers: the prompts and resources last seen", (
+        AddColumn("server_tools", "prompts", "TEXT"),
+        AddColumn("server_tools", "prompts_hash", "TEXT"),
+        AddColumn("server_tools", "prompts_seen_at", "DOUBLE PRECISION"),
+        AddColumn("server_tools", "resources", "TEXT"),
+        AddColumn("server_tools", "resources_hash", "TEXT"),
+        AddColumn("server_tools", "resources_seen_at", "DOUBLE PRECISION"),
+    )),
 )
 
 LATEST = MIGRATIONS[-1].version

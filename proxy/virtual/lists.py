@@ -10,6 +10,7 @@ tool's UI resource (MCP Apps) is exposed like the resource (proxy/virtual/uris.p
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from proxy import __version__
@@ -42,6 +43,8 @@ class Lists:
         self.fan_out = fan_out
         self.exposed = exposed
         self.cursors = cursors
+        # told each member's list as it came, before any rule (proxy.seen.LastSeen.listed)
+        self.learned: Callable[[str, McpMessage, dict[str, Any]], None] | None = None
 
     async def merged(self, route: VirtualRoute, msg: McpMessage, cursor: object,
                      ctx: CallContext, chain: Chain, session: Session | None = None
@@ -60,14 +63,18 @@ class Lists:
             asks[member] = request(msg, method, member_cursor or None)
         listed: dict[str, list[str]] = {}  # each member's names, before any rule hides one
 
+        learned = self.learned
+
         def reader(member: str) -> Rewrite:
             def read(result: dict[str, Any]) -> bool:
+                if learned is not None:
+                    learned(member, asks[member], result)
                 listed[member] = names.listed_names(result, key, field) or []
                 return False
             return read
 
         results = await self.fan_out.ask(route, asks, ctx, chain, session,
-                                         None if kind == "uri" else reader)
+                                         None if kind == "uri" and learned is None else reader)
         self.exposed.learn(route, kind, listed)
         items: list[dict[str, Any]] = []
         seen: set[str] = set()

@@ -16,7 +16,7 @@ legacy client's GET stream merges its members' (proxy/virtual/listeners.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from proxy.auth.principal import Principal
@@ -60,6 +60,11 @@ class VirtualForwarder:
         self._requests = MemberRequests(forward, self.cursors, members)
         self._listeners = Listeners(forward, members, self._requests)
         self._members = members
+
+    def learning(self, learned: Callable[[str, McpMessage, dict[str, Any]], None]) -> None:
+        """Tell `learned` (member, member's message, result) each member's list as it comes,
+        before any rule: what the gateway keeps of each server's lists (proxy.seen)."""
+        self._lists.learned = learned
 
     # -- policies ------------------------------------------------------------------------
 
