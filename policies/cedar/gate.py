@@ -321,6 +321,18 @@ class Gate:
     def hides(self, listing: McpMessage, ctx: CallContext) -> bool:
         return listing.method in _LISTS and not ctx.virtual and self.governs(ctx.endpoint)
 
+    def listable(self, method: str, ctx: CallContext) -> Callable[[str], bool] | None:
+        """Whether a name a `method` list (tools/list, prompts/list) gives would be listed for
+        `ctx`'s caller, decided as the rewriter decides it but learning nothing: what a server
+        card shows (proxy.cards). None where this gate hides nothing."""
+        listing = _LISTS.get(method)
+        if listing is None or ctx.virtual or not self.policies or not self.governs(ctx.endpoint):
+            return None
+        _, lister = self._current()
+        who, endpoint, call = self._caller_now(ctx.principal), ctx.endpoint, listing[2]
+        zone, era = self._zone_of(ctx.peer_ip), ctx.era
+        return lambda name: lister.could_permit(who, call, endpoint, name, zone=zone, era=era)
+
     async def _caller(self, ctx: CallContext) -> Caller:
         who = self._caller_now(ctx.principal)
         if self._attributes_of is None or not self._attribute_names:
@@ -339,18 +351,6 @@ class Gate:
                              claims=kept, client=client)
 
     def _outcome(self, decision: Decision) -> dict[str, Any]:
-    def listable(self, method: str, ctx: CallContext) -> Callable[[str], bool] | None:
-        """Whether a name a `method` list (tools/list, prompts/list) gives would be listed for
-        `ctx`'s caller, decided as the rewriter decides it but learning nothing: what a server
-        card shows (proxy.cards). None where this gate hides nothing."""
-        listing = _LISTS.get(method)
-        if listing is None or ctx.virtual or not self.policies or not self.governs(ctx.endpoint):
-            return None
-        _, lister = self._current()
-        who, endpoint, call = self._caller_now(ctx.principal), ctx.endpoint, listing[2]
-        zone, era = self._zone_of(ctx.peer_ip), ctx.era
-        return lambda name: lister.could_permit(who, call, endpoint, name, zone=zone, era=era)
-
         outcome: dict[str, Any] = {"version": self.version,
                                    "decision": "allow" if decision.allowed else "deny",
                                    "policies": list(decision.policies)}

@@ -96,13 +96,13 @@ def create_app(cfg: Config, **overrides: Any) -> Quart:
             yield
 
     _routes(app, services)
+    quart = app.asgi_app
     # the ASGI stack, outermost first: each layer answers what it owns and hands the rest on
     layers: list[Callable[[ASGIApp], ASGIApp]] = [
-    quart = app.asgi_app
         lambda inner: BodyCap(inner, "/api/v1/", cfg.server.max_request_bytes, "api"),
+        lambda inner: cards.Passage(inner, quart),  # /mcp/<endpoint>/server-card: Quart's
         lambda inner: McpEdge(inner, services.edge_gateway,
                               max_body=cfg.server.max_request_bytes,
-        lambda inner: cards.Passage(inner, quart),  # /mcp/<endpoint>/server-card: Quart's
                               body_timeout_s=BODY_TIMEOUT_S,
                               heartbeat_s=cfg.server.sse_heartbeat_s,
                               refused=services.request_log.refused),
@@ -278,7 +278,7 @@ def _routes(app: Quart, services: Services) -> None:
 
     metadata.register(app, cfg, services.identity, own_server=services.oauth is not None,
                       api_scopes=api_scopes)
+    cards.register(app, cfg.server.public_url, cfg.auth.mode != "none")
     api_routes.register(app)
     observability_routes.register(app, cfg.observability, services.metrics,
                                   lambda: services.serving)
-    cards.register(app, cfg.server.public_url, cfg.auth.mode != "none")
