@@ -373,6 +373,30 @@ async def test_retention_with_the_chain_off_removes_by_time() -> None:
     assert left[0][0] > now - 2 * 86400
 
 
+async def test_the_operator_exports_the_public_key_and_verify_reads_the_config(
+        tmp_path: Path) -> None:
+    key = Ed25519PrivateKey.generate()
+    await chained_log(key, 2)
+    (tmp_path / "signing.pem").write_text(pem(key))
+    (tmp_path / "tollhouse.toml").write_text(
+        f'[database]\nurl = "{db_backends.url()}"\n[audit.chain]\nenabled = true\n'
+        'signing_key = "signing.pem"\n')
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["audit", "public-key", "--config", str(tmp_path / "tollhouse.toml")])
+    assert code == 0 and out.getvalue() == chains.public_pem(key)
+    assert "PRIVATE" not in out.getvalue()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["audit", "verify", "--config", str(tmp_path / "tollhouse.toml")])
+    assert code == 0 and "OK: verified 3 records" in out.getvalue(), out.getvalue()
+    (tmp_path / "not-a-key.pem").write_text("hello")
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = main(["audit", "verify", "--db", db_backends.url(), "--public-key",
+                     str(tmp_path / "not-a-key.pem")])
+    assert code == 2
+
+
 def test_a_bad_signing_key_is_one_line_naming_the_key(tmp_path: Path) -> None:
     ec = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n-----END PRIVATE KEY-----"
     for value, said in (("", "is empty"), ("nope.pem", "cannot be read"),
