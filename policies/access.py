@@ -229,6 +229,8 @@ class Access:
 def _named(call: McpMessage) -> tuple[str, str, str] | None:
     """(name, which profile, noun) of what `call` uses; None for a method that names nothing,
     or a malformed one (the upstream answers it)."""
+    if call.task_tool is not None:  # a tasks/* request: decided by its task's tool
+        return call.task_tool, "tools", "tool"
     params: dict[str, Any] | None = call.params
     if params is None:
         return None

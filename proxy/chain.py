@@ -10,12 +10,15 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from proxy.auth.principal import Principal
 from proxy.errors import GatewayError, InternalError
 from proxy.jsonrpc import McpMessage
 from proxy.traced import CURRENT
+
+if TYPE_CHECKING:
+    from proxy.mcp.tasks import TaskCall
 
 Rewrite = Callable[[dict[str, Any]], bool]
 Verdict = Literal["kept", "changed", "dropped"]
@@ -51,6 +54,7 @@ class CallContext:
     audit_note: str | None = None  # metering: e.g. a hook that failed and on_error allowed
     message: McpMessage | None = None  # guardrails: the call as forwarded (arguments redacted)
     policy: dict[str, Any] | None = None  # cedar: the decision's audit object
+    task: TaskCall | None = None  # the spine (proxy.mcp.tasks): the task a tasks/* names
 
 
 class Policy(Protocol):

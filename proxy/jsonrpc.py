@@ -23,10 +23,16 @@ class McpMessage:
     method: str | None
     params: dict[str, Any] | None
     body: bytes
+    # a tasks/get, tasks/result or tasks/cancel: the tool its task runs, from the task's
+    # binding (proxy.mcp.tasks), so that every policy decides it as it decides that tool
+    task_tool: str | None = None
 
     @property
     def tool(self) -> str | None:
-        """The tool name of a tools/call, for policy and audit."""
+        """The tool name of a tools/call (or of the task a tasks/* request names), for policy
+        and audit."""
+        if self.task_tool is not None:
+            return self.task_tool
         if self.method == "tools/call" and self.params is not None:
             name = self.params.get("name")
             return name if isinstance(name, str) else None

@@ -245,10 +245,28 @@ class Gate:
         """A call this gate decides nothing of (another method, a virtual endpoint's own
         view, an endpoint no policy names: most calls) is answered with `DONE`, so the chain
         awaits no coroutine for it; the others go to `_decide`."""
+        if call.task_tool is not None:  # a task's request: decided by its tool
+            if ctx.virtual or not self.governs(ctx.endpoint):
+                return DONE
+            return self._decide_task(call.task_tool, ctx)
         found = _CALLS.get(call.method or "")
         if found is None or ctx.virtual or not self.governs(ctx.endpoint):
             return DONE
         return self._decide(call, ctx, found)
+
+    async def _decide_task(self, tool: str, ctx: CallContext) -> None:
+        """A tasks/get, tasks/result or tasks/cancel of a task running `tool`: allowed while
+        some call of the tool could be permitted to this caller (its arguments were decided
+        when the task was created, and are not kept); otherwise answered as the tool is when
+        no call of it could be, an unknown tool."""
+        _, lister = self._current()
+        caller = await self._caller(ctx)
+        if self._problem is None and lister.could_permit(
+                caller, "tools/call", ctx.endpoint, tool, zone=self._zone_of(ctx.peer_ip),
+                era=ctx.era):
+            return
+        raise HiddenTool("cedar: tool hidden: no policy could permit a call of it "
+                         "(a request of one of its tasks)", tool)
 
     async def _decide(self, call: McpMessage, ctx: CallContext,
                       found: tuple[str, str, str]) -> None:

@@ -44,10 +44,14 @@ _LISTS = {"tools/list": ("tools", "name", "tool"), "prompts/list": ("prompts", "
 _RESULT_KIND = ("resultType",)  # what a denied tool result keeps of the upstream's
 # a notification a call's stream may carry -> the params holding what it says (a progress
 # notification's token is the client's own, and is not rewritten)
-_NOTICES = {"notifications/message": ("data", "logger"), "notifications/progress": ("message",)}
+_NOTICES = {"notifications/message": ("data", "logger"), "notifications/progress": ("message",),
+            "notifications/tasks/status": ("statusMessage",)}
 # a call -> (param naming what it uses, kind)
 _USES = {"tools/call": ("name", "tool"), "prompts/get": ("name", "prompt"),
          "resources/read": ("uri", "resource")}
+# a task's request (its tool is the message's `task_tool`, proxy.mcp.tasks) -> what of its
+# answer a result rule reads: the tool's result itself, or the task's status message
+_TASKS = {"tasks/result": None, "tasks/get": "statusMessage", "tasks/cancel": "statusMessage"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +125,11 @@ class Guardrails:
     # -- before forwarding ---------------------------------------------------------------------
 
     async def check(self, call: McpMessage, ctx: CallContext) -> None:
+        if call.task_tool is not None:  # a task's request: its tool hidden, it is too
+            if (ctx.endpoint, "tool", call.task_tool) in self.hidden:
+                raise HiddenTool("guardrails: tool hidden by screening or pinning",
+                                 call.task_tool)
+            return
         use = _USES.get(call.method or "")
         if use is None or call.params is None:
             return
@@ -135,8 +144,6 @@ class Guardrails:
                 exc.detail = f"Unknown prompt: {name}" if kind == "prompt" \
                     else f"Resource not found: {name}"
             raise exc
-        if kind == "tool" and call.params.get("task") is not None:
-            self._refuse_task(name, ctx)
         arguments = call.params.get("arguments")
         if not isinstance(arguments, dict) or not arguments:
             return
@@ -156,18 +163,6 @@ class Guardrails:
             if action == "redact":
                 ctx.message = _with_arguments(ctx.message or call, arguments)
 
-    def _refuse_task(self, name: str, ctx: CallContext) -> None:
-        """A task-run call's result comes back through tasks/result, which no rule reads yet:
-        a call whose result a rule covers is refused as a task rather than let its result
-        past the rule (the client may call the tool without `task`)."""
-        for rule in self._rules:
-            if rule.applies(ctx.endpoint, name, "results"):
-                raise ToolResultDenial(
-                    f"guardrail {rule.cfg.name}: result rule covers a task-run call",
-                    f"Blocked by guardrail '{rule.cfg.name}': this tool's results are "
-                    "inspected, which a task's result cannot be yet; call it without a task.",
-                    BLOCKED)
-
     # -- the answer ----------------------------------------------------------------------------
 
     def rewriter(self, call: McpMessage, ctx: CallContext
@@ -178,6 +173,8 @@ class Guardrails:
         if not rules:
             return None
         method = call.method
+        if method in _TASKS and _TASKS[method] is not None:
+            return _status_rewriter(rules, ctx)
 
         def rewrite(result: dict[str, Any]) -> bool:
             changed = False
@@ -233,10 +230,13 @@ class Guardrails:
                    for r in self._rules)
 
     def _result_rules(self, call: McpMessage, ctx: CallContext) -> tuple[_Rule, ...]:
-        use = _USES.get(call.method or "")
-        if use is None or not self._rules or call.params is None:
+        if not self._rules:
             return ()
-        name = call.params.get(use[0])
+        if call.task_tool is not None:  # a task's: read as its tool's result is
+            name: Any = call.task_tool if call.method in _TASKS else None
+        else:
+            use = _USES.get(call.method or "")
+            name = call.params.get(use[0]) if use is not None and call.params else None
         if not isinstance(name, str):
             return ()
         return tuple(r for r in self._rules if r.applies(ctx.endpoint, name, "results"))
@@ -303,15 +303,44 @@ class Guardrails:
         return rewrite
 
 
+def _status_rewriter(rules: tuple[_Rule, ...], ctx: CallContext
+                     ) -> Callable[[dict[str, Any]], bool]:
+    """A task's state (tasks/get, tasks/cancel, an entry of tasks/list): its status message
+    read by the rules that read its tool's results; one a rule denies is replaced by what a
+    person reads of the refusal (the task's state still reaches the client)."""
+
+    def rewrite(result: dict[str, Any]) -> bool:
+        said = result.get("statusMessage")
+        if not isinstance(said, str):
+            return False
+        changed = False
+        for rule in rules:
+            seen, found = rule.inspect({"statusMessage": said}, ctx, "result")
+            if found is None:
+                continue
+            if rule.cfg.action == "deny":
+                result["statusMessage"] = rule.blocked(found, "result")
+                return True
+            if rule.cfg.action == "redact":
+                said, changed = seen["statusMessage"], True
+        if changed:
+            result["statusMessage"] = said
+        return changed
+
+    return rewrite
+
+
 def _deny(result: dict[str, Any], method: str | None, rule: _Rule, found: str) -> None:
-    """A tools/call's result becomes seed 001's tool error; a prompts/get's or
-    resources/read's answer is seed 004's -32000 (raised: the relay answers it instead)."""
+    """A tools/call's (or a task's tasks/result's) result becomes seed 001's tool error; a
+    prompts/get's or resources/read's answer is seed 004's -32000 (raised: the relay answers
+    it instead)."""
     message = rule.blocked(found, "result")
     reason = f"guardrail {rule.cfg.name}: {found} in result"
-    if method != "tools/call":
+    if method not in ("tools/call", "tasks/result"):
         raise GuardrailResultBlocked(reason, message)
     # a 2026-07-28 result says what kind it is: the error replacing it is still a whole one
-    kind = {k: result[k] for k in _RESULT_KIND if k in result}
+    kept = _RESULT_KIND if method == "tools/call" else (*_RESULT_KIND, "_meta")  # the task's
+    kind = {k: result[k] for k in kept if k in result}
     result.clear()
     result.update(tool_error_result(ToolResultDenial(reason, message, BLOCKED)), **kind)
 

@@ -49,6 +49,9 @@ class AuditRecord:
     upstream_started: float = 0.0  # perf_counter when the upstream leg began (0: none)
     http_status: int = 200
     trace_id: str = ""  # the W3C trace id the request came with, if any
+    # a task-run tools/call: the task it created (proxy/mcp/tasks.py), for its usage event;
+    # the audit log has it in the note
+    task: str | None = None
     # when an in-process metering hook took the usage event at once (proxy/audit/outbox.py,
     # OutboxWorker.deliver_now): its outbox row goes in delivered. Not kept in the journal or
     # the fallback file, so a record replayed after a crash is delivered again (at least once)
@@ -76,16 +79,19 @@ class AuditRecord:
         return dict(zip(PERSISTED, _persisted(self), strict=True))
 
     def usage_event(self) -> dict[str, Any]:
-        """The webhook's fixed `usage` shape."""
-        return {"type": "usage", "call_id": self.call_id, "principal": self.principal,
-                "endpoint": self.endpoint, "tool": self.tool, "status": self.status,
-                "duration_ms": round(self.duration_ms, 3), "bytes_in": self.bytes_in,
-                "bytes_out": self.bytes_out,
-                "error": self.error_message or self.denied_reason, "at": self.ts}
+        """The webhook's fixed `usage` shape; a call run as a task adds `task`, its id."""
+        event = {"type": "usage", "call_id": self.call_id, "principal": self.principal,
+                 "endpoint": self.endpoint, "tool": self.tool, "status": self.status,
+                 "duration_ms": round(self.duration_ms, 3), "bytes_in": self.bytes_in,
+                 "bytes_out": self.bytes_out,
+                 "error": self.error_message or self.denied_reason, "at": self.ts}
+        if self.task is not None:
+            event["task"] = self.task
+        return event
 
 
 _IN_PROCESS = frozenset({"error_type", "failure", "upstream_started", "http_status",
-                         "trace_id", "accepted", "delivered_at"})
+                         "trace_id", "accepted", "delivered_at", "task"})
 PERSISTED = tuple(f.name for f in fields(AuditRecord) if f.name not in _IN_PROCESS)
 # every persisted field of a record in one C call (as_dict runs for each record's journal line
 # on the event loop: a comprehension of getattr calls was ~200 bytecodes of every call)

@@ -30,10 +30,11 @@ from proxy.mcp import eras, resume
 from proxy.mcp.exchange import EdgeResponse, Exchange
 from proxy.mcp.forward import Forwarded, Forwarder
 from proxy.mcp.forwarding import Routed
-from proxy.mcp.legs import Leg
+from proxy.mcp.legs import Leg, then
 from proxy.mcp.relay import Carried, JsonRelay, StreamEnd, StreamRelay, Views
 from proxy.mcp.resume import RESUME_GRACE_S, Resumption
 from proxy.mcp.sse import HEAD_BYTES
+from proxy.mcp.tasks import Tasks
 from proxy.observability import Observer
 from proxy.state import CallHandle, InFlightRegistry, Session, SessionStore
 from proxy.state.inflight import EndReason, Later, call_key
@@ -63,7 +64,8 @@ class Calls:
     def __init__(self, *, inflight: InFlightRegistry, sessions: SessionStore,
                  forward: Forwarder, observer: Observer, later: Later | None,
                  spawn: Callable[[Coroutine[Any, Any, None]], None],
-                 max_response_bytes: int, resumption: Resumption | None) -> None:
+                 max_response_bytes: int, resumption: Resumption | None,
+                 tasks: Tasks | None = None) -> None:
         self._inflight = inflight
         self._sessions = sessions
         self._forward = forward  # how any kind's upstream answer is read (held or not)
@@ -72,6 +74,7 @@ class Calls:
         self._spawn = spawn
         self._max = max_response_bytes  # an answer held to be rewritten, at most
         self._resumption = resumption
+        self._tasks = tasks  # a task's binding, its list kept to its caller, its end
 
     async def run(self, routed: Routed, headers: Mapping[str, str], msg: McpMessage,
                   session: Session | None, ctx: CallContext, exchange: Exchange,
@@ -118,6 +121,8 @@ class Calls:
         leg = call.forwarded.leg
         exchange.noted(ctx.audit_note)
         rewrite = leg.rewrite(_noting(call.chain.rewriter(msg, ctx), ctx, exchange), msg.method)
+        if self._tasks is not None:  # last: reads the task ids as the client sees them
+            rewrite = then(rewrite, self._tasks.rewriter(msg, ctx, exchange, call.chain))
         held = self._forward.must_hold(msg, rewrite)
         # readers see either kind; a tool error is marked where the result is seen
         rewrite = self._observer.results(msg, exchange.record, exchange.seeing(msg, rewrite))
@@ -128,7 +133,8 @@ class Calls:
         if msg.method == "initialize":
             call.session = await self._sessions.create(
                 call.routed.route.session_endpoint, ctx.principal.key,
-                response.headers.get("mcp-session-id"), _protocol_version(msg))
+                response.headers.get("mcp-session-id"), _protocol_version(msg),
+                capabilities=_capabilities(msg))
             exchange.joined(call.session)
         if call.session is not None:
             call.headers["Mcp-Session-Id"] = call.session.id
@@ -199,7 +205,8 @@ class Calls:
             session = await self._sessions.create(call.routed.route.session_endpoint,
                                                   ctx.principal.key, None,
                                                   local.get("protocolVersion"),
-                                                  eras.envelope_of_initialize(msg))
+                                                  eras.envelope_of_initialize(msg),
+                                                  _capabilities(msg))
             exchange.joined(session)
             headers["Mcp-Session-Id"] = session.id
         data = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "result": local})
@@ -251,3 +258,9 @@ def _heard(notice: Notice | None, ctx: CallContext, exchange: Exchange) -> Notic
 def _protocol_version(msg: McpMessage) -> str | None:
     version = (msg.params or {}).get("protocolVersion")
     return version if isinstance(version, str) else None
+
+
+def _capabilities(msg: McpMessage) -> dict[str, Any] | None:
+    """What the client declared at initialize, kept with its session."""
+    caps = (msg.params or {}).get("capabilities")
+    return caps if isinstance(caps, dict) else None

@@ -67,11 +67,13 @@ class Exchange:
     once, when it ends; they read the record and never write it. The record is `accepted` once
     handed to the sink, and not changed after."""
 
-    __slots__ = ("_audit", "_observer", "record", "started")
+    __slots__ = ("_audit", "_before", "_observer", "record", "started")
 
     def __init__(self, record: AuditRecord, audit: AuditSink, observer: Observer,
                  started: float | None = None) -> None:
         self.record = record
+        # what must hold before the answer goes out (a created task's binding: tasked)
+        self._before: Callable[[], Awaitable[None]] | None = None
         # perf_counter when the call began (a resumed answer's: when its call began elsewhere)
         self.started = time.perf_counter() if started is None else started
         self._audit = audit
@@ -131,10 +133,23 @@ class Exchange:
         record.status, record.error_message = "error", error
         record.error_type = upstream_error_type(error or "")
 
+    def tasked(self, task_id: str, bind: Callable[[], Awaitable[None]]) -> None:
+        """The call created a task (`task_id`): its record says so (the note, the usage
+        event), and `bind` (its binding to the caller) is done before the answer goes out."""
+        record = self.record
+        if record.accepted:
+            return
+        record.task = task_id
+        text = f"task {task_id[:100]} created"
+        record.note = text if not record.note else f"{record.note}; {text}"
+        self._before = bind
+
     def noted(self, note: str | None) -> None:
         """What the policies noted about the call (a guardrail's finding, a hook's failure)."""
-        if not self.record.accepted:
-            self.record.note = note
+        record = self.record
+        if not record.accepted:
+            task = f"task {record.task[:100]} created" if record.task is not None else None
+            record.note = note if task is None else task if not note else f"{note}; {task}"
 
     def sent(self, size: int) -> None:
         """The bytes the answer sent (a stream: so far)."""
@@ -220,6 +235,16 @@ class Exchange:
         record accepted already (written, or emitted) is not written again."""
         if self.record.accepted:
             return True
+        if self._before is not None:
+            try:
+                await self._before()
+            except GatewayError as exc:  # a task that could not be bound is not handed out
+                log.error("/mcp/%s: a created task could not be bound to its caller: %s",
+                          self.record.endpoint, exc)
+                self.record.fail(exc)
+                self._accept()
+                self._audit.emit(self.record)
+                return False
         self._accept()
         return await self._audit.write(self.record)
 

@@ -33,13 +33,14 @@ from proxy.errors import (
     SessionNotFound,
 )
 from proxy.jsonrpc import McpMessage
-from proxy.mcp import eras, guards
+from proxy.mcp import eras, guards, tasks
 from proxy.mcp.call import Calls
 from proxy.mcp.exchange import EdgeRequest, EdgeResponse, Exchange
 from proxy.mcp.forward import Forwarder
 from proxy.mcp.forwarding import Forwarding, Route, Routed
 from proxy.mcp.listening import Listening
 from proxy.mcp.resume import Resumption
+from proxy.mcp.tasks import Tasks
 from proxy.observability import Observer, Observers
 from proxy.observability.logs import trace_id
 from proxy.snapshot import Live
@@ -48,6 +49,7 @@ from proxy.state.inflight import EndReason, Later, call_key
 from proxy.state.learned import BridgeStore
 from proxy.state.resumable import ResumableStore
 from proxy.state.sessions import Fetched
+from proxy.state.tasks import MemoryTaskStore, TaskStore
 from proxy.upstream import UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
 from proxy.upstream.tenants import Tenants
@@ -72,7 +74,8 @@ class Gateway:
                  endpoints: Mapping[str, VirtualRoute] | None = None,
                  cursor_key: bytes = b"",
                  max_response_bytes: int = 16 * 1024 * 1024,
-                 resumable: ResumableStore | None = None) -> None:
+                 resumable: ResumableStore | None = None,
+                 tasks: TaskStore | None = None) -> None:
         self.routes = routes  # live: the registry changes it, each call reads it
         self.endpoints = {} if endpoints is None else endpoints  # proxy/virtual: live too
         self.auth = authenticator
@@ -103,9 +106,12 @@ class Gateway:
         self.listening = Listening(spawn=self.spawn, resumption=self.resumption,  # GET streams
                                    max_response_bytes=max_response_bytes,
                                    draining=lambda: self.draining)
+        # MCP tasks: each bound to its caller, decided by its tool (proxy/mcp/tasks.py)
+        self.tasks = Tasks(tasks or MemoryTaskStore(), audit, self.spawn)
         self.calls = Calls(inflight=inflight, sessions=sessions, forward=self.forward,
                            observer=self.observer, later=later, spawn=self.spawn,
-                           max_response_bytes=max_response_bytes, resumption=self.resumption)
+                           max_response_bytes=max_response_bytes, resumption=self.resumption,
+                           tasks=self.tasks)
 
     @property
     def chain(self) -> Chain:
@@ -170,6 +176,8 @@ class Gateway:
                               session_hash=record.session_hash, arguments_size=len(body),
                               api_key_id=principal.api_key_id, peer_ip=req.peer,
                               headers=req.forwarded, dial_key=route.dial_key)
+            if msg.kind == "request" and msg.method in tasks.METHODS:  # the task's caller
+                msg = ctx.message = await self.tasks.view(route.name, msg, ctx, exchange)
             if msg.kind != "response":  # the chain, once per target (a virtual: the member's)
                 ctx = await routed.forwarding.check(route, chain, msg, ctx)
                 exchange.decided(ctx)

@@ -370,7 +370,8 @@ def _gateway(s: Services, live: Live, upstream: UpstreamClient, audit: AuditSink
         observer=_observer(s.request_log, metrics, tracing, seen),
         session_ended=metrics.session_ended if metrics is not None else None,
         tenants=tenants, endpoints=virtual, cursor_key=s.cursor_key,
-        max_response_bytes=s.cfg.server.max_response_bytes, resumable=stores.resumable)
+        max_response_bytes=s.cfg.server.max_response_bytes, resumable=stores.resumable,
+        tasks=stores.tasks)
 
 
 class Late(Generic[T]):

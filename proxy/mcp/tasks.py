@@ -1,0 +1,200 @@
+"""MCP tasks (2025-11-25, SEP-1686) through the gateway, held to the same policies as the tool
+they run.
+
+A `tools/call` with `params.task` is answered with a CreateTaskResult; its result comes later,
+through `tasks/result`, and its state through `tasks/get`, `tasks/list`, `tasks/cancel` and
+`notifications/tasks/status`. Every one of those is decided here and by the policy chain as the
+tool itself is:
+
+- creation: the tools/call goes through the chain as any call does (access, profiles, Cedar,
+  rate limits, guardrails on its arguments, metering: counted once, here); the task id in its
+  answer is bound to the endpoint and the caller (`proxy.state.tasks`, shared by every
+  replica) before the answer goes out (`Exchange.before_write`), and the audit record of the
+  call names the task (its note, and the usage event's `task`);
+- `tasks/get`, `tasks/result`, `tasks/cancel` (`view`): a task id not bound to this caller on
+  this endpoint is answered as an unknown task (-32602), whoever created it; a bound one is
+  given to the chain as a request of the task's tool (`McpMessage.task_tool`), so the access
+  profile, Cedar and the guardrails decide it by that tool, and the result guardrails read
+  `tasks/result` as they read the tool's direct answer (and a status message as a result);
+- `tasks/list` (`rewriter`): only the caller's own tasks are shown, their status messages read
+  by the rules of each task's tool;
+- the end of a task (a terminal status seen in any answer): one audit record, whichever
+  replica sees it first (`notifications/tasks/status`, the task's tool, its status and its
+  duration since creation).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from proxy.audit import AuditRecord, AuditSink
+from proxy.audit.record import Status
+from proxy.errors import GatewayError, InvalidParams
+from proxy.jsonrpc import McpMessage
+from proxy.state.tasks import TaskBinding, TaskStore, ttl_of
+
+if TYPE_CHECKING:
+    from proxy.chain import CallContext, Chain, Rewrite
+    from proxy.mcp.exchange import Exchange
+
+log = logging.getLogger("tollhouse.tasks")
+
+NAMED = frozenset({"tasks/get", "tasks/result", "tasks/cancel"})  # one task, by its id
+METHODS = NAMED | {"tasks/list"}
+UNKNOWN = "Failed to retrieve task: Task not found"
+# a task's terminal status -> the completion record's status
+ENDED: dict[str, Status] = {"completed": "ok", "failed": "error", "cancelled": "cancelled"}
+COMPLETION = "notifications/tasks/status"  # the method of a task's completion record
+
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+
+
+@dataclass(slots=True)
+class TaskCall:
+    """What the gateway knows of a tasks/* request once `Tasks.view` has checked it: the
+    task (one named) and its binding, or the caller's own tasks (a list: id -> tool)."""
+
+    task_id: str | None = None
+    binding: TaskBinding | None = None
+    owned: dict[str, str] = field(default_factory=dict)
+
+
+def unknown_task() -> InvalidParams:
+    """The answer to a task id this caller did not create here (or that no one did): the
+    same whoever created it, so that it reveals nothing."""
+    return InvalidParams(UNKNOWN)
+
+
+def task_requested(msg: McpMessage) -> bool:
+    """A tools/call the client asks to run as a task."""
+    return msg.method == "tools/call" and isinstance((msg.params or {}).get("task"), dict)
+
+
+class Tasks:
+    def __init__(self, store: TaskStore, audit: AuditSink, spawn: Spawn) -> None:
+        self.store = store
+        self._audit = audit
+        self._spawn = spawn
+
+    async def view(self, endpoint: str, msg: McpMessage, ctx: CallContext,
+                   exchange: Exchange) -> McpMessage:
+        """The message as the chain decides it: a tasks/get, tasks/result or tasks/cancel of
+        a task this caller created here, as a request of its tool (`task_tool`); an unknown
+        task raised otherwise. A tasks/list goes as it came, the caller's tasks kept for its
+        answer (`ctx.task`)."""
+        if msg.method == "tasks/list":
+            ctx.task = TaskCall(owned=await self.store.owned(endpoint, ctx.principal.key))
+            return msg
+        task_id = (msg.params or {}).get("taskId")
+        if not isinstance(task_id, str) or not task_id:
+            raise InvalidParams("Invalid params: taskId must be a non-empty string")
+        binding = await self.store.binding(endpoint, task_id)
+        if binding is None or binding.owner != ctx.principal.key:
+            raise unknown_task()
+        ctx.task = TaskCall(task_id, binding)
+        exchange.record.tool = binding.tool  # its record names the tool, refused or not
+        return replace(msg, task_tool=binding.tool)
+
+    def rewriter(self, msg: McpMessage, ctx: CallContext, exchange: Exchange, chain: Chain
+                 ) -> Rewrite | None:
+        """What the gateway does to the answer of a task's request (after the policies): a
+        created task bound, a list kept to the caller's own, an end recorded; None for a
+        call that is none of these."""
+        if task_requested(msg):
+            return self._creating(msg, ctx, exchange)
+        task = ctx.task
+        if task is None or msg.method not in METHODS:
+            return None
+        if msg.method == "tasks/list":
+            return self._listing(ctx, task, chain)
+        return self._reading(msg, ctx, task)
+
+    def _creating(self, msg: McpMessage, ctx: CallContext, exchange: Exchange) -> Rewrite:
+        tool = msg.tool or ""
+        endpoint, principal = ctx.endpoint, ctx.principal
+        store = self.store
+
+        def created(result: dict[str, Any]) -> bool:
+            task = result.get("task")
+            task_id = task.get("taskId") if isinstance(task, dict) else None
+            if not isinstance(task, dict) or not isinstance(task_id, str) or not task_id:
+                return False  # answered directly (an upstream without tasks): nothing to bind
+            binding = TaskBinding(principal.key, principal.subject, tool, time.time())
+            ttl = ttl_of(task)
+            exchange.tasked(task_id, lambda: store.bind(endpoint, task_id, binding, ttl))
+            self._seen(endpoint, task_id, task)
+            return False
+
+        return created
+
+    def _listing(self, ctx: CallContext, task: TaskCall, chain: Chain) -> Rewrite:
+        owned = task.owned
+        endpoint = ctx.endpoint
+
+        def listed(result: dict[str, Any]) -> bool:
+            tasks = result.get("tasks")
+            if not isinstance(tasks, list):
+                return False
+            kept = [t for t in tasks if isinstance(t, dict) and t.get("taskId") in owned]
+            readers: dict[str, Rewrite | None] = {}
+            for entry in kept:
+                task_id = entry["taskId"]
+                tool = owned[task_id]
+                if tool not in readers:  # the status message, read as that tool's result is
+                    readers[tool] = chain.rewriter(_as_get(tool), ctx)
+                reader = readers[tool]
+                if reader is not None and "statusMessage" in entry:
+                    reader(entry)
+                self._seen(endpoint, task_id, entry)
+            result["tasks"] = kept
+            return True
+
+        return listed
+
+    def _reading(self, msg: McpMessage, ctx: CallContext, task: TaskCall) -> Rewrite:
+        endpoint, task_id = ctx.endpoint, task.task_id or ""
+        method = msg.method
+
+        def read(result: dict[str, Any]) -> bool:
+            if method == "tasks/result":  # the task's own result: it has ended
+                self._ended(endpoint, task_id, "failed" if result.get("isError") else
+                            "completed")
+            else:
+                self._seen(endpoint, task_id, result)
+            return False
+
+        return read
+
+    def _seen(self, endpoint: str, task_id: Any, task: dict[str, Any]) -> None:
+        status = task.get("status")
+        if isinstance(task_id, str) and isinstance(status, str) and status in ENDED:
+            self._ended(endpoint, task_id, status)
+
+    def _ended(self, endpoint: str, task_id: str, status: str) -> None:
+        self._spawn(self._record_end(endpoint, task_id, status))
+
+    async def _record_end(self, endpoint: str, task_id: str, status: str) -> None:
+        """The task's one completion record: written by whichever replica marks its end
+        first."""
+        try:
+            binding = await self.store.finish(endpoint, task_id)
+        except GatewayError as exc:  # the store is out of reach: the record is not written
+            log.warning("%s: the end of a task could not be recorded: %s", endpoint, exc)
+            return
+        if binding is None:
+            return
+        record = AuditRecord(endpoint=endpoint, method=COMPLETION, principal=binding.subject,
+                             tool=binding.tool, status=ENDED[status],
+                             note=f"task {task_id[:100]} {status}")
+        record.duration_ms = max(0.0, (time.time() - binding.created_at) * 1000)
+        record.accepted = True
+        self._audit.emit(record)
+
+
+def _as_get(tool: str) -> McpMessage:
+    """A tasks/get of a task of `tool`: what a listed task's status message is read as."""
+    return McpMessage("request", None, "tasks/get", {}, b"", task_tool=tool)
