@@ -11,7 +11,8 @@ it first, for its one completion record in the audit log.
 
 A binding lives as long as the task does (its `ttl`, at most `MAX_TTL_S`). Keys:
 `tk:b:<len>:<endpoint>:<task id>` (the binding, JSON, SET PX), `tk:o:<len>:<endpoint>:<owner>`
-(a set of the owner's task ids, its expiry moved to the longest binding's), `tk:f:<len>:
+(a set of the owner's tasks, each `<len>:<tool><task id>`, its expiry moved to the longest
+binding's), `tk:f:<len>:
 <endpoint>:<task id>` (the end's mark, SET NX PX). `bind` is one Lua script; `finish` is one
 too (the binding read and the mark set together).
 """
@@ -73,8 +74,8 @@ class TaskStore(Protocol):
     async def binding(self, endpoint: str, task_id: str) -> TaskBinding | None:
         """The task's binding, or None (never bound, or forgotten)."""
 
-    async def owned(self, endpoint: str, owner: str) -> frozenset[str]:
-        """The ids of the tasks `owner` created on `endpoint` (some possibly forgotten)."""
+    async def owned(self, endpoint: str, owner: str) -> dict[str, str]:
+        """The tasks `owner` created on `endpoint` (some possibly forgotten): id -> tool."""
 
     async def finish(self, endpoint: str, task_id: str) -> TaskBinding | None:
         """The binding, the first time the task's end is marked; None after (or unbound)."""
@@ -91,7 +92,7 @@ class MemoryTaskStore:
         self._max = max_entries
         # key -> (expiry, binding, endpoint, task id)
         self._bound: OrderedDict[str, tuple[float, TaskBinding, str, str]] = OrderedDict()
-        self._owned: dict[str, set[str]] = {}
+        self._owned: dict[str, dict[str, str]] = {}
         self._finished: set[str] = set()
 
     async def bind(self, endpoint: str, task_id: str, binding: TaskBinding,
@@ -99,7 +100,7 @@ class MemoryTaskStore:
         key = _key(endpoint, task_id)
         self._bound[key] = (self._clock() + ttl_s, binding, endpoint, task_id)
         self._bound.move_to_end(key)
-        self._owned.setdefault(_key(endpoint, binding.owner), set()).add(task_id)
+        self._owned.setdefault(_key(endpoint, binding.owner), {})[task_id] = binding.tool
         while len(self._bound) > self._max:
             old, held = self._bound.popitem(last=False)
             self._forget(old, held)
@@ -110,7 +111,7 @@ class MemoryTaskStore:
         owner = _key(endpoint, binding.owner)
         owned = self._owned.get(owner)
         if owned is not None:
-            owned.discard(task_id)
+            owned.pop(task_id, None)
             if not owned:
                 del self._owned[owner]
 
@@ -125,8 +126,8 @@ class MemoryTaskStore:
             return None
         return held[1]
 
-    async def owned(self, endpoint: str, owner: str) -> frozenset[str]:
-        return frozenset(self._owned.get(_key(endpoint, owner), ()))
+    async def owned(self, endpoint: str, owner: str) -> dict[str, str]:
+        return dict(self._owned.get(_key(endpoint, owner), {}))
 
     async def finish(self, endpoint: str, task_id: str) -> TaskBinding | None:
         binding = await self.binding(endpoint, task_id)
@@ -174,16 +175,23 @@ class RedisTaskStore:
                    ttl_s: float) -> None:
         await self._bind([self._bound + _key(endpoint, task_id),
                           self._owned + _key(endpoint, binding.owner)],
-                         [binding.dumps(), max(1, round(ttl_s * 1000)), task_id])
+                         [binding.dumps(), max(1, round(ttl_s * 1000)),
+                          f"{len(binding.tool)}:{binding.tool}{task_id}"])
 
     async def binding(self, endpoint: str, task_id: str) -> TaskBinding | None:
         held = await self._shared.command("tasks", "GET", self._bound + _key(endpoint, task_id))
         return None if held is None else TaskBinding.loads(held)
 
-    async def owned(self, endpoint: str, owner: str) -> frozenset[str]:
-        ids = await self._shared.command("tasks", "SMEMBERS",
-                                         self._owned + _key(endpoint, owner))
-        return frozenset(i.decode() if isinstance(i, bytes) else str(i) for i in ids or ())
+    async def owned(self, endpoint: str, owner: str) -> dict[str, str]:
+        members = await self._shared.command("tasks", "SMEMBERS",
+                                             self._owned + _key(endpoint, owner))
+        owned: dict[str, str] = {}
+        for member in members or ():  # "<len>:<tool><task id>"
+            text = member.decode() if isinstance(member, bytes) else str(member)
+            size, _, rest = text.partition(":")
+            if size.isdigit():
+                owned[rest[int(size):]] = rest[:int(size)]
+        return owned
 
     async def finish(self, endpoint: str, task_id: str) -> TaskBinding | None:
         held = await self._finish([self._bound + _key(endpoint, task_id),

@@ -30,9 +30,9 @@ async def test_a_callers_tasks_are_listed_per_endpoint(backend: Backend) -> None
     await store.bind("ep", "t-2", ALICE, 60)
     await store.bind("ep", "t-3", BOB, 60)
     await store.bind("elsewhere", "t-4", ALICE, 60)
-    assert await store.owned("ep", "alice-key") == {"t-1", "t-2"}
-    assert await store.owned("ep", "bob-key") == {"t-3"}
-    assert await store.owned("ep", "carol-key") == frozenset()
+    assert await store.owned("ep", "alice-key") == {"t-1": "research", "t-2": "research"}
+    assert await store.owned("ep", "bob-key") == {"t-3": "research"}
+    assert await store.owned("ep", "carol-key") == {}
 
 
 async def test_a_tasks_end_is_marked_once(backend: Backend) -> None:
