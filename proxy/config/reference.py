@@ -76,6 +76,7 @@ PAGES: Mapping[str, str] = {
     "server.shutdown_grace_s": "operations.md#signals-drain-and-reload",
     "server.sse_heartbeat_s": "operations.md#streams-through-proxies",
     "server.trusted_proxies": "upstreams.md#egress",
+    "server.connect_link_ttl_s": "per-user.md#the-connect-prompt-as-a-url-elicitation",
     "server.workers": "deployment.md#several-replicas",
     "server.event_loop": "performance.md#",
     "server.gc_freeze": "performance.md#",

@@ -41,6 +41,9 @@ def check(cfg: Config) -> None:
     if server.sse_heartbeat_s != 0 and not 0.05 <= server.sse_heartbeat_s <= 3600:
         raise ConfigError("config: 'server.sse_heartbeat_s' must be 0 (no heartbeat) or between "
                           "0.05 and 3600 seconds")
+    if not 30 <= server.connect_link_ttl_s <= 3600:
+        raise ConfigError("config: 'server.connect_link_ttl_s' must be between 30 and 3600 "
+                          "seconds")
 
 
 def check_processes(cfg: Config) -> None:

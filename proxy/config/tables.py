@@ -55,6 +55,9 @@ class ServerConfig:
     # time or an hour has passed: cyclic garbage is found within that time whatever the
     # threshold; 0: only the interpreter's automatic collections
     gc_sweep_s: float = 1.0
+    # a connect link the gateway hands a client that declared URL-mode elicitation (a per_user
+    # upstream not connected yet) works this long, once, for the caller alone (30-3600)
+    connect_link_ttl_s: float = 300.0
 
     @property
     def host(self) -> str:

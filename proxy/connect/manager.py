@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlencode
 
 import httpx
@@ -40,6 +40,9 @@ from proxy.errors import UpstreamFailure
 from proxy.singleflight import SingleFlight
 from proxy.state.flows import FlowStore, ForeignFlow
 from proxy.state.leases import LeaseStore, MemoryLeases, by_one_holder
+
+if TYPE_CHECKING:
+    from proxy.connect.links import ConnectLinks
 
 log = logging.getLogger("tollhouse.connect")
 T = TypeVar("T")
@@ -97,8 +100,11 @@ class Connections:
     def __init__(self, cfg: Config, vault: Vault, guarded: GuardedClient,
                  clock: Callable[[], float] = time.time, *, flows: FlowStore,
                  leases: LeaseStore | None = None, lease_s: float = REFRESH_LEASE_S,
-                 poll_s: float = REFRESH_POLL_S, people: Any = None) -> None:
+                 poll_s: float = REFRESH_POLL_S, people: Any = None,
+                 links: ConnectLinks | None = None) -> None:
         self.public_url = cfg.server.public_url.rstrip("/")
+        # the connect links a client that declared URL-mode elicitation is given
+        self.links = links
         self.upstreams: dict[str, UpstreamConfig] = {
             u.name: u for u in cfg.upstreams if u.auth == "per_user"}
         self._vault = vault

@@ -1,4 +1,5 @@
-"""The connect pages and the person's connections: /connect/<upstream>, its callback,
+"""The connect pages and the person's connections: /connect/<upstream> (with `?link=`: a
+connect link, proxy.connect.links), its callback,
 /connections, and /api/v1/me/connections (cookie-authenticated; a change must come from this
 gateway's own pages): module-level handlers over one `ConnectRoutes`, bound to them by
 `register`."""
@@ -15,8 +16,9 @@ import orjson
 from quart import Quart, Response, request
 
 from proxy.api.caller import READS_ONLY
-from proxy.api.endpoint import audited
+from proxy.api.endpoint import AUDIT_ENDPOINT, audited
 from proxy.audit.record import AuditRecord
+from proxy.connect.links import LinkRefused, tag
 from proxy.connect.manager import ConnectFailed, Connections
 from proxy.errors import GatewayError, NotFound, NotPermitted, NotSignedIn, StoreUnavailable
 from proxy.held import held
@@ -66,14 +68,24 @@ async def connect(here: ConnectRoutes, upstream: str) -> Response:
     if upstream not in here.connections.upstreams:
         return page("Not found", "<p>No upstream by that name needs a connection.</p>", 404)
     user, cookie = await _signed_in(here)
+    token = request.args.get("link")  # a connect link (proxy.connect.links): never logged
+    here_path = f"/connect/{segment(upstream)}"
+    if token is not None:
+        here_path += "?" + urlencode({"link": token})
     if user is None or cookie is None:
-        return see_other("/signin?" + urlencode({"next": f"/connect/{segment(upstream)}"}))
-    if request.args.get("start") != "1":
+        return see_other("/signin?" + urlencode({"next": here_path}))
+    starting = request.args.get("start") == "1"
+    if token is not None:
+        refused = await _link(here, upstream, token, user, use=starting)
+        if refused is not None:
+            return refused
+    if not starting:
+        go = here_path + ("&" if token is not None else "?") + "start=1"
         body = (f"<p>Connect your <strong>{html.escape(upstream)}</strong> account to the "
                 f"Tollhouse identity <strong>{html.escape(user.name)}</strong>.</p>"
                 f"<p>Calls you make through Tollhouse to {html.escape(upstream)} will use "
                 "that account.</p>"
-                f"<p><a href='/connect/{segment(upstream)}?start=1'>Continue to "
+                f"<p><a href='{html.escape(go, quote=True)}'>Continue to "
                 f"{html.escape(upstream)}</a></p>")
         return page(f"Connect {upstream}", body)
     try:
@@ -85,6 +97,39 @@ async def connect(here: ConnectRoutes, upstream: str) -> Response:
     except GatewayError as exc:
         return _unreachable(upstream, exc)
     return see_other(location)
+
+
+async def _link(here: ConnectRoutes, upstream: str, token: str, user: User, *,
+                use: bool) -> Response | None:
+    """A connect link, checked (shown) or used up (going on): None when this person may go
+    on; a refusal page otherwise, audited. Another person's link is left for its owner."""
+    issued = here.connections.links
+    try:
+        if issued is None:
+            raise LinkRefused("unusable")
+        if use:
+            await issued.use(upstream, token, user.principal().key)
+        else:
+            await issued.check(upstream, token, user.principal().key)
+        return None
+    except LinkRefused as exc:
+        reason = exc.reason
+    record = AuditRecord(endpoint=AUDIT_ENDPOINT, method=f"GET /connect/{upstream}"[:300],
+                         principal=user.principal().key, status="denied",
+                         denied_reason=f"connect_link_{reason}", http_status=403,
+                         note=f"link {tag(token)} for upstream {upstream}")
+    api = held().api
+    if api is not None and api.audit is not None:
+        await api.audit.write(record)
+    log.info("connect %s: a connect link (%s) was refused: %s", upstream, tag(token), reason)
+    if reason == "foreign":
+        return page("Not your link", "<p>This connect link was made for someone else: only "
+                                     "the person whose call asked for it can use it. Sign in "
+                                     "as that person, or make the call again yourself.</p>",
+                    403)
+    return page("Link expired", "<p>This connect link has been used or has expired. Make "
+                                "the call again to get a new one, or connect from "
+                                "<a href='/connections'>your connections</a>.</p>", 403)
 
 
 async def callback(here: ConnectRoutes, upstream: str) -> Response:

@@ -6,12 +6,16 @@ the result (`Leg.rewrite`)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from proxy.auth.principal import Principal
 from proxy.chain import CallContext, Rewrite
+from proxy.connect import links
 from proxy.connect.manager import Connections, UpstreamNotConnected
 from proxy.errors import GatewayError, MethodNotFound
 from proxy.jsonrpc import McpMessage
@@ -78,15 +82,38 @@ class Legs:
         try:
             bearer = bearer or await self.connections.access_token(route.name,
                                                                    ctx.principal.key)
-        except UpstreamNotConnected:
+        except UpstreamNotConnected as exc:
             last = self.connections.last_lists.get((route.state_key, msg.method or ""))
             if last is not None:  # clients can still discover the tools
                 return Leg([], local=copy.deepcopy(last))
-            raise
+            return await self._connect_prompt(exc, route, msg, session, ctx)
         identity = [*(identity or []), ("authorization", f"Bearer {bearer}")]
+        answered = ctx.era == "modern" and links.answers_link(msg.params)
+        if answered:  # a retry after the connect link: its answer to the gateway taken out
+            msg = _without_link_answer(msg)
         leg = await self._route_leg(route, headers, msg, session, ctx, identity)
+        if answered and leg.body is None:
+            leg.body = msg.body
         leg.bearer = bearer
         return leg
+
+    async def _connect_prompt(self, exc: UpstreamNotConnected, route: UpstreamRoute,
+                              msg: McpMessage, session: Session | None, ctx: CallContext
+                              ) -> Leg:
+        """A caller not connected to a per_user upstream: seed 004's -32000 hint, or, for a
+        client that declared URL-mode elicitation, a connect link (proxy.connect.links):
+        -32042 in 2025-11-25, an input_required result in 2026-07-28."""
+        assert self.connections is not None
+        issuer = self.connections.links
+        if issuer is None or not _url_elicitation(msg, session, ctx):
+            raise exc
+        elicitation = await issuer.issue(route.name, ctx.principal.key,
+                                         links.prompt(exc, route.name))
+        if ctx.era == "legacy":
+            raise links.UrlElicitationRequired(exc, elicitation) from None
+        ctx.audit_note = "; ".join(filter(None, (
+            ctx.audit_note, f"{exc.audit_name}: connect link sent (input_required)")))
+        return Leg([], local=links.input_required(elicitation))
 
     async def _route_leg(self, route: UpstreamRoute, headers: Mapping[str, str], msg: McpMessage,
                          session: Session | None, ctx: CallContext,
@@ -192,6 +219,30 @@ def _with_completion(rewrite: Rewrite | None, method: str | None) -> Rewrite:
         return bridge.complete(result, method)
 
     return complete
+
+
+def _url_elicitation(msg: McpMessage, session: Session | None, ctx: CallContext) -> bool:
+    """Whether the client declared URL-mode elicitation: in this request's envelope
+    (2026-07-28), in this initialize, or at its session's initialize (2025-11-25)."""
+    params = msg.params or {}
+    if ctx.era == "modern":
+        meta = params.get("_meta")
+        caps = meta.get(eras.CLIENT_CAPS) if isinstance(meta, dict) else None
+    elif msg.method == "initialize":
+        caps = params.get("capabilities")
+    else:
+        caps = session.capabilities if session is not None else None
+    elicitation = caps.get("elicitation") if isinstance(caps, dict) else None
+    return isinstance(elicitation, dict) and isinstance(elicitation.get("url"), dict)
+
+
+def _without_link_answer(msg: McpMessage) -> McpMessage:
+    """A 2026-07-28 retry as the upstream takes it: the gateway's requestState and input
+    response out (proxy.connect.links.without_answer)."""
+    params = links.without_answer(msg.params or {})
+    body = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "method": msg.method,
+                         "params": params})
+    return dataclasses.replace(msg, params=params, body=body)
 
 
 def person_header(route: UpstreamRoute, principal: Principal) -> list[tuple[str, str]]:

@@ -33,6 +33,7 @@ from proxy.bodycap import BodyCap
 from proxy.config import Config, parse_networks
 from proxy.connect import routes as connect_routes
 from proxy.connect.guarded import GuardedClient
+from proxy.connect.links import ConnectLinks
 from proxy.connect.manager import Connections
 from proxy.connect.vault import Vault, keys_from_env
 from proxy.destinations import IPNetwork, Resolver
@@ -73,6 +74,7 @@ class Overrides:
     audit_sink: AuditSink | None = None  # in place of the database's (and its usage outbox)
     base_dir: Path | None = None
     clock: Callable[[], float] = time.monotonic  # the live-state stores' clock
+    wall_clock: Callable[[], float] = time.time  # when a connect link expires (every replica's)
     resolver: Resolver | None = None
     secret_key: str | None = None  # TOLLHOUSE_SECRET_KEY's value (read from os.environ if None)
     vault_keys: dict[str, bytes] | None = None
@@ -185,9 +187,11 @@ class Services:
             "TOLLHOUSE_VAULT_KEYS": os.environ.get("TOLLHOUSE_VAULT_KEYS", "")
             if given.secret_key is None else "",
             "TOLLHOUSE_SECRET_KEY": self.secret_key})
+        links = ConnectLinks(self.stores.connect_links, self.cfg.server.public_url,
+                             self.cfg.server.connect_link_ttl_s, given.wall_clock)
         return Connections(self.cfg, Vault(self.database, keys), GuardedClient(given.resolver),
                            flows=self.stores.connect_flows, leases=self.stores.leases,
-                           people=self.people)
+                           people=self.people, links=links)
 
     @property
     def cursor_key(self) -> bytes:

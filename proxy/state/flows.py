@@ -3,7 +3,8 @@ callback, a per-user connect flow between the redirect to the upstream's authori
 and its callback, and a consent form between showing it and its answer. Each is put under a
 random key with the binding of the browser (or person) that started it, and taken once by the
 same binding before it expires; a take by another binding is refused and leaves the flow for
-its owner. One interface serves all three; each kind has its own store (and, in memory, its
+its owner (`peek` reads a flow without using it up). One interface serves all three (and
+the connect links of proxy.connect.links); each kind has its own store (and, in memory, its
 own bound), so a flood of one cannot push out the others.
 
 A Redis store keeps `fl:<kind>:<key>` as the JSON of [binding, value] (SET PX ttl); `take` is
@@ -16,7 +17,7 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from cachetools import TTLCache
@@ -36,6 +37,10 @@ class FlowStore(Protocol):
     async def take(self, key: str, binding: str) -> dict[str, str] | None:
         """The flow's value, used up; None if it is unknown, expired or used. Raises
         ForeignFlow, and keeps the flow, when `binding` is not the one it was put with."""
+
+    async def peek(self, key: str, binding: str) -> dict[str, str] | None:
+        """`take` without using the flow up (a page that shows what a link will do before
+        the person goes on)."""
 
 
 class MemoryFlowStore:
@@ -59,6 +64,14 @@ class MemoryFlowStore:
         del self._flows[key]
         return held[1]
 
+    async def peek(self, key: str, binding: str) -> dict[str, str] | None:
+        held = self._flows.get(key)
+        if held is None:
+            return None
+        if not hmac.compare_digest(held[0].encode(), binding.encode()):
+            raise ForeignFlow(key)
+        return held[1]
+
     def __len__(self) -> int:
         return len(self._flows)
 
@@ -68,6 +81,12 @@ local held = redis.call('GET', KEYS[1])
 if not held then return 0 end
 if cjson.decode(held)[1] ~= ARGV[1] then return 1 end
 redis.call('DEL', KEYS[1])
+return held
+"""
+_PEEK = """
+local held = redis.call('GET', KEYS[1])
+if not held then return 0 end
+if cjson.decode(held)[1] ~= ARGV[1] then return 1 end
 return held
 """
 
@@ -82,13 +101,20 @@ class RedisFlowStore:
         self._prefix = shared.key(f"fl:{kind}:")
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._take = shared.script(_TAKE, f"{kind}-flow")
+        self._peek = shared.script(_PEEK, f"{kind}-flow")
 
     async def put(self, key: str, binding: str, value: dict[str, str]) -> None:
         await self._shared.command(f"{self._kind}-flow", "SET", self._prefix + key,
                                    orjson.dumps((binding, value)), "PX", self._ttl_ms)
 
     async def take(self, key: str, binding: str) -> dict[str, str] | None:
-        held = await self._take([self._prefix + key], [binding])
+        return self._held(key, await self._take([self._prefix + key], [binding]))
+
+    async def peek(self, key: str, binding: str) -> dict[str, str] | None:
+        return self._held(key, await self._peek([self._prefix + key], [binding]))
+
+    @staticmethod
+    def _held(key: str, held: Any) -> dict[str, str] | None:
         if held == 0:
             return None
         if held == 1:

@@ -38,6 +38,9 @@ class Session:
     # set when a legacy client is bridged onto a 2026-07-28-only upstream: what the client
     # declared at initialize, stamped into the envelope of each request the gateway forwards
     bridged_envelope: dict[str, Any] | None = None
+    # the capabilities the client declared at initialize (e.g. URL-mode elicitation, which
+    # decides how a missing per_user connection is answered: proxy.connect.links)
+    capabilities: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.id_hash:
@@ -46,10 +49,12 @@ class Session:
     @classmethod
     def new(cls, endpoint: str, principal_key: str, upstream_session_id: str | None,
             protocol_version: str | None,
-            bridged_envelope: dict[str, Any] | None = None) -> Session:
+            bridged_envelope: dict[str, Any] | None = None,
+            capabilities: dict[str, Any] | None = None) -> Session:
         """A session under a fresh random id (what every store's `create` makes)."""
         return cls(secrets.token_urlsafe(24), endpoint, principal_key, upstream_session_id,
-                   protocol_version, bridged_envelope=bridged_envelope)
+                   protocol_version, bridged_envelope=bridged_envelope,
+                   capabilities=capabilities)
 
 
 def session_hash(session_id: str) -> str:
@@ -60,7 +65,8 @@ def session_hash(session_id: str) -> str:
 class SessionStore(Protocol):
     async def create(self, endpoint: str, principal_key: str, upstream_session_id: str | None,
                      protocol_version: str | None,
-                     bridged_envelope: dict[str, Any] | None = None) -> Session: ...
+                     bridged_envelope: dict[str, Any] | None = None,
+                     capabilities: dict[str, Any] | None = None) -> Session: ...
 
     async def get(self, session_id: str) -> Session | None:
         """The live session with that id, its idle timer restarted; None if dead or unknown."""
@@ -105,9 +111,10 @@ class MemorySessionStore:
 
     async def create(self, endpoint: str, principal_key: str, upstream_session_id: str | None,
                      protocol_version: str | None,
-                     bridged_envelope: dict[str, Any] | None = None) -> Session:
+                     bridged_envelope: dict[str, Any] | None = None,
+                     capabilities: dict[str, Any] | None = None) -> Session:
         session = Session.new(endpoint, principal_key, upstream_session_id, protocol_version,
-                              bridged_envelope)
+                              bridged_envelope, capabilities)
         self._sessions[session.id] = session
         return session
 
@@ -151,11 +158,12 @@ class RedisSessionStore:
 
     async def create(self, endpoint: str, principal_key: str, upstream_session_id: str | None,
                      protocol_version: str | None,
-                     bridged_envelope: dict[str, Any] | None = None) -> Session:
+                     bridged_envelope: dict[str, Any] | None = None,
+                     capabilities: dict[str, Any] | None = None) -> Session:
         session = Session.new(endpoint, principal_key, upstream_session_id, protocol_version,
-                              bridged_envelope)
+                              bridged_envelope, capabilities)
         held = orjson.dumps((endpoint, principal_key, upstream_session_id, protocol_version,
-                             session.created_at, bridged_envelope))
+                             session.created_at, bridged_envelope, capabilities))
         await self._shared.command("session", "SET", self._prefix + session.id, held,
                                    "PX", self._ttl_ms)
         return session
@@ -195,9 +203,11 @@ class _Asked:
         raw = await self._asked.reply()
         if raw is None:
             return None
-        endpoint, principal_key, upstream_id, version, created, envelope = orjson.loads(raw)
+        # a session kept before the capabilities were (six fields) has none
+        endpoint, principal_key, upstream_id, version, created, envelope, *rest = \
+            orjson.loads(raw)
         return Session(self._id, endpoint, principal_key, upstream_id, version, created,
-                       bridged_envelope=envelope)
+                       bridged_envelope=envelope, capabilities=rest[0] if rest else None)
 
     def drop(self) -> None:
         self._asked.drop()

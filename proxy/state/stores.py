@@ -55,6 +55,7 @@ class Stores:
     signin_flows: FlowStore
     connect_flows: FlowStore
     consent_flows: FlowStore
+    connect_links: FlowStore  # -32042 connect links, by their digest (proxy.connect.links)
     leases: LeaseStore  # who refreshes a person's upstream token (proxy.connect.manager)
     rotations: RotationStore  # refresh rotations within oauth_server.refresh_grace_s
     resumable: ResumableStore  # resumable calls' contexts (proxy/mcp/resume.py)
@@ -93,6 +94,7 @@ def open_stores(cfg: Config, clock: Callable[[], float] = time.monotonic) -> Sto
         signin_flows=MemoryFlowStore(FLOW_TTL_S, 10_000, clock),
         connect_flows=MemoryFlowStore(FLOW_TTL_S, 10_000, clock),
         consent_flows=MemoryFlowStore(FLOW_TTL_S, 100_000, clock),
+        connect_links=MemoryFlowStore(cfg.server.connect_link_ttl_s, 100_000, clock),
         leases=MemoryLeases(clock=clock),
         rotations=MemoryRotationStore(oauth.refresh_grace_s, clock=clock),
         resumable=MemoryResumable(clock=clock),
@@ -116,6 +118,7 @@ def _redis_stores(cfg: Config) -> Stores:
         signin_flows=RedisFlowStore(shared, "signin", FLOW_TTL_S),
         connect_flows=RedisFlowStore(shared, "connect", FLOW_TTL_S),
         consent_flows=RedisFlowStore(shared, "consent", FLOW_TTL_S),
+        connect_links=RedisFlowStore(shared, "link", cfg.server.connect_link_ttl_s),
         leases=RedisLeases(shared),
         rotations=RedisRotationStore(shared, oauth.refresh_grace_s),
         resumable=RedisResumable(shared),

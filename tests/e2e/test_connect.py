@@ -81,12 +81,13 @@ class World:
 async def world(tmp_path: Path, explicit: bool = False, replicas: int = 1,
                 gh: Callable[[str], dict[str, Any]] | None = None,
                 stdio: dict[str, Any] | None = None,
-                inner_host: str = "127.0.0.1") -> AsyncIterator[World]:
+                inner_host: str = "127.0.0.1", **options: Any) -> AsyncIterator[World]:
     """The upstream Tollhouse and the gateway under test; `replicas` > 1: that many gateway
     apps on one database and one Redis (a fresh key prefix), all with the first one's URL as
     their public URL, as behind a load balancer. `gh(inner_url)`: more of gh's settings.
     `stdio`: `gh` is that stdio upstream instead, its people's tokens those of the same
-    authorization server. `inner_host`: where the upstream listens."""
+    authorization server. `inner_host`: where the upstream listens. `options`: more
+    `create_app` keywords for the gateway under test (its clocks)."""
     app, probe = stateless_json_app()
     inner_db, outer_db = db_backends.open_database("inner"), db_backends.open_database("outer")
     for person, (_, upstream_user, upstream_password) in PEOPLE.items():
@@ -126,7 +127,8 @@ async def world(tmp_path: Path, explicit: bool = False, replicas: int = 1,
                            **(gh(inner) if gh else {})}]}
         async with AsyncExitStack() as stack:
             sites = [await stack.enter_async_context(gateway_stack(
-                outer_cfg, sock=outer_sock if n == 0 else None, vault_keys=VAULT_KEYS))
+                outer_cfg, sock=outer_sock if n == 0 else None, vault_keys=VAULT_KEYS,
+                **options))
                      for n in range(replicas)]
             urls, states = [s.url for s in sites], [s.services for s in sites]
             yield World(outer, inner, outer_db, inner_db, probe, states[0], urls, states)

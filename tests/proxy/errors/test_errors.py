@@ -21,6 +21,7 @@ from policies.egress import EgressDenied
 from proxy import errors
 from proxy.config.template import Missing
 from proxy.connect.guarded import EgressRefused
+from proxy.connect.links import UrlElicitationRequired
 from proxy.connect.manager import UpstreamNeedsReconnect, UpstreamNotConnected
 from proxy.destinations import EgressDestinationDenied
 from proxy.errors import SURFACES, GatewayError, Surface, render
@@ -124,6 +125,10 @@ EXAMPLES: dict[type[GatewayError], Callable[[], GatewayError]] = {
     errors.HTTPRefusal: lambda: errors.HTTPRefusal(405, "Method Not Allowed"),
     UpstreamNotConnected: lambda: UpstreamNotConnected("github", "http://gw/connect/github"),
     UpstreamNeedsReconnect: lambda: UpstreamNeedsReconnect("github", "http://gw/connect/github"),
+    UrlElicitationRequired: lambda: UrlElicitationRequired(
+        UpstreamNotConnected("github", "http://gw/connect/github"),
+        {"mode": "url", "elicitationId": "e1", "url": "http://gw/connect/github?link=t",
+         "message": "Connect your github account to Tollhouse to continue."}),
     EgressRefused: lambda: EgressRefused(),
     EgressDestinationDenied: lambda: EgressDestinationDenied(f"resolves to {SECRET}"),
     EgressDenied: lambda: EgressDenied(f"egress: POLICY_LAN_ONLY {SECRET}"),
@@ -171,6 +176,10 @@ def _jsonrpc(exc: GatewayError, status: int, obj: dict[str, Any]) -> None:
     assert isinstance(error["message"], str) and error["message"]
     if isinstance(exc, errors.UpstreamRejected):  # the upstream's own code, beyond seed 004's
         assert obj == {"jsonrpc": "2.0", "id": 9, "error": exc.error}
+        return
+    if isinstance(exc, UrlElicitationRequired):  # 2025-11-25's own code, beyond seed 004's
+        assert error["code"] == -32042 and status == 200
+        assert error["data"]["elicitations"][0]["mode"] == "url"
         return
     assert error["code"] == exc.code and error["code"] in SEED_004_CODES
     if exc.with_id:
