@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
+from mcp import Client
 from mcp.server.mcpserver import MCPServer
 
 from proxy.cards import CARD_TYPE, SCHEMA
@@ -19,6 +21,8 @@ from proxy.mcp import eras
 from tests.e2e.sdk_client import connect
 from tests.e2e.upstreams import ASGIApp
 from tests.helpers import jwt_auth, token
+from tests.policies.cedar.test_gateway import Bank
+from tests.policies.cedar.test_gateway import gateway as cedar_gateway
 from tests.stack import Site, gateway_stack
 
 CARD_FIELDS = {"$schema", "name", "version", "description", "title", "websiteUrl",
@@ -137,8 +141,9 @@ async def card(site: Site, endpoint: str, headers: dict[str, str] | None = None
 
 
 async def test_a_card_lists_what_that_caller_could_list() -> None:
-    async with stack(jwt_auth()) as (site, files, clock):
-        alice, olga = bearer(site, "files", "alice", ["eng"]), bearer(site, "files", "olga", ["ops"])
+    async with stack(jwt_auth()) as (site, _, _):
+        alice = bearer(site, "files", "alice", ["eng"])
+        olga = bearer(site, "files", "olga", ["ops"])
         before = await card(site, "files", alice)
         assert primitives(before) == {"viewer": "caller", "tools": None, "prompts": None,
                                       "resources": None}  # never listed yet
@@ -174,7 +179,7 @@ async def test_a_card_lists_what_that_caller_could_list() -> None:
 
 
 async def test_an_anonymous_caller_and_a_bad_credential() -> None:
-    async with stack(jwt_auth()) as (site, files, clock):
+    async with stack(jwt_auth()) as (site, _, _):
         alice = bearer(site, "files", "alice", ["eng"])
         async with connect(site.endpoint("files"), headers=alice) as client:
             await client.list_tools()
@@ -212,6 +217,7 @@ async def test_a_virtual_endpoints_card_and_the_catalog() -> None:
         clock_card = await card(site, "clock", bearer(site, "clock", "alice", ["eng"]))
         assert names(clock_card, "tools") == {"now", "timezone"}
         upstream_requests = files.requests + clock.requests
+        assert upstream_requests > 0
 
         catalog = await site.client.get("/.well-known/mcp/catalog.json")
         assert catalog.status_code == 200 and catalog.headers["access-control-allow-origin"] == "*"
@@ -237,7 +243,7 @@ async def test_a_virtual_endpoints_card_and_the_catalog() -> None:
 
 
 async def test_without_authentication_an_anonymous_caller_sees_what_it_could_list() -> None:
-    async with stack({"mode": "none"}) as (site, files, clock):
+    async with stack({"mode": "none"}) as (site, _, _):
         async with connect(site.endpoint("files")) as client:
             listed = {t.name for t in (await client.list_tools()).tools}
         got = await card(site, "files")
@@ -245,3 +251,32 @@ async def test_without_authentication_an_anonymous_caller_sees_what_it_could_lis
         assert names(got, "tools") == listed == {"read_file", "search"}
         assert got["_meta"]["tollhouse/authorization"] == {"required": False}
         assert "headers" not in got["remotes"][0]
+
+
+async def test_cedar_policies_hide_from_a_card_what_they_hide_from_a_list(
+        tmp_path: Path) -> None:
+    """A tool no call of which a Cedar policy could permit is neither listed nor on the card,
+    on the plain endpoint and on a virtual one (by its member's policies)."""
+    async with cedar_gateway(tmp_path, Bank()) as stack:
+        http = httpx.AsyncClient(base_url=stack.gateway_url)
+        for endpoint in ("up", "v"):
+            async with Client(f"{stack.gateway_url}/mcp/{endpoint}") as client:
+                listed = {t.name for t in (await client.list_tools()).tools}
+            got = (await http.get(f"/mcp/{endpoint}/server-card")).json()
+            assert names(got, "tools") == listed
+            assert listed in ({"balance", "transfer"}, {"up__balance", "up__transfer"})
+        await http.aclose()
+
+
+async def test_a_per_caller_upstream_lists_nothing_on_its_card(tmp_path: Path) -> None:
+    """Each caller of a per-caller upstream has an upstream of their own: the list one of
+    them saw says nothing of another's, so its card lists no primitives."""
+    files = files_app()
+    async with gateway_stack(lambda urls: {
+            "server": {"public_url": urls.gateway}, "auth": jwt_auth(),
+            "upstreams": [{"name": "mine", "url": f"{urls.upstreams['files']}/{{tenant}}",
+                           "placeholders": {"tenant": {}}}]},
+            upstreams={"files": files}) as site:
+        got = await card(site, "mine", bearer(site, "mine", "alice", []))
+        assert primitives(got) == {"viewer": "caller", "tools": None, "prompts": None,
+                                   "resources": None}
