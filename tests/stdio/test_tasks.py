@@ -33,8 +33,8 @@ def installed() -> None:
         pytest.skip(reason)
 
 
-def _headers(sub: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token(endpoint='local', sub=sub)}"}
+def _headers(sub: str, **claims: Any) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token(endpoint='local', sub=sub, **claims)}"}
 
 
 async def raw(client: SdkClient, method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -63,10 +63,10 @@ async def finished(client: SdkClient, task_id: str) -> str:
     return seen[-1]
 
 
-def _gateway(config: dict[str, Any]) -> Any:
+def _gateway(config: dict[str, Any], **upstream: Any) -> Any:
     return stdio_gateway({"auth": jwt_auth(), **config}, command="npx",
                          args=["--no-install", "mcp-server-everything", "stdio"],
-                         cwd=str(everything.DIRECTORY), start_timeout_s=60)
+                         cwd=str(everything.DIRECTORY), start_timeout_s=60, **upstream)
 
 
 REDACT = [{"name": "no-email", "tools": ["simulate-*"], "on": ["results"],
@@ -169,3 +169,24 @@ async def test_creation_and_completion_are_audited_and_metered_once(installed: N
     assert created.usage_event()["task"] == task_id  # the usage event says it ran as a task
     assert {r.tool for r in records if r.method and r.method.startswith("tasks/")
             and r.method != "tasks/list"} == {TOOL}
+
+
+async def test_the_tool_profile_decides_each_request_of_a_task(installed: None) -> None:
+    """A caller whose profile no longer lets it use the tool (a group it has left) cannot
+    read the task it created with it: tasks/* are decided by the task's tool."""
+    access = {"tools_allow": ["echo"], "group_tools": {"research": {
+        "tools_allow": ["simulate-*"]}}}
+    async with _gateway({}, access=access) as gw:
+        async with connect(gw.endpoint("local"),
+                           headers=_headers("alice", groups=["research"])) as member:
+            task_id = await call_as_task(member, "tides")
+            assert (await raw(member, "tasks/get", {"taskId": task_id}))["taskId"] == task_id
+        async with connect(gw.endpoint("local"), headers=_headers("alice")) as left:
+            for method in ("tasks/get", "tasks/result"):
+                with pytest.raises(Exception, match="Unknown tool") as caught:
+                    await raw(left, method, {"taskId": task_id})
+                assert "Research" not in str(caught.value)
+    denied = [r for r in gw.audit.records if r.method in ("tasks/get", "tasks/result")
+              and r.status == "denied"]
+    assert [(r.method, r.tool) for r in denied] == [("tasks/get", TOOL), ("tasks/result", TOOL)]
+    assert all(r.denied_reason and r.denied_reason.startswith("access: tool") for r in denied)
