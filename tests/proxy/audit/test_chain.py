@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import hashlib
 import io
 import time
@@ -371,6 +372,28 @@ async def test_retention_with_the_chain_off_removes_by_time() -> None:
     assert removed == 800  # in batches of 500
     left = db_backends.rows(db_backends.url(), "SELECT min(ts) FROM audit")
     assert left[0][0] > now - 2 * 86400
+
+
+async def test_verify_since_starts_each_chain_there(tmp_path: Path) -> None:
+    """`--since`: each chain from its first record at or after that time, linked to the
+    stored hash of the one before; what lies before it is not read."""
+    key = Ed25519PrivateKey.generate()
+    app, _ = stateless_json_app()
+    async with gateway_stack(config(key), upstream=app) as site:
+        await calls(site, 4, "early")
+        serving = site.services.serving
+        assert serving is not None
+        await serving.audit.settled()
+        middle = time.time()
+        await calls(site, 2, "late")
+    rows = chain_rows()
+    execute(("UPDATE audit SET principal = 'mallory' WHERE id = ?", (rows[1][0],)))
+    code, out = verify(tmp_path, key)
+    assert code == 1 and "record #2" in out, out
+    stamp = datetime.datetime.fromtimestamp(middle, datetime.UTC).isoformat()
+    code, out = verify(tmp_path, key, "--since", stamp)
+    assert code == 0, out
+    assert "(after record #5)" in out and "OK: verified 3 records" in out, out
 
 
 async def test_the_operator_exports_the_public_key_and_verify_reads_the_config(
