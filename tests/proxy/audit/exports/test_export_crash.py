@@ -76,7 +76,11 @@ async def test_an_export_survives_a_kill_and_a_receiver_outage(tmp_path: Path) -
             await asyncio.wait_for(asyncio.gather(*clients), DEADLINE_S)
             # the new gateway takes the export over once the killed one's lease ends, and
             # finds the receiver down
-            await until(lambda: receiver.refused > 0, DEADLINE_S, "a send refused")
+            try:
+                await until(lambda: receiver.refused > 0, DEADLINE_S, "a send refused")
+            except AssertionError as failed:
+                raise AssertionError(f"{failed}; the gateway said:\n"
+                                     f"{second.output()[-3000:]}") from None
             receiver.up = True
             want: list[tuple[str, dict[str, Any]]] = []
 
@@ -86,7 +90,14 @@ async def test_an_export_survives_a_kill_and_a_receiver_outage(tmp_path: Path) -
                 ids = {p["request_id"] for _, p in want}
                 return answered <= ids and {e for e, _ in want} <= set(receiver.ids())
 
-            await until(complete, DEADLINE_S, "every record at the receiver")
+            try:
+                await until(complete, DEADLINE_S, "every record at the receiver")
+            except AssertionError as failed:
+                missing = {e for e, _ in want} - set(receiver.ids())
+                raise AssertionError(
+                    f"{failed}: {len(missing)} of {len(want)} records missing; received "
+                    f"{len(receiver.events)}, refused {receiver.refused}, bad {receiver.bad}; "
+                    f"the gateway said:\n{second.output()[-3000:]}") from None
         assert not receiver.bad
         got = first_of_each(receiver.events)  # a repeat has the payload of the first
         assert [e for e, _ in got] == [e for e, _ in want]  # none lost, none foreign, in order
