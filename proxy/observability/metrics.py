@@ -142,44 +142,7 @@ class Metrics:
         self.outbox_age = Gauge("tollhouse_usage_outbox_oldest_age_seconds",
                                 "Age of the oldest undelivered usage event (0 when none)",
                                 registry=r, multiprocess_mode="mostrecent")
-        # the audit exports (proxy.audit.exports), per configured export
-        self.export_sent = Counter("tollhouse_audit_export_sent_total",
-                                   "Audit records the export's receiver took", ["export"],
-                                   registry=r)
-        self.export_failed = Counter(
-            "tollhouse_audit_export_failed_total",
-            "Audit records in sends to the export's receiver that failed (each is tried again)",
-            ["export"], registry=r)
-        self.export_dropped = Counter(
-            "tollhouse_audit_export_dropped_total",
-            "Audit records not queued for the export because its backlog was full (they stay "
-            "in the audit log)", ["export"], registry=r)
-        self.export_backlog = Gauge("tollhouse_audit_export_backlog",
-                                    "Audit records queued for the export and not yet delivered",
-                                    ["export"], registry=r, multiprocess_mode="mostrecent")
-        self.export_lag = Gauge(
-            "tollhouse_audit_export_lag_seconds",
-            "Age of the oldest audit record not yet delivered to the export (0 when none)",
-            ["export"], registry=r, multiprocess_mode="mostrecent")
-        # the audit exports (proxy.audit.exports), per configured export
-        self.export_sent = Counter("tollhouse_audit_export_sent_total",
-                                   "Audit records the export's receiver took", ["export"],
-                                   registry=r)
-        self.export_failed = Counter(
-            "tollhouse_audit_export_failed_total",
-            "Audit records in sends to the export's receiver that failed (each is tried again)",
-            ["export"], registry=r)
-        self.export_dropped = Counter(
-            "tollhouse_audit_export_dropped_total",
-            "Audit records not queued for the export because its backlog was full (they stay "
-            "in the audit log)", ["export"], registry=r)
-        self.export_backlog = Gauge("tollhouse_audit_export_backlog",
-                                    "Audit records queued for the export and not yet delivered",
-                                    ["export"], registry=r, multiprocess_mode="mostrecent")
-        self.export_lag = Gauge(
-            "tollhouse_audit_export_lag_seconds",
-            "Age of the oldest audit record not yet delivered to the export (0 when none)",
-            ["export"], registry=r, multiprocess_mode="mostrecent")
+        self._export_metrics(r)
         self.hook_duration = Histogram("tollhouse_metering_hook_duration_seconds",
                                        "How long the metering hook took to authorize a call",
                                        buckets=HOOK_BUCKETS, registry=r)
@@ -197,6 +160,45 @@ class Metrics:
         self._upstream: dict[tuple[str, str], Any] = {}
         self._denied: dict[tuple[str, str, str], Any] = {}
         self._reasons: dict[type[Any], str] = {}
+
+    def _export_metrics(self, r: CollectorRegistry) -> None:
+        """The audit exports' (proxy.audit.exports), per configured export."""
+        self.export_sent = Counter("tollhouse_audit_export_sent_total",
+                                   "Audit records the export's receiver took", ["export"],
+                                   registry=r)
+        self.export_failed = Counter(
+            "tollhouse_audit_export_failed_total",
+            "Audit records in sends to the export's receiver that failed (each is tried again)",
+            ["export"], registry=r)
+        self.export_dropped = Counter(
+            "tollhouse_audit_export_dropped_total",
+            "Audit records not queued for the export because its backlog was full (they stay "
+            "in the audit log)", ["export"], registry=r)
+        self.export_backlog = Gauge("tollhouse_audit_export_backlog",
+                                    "Audit records queued for the export and not yet delivered",
+                                    ["export"], registry=r, multiprocess_mode="mostrecent")
+        self.export_lag = Gauge(
+            "tollhouse_audit_export_lag_seconds",
+            "Age of the oldest audit record not yet delivered to the export (0 when none)",
+            ["export"], registry=r, multiprocess_mode="mostrecent")
+        self.export_sent = Counter("tollhouse_audit_export_sent_total",
+                                   "Audit records the export's receiver took", ["export"],
+                                   registry=r)
+        self.export_failed = Counter(
+            "tollhouse_audit_export_failed_total",
+            "Audit records in sends to the export's receiver that failed (each is tried again)",
+            ["export"], registry=r)
+        self.export_dropped = Counter(
+            "tollhouse_audit_export_dropped_total",
+            "Audit records not queued for the export because its backlog was full (they stay "
+            "in the audit log)", ["export"], registry=r)
+        self.export_backlog = Gauge("tollhouse_audit_export_backlog",
+                                    "Audit records queued for the export and not yet delivered",
+                                    ["export"], registry=r, multiprocess_mode="mostrecent")
+        self.export_lag = Gauge(
+            "tollhouse_audit_export_lag_seconds",
+            "Age of the oldest audit record not yet delivered to the export (0 when none)",
+            ["export"], registry=r, multiprocess_mode="mostrecent")
 
     # -- the Observer: the hot path --------------------------------------------------------
 
