@@ -181,24 +181,6 @@ class Metrics:
             "tollhouse_audit_export_lag_seconds",
             "Age of the oldest audit record not yet delivered to the export (0 when none)",
             ["export"], registry=r, multiprocess_mode="mostrecent")
-        self.export_sent = Counter("tollhouse_audit_export_sent_total",
-                                   "Audit records the export's receiver took", ["export"],
-                                   registry=r)
-        self.export_failed = Counter(
-            "tollhouse_audit_export_failed_total",
-            "Audit records in sends to the export's receiver that failed (each is tried again)",
-            ["export"], registry=r)
-        self.export_dropped = Counter(
-            "tollhouse_audit_export_dropped_total",
-            "Audit records not queued for the export because its backlog was full (they stay "
-            "in the audit log)", ["export"], registry=r)
-        self.export_backlog = Gauge("tollhouse_audit_export_backlog",
-                                    "Audit records queued for the export and not yet delivered",
-                                    ["export"], registry=r, multiprocess_mode="mostrecent")
-        self.export_lag = Gauge(
-            "tollhouse_audit_export_lag_seconds",
-            "Age of the oldest audit record not yet delivered to the export (0 when none)",
-            ["export"], registry=r, multiprocess_mode="mostrecent")
 
     # -- the Observer: the hot path --------------------------------------------------------
 
