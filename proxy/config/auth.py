@@ -29,6 +29,8 @@ def check(cfg: Config, base_dir: Path) -> None:
                           f"listen address ({cfg.server.host}); configure auth")
     for i, iss in enumerate(cfg.auth.issuers):
         _issuer(iss, f"auth.issuers[{i}]", base_dir)
+    _group_roles(cfg)
+    _scim(cfg)
     for i, server_url in enumerate(cfg.auth.authorization_servers):
         url(server_url, f"auth.authorization_servers[{i}]")
     oidc = cfg.auth.oidc
@@ -85,3 +87,27 @@ def _issuer(iss: IssuerConfig, where: str, base_dir: Path) -> None:
         if not pem_path.is_file():
             raise ConfigError(f"config: '{where}.public_key_pem' names a file that does not "
                               f"exist: {pem_path}")
+
+
+_SCIM_TOKEN_MIN = 32  # characters: a token a provisioning client holds, never guessable
+
+
+def _scim(cfg: Config) -> None:
+    if cfg.scim.enabled and len(cfg.scim.token) < _SCIM_TOKEN_MIN:
+        raise ConfigError(f"config: 'scim.token' must be at least {_SCIM_TOKEN_MIN} characters "
+                          "when scim.enabled (use ${TOLLHOUSE_SCIM_TOKEN})")
+
+
+def _group_roles(cfg: Config) -> None:
+    seen: set[tuple[str, str]] = set()
+    for i, mapping in enumerate(cfg.auth.group_roles):
+        where = f"auth.group_roles[{i}]"
+        if not mapping.group.strip():
+            raise ConfigError(f"config: '{where}.group' must not be empty")
+        if not mapping.role.strip() or ":" in mapping.role:
+            raise ConfigError(f"config: '{where}.role' must name a built-in role (admin, user, "
+                              "auditor) or a custom role")
+        if (mapping.group, mapping.role) in seen:
+            raise ConfigError(f"config: '{where}' repeats group {mapping.group!r} -> role "
+                              f"{mapping.role!r}")
+        seen.add((mapping.group, mapping.role))

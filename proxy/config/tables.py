@@ -158,6 +158,28 @@ class AuthConfig:
     signing_key_pem: str = ""
     lockout: LockoutConfig = field(default_factory=LockoutConfig)
     oidc: OidcConfig = field(default_factory=OidcConfig)
+    # a group (a SCIM group's displayName, or a name in a token's groups claim) -> a role
+    # (docs/provisioning.md); more mappings through /api/v1/group-roles
+    group_roles: list[GroupRole] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class GroupRole:
+    """One `[[auth.group_roles]]`: the people in `group` hold `role`."""
+
+    group: str  # a SCIM group's displayName, or a name in a token's groups claim
+    role: str  # a built-in role (admin, user, auditor) or a custom role's name
+
+
+@dataclass(frozen=True)
+class ScimConfig:
+    """`[scim]`: SCIM 2.0 provisioning at /scim/v2 (RFC 7643/7644, docs/provisioning.md): an
+    identity provider creates, changes, deactivates and deletes people and groups."""
+
+    enabled: bool = False  # serve /scim/v2; off: it answers 404
+    # the bearer token the identity provider's provisioning client sends (use ${ENV}; at
+    # least 32 characters); compared in constant time, never logged
+    token: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -526,6 +548,7 @@ class Config:
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
+    scim: ScimConfig = field(default_factory=ScimConfig)
 
     def upstream(self, name: str) -> UpstreamConfig | None:
         return next((u for u in self.upstreams if u.name == name), None)

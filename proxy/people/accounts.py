@@ -37,6 +37,9 @@ from proxy.auth.principal import Principal
 from proxy.storage import db
 
 LOCAL_ISSUER = "tollhouse:local"
+SCIM_ISSUER = "tollhouse:scim"  # a person provisioned through SCIM who has not signed in yet
+# what a sign-in or a token names a provisioned person by (proxy.people.directory's rule)
+LINK_CLAIMS = ("sub", "preferred_username", "email", "upn")
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32, "maxmem": 64 * 1024 * 1024}
 
 # every user's name, local or federated: one URL path segment as it stands, never `.` or `..`
@@ -69,6 +72,7 @@ class User:
     # what a per-caller upstream URL may be filled from (proxy.config.template), sorted
     attributes: tuple[tuple[str, str], ...] = ()
     is_auditor: bool = False  # holds the built-in role `auditor`
+    active: bool = True  # false: deprovisioned (SCIM `active: false`), every credential refused
 
     @property
     def local(self) -> bool:
@@ -108,11 +112,13 @@ def check_password(password: str, stored: str) -> bool:
 _DUMMY = hash_password(secrets.token_hex(8))
 
 
-_COLUMNS = "id, name, issuer, subject, is_admin, groups, attributes"
+_COLUMNS = "id, name, issuer, subject, is_admin, groups, attributes, active"
 
 
-def _user(row: tuple[object, ...], held: frozenset[str] = frozenset()) -> User:
-    """A user from its row and its `user_roles` rows (the auditor role's among them)."""
+def _user(row: tuple[object, ...], held: frozenset[str] = frozenset(),
+          scim: frozenset[str] = frozenset()) -> User:
+    """A user from its row, its `user_roles` rows (the auditor role's among them) and the SCIM
+    groups it is in."""
     roles = held - {AUDITOR_ROW}
     groups = str(row[5] or "")
     try:
@@ -122,8 +128,8 @@ def _user(row: tuple[object, ...], held: frozenset[str] = frozenset()) -> User:
     attributes = tuple(sorted((str(k), str(v)) for k, v in stored.items())) \
         if isinstance(stored, dict) else ()
     return User(str(row[0]), str(row[1]), str(row[2]), str(row[3]), bool(row[4]),
-                frozenset(g for g in groups.split("\n") if g) | roles, roles, attributes,
-                AUDITOR_ROW in held)
+                frozenset(g for g in groups.split("\n") if g) | roles | scim, roles, attributes,
+                AUDITOR_ROW in held, row[7] is None or bool(row[7]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +218,8 @@ class Accounts:
                                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
                              (user.id, name, user.issuer, user.subject, hashed, int(admin),
                               time.time(), orjson.dumps(attrs).decode()))
+                conn.execute(self._db.sql("DELETE FROM deprovisioned WHERE key = ?"),
+                             (f"sub:{user.issuer}|{user.subject}",))
                 self._set_roles(conn, user.id, held)
         except self._db.integrity_errors:
             raise UserExists(name) from None
@@ -224,17 +232,20 @@ class Accounts:
                                             "WHERE name = ? AND issuer = ?"),
                                (name, LOCAL_ISSUER)).fetchone()
             roles = self._roles_of(conn, str(row[0])) if row is not None else frozenset()
-        if row is None or not row[7]:
+            scim = self._scim_of(conn, str(row[0])) if row is not None else frozenset()
+        if row is None or not row[8]:
             check_password(password, _DUMMY)
             return None
-        return _user(row, roles) if check_password(password, str(row[7])) else None
+        return _user(row, roles, scim) if check_password(password, str(row[8])) else None
 
-    def upsert_federated(self, issuer: str, subject: str, name: str, groups: frozenset[str],
-                         admin: bool) -> User:
-        """A federated user, created on first sign-in; groups and admin follow the provider.
-        Custom roles given through the API are kept."""
+    def upsert_federated(self, issuer: str, subject: str, name: str,
+                         groups: frozenset[str] | None, admin: bool) -> User:
+        """A federated user, created on first sign-in; groups and admin follow the provider
+        (None: the token has no groups claim, and what is held is kept). Custom roles given
+        through the API and SCIM groups are kept. A deprovisioned person comes back inactive
+        (the caller refuses them)."""
         sql = self._db.sql
-        joined = "\n".join(sorted(groups))
+        joined = "\n".join(sorted(groups or ()))
         with self._db.transaction() as conn:
             row = conn.execute(sql(f"SELECT {_COLUMNS} FROM users WHERE issuer = ? AND "
                                    "subject = ?"), (issuer, subject)).fetchone()
@@ -246,16 +257,46 @@ class Accounts:
                 conn.execute(sql("INSERT INTO users (id, name, issuer, subject, is_admin, "
                                  "groups, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"),
                              (uid, display, issuer, subject, int(admin), joined, time.time()))
-                user = User(uid, display, issuer, subject, admin, groups)
+                # a person deleted through the API who signs in again is a new person
+                conn.execute(sql("DELETE FROM deprovisioned WHERE key = ?"),
+                             (f"sub:{issuer}|{subject}",))
+                user = User(uid, display, issuer, subject, admin, groups or frozenset())
             else:
-                conn.execute(sql("UPDATE users SET is_admin = ?, groups = ? WHERE id = ?"),
-                             (int(admin), joined, row[0]))
-                held = self._roles_of(conn, str(row[0]))
-                roles = held - {AUDITOR_ROW}
-                user = User(str(row[0]), str(row[1]), issuer, subject, admin, groups | roles,
-                            roles, is_auditor=AUDITOR_ROW in held)
+                if groups is not None:
+                    conn.execute(sql("UPDATE users SET is_admin = ?, groups = ? WHERE id = ?"),
+                                 (int(admin), joined, row[0]))
+                row = conn.execute(sql(f"SELECT {_COLUMNS} FROM users WHERE id = ?"),
+                                   (row[0],)).fetchone()
+                user = _user(row, self._roles_of(conn, str(row[0])),
+                             self._scim_of(conn, str(row[0])))
         self._changed()
         return user
+
+    def link(self, issuer: str, subject: str, values: Iterable[str]) -> str | None:
+        """The provisioned person a sign-in's `values` (its sub, preferred_username, email,
+        upn) name, moved to `issuer` and `subject` on their first sign-in: their users id, or
+        None. A person already linked to another subject is not taken over."""
+        wanted = {v.lower() for v in values if v}
+        if not wanted:
+            return None
+        sql = self._db.sql
+        with self._db.transaction() as conn:
+            rows = conn.execute(sql("SELECT s.user_id, s.user_name, s.external_id, s.emails, "
+                                    "u.issuer, u.subject FROM scim_users s JOIN users u ON "
+                                    "u.id = s.user_id"), ()).fetchall()
+            found = [r for r in rows
+                     if wanted & {str(r[1]), str(r[2] or "").lower(),
+                                  *str(r[3] or "").split("\n")} - {""}]
+            if len(found) != 1:
+                return None  # nobody, or ambiguous: never guess who someone is
+            user_id, held_issuer, held_subject = str(found[0][0]), found[0][4], found[0][5]
+            if held_issuer == SCIM_ISSUER:
+                conn.execute(sql("UPDATE users SET issuer = ?, subject = ? WHERE id = ?"),
+                             (issuer, subject, user_id))
+            elif (held_issuer, held_subject) != (issuer, subject):
+                return None
+        return user_id
+
 
     def get(self, user_id: str) -> User | None:
         return self._one("id", user_id)
@@ -272,7 +313,7 @@ class Accounts:
                                values).fetchone()
             if row is None:
                 return None
-            return _user(row, self._roles_of(conn, str(row[0])))
+            return _user(row, self._roles_of(conn, str(row[0])), self._scim_of(conn, str(row[0])))
 
     def update(self, name: str, *, admin: bool | None = None, password: str | None = None,
                roles: Iterable[str] | None = None,
@@ -321,6 +362,8 @@ class Accounts:
             if user.is_admin:
                 self._not_the_last_admin(conn)
             conn.execute(sql("DELETE FROM user_roles WHERE user_id = ?"), (user.id,))
+            conn.execute(sql("DELETE FROM scim_members WHERE user_id = ?"), (user.id,))
+            conn.execute(sql("DELETE FROM scim_users WHERE user_id = ?"), (user.id,))
             conn.execute(sql("DELETE FROM upstream_tokens WHERE principal = ?"),
                          (user.principal().key,))
             conn.execute(sql("DELETE FROM users WHERE id = ?"), (user.id,))
@@ -348,7 +391,20 @@ class Accounts:
             for user_id, role in conn.execute(self._db.sql("SELECT user_id, role FROM "
                                                            "user_roles"), ()).fetchall():
                 held.setdefault(str(user_id), set()).add(str(role))
-        return [_user(r, frozenset(held.get(str(r[0]), ()))) for r in rows]
+            scim: dict[str, set[str]] = {}
+            for user_id, group in conn.execute(self._db.sql(
+                    "SELECT m.user_id, g.display_name FROM scim_members m JOIN scim_groups g "
+                    "ON g.id = m.group_id"), ()).fetchall():
+                scim.setdefault(str(user_id), set()).add(str(group))
+        return [_user(r, frozenset(held.get(str(r[0]), ())), frozenset(scim.get(str(r[0]), ())))
+                for r in rows]
+
+    def _scim_of(self, conn: db.Connection, user_id: str) -> frozenset[str]:
+        """The displayNames of the SCIM groups the user is in."""
+        rows = conn.execute(self._db.sql("SELECT g.display_name FROM scim_members m JOIN "
+                                         "scim_groups g ON g.id = m.group_id WHERE "
+                                         "m.user_id = ?"), (user_id,)).fetchall()
+        return frozenset(str(r[0]) for r in rows)
 
     def _roles_of(self, conn: db.Connection, user_id: str) -> frozenset[str]:
         rows = conn.execute(self._db.sql("SELECT role FROM user_roles WHERE user_id = ?"),
@@ -481,6 +537,11 @@ def _candidates(base: str, uid: str) -> Iterator[str]:
     yield f"{base[:_NAME_MAX - 7]}-{uid[:6]}"
     while True:
         yield f"{base[:_NAME_MAX - 7]}-{secrets.token_hex(3)}"
+
+
+def name_candidates(base: str, uid: str) -> Iterator[str]:
+    """The names a new person of chosen name `base` may have, in the order to try them."""
+    return _candidates(base, uid)
 
 
 def _unique(names: Iterable[str]) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ from quart import Quart, Response, request
 
 from proxy.auth.jwks import JwksCache, kty_for
 from proxy.config import OidcConfig
+from proxy.people.accounts import LINK_CLAIMS
 from proxy.people.signin import Web, page, safe_next
 from proxy.state.flows import FlowStore, ForeignFlow
 
@@ -392,8 +393,17 @@ def register(app: Quart, web: Callable[[], Web], cfg: OidcConfig,
             log.warning("OIDC sign-in refused: %s", exc.message)
             return _failure(exc)
         w = web()
+        # a person provisioned through SCIM is found by the link rule (proxy.people.directory)
+        await asyncio.to_thread(w.accounts.link, discovery.issuer, sub,
+                                [str(claims[c]) for c in LINK_CLAIMS
+                                 if isinstance(claims.get(c), str)])
+        # no groups claim at all (Google's tokens): what the person holds is kept
+        held = groups if cfg.groups_claim and cfg.groups_claim in claims else None
         user = await asyncio.to_thread(w.accounts.upsert_federated, discovery.issuer, sub,
-                                       name, groups, admin)
+                                       name, held, admin)
+        if not user.active:
+            log.warning("OIDC sign-in refused: user %s is deprovisioned", user.id)
+            return _failure(SignInFailed("Your account is deactivated.", 403))
         log.info("OIDC sign-in: user %s (sub %s at %s)%s", user.id, sub, discovery.issuer,
                  " as admin" if admin else "")
         return await w.sign_in(user, flow.next_url)

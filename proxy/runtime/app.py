@@ -51,8 +51,12 @@ from proxy.observability.logs import RequestLog
 from proxy.observability.metrics import Metrics, multiprocess_dir
 from proxy.people import signin
 from proxy.people.accounts import Accounts
+from proxy.people.directory import Directory
 from proxy.people.signin import Web
 from proxy.runtime.serving import Serving
+from proxy.scim import edge as scim_edge
+from proxy.scim.edge import ScimApp, ScimEdge
+from proxy.scim.storage import ScimStore
 from proxy.state import Stores, open_stores
 from proxy.state.inflight import Later
 from proxy.storage.db import Database
@@ -109,6 +113,9 @@ def create_app(cfg: Config, **overrides: Any) -> Quart:
                               heartbeat_s=cfg.server.sse_heartbeat_s,
                               refused=services.request_log.refused),
     ]
+    if services.scim is not None:
+        scim = services.scim
+        layers.insert(0, lambda inner: ScimEdge(inner, scim))  # /scim/v2: SCIM's own shapes
     if services.oauth is not None and services.web is not None:
         layers.append(OAuthBodyCap)  # /oauth/: 64 KiB whatever max_request_bytes says
     stack: ASGIApp = app.asgi_app
@@ -152,6 +159,7 @@ class Services:
             if any(u.templated for u in cfg.upstreams) or cfg.policy.files else None
         self.oauth = self._oauth()
         self.connections = self._connections()
+        self.scim = self._scim()
         self._serving: Serving | None = None
         self._last: Serving | None = None
 
@@ -192,6 +200,16 @@ class Services:
         return Connections(self.cfg, Vault(self.database, keys), GuardedClient(given.resolver),
                            flows=self.stores.connect_flows, leases=self.stores.leases,
                            people=self.people, links=links)
+
+    def _scim(self) -> ScimApp | None:
+        """SCIM provisioning at /scim/v2, with `[scim] enabled`."""
+        cfg = self.cfg
+        if not cfg.scim.enabled:
+            return None
+        served = scim_edge.provider()
+        store = ScimStore(Directory(self.database), scim_edge.models_of(served))
+        return ScimApp(store, served, cfg.scim.token, cfg.server.public_url,
+                       cfg.server.max_request_bytes)
 
     @property
     def cursor_key(self) -> bytes:

@@ -462,6 +462,47 @@ MIGRATIONS: tuple[Migration, ...] = (
         AddColumn("server_tools", "resources_hash", "TEXT"),
         AddColumn("server_tools", "resources_seen_at", "DOUBLE PRECISION"),
     )),
+    # SCIM provisioning (proxy.scim, proxy.people.directory, docs/provisioning.md): whether a
+    # person is active; each provisioned person's SCIM resource as the identity provider sent
+    # it, with the values it is found by (userName and emails lowercased, externalId); the
+    # SCIM groups and who is in them; and the keys a deprovisioned person's credentials are
+    # refused by on every gateway (the counter a gateway's mirror of them reads)
+    Migration(27, "SCIM provisioning: people's resources, groups, members, the deprovisioned", (
+        AddColumn("users", "active", "INTEGER NOT NULL DEFAULT 1"),
+        Sql("""CREATE TABLE IF NOT EXISTS scim_users (
+            user_id TEXT PRIMARY KEY,
+            user_name TEXT NOT NULL,
+            external_id TEXT,
+            emails TEXT NOT NULL DEFAULT '',
+            doc TEXT NOT NULL,
+            version {bigint} NOT NULL,
+            created_at {real} NOT NULL,
+            updated_at {real} NOT NULL
+        )"""),
+        Sql("CREATE UNIQUE INDEX IF NOT EXISTS scim_users_name ON scim_users (user_name)"),
+        Sql("""CREATE TABLE IF NOT EXISTS scim_groups (
+            id TEXT PRIMARY KEY,
+            display_name TEXT NOT NULL,
+            external_id TEXT,
+            doc TEXT NOT NULL,
+            version {bigint} NOT NULL,
+            created_at {real} NOT NULL,
+            updated_at {real} NOT NULL
+        )"""),
+        Sql("CREATE UNIQUE INDEX IF NOT EXISTS scim_groups_name ON scim_groups (display_name)"),
+        Sql("""CREATE TABLE IF NOT EXISTS scim_members (
+            group_id TEXT NOT NULL REFERENCES scim_groups (id) ON DELETE CASCADE,
+            user_id TEXT NOT NULL,
+            PRIMARY KEY (group_id, user_id)
+        )"""),
+        Sql("CREATE INDEX IF NOT EXISTS scim_members_user ON scim_members (user_id)"),
+        Sql("""CREATE TABLE IF NOT EXISTS deprovisioned (
+            key TEXT PRIMARY KEY,
+            user_id TEXT NOT NULL,
+            at {real} NOT NULL
+        )"""),
+        *_change_counter("deprovisioned", each="STATEMENT"),
+    )),
 )
 
 LATEST = MIGRATIONS[-1].version
