@@ -122,7 +122,8 @@ class Calls:
         exchange.noted(ctx.audit_note)
         rewrite = leg.rewrite(_noting(call.chain.rewriter(msg, ctx), ctx, exchange), msg.method)
         if self._tasks is not None:  # last: reads the task ids as the client sees them
-            rewrite = then(rewrite, self._tasks.rewriter(msg, ctx, exchange, call.chain))
+            rewrite = then(rewrite, self._tasks.rewriter(call.routed.route.name, msg, ctx,
+                                                         exchange, call.chain))
         held = self._forward.must_hold(msg, rewrite)
         # readers see either kind; a tool error is marked where the result is seen
         rewrite = self._observer.results(msg, exchange.record, exchange.seeing(msg, rewrite))

@@ -23,7 +23,9 @@ from proxy.auth.principal import Principal
 from proxy.chain import CallContext, Chain
 from proxy.connect.manager import Connections
 from proxy.destinations import IPNetwork
+from proxy.approvals import Approvals, Held
 from proxy.errors import (
+    ApprovalRequired,
     Draining,
     EndpointNotFound,
     GatewayError,
@@ -54,6 +56,7 @@ from proxy.upstream import UpstreamClient, UpstreamRoute
 from proxy.upstream.identity import IdentityForwarder
 from proxy.upstream.tenants import Tenants
 from proxy.virtual import VirtualForwarder, VirtualRoute
+from proxy.virtual.meta_tools import unwrapped
 
 log = logging.getLogger("tollhouse.gateway")
 
@@ -62,6 +65,7 @@ Bodyless = Callable[[Routed, EdgeRequest, "Session | None", Exchange, Principal]
 
 
 class Gateway:
+    approvals: Approvals  # calls held for a person's yes; set by Serving (proxy/approvals.py)
     def __init__(self, *, routes: Mapping[str, UpstreamRoute], authenticator: Authenticator,
                  live: Live, sessions: SessionStore, inflight: InFlightRegistry,
                  upstream: UpstreamClient, audit: AuditSink, allowed_origins: frozenset[str],
@@ -172,14 +176,21 @@ class Gateway:
                 record.session_hash = session.id_hash
             msg = guards.parse(body, version)
             self._settle(exchange, msg, req)
+            msg = unwrapped(route, msg, record)  # tool search's call_tool: the tool it names
             ctx = CallContext(principal, route.name, route.url_text, era=record.era,
                               session_hash=record.session_hash, arguments_size=len(body),
                               api_key_id=principal.api_key_id, peer_ip=req.peer,
                               headers=req.forwarded, dial_key=route.dial_key)
-            if msg.kind == "request" and msg.method in tasks.METHODS:  # the task's caller
-                msg = ctx.message = await self.tasks.view(route.name, msg, ctx, exchange)
+            if msg.kind == "request" and (msg.method in tasks.METHODS
+                                          or tasks.task_requested(msg)):  # a task's caller
+                msg = ctx.message = await self.tasks.admit(route.name, msg, ctx, exchange,
+                                                           session)
             if msg.kind != "response":  # the chain, once per target (a virtual: the member's)
-                ctx = await routed.forwarding.check(route, chain, msg, ctx)
+                try:
+                    ctx = await routed.forwarding.check(route, chain, msg, ctx)
+                except ApprovalRequired as held:  # a person's yes first (proxy/approvals.py)
+                    return await self.approvals.hold(held, Held.of(
+                        self, routed, req, msg, session, ctx, exchange, chain))
                 exchange.decided(ctx)
                 msg = ctx.message or msg  # a guardrail redacted its arguments
             if msg.kind == "request":

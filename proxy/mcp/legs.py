@@ -49,6 +49,9 @@ class Leg:
     # what the client is shown in place of the upstream's own, once the policies have read
     # and rewritten the result (a virtual endpoint's member URIs: proxy/virtual/uris.py)
     shown: Rewrite | None = None
+    # a legacy upstream's initialize result, when the leg answered server/discover from it (a
+    # virtual endpoint reads the 2025-11-25 capabilities discover leaves out: tasks)
+    initialized: dict[str, Any] | None = None
 
     def rewrite(self, rewrite: Rewrite | None, method: str | None) -> Rewrite | None:
         """The policies' result rewrite, plus what this leg's bridge does to a result (and,
@@ -143,7 +146,8 @@ class Legs:
         held = await self.bridge.session(route, ctx.principal.key, identity)
         if msg.method == "server/discover":
             return Leg([], local=eras.discover_from_initialize(held.initialize_result,
-                                                                route.name))
+                                                                route.name),
+                       initialized=held.initialize_result)
         usid = held.upstream_session_id
         headers = self.upstream.headers(route, {"content-type": "application/json"}, usid,
                                         extra=identity)

@@ -20,7 +20,14 @@ tool itself is:
   by the rules of each task's tool;
 - the end of a task (a terminal status seen in any answer): one audit record, whichever
   replica sees it first (`notifications/tasks/status`, the task's tool, its status and its
-  duration since creation).
+  duration since creation);
+- a client that did not declare task support (`declares_tasks`: the `tasks` capability of its
+  initialize, or of a 2026-07-28 request's envelope) is never handed a task: its task-run call
+  has `params.task` taken out and runs directly (`admit`), as the spec has a receiver that
+  did not negotiate task support process the request;
+- on a virtual endpoint a task id is the member's, prefixed with the member (`member_task`:
+  `<member>/<id>`); the binding keeps the member and its own id, and proxy/virtual routes the
+  task's requests by it.
 """
 
 from __future__ import annotations
@@ -31,15 +38,19 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from proxy.audit import AuditRecord, AuditSink
 from proxy.audit.record import Status
 from proxy.errors import GatewayError, InvalidParams
 from proxy.jsonrpc import McpMessage
+from proxy.mcp import eras
 from proxy.state.tasks import TaskBinding, TaskStore, ttl_of
 
 if TYPE_CHECKING:
     from proxy.chain import CallContext, Chain, Rewrite
     from proxy.mcp.exchange import Exchange
+    from proxy.state import Session
 
 log = logging.getLogger("tollhouse.tasks")
 
@@ -49,6 +60,8 @@ UNKNOWN = "Failed to retrieve task: Task not found"
 # a task's terminal status -> the completion record's status
 ENDED: dict[str, Status] = {"completed": "ok", "failed": "error", "cancelled": "cancelled"}
 COMPLETION = "notifications/tasks/status"  # the method of a task's completion record
+EXTENSION = "io.modelcontextprotocol/tasks"  # the 2026-07-28 tasks extension's identifier
+MEMBER_SEP = "/"  # a virtual endpoint's task id: <member>/<the member's own id>
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
@@ -74,11 +87,58 @@ def task_requested(msg: McpMessage) -> bool:
     return msg.method == "tools/call" and isinstance((msg.params or {}).get("task"), dict)
 
 
+def declares_tasks(capabilities: object) -> bool:
+    """Whether a client's capabilities declare task support: the 2025-11-25 `tasks`
+    capability, or the 2026-07-28 tasks extension."""
+    if not isinstance(capabilities, dict):
+        return False
+    extensions = capabilities.get("extensions")
+    return isinstance(capabilities.get("tasks"), dict) or (
+        isinstance(extensions, dict) and isinstance(extensions.get(EXTENSION), dict))
+
+
+def declared(msg: McpMessage, session: Session | None, era: str) -> object:
+    """What the client declared: at initialize (its session), or in a 2026-07-28 request's
+    envelope."""
+    if era == "modern":
+        meta = (msg.params or {}).get("_meta")
+        return meta.get(eras.CLIENT_CAPS) if isinstance(meta, dict) else None
+    return session.capabilities if session is not None else None
+
+
+def run_directly(msg: McpMessage) -> McpMessage:
+    """The task-run call without its `params.task`: answered directly."""
+    params = {k: v for k, v in (msg.params or {}).items() if k != "task"}
+    body = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "method": msg.method,
+                         "params": params})
+    return McpMessage(msg.kind, msg.id, msg.method, params, body)
+
+
+def member_task(member: str, task_id: str) -> str:
+    """A member's task id as a virtual endpoint shows it."""
+    return f"{member}{MEMBER_SEP}{task_id}"
+
+
 class Tasks:
     def __init__(self, store: TaskStore, audit: AuditSink, spawn: Spawn) -> None:
         self.store = store
         self._audit = audit
         self._spawn = spawn
+
+    async def admit(self, endpoint: str, msg: McpMessage, ctx: CallContext,
+                    exchange: Exchange, session: Session | None) -> McpMessage:
+        """The message the chain decides: a task-run call of a client that did not declare
+        task support, without its task (run directly, `run_directly`); a tasks/* request
+        checked against the task's binding (`view`); any other as it came."""
+        if task_requested(msg):
+            if declares_tasks(declared(msg, session, ctx.era)):
+                return msg
+            ctx.audit_note = "; ".join(filter(None, (
+                ctx.audit_note, "task support not declared by the client: run directly")))
+            return run_directly(msg)
+        if msg.method in METHODS:
+            return await self.view(endpoint, msg, ctx, exchange)
+        return msg
 
     async def view(self, endpoint: str, msg: McpMessage, ctx: CallContext,
                    exchange: Exchange) -> McpMessage:
@@ -99,31 +159,37 @@ class Tasks:
         exchange.record.tool = binding.tool  # its record names the tool, refused or not
         return replace(msg, task_tool=binding.tool)
 
-    def rewriter(self, msg: McpMessage, ctx: CallContext, exchange: Exchange, chain: Chain
-                 ) -> Rewrite | None:
-        """What the gateway does to the answer of a task's request (after the policies): a
-        created task bound, a list kept to the caller's own, an end recorded; None for a
-        call that is none of these."""
+    def rewriter(self, endpoint: str, msg: McpMessage, ctx: CallContext, exchange: Exchange,
+                 chain: Chain) -> Rewrite | None:
+        """What the gateway does to the answer of a task's request on `endpoint` (after the
+        policies): a created task bound, a list kept to the caller's own, an end recorded;
+        None for a call that is none of these. On a virtual endpoint `ctx` is the member's."""
         if task_requested(msg):
-            return self._creating(msg, ctx, exchange)
+            return self._creating(endpoint, msg, ctx, exchange)
         task = ctx.task
         if task is None or msg.method not in METHODS:
             return None
         if msg.method == "tasks/list":
-            return self._listing(ctx, task, chain)
-        return self._reading(msg, ctx, task)
+            return self._listing(endpoint, ctx, task, chain)
+        return self._reading(endpoint, msg, task)
 
-    def _creating(self, msg: McpMessage, ctx: CallContext, exchange: Exchange) -> Rewrite:
+    def _creating(self, endpoint: str, msg: McpMessage, ctx: CallContext, exchange: Exchange
+                  ) -> Rewrite:
         tool = msg.tool or ""
-        endpoint, principal = ctx.endpoint, ctx.principal
+        principal = ctx.principal
+        # a virtual endpoint's member (its context's), whose id the client sees prefixed
+        member = ctx.endpoint if ctx.endpoint != endpoint else None
+        prefix = member_task(member, "") if member is not None else ""
         store = self.store
 
         def created(result: dict[str, Any]) -> bool:
             task = result.get("task")
             task_id = task.get("taskId") if isinstance(task, dict) else None
-            if not isinstance(task, dict) or not isinstance(task_id, str) or not task_id:
+            if not isinstance(task, dict) or not isinstance(task_id, str) or not task_id \
+                    or not task_id.startswith(prefix):
                 return False  # answered directly (an upstream without tasks): nothing to bind
-            binding = TaskBinding(principal.key, principal.subject, tool, time.time())
+            binding = TaskBinding(principal.key, principal.subject, tool, time.time(),
+                                  member, task_id[len(prefix):] if member else None)
             ttl = ttl_of(task)
             exchange.tasked(task_id, lambda: store.bind(endpoint, task_id, binding, ttl))
             self._seen(endpoint, task_id, task)
@@ -131,9 +197,9 @@ class Tasks:
 
         return created
 
-    def _listing(self, ctx: CallContext, task: TaskCall, chain: Chain) -> Rewrite:
+    def _listing(self, endpoint: str, ctx: CallContext, task: TaskCall, chain: Chain
+                 ) -> Rewrite:
         owned = task.owned
-        endpoint = ctx.endpoint
 
         def listed(result: dict[str, Any]) -> bool:
             tasks = result.get("tasks")
@@ -155,8 +221,8 @@ class Tasks:
 
         return listed
 
-    def _reading(self, msg: McpMessage, ctx: CallContext, task: TaskCall) -> Rewrite:
-        endpoint, task_id = ctx.endpoint, task.task_id or ""
+    def _reading(self, endpoint: str, msg: McpMessage, task: TaskCall) -> Rewrite:
+        task_id = task.task_id or ""
         method = msg.method
 
         def read(result: dict[str, Any]) -> bool:

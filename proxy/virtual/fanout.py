@@ -85,6 +85,8 @@ class FanOut:
         rewrite = into.leg.rewrite(after(seen, chain.rewriter(mmsg, mctx)), mmsg.method)
         if into.response is None:
             result = into.leg.local or {}
+            if into.leg.initialized is not None:  # a legacy member's: its tasks capability too
+                result = offering_tasks(result, into.leg.initialized)
             if rewrite is not None:
                 rewrite(result)
             return result
@@ -107,3 +109,14 @@ class FanOut:
         if not isinstance(result, dict):
             raise UpstreamProtocolError()
         return result
+
+
+def offering_tasks(discover: dict[str, Any], initialized: dict[str, Any]) -> dict[str, Any]:
+    """A legacy member's discover (built from its initialize, which keeps only what the
+    2026-07-28 era knows) with the 2025-11-25 `tasks` capability its initialize declared, for
+    the endpoint's own initialize to advertise (proxy/virtual/tasks.py)."""
+    offered = (initialized.get("capabilities") or {}).get("tasks")
+    if not isinstance(offered, dict):
+        return discover
+    return {**discover, "capabilities": {**(discover.get("capabilities") or {}),
+                                         "tasks": offered}}

@@ -10,7 +10,7 @@ tool's UI resource (MCP Apps) is exposed like the resource (proxy/virtual/uris.p
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from proxy import __version__
@@ -139,12 +139,37 @@ class Lists:
             for key in LIST_CHANGED:
                 if key in caps:
                     caps[key] = {"listChanged": True}
+            offered = tasks_offered(results)  # 2025-11-25 tasks: the members' own, merged
+            if offered is not None:
+                caps["tasks"] = offered
             requested = (msg.params or {}).get("protocolVersion")
             version = requested if requested in eras.LEGACY_VERSIONS else bridge.LEGACY_VERSION
             return {"protocolVersion": version, "capabilities": caps, "serverInfo": info}
         return {"supportedVersions": list(eras.MODERN_VERSIONS), "capabilities": caps,
                 "resultType": "complete", "ttlMs": 0, "cacheScope": "private",
                 "_meta": {eras.SERVER_INFO: info}}
+
+
+def tasks_offered(results: Mapping[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The `tasks` capability the members offer, merged (what any member serves: a task
+    runs on the member whose tool it is); None when none offers it."""
+    merged: dict[str, Any] | None = None
+    for result in results.values():
+        offered = (result.get("capabilities") or {}).get("tasks")
+        if isinstance(offered, dict):
+            merged = _union(merged or {}, offered)
+    return merged
+
+
+def _union(into: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    out = dict(into)
+    for key, value in more.items():
+        if isinstance(value, dict):
+            held = out.get(key)
+            out[key] = _union(held if isinstance(held, dict) else {}, value)
+        elif key not in out:
+            out[key] = value
+    return out
 
 
 def request(msg: McpMessage, method: str, cursor: str | None = None) -> McpMessage:

@@ -4,7 +4,8 @@ GET stream), and the client's answers back.
 A server-to-client request (sampling, elicitation, roots) gets an id sealed to the member and
 the client's session (`Cursors.seal_id`), which `respond` opens when the client answers, to
 send the answer on to that member's session with the member's own id; a log message or a
-progress notice names the member, a resource update the resource as the endpoint exposes it;
+progress notice names the member, a resource update the resource as the endpoint exposes it,
+a task's status notice the task under the endpoint's id;
 a member's `list_changed` is the endpoint's own.
 """
 
@@ -21,7 +22,7 @@ from proxy.mcp.forward import Forwarder
 from proxy.mcp.forwarding import Outgoing
 from proxy.mcp.legs import Leg
 from proxy.state import Session
-from proxy.virtual import uris
+from proxy.virtual import tasks, uris
 from proxy.virtual.cursor import Cursors
 from proxy.virtual.members import Members
 from proxy.virtual.route import VirtualRoute
@@ -71,6 +72,8 @@ class MemberRequests:
             return True
         if method == "notifications/resources/updated":  # a resource as the endpoint names it
             return uris.updated(member, params)
+        if method == "notifications/tasks/status":  # a task under the endpoint's id
+            return tasks.notice(member, params)
         return False  # list_changed and the rest: as the endpoint's own, unchanged
 
     async def respond(self, route: VirtualRoute, msg: McpMessage, session: Session | None,

@@ -18,8 +18,9 @@ import orjson
 from proxy.chain import CallContext, Chain
 from proxy.errors import HiddenTool, InternalError, InvalidParams
 from proxy.jsonrpc import McpMessage
-from proxy.mcp import names
+from proxy.mcp import names, tasks
 from proxy.virtual import naming
+from proxy.virtual import tasks as virtual_tasks
 from proxy.virtual.exposed import Exposed
 from proxy.virtual.lists import Lists, request
 from proxy.virtual.members import Members, context
@@ -56,6 +57,8 @@ class Routing:
         forwards that, and reads the answer and the notifications on its stream with both,
         so every policy sees the member's message both ways; `call` routes by them."""
         ctx.virtual = True  # the endpoint's own view (a member's is made below)
+        if msg.kind == "request" and msg.method in tasks.NAMED:  # routed by its binding
+            return await virtual_tasks.check(route, self.members, chain, msg, ctx)
         if msg.kind != "request" or msg.method not in ROUTED:
             await chain.run(msg, ctx, without=("egress",))  # egress: per member, in the list
             return ctx
@@ -68,6 +71,8 @@ class Routing:
             raise hidden(exc, msg) from None
         mctx.message = mctx.message or target.msg
         note = f"virtual: member {target.member}, name {target.name[:200]}"
+        if msg.via is not None:  # called through tool search's call_tool (meta_tools.py)
+            note = f"via {msg.via} (call_tool); {note}"
         mctx.audit_note = f"{mctx.audit_note}; {note}" if mctx.audit_note else note
         return mctx
 

@@ -23,12 +23,13 @@ from proxy.auth.principal import Principal
 from proxy.chain import CallContext, Chain, Rewrite
 from proxy.errors import MethodNotFound
 from proxy.jsonrpc import McpMessage
+from proxy.mcp import tasks
 from proxy.mcp.forward import Forwarded, Forwarder
 from proxy.mcp.forwarding import Listened, NoStream, Outgoing
 from proxy.mcp.legs import Leg
 from proxy.state import Session
 from proxy.upstream import UpstreamRoute
-from proxy.virtual import uris
+from proxy.virtual import tasks as virtual_tasks
 from proxy.virtual.cursor import Cursors
 from proxy.virtual.exposed import Exposed
 from proxy.virtual.fanout import FanOut
@@ -36,6 +37,7 @@ from proxy.virtual.listen import Merged
 from proxy.virtual.listeners import Listeners
 from proxy.virtual.lists import LISTS, Lists
 from proxy.virtual.members import Members, context, outbound
+from proxy.virtual.meta_tools import ToolSearch
 from proxy.virtual.outgoing import MemberRequests
 from proxy.virtual.route import VirtualRoute
 from proxy.virtual.routing import ROUTED, Routing, Target, checked
@@ -54,9 +56,11 @@ class VirtualForwarder:
         self._names = Exposed()
         members = Members(forward, routes)  # the spine's live table, read per call
         # a member's list answer is held whole to be merged: at most max_response_bytes
-        self._lists = Lists(FanOut(forward, members, max_response_bytes), self._names,
-                            self.cursors)
+        fan_out = FanOut(forward, members, max_response_bytes)
+        self._lists = Lists(fan_out, self._names, self.cursors)
+        self._tasks = virtual_tasks.Listing(fan_out, self.cursors)  # tasks/list, merged
         self._routing = Routing(members, self._names, self._lists)
+        self._search = ToolSearch(self._lists)  # [endpoints.search]: its list, search_tools
         self._requests = MemberRequests(forward, self.cursors, members)
         self._listeners = Listeners(forward, members, self._requests)
         self._members = members
@@ -72,6 +76,8 @@ class VirtualForwarder:
                     ctx: CallContext) -> CallContext:
         """The chain run once for this message (`Routing.check`); for a routed message the
         context is the member's, and its `message` the member's message."""
+        if self._search.searching(route, msg):  # search_tools: decided as the list it reads
+            return await self._search.check(route, chain, msg, ctx)
         return await self._routing.check(route, chain, msg, ctx)
 
     async def resolve(self, route: VirtualRoute, msg: McpMessage, ctx: CallContext,
@@ -86,7 +92,9 @@ class VirtualForwarder:
                    chain: Chain) -> None:
         method = msg.method or ""
         modern = ctx.era == "modern"  # a result answered here is completed for its era
-        if method in LISTS:
+        if self._search.answers(route, msg):  # in search mode: tools/list, search_tools
+            into.leg = await self._search.call(route, msg, ctx, chain, session)
+        elif method in LISTS:
             cursor = (msg.params or {}).get("cursor")
             into.leg = Leg([], local=await self._lists.merged(route, msg, cursor, ctx, chain,
                                                               session), bridged=modern)
@@ -94,14 +102,22 @@ class VirtualForwarder:
             into.leg = Leg([], local=await self._lists.opening(route, msg, ctx, session))
         elif method in ("ping", "logging/setLevel"):
             into.leg = Leg([], local={}, bridged=modern)
-        elif method in ROUTED:
-            target = checked(route, msg, ctx)
-            member = await self._members.route(route, target.member, session)
-            mheaders, mmsg = outbound(target.msg, target.name, session)
+        elif method == virtual_tasks.LIST:
+            into.leg = Leg([], local=await self._tasks.merged(route, msg, ctx, chain, session),
+                           bridged=modern)
+        elif method in ROUTED or method in tasks.NAMED:
+            if method in ROUTED:
+                target = checked(route, msg, ctx)
+                name, mname = target.member, target.name
+            else:  # a task's request: to the member its binding names
+                name, mname = virtual_tasks.target(route, ctx), None
+            member = await self._members.route(route, name, session)
+            mheaders, mmsg = outbound(msg, mname, session)
             await self.forward.call(member, mheaders, mmsg, None,
                                     context(ctx, member, leg=True), into)
             into.leg.route = member
-            into.leg.shown = uris.shown(target.member, method)  # its URIs, as exposed
+            # its URIs and task ids, as exposed
+            into.leg.shown = virtual_tasks.shown(name, method, msg.params)
             if not modern:  # a member is spoken to as a 2026-07-28 caller would
                 if into.leg.bridged:  # a legacy member's result, for a legacy client: as it is
                     into.leg.legacy_result = True

@@ -152,6 +152,7 @@ async def connect(
     http_client: httpx2.AsyncClient | None = None,
     terminate_on_close: bool = True,
     client_info: types.Implementation | None = None,
+    tasks: types.ClientTasksCapability | None = None,
 ) -> AsyncIterator[SdkClient]:
     """Connect the official SDK client to `url` (the full endpoint, e.g. ``.../mcp``).
 
@@ -162,6 +163,8 @@ async def connect(
     logging) is used as-is and NOT closed by ``connect()``; ``headers`` are merged into it and
     a response hook is appended to it to capture the session id.
     ``read_timeout_seconds`` is the default per-request timeout (None = wait forever).
+    ``tasks`` is declared as the client's ``tasks`` capability at initialize (the SDK declares
+    none of its own: it has no task client).
     """
     try:
         async with _connect(
@@ -177,6 +180,7 @@ async def connect(
             http_client=http_client,
             terminate_on_close=terminate_on_close,
             client_info=client_info,
+            tasks=tasks,
         ) as client:
             yield client
     except BaseExceptionGroup as group:
@@ -210,6 +214,7 @@ async def _connect(
     http_client: httpx2.AsyncClient | None,
     terminate_on_close: bool,
     client_info: types.Implementation | None,
+    tasks: types.ClientTasksCapability | None = None,
 ) -> AsyncIterator[SdkClient]:
     capture = _SessionIdCapture()
     async with contextlib.AsyncExitStack() as stack:
@@ -242,7 +247,7 @@ async def _connect(
             streamable_http_client(url, http_client=http, terminate_on_close=False)
         )
         session = await stack.enter_async_context(
-            ClientSession(
+            (ClientSession if tasks is None else _TaskClientSession.declaring(tasks))(
                 read_stream,
                 write_stream,
                 read_timeout_seconds=read_timeout_seconds,
@@ -259,6 +264,19 @@ async def _connect(
             raise RuntimeError(f"server negotiated {init.protocol_version!r}, expected {LEGACY_PROTOCOL_VERSION!r}")
         client = SdkClient(session=session, http=http, url=url, initialize_result=init, _capture=capture)
         yield client
+
+
+class _TaskClientSession(ClientSession):
+    """The SDK's ClientSession, declaring a `tasks` capability at initialize."""
+
+    tasks: types.ClientTasksCapability
+
+    @classmethod
+    def declaring(cls, tasks: types.ClientTasksCapability) -> type[_TaskClientSession]:
+        return type("TaskClientSession", (cls,), {"tasks": tasks})
+
+    def _build_capabilities(self, version: str) -> types.ClientCapabilities:
+        return super()._build_capabilities(version).model_copy(update={"tasks": self.tasks})
 
 
 @contextlib.asynccontextmanager

@@ -24,6 +24,9 @@ pytestmark = pytest.mark.skipif(shutil.which("npm") is None,
 
 TOOL = "simulate-research-query"
 EMAIL = "bob.smith@example.com"
+# what a client that runs tools as tasks declares at initialize (2025-11-25)
+DECLARED = types.ClientTasksCapability(list=types.TasksListCapability(),
+                                       cancel=types.TasksCancelCapability())
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +78,7 @@ REDACT = [{"name": "no-email", "tools": ["simulate-*"], "on": ["results"],
 
 async def test_a_result_rule_reads_tasks_result(installed: None) -> None:
     async with _gateway({"guardrails": REDACT}) as gw, \
-            connect(gw.endpoint("local"), headers=_headers("alice")) as client:
+            connect(gw.endpoint("local"), tasks=DECLARED, headers=_headers("alice")) as client:
         task_id = await call_as_task(client, f"mail {EMAIL}")
         assert await finished(client, task_id) == "completed"
         result = await raw(client, "tasks/result", {"taskId": task_id})
@@ -91,7 +94,7 @@ async def test_a_result_rule_reads_tasks_result(installed: None) -> None:
 async def test_a_deny_rule_refuses_tasks_result_as_the_tools_answer(installed: None) -> None:
     deny = [{**REDACT[0], "name": "no-email-at-all", "action": "deny"}]
     async with _gateway({"guardrails": deny}) as gw, \
-            connect(gw.endpoint("local"), headers=_headers("alice")) as client:
+            connect(gw.endpoint("local"), tasks=DECLARED, headers=_headers("alice")) as client:
         task_id = await call_as_task(client, f"mail {EMAIL}")
         await finished(client, task_id)
         result = await raw(client, "tasks/result", {"taskId": task_id})
@@ -102,8 +105,8 @@ async def test_a_deny_rule_refuses_tasks_result_as_the_tools_answer(installed: N
 
 async def test_another_callers_task_answers_as_an_unknown_one(installed: None) -> None:
     async with _gateway({}) as gw, \
-            connect(gw.endpoint("local"), headers=_headers("alice")) as alice, \
-            connect(gw.endpoint("local"), headers=_headers("mallory")) as mallory:
+            connect(gw.endpoint("local"), tasks=DECLARED, headers=_headers("alice")) as alice, \
+            connect(gw.endpoint("local"), tasks=DECLARED, headers=_headers("mallory")) as mallory:
         task_id = await call_as_task(alice, "alice's secret topic")
         errors = []
         for method in ("tasks/get", "tasks/result", "tasks/cancel"):
@@ -142,7 +145,7 @@ async def test_creation_and_completion_are_audited_and_metered_once(installed: N
     HOOK.__init__()  # type: ignore[misc]
     metering = {"hook": f"{__name__}:HOOK", "timeout_ms": 5000}
     async with _gateway({"metering": metering}) as gw, \
-            connect(gw.endpoint("local"), headers=_headers("alice")) as client:
+            connect(gw.endpoint("local"), tasks=DECLARED, headers=_headers("alice")) as client:
         task_id = await call_as_task(client, "tides")
         assert await finished(client, task_id) == "completed"
         await raw(client, "tasks/result", {"taskId": task_id})
@@ -177,11 +180,11 @@ async def test_the_tool_profile_decides_each_request_of_a_task(installed: None) 
     access = {"tools_allow": ["echo"], "group_tools": {"research": {
         "tools_allow": ["simulate-*"]}}}
     async with _gateway({}, access=access) as gw:
-        async with connect(gw.endpoint("local"),
+        async with connect(gw.endpoint("local"), tasks=DECLARED,
                            headers=_headers("alice", groups=["research"])) as member:
             task_id = await call_as_task(member, "tides")
             assert (await raw(member, "tasks/get", {"taskId": task_id}))["taskId"] == task_id
-        async with connect(gw.endpoint("local"), headers=_headers("alice")) as left:
+        async with connect(gw.endpoint("local"), tasks=DECLARED, headers=_headers("alice")) as left:
             for method in ("tasks/get", "tasks/result"):
                 with pytest.raises(Exception, match="Unknown tool") as caught:
                     await raw(left, method, {"taskId": task_id})
@@ -190,3 +193,22 @@ async def test_the_tool_profile_decides_each_request_of_a_task(installed: None) 
               and r.status == "denied"]
     assert [(r.method, r.tool) for r in denied] == [("tasks/get", TOOL), ("tasks/result", TOOL)]
     assert all(r.denied_reason and r.denied_reason.startswith("access: tool") for r in denied)
+
+
+async def test_a_client_that_declared_no_tasks_is_handed_none(installed: None) -> None:
+    """A task-run call of a client whose initialize declared no task support runs directly
+    (its params.task taken out): this tool runs only as a task, so the server refuses it,
+    and no task is created, bound or handed to the client."""
+    async with _gateway({}) as gw, \
+            connect(gw.endpoint("local"), headers=_headers("alice")) as client:
+        params = {"name": TOOL, "arguments": {"topic": "tides"}, "task": {"ttl": 60000}}
+        try:
+            answer: dict[str, Any] = await raw(client, "tools/call", params)
+        except Exception as exc:  # the server's refusal of a direct call, as a JSON-RPC error
+            answer = {"error": str(exc)}
+        assert "task" not in answer
+        assert "requires task" in str(answer).lower() or answer.get("isError") is True, answer
+        assert (await raw(client, "tasks/list", {}))["tasks"] == []
+    called = next(r for r in gw.audit.records if r.method == "tools/call")
+    assert "task support not declared by the client: run directly" in (called.note or "")
+    assert called.task is None
