@@ -6,12 +6,13 @@ the event loop. The outcomes of a claim wait in `Marks` until they are written."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 
 import orjson
 
 from proxy.storage import db
+from proxy.storage.own import OwnConnection
 
 # (delivered: [(time, call id)], due again: [(next attempt, call id)])
 Outcomes = tuple[list[tuple[float, str]], list[tuple[float, str]]]
@@ -29,7 +30,7 @@ class OutboxTable:
         self.lease_s = lease_s
         self.prune_batch = prune_batch
         self._clock = clock
-        self._conn: db.Connection | None = None
+        self._own = OwnConnection(database)
         skip_locked = " FOR UPDATE SKIP LOCKED" if database.postgresql else ""
         # Due events longest due first, in the due index's own order: a claim reads `claim`
         # rows of it, not the whole backlog (ordered by created_at, every claim sorted every
@@ -72,52 +73,16 @@ class OutboxTable:
             "DELETE FROM usage_outbox WHERE call_id IN (SELECT call_id FROM usage_outbox "
             f"WHERE delivered_at < ? LIMIT {prune_batch})")
 
-    @contextmanager
-    def _transaction(self) -> Iterator[db.Connection]:
-        """One transaction on the worker's own connection. On SQLite the connection commits
-        with synchronous=NORMAL, as the audit writer's does: a commit that synced the WAL
-        (FULL) would hold the write lock through an fsync, and the audit commits that answers
-        wait for would queue behind it."""
-        if self._database.memory:
-            with self._database.transaction() as shared:
-                yield shared
-            return
-        if self._conn is None:
-            self._conn = self._database.connect()
-            if not self._database.postgresql:
-                self._conn.execute("PRAGMA synchronous=NORMAL")
-        conn = self._conn
-        try:
-            yield conn
-        except BaseException:
-            self._after_failure(conn)
-            raise
-        try:
-            conn.commit()
-        except BaseException:
-            self._after_failure(conn)
-            raise
-
-    def _after_failure(self, conn: db.Connection) -> None:
-        with suppress(Exception):
-            conn.rollback()
-        if db.broken(conn):
-            self.drop()
-
     def drop(self) -> None:
         """Close the worker's connection (a lost one, or the worker stopping)."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with suppress(Exception):
-                conn.close()
+        self._own.close()
 
     def claim(self, now: float, outcomes: Outcomes) -> tuple[Claimed, float | None]:
         """Write the last claim's `outcomes`, then take the due events, oldest first, out of
         every other worker's reach (and, with nothing due, when the next one is); one
         transaction."""
-        with self._transaction() as conn:
-            if not self._database.postgresql and not getattr(conn, "in_transaction", False):
-                conn.execute("BEGIN IMMEDIATE")  # the write lock from the start (below)
+        # the write lock from the start (below)
+        with self._own.transaction(immediate=True) as conn:
             self._write(conn, outcomes)
             if self._database.postgresql:
                 rows = conn.execute(self._sql_claim, (now + self.lease_s, now)).fetchall()
@@ -133,19 +98,19 @@ class OutboxTable:
 
     def release(self, call_ids: list[str], until: float | None) -> None:
         """Hand claimed events back (due now), or hold them `until` then (a renewed claim)."""
-        with suppress(*self._database.errors), self._transaction() as conn:
+        with suppress(*self._database.errors), self._own.transaction() as conn:
             at = self._clock() if until is None else until
             for call_id in call_ids:
                 conn.execute(self._sql_release, (at, call_id))
 
     def mark(self, outcomes: Outcomes) -> None:
         """A claim's outcomes in a transaction of their own (a worker that stops)."""
-        with self._transaction() as conn:
+        with self._own.transaction() as conn:
             self._write(conn, outcomes)
 
     def prune(self, before: float) -> int:
         """Delete up to `prune_batch` events delivered before `before`; how many went."""
-        with self._transaction() as conn:
+        with self._own.transaction() as conn:
             cur = conn.execute(self._sql_prune, (before,))
             return max(0, int(cur.rowcount or 0))
 

@@ -11,14 +11,15 @@ wrote them. A lease not renewed (its gateway died) is taken over once it ends.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from proxy.storage import db
+from proxy.storage.own import OwnConnection
 
 Row = tuple[int, str, str, float]  # (seq, event id, the record's native JSON, queued at)
 
@@ -67,7 +68,7 @@ class ExportTable:
         self._database = database
         self.name = name
         self._clock = clock
-        self._conn: db.Connection | None = None
+        self._own = OwnConnection(database)
         sql = database.sql
         self._ensure = database.insert_ignore("audit_exports", ("name",))
         self._take = sql("UPDATE audit_exports SET holder = ?, lease_until = ? WHERE name = ? "
@@ -94,38 +95,14 @@ class ExportTable:
         self._release = sql("UPDATE audit_exports SET lease_until = 0 WHERE name = ? AND "
                             "holder = ?")
 
-    @contextmanager
-    def _transaction(self, write: bool = True) -> Iterator[db.Connection]:
-        """One transaction on the worker's own connection; on SQLite a write takes the write
-        lock from its start (BEGIN IMMEDIATE), with synchronous=NORMAL as the audit writer's."""
-        if self._database.memory:
-            with self._database.transaction() as shared:
-                yield shared
-            return
-        if self._conn is None:
-            self._conn = self._database.connect()
-            if not self._database.postgresql:
-                self._conn.execute("PRAGMA synchronous=NORMAL")
-        conn = self._conn
-        try:
-            if write and not self._database.postgresql \
-                    and not getattr(conn, "in_transaction", False):
-                conn.execute("BEGIN IMMEDIATE")
-            yield conn
-            conn.commit()
-        except BaseException:
-            with suppress(Exception):
-                conn.rollback()
-            if db.broken(conn):
-                self.drop()
-            raise
+    def _transaction(self, write: bool = True) -> AbstractContextManager[db.Connection]:
+        """One transaction on the worker's own connection (a write: with SQLite's write lock
+        from its start)."""
+        return self._own.transaction(immediate=write)
 
     def drop(self) -> None:
         """Close the worker's connection (a lost one, or the worker stopping)."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with suppress(Exception):
-                conn.close()
+        self._own.close()
 
     def round(self, holder: str, lease_s: float, batch: int
               ) -> tuple[bool, State, list[Row]]:
