@@ -26,6 +26,9 @@ class McpMessage:
     # a tasks/get, tasks/result or tasks/cancel: the tool its task runs, from the task's
     # binding (proxy.mcp.tasks), so that every policy decides it as it decides that tool
     task_tool: str | None = None
+    # a tools/call a virtual endpoint's `call_tool` meta-tool asked for (proxy/virtual/
+    # meta_tools.py): "search", which the audit records beside the tool's own name
+    via: str | None = None
 
     @property
     def tool(self) -> str | None:

@@ -47,6 +47,29 @@ def _endpoint(ep: EndpointConfig, where: str, seen: set[str], upstreams: list[st
     clash = config_collision(ep.name, ep.members, ep.separator, ep.aliases, upstreams)
     if clash is not None:
         raise ConfigError(f"config: {clash}")
+    _search(ep, f"{where}.search")
+
+
+SEARCH_MODES = ("off", "search")
+META_TOOLS = ("search_tools", "call_tool")  # the names tool search lists (proxy/virtual/search)
+MAX_RESULTS = 50
+
+
+def _search(ep: EndpointConfig, where: str) -> None:
+    search = ep.search
+    if search.mode not in SEARCH_MODES:
+        raise ConfigError(f"config: '{where}.mode' must be one of {', '.join(SEARCH_MODES)}")
+    if not 1 <= search.max_results <= MAX_RESULTS:
+        raise ConfigError(f"config: '{where}.max_results' must be 1 to {MAX_RESULTS}")
+    for name in search.always:
+        if not NAME_RULE.match(name) or name in META_TOOLS:
+            raise ConfigError(f"config: '{where}.always' has {name[:80]!r}, which is no "
+                              "exposed tool name (1-64 letters, digits, '_', '-' or '.')")
+    if search.mode == "search":
+        for alias in ep.aliases:
+            if alias in META_TOOLS:
+                raise ConfigError(f"config: endpoint {ep.name!r}: alias {alias!r} is the name "
+                                  "of a tool search meta-tool")
 
 
 def owner(name: str, members: Iterable[str], separator: str) -> tuple[str, str] | None:

@@ -385,6 +385,17 @@ class UpstreamConfig:
 
 
 @dataclass(frozen=True)
+class SearchConfig:
+    """`[endpoints.search]`: tool search (proxy/virtual/search.py). With mode "search", the
+    endpoint's tools/list shows `search_tools` and `call_tool` (and the `always` tools) in
+    place of every member's tools; each caller searches and calls only what it may see."""
+
+    mode: str = "off"  # "off": every tool listed; "search": the two meta-tools listed instead
+    max_results: int = 8  # tools a search returns at most (a search's `limit` is capped here)
+    always: list[str] = field(default_factory=list)  # exposed names still listed in full
+
+
+@dataclass(frozen=True)
 class EndpointConfig:
     """One `[[endpoints]]` table: a virtual endpoint, several upstreams behind one
     /mcp/<name> (proxy/virtual/)."""
@@ -397,6 +408,7 @@ class EndpointConfig:
     # as an upstream's, by exposed name; each member's own still applies
     access: AccessConfig = field(default_factory=AccessConfig)
     total_timeout_s: float = 300.0  # a call's ceiling, as for an upstream
+    search: SearchConfig = field(default_factory=SearchConfig)  # tool search (mode "search")
 
 
 @dataclass(frozen=True)

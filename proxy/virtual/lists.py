@@ -10,7 +10,7 @@ tool's UI resource (MCP Apps) is exposed like the resource (proxy/virtual/uris.p
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from proxy import __version__
@@ -106,6 +106,8 @@ class Lists:
         out: dict[str, Any] = {key: items}
         if more:
             out["nextCursor"] = self.cursors.seal(route.name, method, caller, more)
+        if ctx.era == "modern":  # cached by a 2026-07-28 client: no longer than any member's
+            out.update(cache_hints(results.values()))
         return out
 
     @staticmethod
@@ -170,6 +172,22 @@ def _union(into: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
         elif key not in out:
             out[key] = value
     return out
+
+
+def cache_hints(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """A merged answer's `ttlMs` and `cacheScope` (2026-07-28): the shortest time any member
+    gave and the most private scope ("public" only when every member said so); a member that
+    gave none is taken as 0 and "private" (what the bridge completes a legacy answer with)."""
+    ttl: int | None = None
+    public = True
+    for result in results:
+        given = result.get("ttlMs")
+        ms = given if isinstance(given, int) and not isinstance(given, bool) and given > 0 \
+            else 0
+        ttl = ms if ttl is None else min(ttl, ms)
+        public = public and result.get("cacheScope") == "public"
+    return {"ttlMs": ttl or 0, "cacheScope": "public" if public and ttl is not None
+            else "private"}
 
 
 def request(msg: McpMessage, method: str, cursor: str | None = None) -> McpMessage:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from proxy.config import EndpointConfig
+from proxy.config.tables import SearchConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +20,8 @@ class VirtualRoute:
     aliases: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # exposed -> owner
     aliased: Mapping[tuple[str, str], str] = field(default_factory=dict)  # owner -> exposed
     url_text: str = ""  # no URL of its own: each member has one
+    # tool search (proxy/virtual/meta_tools.py)
+    search: SearchConfig = field(default_factory=SearchConfig)
 
     # what the spine reads of any route (proxy/upstream/client.py `UpstreamRoute`): a virtual
     # endpoint is no per-caller template, and its sessions and egress entries go by its name
@@ -39,4 +42,10 @@ class VirtualRoute:
             member, _, tool = target.partition(":")
             aliases[exposed] = (member, tool)
         return cls(cfg.name, tuple(cfg.members), cfg.separator, cfg.list_timeout_s,
-                   cfg.total_timeout_s, aliases, {v: k for k, v in aliases.items()})
+                   cfg.total_timeout_s, aliases, {v: k for k, v in aliases.items()},
+                   search=cfg.search)
+
+    @property
+    def searched(self) -> bool:
+        """Whether tools/list shows the tool search meta-tools in place of the tools."""
+        return self.search.mode == "search"

@@ -60,7 +60,7 @@ class VirtualForwarder:
         self._lists = Lists(fan_out, self._names, self.cursors)
         self._tasks = virtual_tasks.Listing(fan_out, self.cursors)  # tasks/list, merged
         self._routing = Routing(members, self._names, self._lists)
-        self._search = ToolSearch(self._lists)  # [endpoints.search]: its list, search_tools
+        self.search = ToolSearch(self._lists)  # [endpoints.search]: its list, search_tools
         self._requests = MemberRequests(forward, self.cursors, members)
         self._listeners = Listeners(forward, members, self._requests)
         self._members = members
@@ -76,8 +76,8 @@ class VirtualForwarder:
                     ctx: CallContext) -> CallContext:
         """The chain run once for this message (`Routing.check`); for a routed message the
         context is the member's, and its `message` the member's message."""
-        if self._search.searching(route, msg):  # search_tools: decided as the list it reads
-            return await self._search.check(route, chain, msg, ctx)
+        if self.search.searching(route, msg):  # search_tools: decided as the list it reads
+            return await self.search.check(route, chain, msg, ctx)
         return await self._routing.check(route, chain, msg, ctx)
 
     async def resolve(self, route: VirtualRoute, msg: McpMessage, ctx: CallContext,
@@ -92,8 +92,8 @@ class VirtualForwarder:
                    chain: Chain) -> None:
         method = msg.method or ""
         modern = ctx.era == "modern"  # a result answered here is completed for its era
-        if self._search.answers(route, msg):  # in search mode: tools/list, search_tools
-            into.leg = await self._search.call(route, msg, ctx, chain, session)
+        if self.search.answers(route, msg):  # in search mode: tools/list, search_tools
+            into.leg = await self.search.call(route, msg, ctx, chain, session)
         elif method in LISTS:
             cursor = (msg.params or {}).get("cursor")
             into.leg = Leg([], local=await self._lists.merged(route, msg, cursor, ctx, chain,

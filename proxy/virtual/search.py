@@ -1,0 +1,107 @@
+"""Tool search's ranking: a BM25 index (the `bm25s` library) over the tools one caller may see
+on a virtual endpoint, and the cache of those indexes.
+
+A tool's text is its exposed name and title (counted twice: the words a caller's task names
+most often), its description, and its parameters' names and descriptions; names are split
+into words (`create_issue`, `createIssue`: "create issue"), words stemmed (Snowball English),
+English stop words left out. An index is built once per distinct list of tools (`Indexes`: keyed
+by the endpoint and a digest of the list as the caller sees it), so two callers who see the same
+tools share one, a caller who sees fewer has its own, and a list that changed builds a new one
+at its next search; a search is one tokenized query and one scoring pass, ties broken by the
+list's order so the same query always answers the same tools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import bm25s  # type: ignore[import-untyped]
+import numpy as np
+import orjson
+import Stemmer  # type: ignore[import-not-found]
+from bm25s.stopwords import STOPWORDS_EN  # type: ignore[import-untyped]
+
+__all__ = ["Index", "Indexes", "digest", "words"]
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_WORD = re.compile(r"[A-Za-z0-9]+")
+_STOP = frozenset(STOPWORDS_EN)
+_STEMMER = Stemmer.Stemmer("english")
+MAX_QUERY = 1000  # characters of a query read (what a task description needs)
+
+
+def words(text: str) -> list[str]:
+    """Lower-case word stems of `text`, its names split (`read_file`, `readFile`), no stop
+    words."""
+    found = [w.lower() for w in _WORD.findall(_CAMEL.sub(" ", text))]
+    stems: list[str] = _STEMMER.stemWords([w for w in found if w not in _STOP])
+    return stems
+
+
+def text_of(tool: dict[str, Any]) -> str:
+    """What a tool is searched by: name and title twice, description, parameters."""
+    parts = [str(tool.get("name") or ""), str(tool.get("title") or "")] * 2
+    parts.append(str(tool.get("description") or ""))
+    schema = tool.get("inputSchema")
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if isinstance(props, dict):
+        for name, prop in props.items():
+            parts.append(str(name))
+            if isinstance(prop, dict) and isinstance(prop.get("description"), str):
+                parts.append(prop["description"])
+    return " ".join(parts)
+
+
+def digest(tools: Sequence[dict[str, Any]]) -> bytes:
+    """What identifies a list of tools as a caller sees it (names, definitions, order)."""
+    return hashlib.blake2b(orjson.dumps(tools), digest_size=16).digest()
+
+
+class Index:
+    """The tools of one list, ranked by BM25 for a query."""
+
+    def __init__(self, tools: Sequence[dict[str, Any]]) -> None:
+        self.tools = tuple(tools)
+        vocab: dict[str, int] = {}
+        corpus = [[vocab.setdefault(w, len(vocab)) for w in words(text_of(t))]
+                  for t in self.tools]
+        self._vocab = vocab
+        self._bm25 = bm25s.BM25()
+        if self.tools:
+            # an id list per tool and the vocabulary: bm25s's own tokenizer's output shape
+            self._bm25.index(bm25s.tokenization.Tokenized(
+                ids=corpus, vocab={w: i for w, i in vocab.items()}), show_progress=False)
+
+    def search(self, query: str, limit: int) -> list[dict[str, Any]]:
+        """The best `limit` tools for `query`, best first; none that shares no word with it."""
+        ids = [i for w in words(query[:MAX_QUERY]) if (i := self._vocab.get(w)) is not None]
+        if not ids or not self.tools:
+            return []
+        scores = self._bm25.get_scores(ids)
+        order = np.argsort(-scores, kind="stable")[:limit]
+        return [self.tools[i] for i in order if scores[i] > 0]
+
+
+class Indexes:
+    """The indexes in use, by endpoint and list digest; the least recently used go first."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._held: OrderedDict[tuple[str, bytes], Index] = OrderedDict()
+        self.built = 0  # how many were built (tests: once per list, not per search)
+
+    def of(self, endpoint: str, tools: Sequence[dict[str, Any]]) -> Index:
+        key = (endpoint, digest(tools))
+        index = self._held.get(key)
+        if index is not None:
+            self._held.move_to_end(key)
+            return index
+        index = self._held[key] = Index(tools)
+        self.built += 1
+        if len(self._held) > self.size:
+            self._held.popitem(last=False)
+        return index
