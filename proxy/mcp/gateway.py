@@ -181,10 +181,8 @@ class Gateway:
                               session_hash=record.session_hash, arguments_size=len(body),
                               api_key_id=principal.api_key_id, peer_ip=req.peer,
                               headers=req.forwarded, dial_key=route.dial_key)
-            if msg.kind == "request" and (msg.method in tasks.METHODS
-                                          or tasks.task_requested(msg)):  # a task's caller
-                msg = ctx.message = await self.tasks.admit(route.name, msg, ctx, exchange,
-                                                           session)
+            if tasks.concerned(msg):  # a task's request, or a task-run call: checked first
+                msg = ctx.message = await self.tasks.admit(route.name, msg, ctx, exchange, session)
             if msg.kind != "response":  # the chain, once per target (a virtual: the member's)
                 try:
                     ctx = await routed.forwarding.check(route, chain, msg, ctx)

@@ -87,6 +87,11 @@ def task_requested(msg: McpMessage) -> bool:
     return msg.method == "tools/call" and isinstance((msg.params or {}).get("task"), dict)
 
 
+def concerned(msg: McpMessage) -> bool:
+    """A request `Tasks.admit` checks: a tasks/* request, or a task-run tools/call."""
+    return msg.kind == "request" and (msg.method in METHODS or task_requested(msg))
+
+
 def declares_tasks(capabilities: object) -> bool:
     """Whether a client's capabilities declare task support: the 2025-11-25 `tasks`
     capability, or the 2026-07-28 tasks extension."""

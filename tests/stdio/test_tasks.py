@@ -12,7 +12,7 @@ import shutil
 from typing import Any
 
 import pytest
-from mcp import types
+from mcp import MCPError, types
 
 from tests.e2e.sdk_client import SdkClient, connect
 from tests.helpers import jwt_auth, token, until
@@ -204,7 +204,7 @@ async def test_a_client_that_declared_no_tasks_is_handed_none(installed: None) -
         params = {"name": TOOL, "arguments": {"topic": "tides"}, "task": {"ttl": 60000}}
         try:
             answer: dict[str, Any] = await raw(client, "tools/call", params)
-        except Exception as exc:  # the server's refusal of a direct call, as a JSON-RPC error
+        except MCPError as exc:  # the server refuses a direct call of it
             answer = {"error": str(exc)}
         assert "task" not in answer
         assert "requires task" in str(answer).lower() or answer.get("isError") is True, answer
