@@ -133,7 +133,7 @@ class ToolSearch:
             return leg
         query, limit = _arguments(route, msg)
         tools = await self.visible(route, msg, ctx, chain, session)
-        found = self.indexes.of(route.name, tools).search(query, limit)
+        found = (await self.indexes.of(route.name, tools)).search(query, limit)
         text = orjson.dumps({"tools": found}).decode()
         return Leg([], local={"content": [{"type": "text", "text": text}],
                               "structuredContent": {"tools": found}, "isError": False},

@@ -13,6 +13,7 @@ list's order so the same query always answers the same tools.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections import OrderedDict
@@ -25,13 +26,25 @@ import orjson
 import Stemmer  # type: ignore[import-not-found]
 from bm25s.stopwords import STOPWORDS_EN  # type: ignore[import-untyped]
 
-__all__ = ["Index", "Indexes", "digest", "words"]
+__all__ = ["Index", "Indexes", "digest", "said", "words"]
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _STOP = frozenset(STOPWORDS_EN)
 _STEMMER = Stemmer.Stemmer("english")
 MAX_QUERY = 1000  # characters of a query read (what a task description needs)
+# a task's everyday words, and the words tools name the same thing by: a query is searched by
+# both (BM25 matches words, and "make a folder" shares none with create_directory)
+SAYINGS = {
+    "folder": "directory", "folders": "directories", "make": "create", "new": "create",
+    "save": "write", "store": "write set", "show": "read get view", "view": "read get",
+    "open": "read get", "see": "read get list", "remove": "delete", "erase": "delete",
+    "rename": "move", "bug": "issue", "ticket": "issue", "pr": "pull request",
+    "javascript": "evaluate script", "js": "evaluate script", "script": "evaluate",
+    "remember": "memory observation entity", "recall": "memory search node",
+    "history": "log", "height": "elevation", "altitude": "elevation", "high": "elevation",
+    "sea": "elevation",
+}
 
 
 def words(text: str) -> list[str]:
@@ -40,6 +53,12 @@ def words(text: str) -> list[str]:
     found = [w.lower() for w in _WORD.findall(_CAMEL.sub(" ", text))]
     stems: list[str] = _STEMMER.stemWords([w for w in found if w not in _STOP])
     return stems
+
+
+def said(query: str) -> str:
+    """The query, with the words tools use for its everyday ones (`SAYINGS`) added."""
+    extra = [SAYINGS[w] for w in _WORD.findall(query.lower()) if w in SAYINGS]
+    return f"{query} {' '.join(extra)}" if extra else query
 
 
 def text_of(tool: dict[str, Any]) -> str:
@@ -78,7 +97,8 @@ class Index:
 
     def search(self, query: str, limit: int) -> list[dict[str, Any]]:
         """The best `limit` tools for `query`, best first; none that shares no word with it."""
-        ids = [i for w in words(query[:MAX_QUERY]) if (i := self._vocab.get(w)) is not None]
+        ids = [i for w in words(said(query[:MAX_QUERY]))
+               if (i := self._vocab.get(w)) is not None]
         if not ids or not self.tools:
             return []
         scores = self._bm25.get_scores(ids)
@@ -94,13 +114,16 @@ class Indexes:
         self._held: OrderedDict[tuple[str, bytes], Index] = OrderedDict()
         self.built = 0  # how many were built (tests: once per list, not per search)
 
-    def of(self, endpoint: str, tools: Sequence[dict[str, Any]]) -> Index:
+    async def of(self, endpoint: str, tools: Sequence[dict[str, Any]]) -> Index:
+        """The index of this list, built (off the event loop: a thousand tools take tens of
+        milliseconds) only when no caller's list was this one."""
         key = (endpoint, digest(tools))
         index = self._held.get(key)
         if index is not None:
             self._held.move_to_end(key)
             return index
-        index = self._held[key] = Index(tools)
+        index = await asyncio.to_thread(Index, tools)
+        self._held[key] = index
         self.built += 1
         if len(self._held) > self.size:
             self._held.popitem(last=False)
