@@ -1,6 +1,6 @@
 """The decisions. Each policy is one small object with one async `check`; `default_policies`
 returns them for a config, and the chain runs them by their `order` (access 100, rate limit 200,
-egress 300, guardrails 400, metering 500: last, so that a call denied by anything else is never billed).
+egress 300, guardrails 400, approvals 450, metering 500: last, so that a call denied by anything else is never billed).
 
 A policy gets what it needs from the mechanism as an interface (a rate-limit store, the egress
 destinations, a metering backend), so nothing here imports a web framework, an HTTP client or
@@ -43,7 +43,8 @@ def default_policies(cfg: Config, metering: MeteringBackend | None = None,
                      rate_limits: RateLimitStore | None = None,
                      pins: Pins | None = None, hidden: Hidden | None = None,
                      added_access: Published[Any] | None = None,
-                     cedar: Policy | None = None) -> list[Policy]:
+                     cedar: Policy | None = None,
+                     approvals: Policy | None = None) -> list[Policy]:
     """The policies this config asks for; a policy with nothing to decide is left out, so it
     costs nothing on the hot path. `rate_limits` is the buckets' store, built with the other
     live state at start-up (proxy.state.open_stores); it is needed when the config has rate
@@ -62,6 +63,8 @@ def default_policies(cfg: Config, metering: MeteringBackend | None = None,
         policies.append(egress)
     if Guardrails.wanted(cfg):
         policies.append(Guardrails(cfg, pins, hidden))
+    if approvals is not None:  # `[[approvals]]`, built by proxy.compiled.build_approvals
+        policies.append(approvals)
     if metering is not None:
         policies.append(Metering(cfg.metering, metering))
     return policies

@@ -55,6 +55,7 @@ class CallContext:
     message: McpMessage | None = None  # guardrails: the call as forwarded (arguments redacted)
     policy: dict[str, Any] | None = None  # cedar: the decision's audit object
     task: TaskCall | None = None  # the spine (proxy.mcp.tasks): the task a tasks/* names
+    approval: dict[str, Any] | None = None  # approvals: the approval this call used up
 
 
 class Policy(Protocol):

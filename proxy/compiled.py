@@ -23,6 +23,7 @@ import httpx
 
 from policies import build_egress, default_policies
 from policies.access import Access
+from policies.approvals import Approvals
 from policies.cedar.book import TargetBook
 from policies.cedar.gate import Gate
 from policies.cedar.load import PolicyError, read_policies
@@ -39,6 +40,7 @@ from proxy.policy_store import PolicyStore
 from proxy.published import Published
 from proxy.seen_targets import stored_targets
 from proxy.snapshot import Live
+from proxy.state.approvals import ApprovalStore
 from proxy.state.ratelimit import RateLimitStore
 from proxy.storage.db import Database
 from proxy.upstream import UpstreamRoute
@@ -63,6 +65,8 @@ class Deps:
     database: Database | None = None  # where the users' attribute names are read
     # the Cedar policies created through /api/v1/policies (None: not managed here)
     policies: PolicyStore | None = None
+    # where approvals are kept (proxy.state.approvals): needed when [[approvals]] are set
+    approvals: ApprovalStore | None = None
 
 
 def build_gate(cfg: Config, base_dir: Path, deps: Deps) -> Gate | None:
@@ -103,6 +107,23 @@ def preflight(cfg: Config, base_dir: Path) -> None:
         raise ConfigError(str(exc)) from None
 
 
+def build_approvals(cfg: Config, deps: Deps, gate: Gate | None) -> Approvals | None:
+    """The approval gate of `[[approvals]]` (None without rules); ConfigError, one line, for
+    a `when` that is not a valid Cedar condition."""
+    if not cfg.approvals:
+        return None
+    if deps.approvals is None:
+        raise ValueError("approvals are configured but no approval store was given")
+    base = cfg.server.public_url.rstrip("/")
+    try:
+        return Approvals(cfg.approvals, deps.approvals, deps.book,
+                         link=lambda approval_id: f"{base}/console/approvals/{approval_id}",
+                         claims=cfg.policy.claims,
+                         cedar_version=(lambda: gate.version) if gate is not None else str)
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def zone_of(ip: str | None) -> str:
     """The caller's network zone (loopback, lan, remote) of its address; "" when unknown."""
     if not ip:
@@ -130,6 +151,7 @@ def compile(cfg: Config, deps: Deps, before: Live | None = None,
     chain = Chain(default_policies(cfg, metering=backend, egress=egress,
                                    rate_limits=deps.rate_limits, pins=deps.pins,
                                    hidden=deps.hidden, added_access=deps.added_access,
-                                   cedar=gate if gate is not None and gate.active else None))
+                                   cedar=gate if gate is not None and gate.active else None,
+                                   approvals=build_approvals(cfg, deps, gate)))
     access = next((p for p in chain.policies if isinstance(p, Access)), None)
     return Live(cfg, chain, routes, backend, access, gate)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.config import (
+    approvals,
     audit_chain,
     audit_exports,
     auth,
@@ -65,7 +66,7 @@ def validate(cfg: Config, base_dir: Path) -> None:
         server.check, functools.partial(auth.check, base_dir=base_dir), stores.check_database,
         stores.check_state, server.check_processes, upstreams.check, endpoints.check,
         observability.check, metering.check, guardrails.check, rates.check, zones.check,
-        policy.check, audit_exports.check,
+        policy.check, approvals.check, audit_exports.check,
         functools.partial(audit_chain.check, base_dir=base_dir),
     )
     for check in checks:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from proxy.config.approvals import ApprovalRule, ApprovalsWebhookConfig
 from proxy.config.policy import PolicyConfig
 from proxy.config.zones import DEFAULT_METADATA_ADDRESSES, ZONES
 
@@ -561,6 +562,9 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
     scim: ScimConfig = field(default_factory=ScimConfig)
+    # tool calls held for a person's yes (proxy/approvals.py), and the webhook told of each
+    approvals: list[ApprovalRule] = field(default_factory=list)
+    approvals_webhook: ApprovalsWebhookConfig = field(default_factory=ApprovalsWebhookConfig)
 
     def upstream(self, name: str) -> UpstreamConfig | None:
         return next((u for u in self.upstreams if u.name == name), None)

@@ -43,6 +43,7 @@ from proxy.errors.http import (
 from proxy.errors.mcp import (
     NO_ID,
     TOOL_ERROR_CODES,
+    ApprovalRequired,
     BodyTimeout,
     Cancelled,
     EndpointNotFound,
@@ -98,6 +99,7 @@ __all__ = [
     "SURFACES",
     "TOOL_ERROR_CODES",
     "ApiError",
+    "ApprovalRequired",
     "AuditStatus",
     "BadRequest",
     "BodyTimeout",

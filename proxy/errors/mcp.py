@@ -169,7 +169,11 @@ class MeteringDenied(PolicyDenied):
 # seed 001's closed registry for denials a person should read: code -> retryable
 TOOL_ERROR_CODES = {"gateway.metering.denied": False, "gateway.metering.unavailable": True,
                     "gateway.internal": True, "gateway.guardrail.blocked": False,
-                    "gateway.policy.denied": False}
+                    "gateway.policy.denied": False,
+                    # approvals (proxy/approvals.py): refused by a person; not decided in time
+                    # (retry the same call: it runs once approved); too many pending already
+                    "gateway.approval.denied": False, "gateway.approval.pending": True,
+                    "gateway.approval.too_many": True}
 
 
 class ToolResultDenial(PolicyDenied):
@@ -186,6 +190,24 @@ class ToolResultDenial(PolicyDenied):
         self.retry_after_ms = retry_after_ms
         # a 2026-07-28 result names its kind ("complete"): the gateway sets it for such a call
         self.result_type: str | None = None
+        self.details: dict[str, Any] = {}  # seed 001's `details` (an approval's id and URL)
+
+
+class ApprovalRequired(ToolResultDenial):
+    """A call an `[[approvals]]` rule holds for a person's yes (policies.approvals): the
+    spine holds it (proxy/approvals.py) and answers it as below when no decision comes within
+    the rule's `wait_s`: `gateway.approval.pending`, retryable, the approval's id and URL in
+    `details`. `approval` is the store's `Approval`."""
+
+    def __init__(self, approval: Any, url: str, new: bool = False) -> None:
+        super().__init__(f"approval pending: {approval.id} ({approval.rule})",
+                         "This call needs approval before it runs; it was not decided in "
+                         "time. Retry the same call once it is approved.",
+                         "gateway.approval.pending", retry_after_ms=5000)
+        self.approval = approval
+        self.new = new  # asked for by this call (announced on the approvals webhook)
+        self.details = {"approval_id": approval.id, "approval_url": url,
+                        "rule": approval.rule}
 
 
 class PolicyBlocked(PolicyDenied):

@@ -87,7 +87,7 @@ def tool_error_result(exc: ToolResultDenial) -> dict[str, Any]:
         "message": exc.wire_message,
         "retryable": TOOL_ERROR_CODES.get(exc.tool_code, False),
         "trace_id": f"trc_{secrets.token_hex(10)}",
-        "details": {},
+        "details": dict(exc.details),
         "created_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     if exc.retry_after_ms is not None:

@@ -23,8 +23,9 @@ from typing import Any
 
 import orjson
 
+from proxy.approvals import Approvals, Held
 from proxy.chain import CallContext, Chain, Notice, Rewrite, Verdict
-from proxy.errors import Cancelled
+from proxy.errors import ApprovalRequired, Cancelled
 from proxy.jsonrpc import McpMessage
 from proxy.mcp import eras, resume
 from proxy.mcp.exchange import EdgeResponse, Exchange
@@ -75,6 +76,23 @@ class Calls:
         self._max = max_response_bytes  # an answer held to be rewritten, at most
         self._resumption = resumption
         self._tasks = tasks  # a task's binding, its list kept to its caller, its end
+        self.approvals: Approvals | None = None  # calls held for a person's yes (Serving)
+
+    async def checked(self, routed: Routed, headers: Mapping[str, str], msg: McpMessage,
+                      session: Session | None, ctx: CallContext, exchange: Exchange,
+                      chain: Chain) -> EdgeResponse:
+        """A request: the chain, once per target (a virtual endpoint: the member's), then
+        `run`; a call an approval rule holds waits for a person's yes first (`approvals`:
+        proxy/approvals.py, which runs the chain again once it is given)."""
+        try:
+            ctx = await routed.forwarding.check(routed.route, chain, msg, ctx)
+        except ApprovalRequired as held:
+            if self.approvals is None:
+                raise
+            return await self.approvals.hold(held, Held.of(
+                self, routed, headers, msg, session, ctx, exchange, chain))
+        exchange.decided(ctx)
+        return await self.run(routed, headers, ctx.message or msg, session, ctx, exchange, chain)
 
     async def run(self, routed: Routed, headers: Mapping[str, str], msg: McpMessage,
                   session: Session | None, ctx: CallContext, exchange: Exchange,

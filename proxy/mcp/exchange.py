@@ -100,6 +100,8 @@ class Exchange:
         a note, the Cedar decision."""
         record = self.record
         record.call_id, record.note, record.policy = ctx.call_id, ctx.audit_note, ctx.policy
+        if ctx.approval is not None:  # the approval it used (policies.approvals)
+            record.policy = {**(ctx.policy or {}), "approval": ctx.approval}
 
     def seeing(self, msg: McpMessage, rewrite: Rewrite | None) -> Rewrite | None:
         """`rewrite`, for a tools/call with the result seen first: one with `isError: true`

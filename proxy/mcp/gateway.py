@@ -23,9 +23,7 @@ from proxy.auth.principal import Principal
 from proxy.chain import CallContext, Chain
 from proxy.connect.manager import Connections
 from proxy.destinations import IPNetwork
-from proxy.approvals import Approvals, Held
 from proxy.errors import (
-    ApprovalRequired,
     Draining,
     EndpointNotFound,
     GatewayError,
@@ -65,7 +63,6 @@ Bodyless = Callable[[Routed, EdgeRequest, "Session | None", Exchange, Principal]
 
 
 class Gateway:
-    approvals: Approvals  # calls held for a person's yes; set by Serving (proxy/approvals.py)
     def __init__(self, *, routes: Mapping[str, UpstreamRoute], authenticator: Authenticator,
                  live: Live, sessions: SessionStore, inflight: InFlightRegistry,
                  upstream: UpstreamClient, audit: AuditSink, allowed_origins: frozenset[str],
@@ -183,17 +180,12 @@ class Gateway:
                               headers=req.forwarded, dial_key=route.dial_key)
             if tasks.concerned(msg):  # a task's request, or a task-run call: checked first
                 msg = ctx.message = await self.tasks.admit(route.name, msg, ctx, exchange, session)
-            if msg.kind != "response":  # the chain, once per target (a virtual: the member's)
-                try:
-                    ctx = await routed.forwarding.check(route, chain, msg, ctx)
-                except ApprovalRequired as held:  # a person's yes first (proxy/approvals.py)
-                    return await self.approvals.hold(held, Held.of(
-                        self, routed, req, msg, session, ctx, exchange, chain))
-                exchange.decided(ctx)
+            if msg.kind == "request":  # the chain, once per target, then the call
+                return await self.calls.checked(routed, req.headers, msg, session, ctx,
+                                                exchange, chain)
+            if msg.kind != "response":  # a notification: the chain (a virtual: the member's)
+                ctx = await routed.forwarding.check(route, chain, msg, ctx)
                 msg = ctx.message or msg  # a guardrail redacted its arguments
-            if msg.kind == "request":
-                return await self.calls.run(routed, req.headers, msg, session, ctx, exchange,
-                                            chain)
             answer = await self._one_way(routed, req, msg, session, ctx)
             record.http_status = answer.status
             exchange.done()  # a notification or a response is not audited

@@ -28,6 +28,7 @@ from policies.cedar.book import TargetBook
 from policies.guardrails import Hidden
 from policies.metering import MeteringBackend
 from proxy.api.context import Api
+from proxy.approvals import Approvals
 from proxy.audit import AuditRecord, AuditSink, DatabaseAuditSink
 from proxy.audit import chain as audit_chain
 from proxy.audit.checkpoint import Checkpoints, Signer
@@ -42,6 +43,7 @@ from proxy.config import MeteringConfig
 from proxy.config.audit_chain import signing_key
 from proxy.confine import Environment
 from proxy.destinations import Destinations, SystemResolver, parse_addresses
+from proxy.mcp.exchange import EdgeResponse
 from proxy.mcp.gateway import Gateway
 from proxy.mirror import Mirrors
 from proxy.observability import Observer, Observers
@@ -268,7 +270,8 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
                 book=TargetBook(stored_targets(database)[0]),  # as last seen
                 attributes_of=s.people.attributes if s.people is not None else None,
                 database=database,
-                policies=PolicyStore(database, mirrors))  # the API's Cedar policies, polled
+                policies=PolicyStore(database, mirrors),  # the API's Cedar policies, polled
+                approvals=s.stores.approvals)
     live = compile(cfg, deps, gate=build_gate(cfg, s.base_dir, deps))
     s.routes.update(live.routes)
     virtual = {e.name: VirtualRoute.from_config(e) for e in cfg.endpoints}
@@ -277,6 +280,10 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
     gateway = built.bind(_gateway(s, live, upstream, audit, keys, virtual, tracing, seen,
                                   tenants))
     stack.push_async_callback(gateway.tenants.aclose)  # per-caller upstreams' pools
+    gateway.calls.approvals = approvals = Approvals(s.stores.approvals, audit, public_url=cfg.server.public_url,
+                                  make_response=EdgeResponse, webhook=cfg.approvals_webhook,
+                                  http=upstream.http, spawn=gateway.spawn)
+    stack.push_async_callback(approvals.aclose)
     gateway.virtual.learning(seen.listed)  # a member's lists are kept as its own are
     changed = partial(gateway.virtual.members_changed, virtual)
     registry = Registry(cfg, s.routes, mirrors, added_access, added_destinations, database,
@@ -299,6 +306,7 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
     stack.push_async_callback(mirrors.stop)
     await seen.start()
     await s.stores.start()
+    approvals.start()  # decisions heard from every replica; expiries swept
     return serving
 
 

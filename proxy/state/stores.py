@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from proxy.state.approvals import ApprovalStore, MemoryApprovals, RedisApprovals
 from proxy.state.browser import BrowserSessions, MemoryBrowserSessions, RedisBrowserSessions
 from proxy.state.codes import CodeStore, MemoryCodeStore, RedisCodeStore
 from proxy.state.flows import FlowStore, MemoryFlowStore, RedisFlowStore
@@ -60,6 +61,7 @@ class Stores:
     rotations: RotationStore  # refresh rotations within oauth_server.refresh_grace_s
     resumable: ResumableStore  # resumable calls' contexts (proxy/mcp/resume.py)
     tasks: TaskStore  # who created each MCP task (proxy/mcp/tasks.py)
+    approvals: ApprovalStore  # calls held for a person's yes (proxy/approvals.py)
     shared: Shared | None = None  # the Redis connection, when the state is shared
 
     async def start(self) -> None:
@@ -99,6 +101,7 @@ def open_stores(cfg: Config, clock: Callable[[], float] = time.monotonic) -> Sto
         rotations=MemoryRotationStore(oauth.refresh_grace_s, clock=clock),
         resumable=MemoryResumable(clock=clock),
         tasks=MemoryTaskStore(clock=clock),
+        approvals=MemoryApprovals(),
     )
 
 
@@ -123,5 +126,6 @@ def _redis_stores(cfg: Config) -> Stores:
         rotations=RedisRotationStore(shared, oauth.refresh_grace_s),
         resumable=RedisResumable(shared),
         tasks=RedisTaskStore(shared),
+        approvals=RedisApprovals(shared),
         shared=shared,
     )

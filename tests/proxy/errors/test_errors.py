@@ -17,8 +17,10 @@ from pydantic import BaseModel, ValidationError
 
 import policies
 import proxy
+from policies.approvals import TooManyPending
 from policies.egress import EgressDenied
 from proxy import errors
+from proxy.approvals import ApprovalDenied
 from proxy.config.template import Missing
 from proxy.connect.guarded import EgressRefused
 from proxy.connect.links import UrlElicitationRequired
@@ -63,6 +65,12 @@ def _pydantic_error() -> ValidationError:
 
 
 # one instance per class, carrying a secret wherever the class keeps one off the wire
+def _approval(status: Any = "pending") -> Any:
+    from proxy.state.approvals import Approval
+    return Approval("apr_x", "r", "iss|bob", "bob", "up", "t", "d", "v", "b", ("group:g",),
+                    1.0, 60.0, 0.0, 60.0, status=status, decided_by="alice", comment="no")
+
+
 EXAMPLES: dict[type[GatewayError], Callable[[], GatewayError]] = {
     GatewayError: lambda: GatewayError(),
     errors.Unauthenticated: lambda: errors.Unauthenticated(f"auth: bad token {SECRET}"),
@@ -100,6 +108,9 @@ EXAMPLES: dict[type[GatewayError], Callable[[], GatewayError]] = {
     errors.MeteringDenied: lambda: errors.MeteringDenied("insufficient_credits"),
     errors.ToolResultDenial: lambda: errors.ToolResultDenial(
         f"metering: {SECRET}", "You are out of credits.", "gateway.metering.denied"),
+    errors.ApprovalRequired: lambda: errors.ApprovalRequired(_approval(), "https://gw/a"),
+    ApprovalDenied: lambda: ApprovalDenied(_approval("denied")),
+    TooManyPending: lambda: TooManyPending(),
     errors.UpstreamFailure: lambda: errors.UpstreamFailure(),
     errors.UpstreamUnavailable: lambda: errors.UpstreamUnavailable(),
     errors.UpstreamTimeout: lambda: errors.UpstreamTimeout(),
@@ -214,10 +225,12 @@ def _oauth(exc: GatewayError, status: int, obj: dict[str, Any]) -> None:
 def _tool_result(exc: GatewayError, status: int, obj: dict[str, Any]) -> None:
     result = obj["result"]
     assert status == 200 and obj["id"] == 9 and result["isError"] is True
-    assert result["content"] == [{"type": "text", "text": "You are out of credits."}]
+    assert isinstance(exc, errors.ToolResultDenial)
+    assert result["content"] == [{"type": "text", "text": exc.wire_message}]
     structured = result["structuredContent"]
-    assert set(structured) == {"error_id", "code", "message", "retryable", "trace_id",
-                               "details", "created_at"}
+    assert set(structured) - {"retry_after_ms"} == {
+        "error_id", "code", "message", "retryable", "trace_id", "details", "created_at"}
+    assert structured["details"] == exc.details
     assert structured["retryable"] is errors.TOOL_ERROR_CODES[structured["code"]]
 
 
