@@ -116,6 +116,8 @@ PAGES: Mapping[str, str] = {
     "guardrails": "guardrails.md#",
     "console": "console.md#",
     "policy": "policies.md#",
+    "approvals": "approvals.md#",
+    "approvals_webhook": "approvals.md#the-approvals-webhook",
     "audit.exports": "audit-export.md#",
     "audit.retention_days": "audit-evidence.md#retention",
     "audit.chain": "audit-evidence.md#the-hash-chain-one-per-writer",
