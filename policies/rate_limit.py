@@ -71,7 +71,7 @@ class RateLimit:
 
     async def check(self, call: McpMessage, ctx: CallContext) -> None:
         rules = self._by_method.get(call.method or "")
-        if not rules:
+        if not rules or ctx.recheck:  # a held call, approved: it counted when it was held
             return
         matched: list[_Compiled] = []
         limits: list[Limit] = []

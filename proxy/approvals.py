@@ -7,8 +7,8 @@ The call waits up to the rule's `wait_s` for a decision: on an SSE stream when t
 accepts one (it opens at once, the edge's heartbeats keep it alive, and a client that sent a
 progress token gets a `notifications/progress` saying the call awaits approval), else as a
 long JSON request. Approved: the chain runs again (the policy then uses the grant up: single
-use, and void if the arguments, the caller or the policy version changed) and the call goes
-on as usual. Denied: a tool result `gateway.approval.denied` naming the approver and their
+use, and void if the arguments, the caller or the policy version changed; `ctx.recheck` tells
+the rate limits the call counted already) and the call goes on as usual. Denied: a tool result `gateway.approval.denied` naming the approver and their
 comment, never an argument's value. Not decided in time: the `gateway.approval.pending`
 result with the approval's id and URL (`ApprovalRequired`); the same call retried after the
 approval runs once.
@@ -107,6 +107,7 @@ class Held:
         """The spine's own continuation of `msg` past the chain (`Calls.checked`)."""
 
         async def proceed(wait_ms: int) -> EdgeResponse:
+            ctx.recheck = True  # the rate limits counted this call once already
             checked = await routed.forwarding.check(routed.route, chain, msg, ctx)
             if checked.approval is not None:  # the grant this call used up
                 checked.approval["wait_ms"] = wait_ms

@@ -45,6 +45,9 @@ class CallContext:
     headers: tuple[tuple[str, str], ...] = ()
     clock: Callable[[], float] = field(default=time.monotonic)
     dial_key: str = ""  # the egress entry of a per-caller upstream's resolved URL
+    # the chain run again for a call held for approval and now approved (proxy/approvals.py):
+    # a policy that counts calls (rate limits) counted it on the first run
+    recheck: bool = False
     # a virtual endpoint's own view of a call: what its members answer is decided per member,
     # with the member's context (proxy.virtual), so a policy that decides by the upstream's
     # own names (Cedar) stands aside here

@@ -91,7 +91,7 @@ def context(ctx: CallContext, member: UpstreamRoute, *, leg: bool = False) -> Ca
                        era="modern" if leg else ctx.era,
                        session_hash=ctx.session_hash, arguments_size=ctx.arguments_size,
                        api_key_id=ctx.api_key_id, peer_ip=ctx.peer_ip, headers=ctx.headers,
-                       clock=ctx.clock)
+                       clock=ctx.clock, recheck=ctx.recheck)
 
 
 def outbound(msg: McpMessage, name: str | None, session: Session | None

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import pytest
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 
 from proxy.approvals import Approvals, Approver
 from proxy.audit import query
@@ -152,3 +153,23 @@ async def test_undecided_then_approved_the_retry_runs_once(tmp_path: Path, mode:
     assert [r["status"] for r in calls] == ["denied", "denied", "denied", "ok", "denied"]
     assert calls[0]["denied_reason"].startswith(f"approval pending: {details['approval_id']}")
     assert calls[3]["policy"]["approval"]["id"] == details["approval_id"]
+
+
+@pytest.mark.parametrize("answers", ["sse", "json"])
+async def test_a_held_call_counts_once_against_the_rate_limits(tmp_path: Path,
+                                                               answers: str) -> None:
+    """The chain runs again once a held call is approved (to use the grant up); the rate
+    limits counted the call when it was held and do not count it a second time."""
+    bank = Bank()
+    config = {**rules(), "rate_limits": [{"name": "calls", "rate": "2/h", "key": "principal"}]}
+    async with gateway(tmp_path, bank, json=answers == "json", config=config) as stack, \
+            Client(f"{stack.gateway_url}/mcp/up") as client:
+        deciding = asyncio.create_task(decide_when_asked(stack, True))
+        sent = await client.call_tool("transfer", {"amount": 1, "to": "bob"})
+        await deciding
+        second = await client.call_tool("balance", {})  # the second call of the two allowed
+        with pytest.raises(MCPError) as third:
+            await client.call_tool("balance", {})
+    assert not sent.is_error and not second.is_error and second.content[0].text == "42"
+    assert third.value.error.message == "Too many requests"
+    assert bank.calls == [("transfer", {"amount": 1, "to": "bob"}), ("balance", {})]
