@@ -80,8 +80,10 @@ async def keys(who: Caller, api: Api) -> Response:
     skip = query.offset(request.args.get("offset"), problems)
     if problems:
         raise Invalid(problems)
-    found = await asyncio.to_thread(lambda: api_keys.list_keys(api.database, limit=size,
-                                                               offset=skip))
+    # `name_prefix`: a person's own keys are `me:<user id>:<name>` (a person's console page)
+    prefix = request.args.get("name_prefix") or None
+    found = await asyncio.to_thread(lambda: api_keys.list_keys(
+        api.database, name_prefix=prefix, limit=size, offset=skip))
     return json_response({"items": [KeyOut(**k.public()) for k in found]})
 
 

@@ -18,6 +18,7 @@ from proxy.api import (
     openapi,
     pins,
     policies,
+    principals,
     roles,
     servers,
     status,
@@ -86,6 +87,8 @@ ROUTES: tuple[Route, ...] = (
     Route("/audit/chain", "GET", evidence.chain, auditor=True),
     Route("/audit/exports", "GET", evidence.exports, auditor=True),
     Route("/audit/<record_id>", "GET", summary.audit_record, auditor=True, reads_audit=True),
+    # the names of the principals records hold (issue 43): people, keys, OAuth clients
+    Route("/principals", "GET", principals.principals, query=True, auditor=True),
 )
 
 

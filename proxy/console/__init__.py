@@ -12,7 +12,7 @@ from typing import Any
 
 from quart import Blueprint, Quart, Response, request
 
-from proxy.console import admin, evidence, mine, policies
+from proxy.console import admin, evidence, mine, names, people, policies, records, times
 from proxy.console.guard import Who, page, secure
 from proxy.people.accounts import User
 from proxy.people.signin import Web
@@ -63,21 +63,24 @@ PAGES: tuple[tuple[str, str, Callable[..., Awaitable[Response]], Who], ...] = (
     ("/servers/<name>", "GET", admin.server, "admin"),
     ("/servers/<name>", "POST", admin.change_server, "admin"),
     ("/servers/<name>/delete", "POST", admin.delete_server, "admin"),
+    ("/servers/<name>/groups", "POST", admin.restrict_group, "admin"),
     ("/policies", "GET", policies.policies, "auditor"),
     ("/keys", "GET", admin.keys, "admin"),
     ("/keys", "POST", _named(partial(admin.make_key, api_path="/keys", admin=True,
                                      listing=admin.keys), "create_key"), "admin"),
     ("/keys/<key_id>/revoke", "POST",
      _named(partial(admin.revoke_at, api_path="/keys"), "revoke_key"), "admin"),
-    ("/users", "GET", admin.users, "admin"),
-    ("/users", "POST", admin.create_user, "admin"),
-    ("/users/<name>", "POST", admin.change_user, "admin"),
-    ("/users/<name>/delete", "POST", admin.delete_user, "admin"),
+    ("/users", "GET", people.users, "admin"),
+    ("/users", "POST", people.create_user, "admin"),
+    ("/users/<name>", "GET", people.person, "admin"),
+    ("/users/<name>", "POST", people.change_user, "admin"),
+    ("/users/<name>/delete", "POST", people.delete_user, "admin"),
+    ("/users/<name>/keys/revoke", "POST", people.revoke_keys, "admin"),
     ("/roles", "POST", admin.create_role, "admin"),
     ("/roles/<name>/delete", "POST", admin.delete_role, "admin"),
-    ("/audit", "GET", admin.audit, "auditor"),
-    ("/audit/<int:record_id>", "GET", admin.audit_record, "auditor"),
-    ("/usage", "GET", admin.usage, "auditor"),
+    ("/audit", "GET", records.audit, "auditor"),
+    ("/audit/<int:record_id>", "GET", records.audit_record, "auditor"),
+    ("/usage", "GET", records.usage, "auditor"),
     ("/evidence", "GET", evidence.evidence, "auditor"),
     ("/me/connections", "GET", mine.connections, "anyone"),
     ("/me/connections/<upstream>/disconnect", "POST", mine.disconnect, "anyone"),
@@ -98,6 +101,8 @@ def register(app: Quart, web: Web) -> None:
         bp.add_url_rule(rule, endpoint, page(lambda: web, who=who)(_bind(view, web)),
                         methods=[method])
     bp.add_app_template_filter(_timestamp, "timestamp")
+    bp.add_app_template_filter(times.iso, "iso")
+    bp.add_app_template_global(names.detail, "detail")  # a principal's issuer or id
     bp.add_app_template_filter(segment, "segment")  # every name in a URL the pages build
     app.register_blueprint(bp)
     app.after_request(_headers)  # every answer under /console/, a 404 or 405 too

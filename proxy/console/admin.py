@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlencode
 
 import orjson
 from quart import Response, request
@@ -14,20 +13,16 @@ from quart import Response, request
 from proxy.api import query
 from proxy.console import charts
 from proxy.console.api import call
-from proxy.console.render import after, render, words
+from proxy.console.names import names
+from proxy.console.render import after, confirmed, render, words
 from proxy.people.accounts import User
 from proxy.people.signin import Web
 from proxy.web.paths import segment
 
-AUDIT_FILTERS = ("status", "endpoint", "principal", "tool", "since", "until")
-PERIODS = {"hour": 3600, "day": 86400, "week": 7 * 86400}
 KEYS_PAGE = 100
 OVERVIEW_ROWS = 50  # the busiest endpoints of the day; the usage page has the rest
 # servers a page, each with its state: one /server-status request (of at most 100 names)
 SERVERS_PAGE = 100
-# the usage page's table: the busiest principal, endpoint and tool totals of the period (the
-# API sorts them all and sends these: a week at size has 7,500)
-USAGE_ROWS = 200
 ACCESS_LISTS = ("allow_subjects", "allow_groups", "allow_scopes", "allow_keys",
                 "tools_allow", "tools_deny")
 
@@ -91,8 +86,11 @@ async def server(web: Web, user: User, name: str) -> Response:
         return await render("message.html", user, answer.status, title="No such server",
                             message=answer.detail, back="/console/servers")
     status = await call(web, "GET", f"/servers/{segment(name)}/status")
+    roles = await call(web, "GET", "/roles")
     access = answer.body["access"]
     return await render("server.html", user, server=answer.body, lists=ACCESS_LISTS,
+                        groups=[r["name"] for r in roles.body.get("items", [])]
+                        if roles.ok else [],
                         live=status.body if status.ok else None,
                         group_tools=orjson.dumps(access.get("group_tools", {}),
                                                  option=orjson.OPT_INDENT_2).decode())
@@ -120,7 +118,37 @@ async def change_server(web: Web, user: User, name: str) -> Response:
     return await after(answer, user, f"/console/servers/{segment(name)}", "saved")
 
 
+async def restrict_group(web: Web, user: User, name: str) -> Response:
+    """One group's tool profile on a server: the tools its callers may not call (the rest of
+    the server's access rules as they are)."""
+    form = await request.form
+    back = f"/console/servers/{segment(name)}"
+    found = await call(web, "GET", f"/servers/{segment(name)}")
+    group = form.get("group", "").strip()
+    if not found.ok or not group:
+        return await render("message.html", user, found.status if not found.ok else 422,
+                            title="Not saved", message=found.detail if not found.ok
+                            else "choose a group", back=back)
+    access = found.body["access"]
+    profiles = dict(access.get("group_tools") or {})
+    denied = [*form.getlist("tools_deny"), *words(form.get("tools_deny_more"))]
+    profile = {**profiles.get(group, {}), "tools_deny": denied}
+    if denied or profile.get("tools_allow"):
+        profiles[group] = profile
+    else:
+        profiles.pop(group, None)
+    answer = await call(web, "PATCH", f"/servers/{segment(name)}",
+                        json={"access": {**access, "group_tools": profiles}})
+    return await after(answer, user, back, "saved")
+
+
 async def delete_server(web: Web, user: User, name: str) -> Response:
+    asked = await confirmed(user, f"Delete the server {name}?", [
+        f"the server {name}, its access rules and tool profiles",
+        f"its endpoint /mcp/{name}: clients using it are refused from then on"],
+        f"/console/servers/{segment(name)}", f"Delete {name}")
+    if asked is not None:
+        return asked
     answer = await call(web, "DELETE", f"/servers/{segment(name)}")
     return await after(answer, user, "/console/servers", "deleted")
 
@@ -130,11 +158,12 @@ async def keys(web: Web, user: User, created: dict[str, Any] | None = None,
     at = _offset()
     found = await call(web, "GET", "/keys", params={"limit": str(KEYS_PAGE + 1),
                                                     "offset": str(at)})
-    names = await call(web, "GET", "/servers")
+    servers = await call(web, "GET", "/servers")
     items = found.body.get("items", []) if found.ok else []
     return await render("keys.html", user, status, keys=items[:KEYS_PAGE],
-                        endpoints=[s["name"] for s in names.body.get("items", [])]
-                        if names.ok else [], created=created, action="/console/keys",
+                        who=await names(web, [f"key:{k['id']}" for k in items[:KEYS_PAGE]]),
+                        endpoints=[s["name"] for s in servers.body.get("items", [])]
+                        if servers.ok else [], created=created, action="/console/keys",
                         newer=str(max(0, at - KEYS_PAGE)) if at else None,
                         older=str(at + KEYS_PAGE) if len(items) > KEYS_PAGE else None)
 
@@ -162,36 +191,15 @@ async def make_key(web: Web, user: User, api_path: str, admin: bool,
 
 
 async def revoke_at(web: Web, user: User, api_path: str, key_id: str) -> Response:
+    form = await request.form
+    named = form.get("name") or key_id
+    asked = await confirmed(user, f"Revoke the key {named}?", [
+        f"the API key {named} ({key_id}): every call with it is refused from then on"],
+        f"/console{api_path}", f"Revoke {named}")
+    if asked is not None:
+        return asked
     answer = await call(web, "DELETE", f"{api_path}/{segment(key_id)}")
     return await after(answer, user, f"/console{api_path}", "revoked")
-
-
-async def users(web: Web, user: User) -> Response:
-    people = await call(web, "GET", "/users")
-    roles = await call(web, "GET", "/roles")
-    return await render("users.html", user, users=people.body.get("items", [])
-                        if people.ok else [], roles=roles.body.get("items", [])
-                        if roles.ok else [])
-
-
-async def create_user(web: Web, user: User) -> Response:
-    form = await request.form
-    answer = await call(web, "POST", "/users", json={
-        "name": form.get("name", ""), "password": form.get("password", ""),
-        "admin": form.get("admin") == "on", "roles": words(form.get("roles"))})
-    return await after(answer, user, "/console/users", "created")
-
-
-async def change_user(web: Web, user: User, name: str) -> Response:
-    form = await request.form
-    answer = await call(web, "PATCH", f"/users/{segment(name)}", json={
-        "admin": form.get("admin") == "on", "roles": words(form.get("roles"))})
-    return await after(answer, user, "/console/users", "saved")
-
-
-async def delete_user(web: Web, user: User, name: str) -> Response:
-    answer = await call(web, "DELETE", f"/users/{segment(name)}")
-    return await after(answer, user, "/console/users", "deleted")
 
 
 async def create_role(web: Web, user: User) -> Response:
@@ -202,51 +210,10 @@ async def create_role(web: Web, user: User) -> Response:
 
 
 async def delete_role(web: Web, user: User, name: str) -> Response:
+    asked = await confirmed(user, f"Delete the role {name}?", [
+        (f"the role {name}: whoever holds it loses it, and with it the access rules and "
+         "tool profiles that name it as a group")], "/console/users", f"Delete the role {name}")
+    if asked is not None:
+        return asked
     answer = await call(web, "DELETE", f"/roles/{segment(name)}")
     return await after(answer, user, "/console/users", "deleted")
-
-
-async def audit(web: Web, user: User) -> Response:
-    filters = {k: request.args[k] for k in AUDIT_FILTERS if request.args.get(k)}
-    params = {**filters, "limit": "50"}
-    if request.args.get("cursor"):
-        params["cursor"] = request.args["cursor"]
-    answer = await call(web, "GET", "/audit", params=params)
-    if not answer.ok:
-        return await render("message.html", user, answer.status, title="Bad filter",
-                            message=answer.detail, back="/console/audit")
-    cursor = answer.body.get("next_cursor")
-    return await render("audit.html", user, rows=answer.body["items"], filters=filters,
-                        query=urlencode(filters),
-                        older=urlencode({**filters, "cursor": cursor}) if cursor else None)
-
-
-async def audit_record(web: Web, user: User, record_id: int) -> Response:
-    answer = await call(web, "GET", f"/audit/{record_id}")
-    if not answer.ok:
-        return await render("message.html", user, answer.status, title="No such record",
-                            message=answer.detail, back="/console/audit")
-    return await render("audit_record.html", user, record=answer.body)
-
-
-async def usage(web: Web, user: User) -> Response:
-    period = request.args.get("period", "day")
-    span = PERIODS.get(period, PERIODS["day"])
-    now = _minute()
-    params = {"since": f"{now - span:.3f}"}
-    for key in ("endpoint", "principal"):
-        if request.args.get(key):
-            params[key] = request.args[key]
-    totals = await call(web, "GET", "/usage", params={**params, "limit": str(USAGE_ROWS)})
-    series = await call(web, "GET", "/usage/series", params={
-        **params, "until": f"{now:.3f}", "bucket_s": str(max(60, span // 60))})
-    if not (totals.ok and series.ok):
-        bad = totals if not totals.ok else series
-        return await render("message.html", user, bad.status, title="Bad filter",
-                            message=bad.detail, back="/console/usage")
-    rows = totals.body["items"]
-    return await render("usage.html", user, rows=rows, period=period, periods=PERIODS,
-                        filters={k: v for k, v in params.items() if k != "since"},
-                        chart=charts.stacked(series.body["items"], series.body["bucket_s"]),
-                        bars=charts.bars([(f"{r['endpoint']} {r['tool'] or ''}", r["calls"])
-                                          for r in rows[:10]]))

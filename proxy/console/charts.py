@@ -12,14 +12,18 @@ WIDTH, HEIGHT, PAD = 720, 160, 24
 STATUSES = ("ok", "denied", "error", "cancelled")
 
 
-def stacked(buckets: list[dict[str, Any]], bucket_s: int) -> Markup:
-    """Calls per bucket, stacked by status, with a title per bar for screen readers."""
-    if not buckets:
-        return Markup("<p>No data.</p>")
+def stacked(buckets: list[dict[str, Any]], bucket_s: int, what: str = "MCP requests"
+            ) -> Markup:
+    """`what` per bucket, stacked by status, with a title per bar for screen readers; an
+    empty period says what would be drawn."""
+    if not buckets or not any(b[s] for b in buckets for s in STATUSES):
+        return Markup(f"<p class='empty'>No {escape(what)} in this period: each one the "
+                      "gateway records would be drawn here, per "
+                      f"{_span(bucket_s)}, by status.</p>")
     top = max(1, max(sum(b[s] for s in STATUSES) for b in buckets))
     step = (WIDTH - 2 * PAD) / len(buckets)
     parts = [(f"<svg class='chart' viewBox='0 0 {WIDTH} {HEIGHT + PAD}' role='img' "
-             f"aria-label='calls per {bucket_s} seconds, by status; highest {top}'>"),
+             f"aria-label='{escape(what)} per {_span(bucket_s)}, by status; highest {top}'>"),
              f"<text class='axis' x='{PAD}' y='12'>{top}</text>",
              f"<line class='base' x1='{PAD}' y1='{HEIGHT}' x2='{WIDTH - PAD}' y2='{HEIGHT}'/>"]
     for i, b in enumerate(buckets):
@@ -40,14 +44,15 @@ def stacked(buckets: list[dict[str, Any]], bucket_s: int) -> Markup:
     return Markup("".join(parts))
 
 
-def bars(rows: list[tuple[str, int]]) -> Markup:
+def bars(rows: list[tuple[str, int]], what: str = "tool calls") -> Markup:
     """Horizontal bars: a label and a count each."""
     if not rows:
-        return Markup("<p>No calls in this period.</p>")
+        return Markup(f"<p class='empty'>No {escape(what)} in this period: the busiest "
+                      "endpoints and tools would be drawn here.</p>")
     top = max(1, max(n for _, n in rows))
     line = 22
     parts = [(f"<svg class='chart' viewBox='0 0 {WIDTH} {line * len(rows) + 4}' role='img' "
-             "aria-label='busiest tools'>")]
+             f"aria-label='{escape(what)}, busiest first'>")]
     for i, (label, n) in enumerate(rows):
         w = (WIDTH - 300) * n / top
         y = i * line + 2
@@ -59,5 +64,13 @@ def bars(rows: list[tuple[str, int]]) -> Markup:
     return Markup("".join(parts))
 
 
+def _span(seconds: int) -> str:
+    if seconds % 3600 == 0:
+        return "hour" if seconds == 3600 else f"{seconds // 3600} hours"
+    if seconds % 60 == 0:
+        return "minute" if seconds == 60 else f"{seconds // 60} minutes"
+    return f"{seconds} seconds"
+
+
 def _clock(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ts)) + "Z"
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ts)) + " UTC"

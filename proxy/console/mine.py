@@ -37,7 +37,7 @@ async def my_keys(web: Web, user: User, created: dict[str, object] | None = None
     answer = await call(web, "GET", "/me/keys")
     body = answer.body if answer.ok else {}
     return await render("keys.html", user, status, keys=body.get("items", []),
-                        endpoints=body.get("endpoints", []), created=created,
+                        endpoints=body.get("endpoints", []), created=created, who={},
                         action="/console/me/keys", own=True)
 
 

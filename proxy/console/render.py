@@ -35,6 +35,21 @@ async def after(answer: Answer, user: User, back: str, done: str) -> Response:
                         title="Not done", message=answer.detail, back=back)
 
 
+async def confirmed(user: User, title: str, removes: list[str], back: str,
+                    button: str) -> Response | None:
+    """A destructive change's confirmation: None once the person confirmed (the form's
+    `confirm`), else a page naming what the change removes, whose button sends the same
+    form to the same place again, confirmed."""
+    form = await request.form
+    if form.get("confirm") == "yes":
+        return None
+    raw = request.scope.get("raw_path")  # the path as sent: a name's %23 or %2F kept
+    action = raw.partition(b"?")[0].decode("latin-1") if isinstance(raw, bytes) \
+        else request.path
+    return await render("confirm.html", user, title=title, removes=removes, back=back,
+                        button=button, action=action)
+
+
 def words(value: str | None) -> list[str]:
     """A form field of names, separated by commas, spaces or new lines."""
     return [w for w in (value or "").replace(",", " ").split() if w]

@@ -144,7 +144,7 @@ def _administrator(v: Visit, demo: str) -> None:
     v.fill("form[action='/signin']", {"name": "root", "password": "root-password-1"})
     assert v.path == "/console/audit?status=ok"
     v.open("/console/")
-    assert "Calls in the last hour" in v.text() and "Usage outbox backlog" in v.text()
+    assert "MCP requests in the last hour" in v.text() and "Usage outbox backlog" in v.text()
     v.keep("overview")
 
     v.open("/console/servers")
@@ -173,6 +173,9 @@ def _administrator(v: Visit, demo: str) -> None:
 
     v.open("/console/keys")
     v.click(v.driver.find_element("css selector", "button[aria-label='Revoke robot']"))
+    assert "the API key robot" in v.text()  # asked first, naming the key
+    v.keep("keys-revoke-confirm")
+    confirm(v)
     assert v.path == "/console/keys?done=revoked" and "revoked" in v.text()
     v.keep("keys")
     assert edge_tools(v.base, secret, "crm").status_code == 401
@@ -208,11 +211,13 @@ def _administrator(v: Visit, demo: str) -> None:
     assert {r["endpoint"] for r in rows} == {"/api/v1"}
     assert "PATCH /api/v1/servers/crm" in {r["method"] for r in rows}
     v.click(v.driver.find_element("css selector", "table.audit tbody a"))
-    assert v.path.startswith("/console/audit/") and "principal" in v.text()
+    text = v.text()  # the principal by name, its issuer and subject beside it
+    assert v.path.startswith("/console/audit/") and "Principal\nroot (person: " \
+        "tollhouse:local · local:root" in text, text
     v.keep("audit-record")
 
     v.open("/console/usage?period=day")
-    assert "Busiest tools" in v.text()
+    assert "Tool calls (tools/call) over the last day" in v.text()
     v.keep("usage")
 
     v.open("/console/evidence")
@@ -232,6 +237,8 @@ def _hostile_names(v: Visit, w: Any) -> None:
         v.click(_button(v, f"Save {name}"))
         assert v.path == "/console/users?done=saved", (name, v.text())
         v.click(_button(v, f"Delete {name}"))
+        assert f"the person {name}" in v.text(), (name, v.text())
+        confirm(v)
         assert v.path == "/console/users?done=deleted", (name, v.text())
     dora = accounts.by_name("dora")
     assert dora is not None and dora.is_admin
@@ -240,6 +247,11 @@ def _hostile_names(v: Visit, w: Any) -> None:
     assert v.driver.find_element("id", "a-tools_deny").get_attribute("value") == "add"
     v.click(v.driver.find_element("css selector", "form.signout button"))
     assert v.path.startswith("/signin")
+
+
+def confirm(v: Visit) -> None:
+    """Press the confirmation page's button (a destructive change asks first)."""
+    v.click(v.driver.find_element("css selector", "main form.danger button[type=submit]"))
 
 
 def _button(v: Visit, label: str) -> Any:
