@@ -74,12 +74,18 @@ class Approver:
     subject: str
     groups: frozenset[str] = frozenset()
     name: str = ""
+    issuer: str = ""
+
+    @property
+    def key(self) -> str:
+        """As a principal's (`Principal.key`): "self" is the caller by it."""
+        return f"{self.issuer}|{self.subject}"
 
 
 def may_decide(approval: Approval, who: Approver) -> bool:
     """Whether `who` is named by the approval's `approvers`."""
     for approver in approval.approvers:
-        if approver == "self" and who.subject == approval.subject:
+        if approver == "self" and who.key == approval.caller:
             return True
         kind, _, value = approver.partition(":")
         if (kind == "user" and value == who.subject) or (kind == "group"

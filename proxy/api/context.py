@@ -24,6 +24,8 @@ from proxy.state.sessions import SessionStore
 from proxy.storage import db
 
 if TYPE_CHECKING:
+    from proxy.approvals import Approvals
+    from proxy.auth.authenticator import Authenticator
     from proxy.virtual.registry import Endpoints
 
 AGGREGATES_S = 15.0  # how stale an audit aggregate may be
@@ -51,10 +53,19 @@ class Api:
     seen: LastSeen | None = None
     sessions: SessionStore | None = None
     sessions_scope: str = "process"
+    # approvals (/api/v1/approvals, proxy.api.approvals): the decisions, and the MCP edge's
+    # authenticator, by which an approver's bearer JWT is known there as at the edge
+    approvals: Approvals | None = None
+    edge: Authenticator | None = None
     # the audit aggregates (/usage, /usage/series, /usage/summary) by query, for AGGREGATES_S:
     # a chart or the overview reloaded within that time reads no table again
     aggregates: TTLCache[Any, Any] = field(
         default_factory=lambda: TTLCache(maxsize=256, ttl=AGGREGATES_S))
+
+    async def endpoint_names(self) -> list[str]:
+        """The MCP endpoints this gateway serves: its servers' and its virtual ones'."""
+        virtual = [e.name for e in await self.endpoints.list()] if self.endpoints else []
+        return sorted({*await self.registry.names(), *virtual})
 
     async def aggregate(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
         """`fn(database, **kwargs)` in a worker thread, or its answer of the last

@@ -44,6 +44,9 @@ class Route:
     # the route reads audit records: each call is an audit record of its own, as a change is
     # (who, and through `record`, given to the handler, which filter and how many records)
     reads_audit: bool = False
+    # a person named by an approval's `approvers` may call it with the bearer JWT the MCP
+    # edge accepts for them (proxy.api.approvals), not only with a browser session
+    approver: bool = False
 
     @property
     def endpoint(self) -> str:
@@ -73,12 +76,13 @@ async def _serve(route: Route, api: Api, path: dict[str, Any]) -> Response:
     reads = request.method in READS
     if reads and not route.reads_audit:
         who: Caller = await authenticate(api, admin=route.admin, changes=False,
-                                         auditor=route.auditor)
+                                         auditor=route.auditor, approver=route.approver)
         await refuse_nul(path, route.query)
         return await route.handler(who, api, **path)
 
     async def audited_call(record: AuditRecord) -> Response:
-        who = await authenticate(api, admin=False, changes=not reads)
+        who = await authenticate(api, admin=False, changes=not reads,
+                                 approver=route.approver)
         record.principal = f"{who.issuer}|{who.subject}"  # a refused person is named too
         if not reads and who.reads_only:
             raise NotPermitted(READS_ONLY)

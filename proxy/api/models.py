@@ -147,7 +147,8 @@ class Me(BaseModel):
     name: str
     admin: bool
     auditor: bool  # holds the role `auditor`: reads the audit evidence, changes nothing
-    via: Literal["cookie", "api_key"]
+    # "bearer": a JWT the MCP edge accepts, on the routes of approvals only
+    via: Literal["cookie", "api_key", "bearer"]
 
 
 class AuditPage(BaseModel):

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from quart import Response, current_app
 
 from proxy import __version__
+from proxy.api.approvals import DecisionIn
 from proxy.api.models import (
     KeyCreated,
     KeyIn,
@@ -39,7 +40,7 @@ MODELS: tuple[type[BaseModel], ...] = (ServerIn, ServerPatch, ServerOut, KeyIn, 
                                        KeyPut, KeyPatch, KeyOut, KeyCreated, UserIn, UserPut,
                                        UserOut, UserPatch, Me, UsageRow, Role, RoleIn,
                                        RolePatch, EndpointIn, EndpointPatch, EndpointOut,
-                                       PolicyIn, PolicyOut)
+                                       PolicyIn, PolicyOut, DecisionIn)
 ERRORS = {
     "400": "A precondition of the operation does not hold.",
     "401": "No credential, or an invalid or expired one.",
@@ -320,6 +321,46 @@ def _pins() -> dict[str, Any]:
     }
 
 
+def _approvals() -> dict[str, Any]:
+    """/api/v1/approvals (proxy.api.approvals): calls held for a person's yes. An approver
+    calls with a browser session or the bearer JWT the MCP edge accepts for them."""
+    text, when = {"type": "string"}, {"type": "number"}
+    maybe = {"type": ["string", "null"]}
+    approval = {"type": "object", "required": [
+        "id", "rule", "status", "caller", "endpoint", "tool", "arguments_digest", "approvers",
+        "created_at", "expires_at", "url"], "properties": {
+        "id": text, "rule": text,
+        "status": {"type": "string", "enum": ["pending", "approved", "denied", "used",
+                                              "expired"]},
+        "caller": text, "endpoint": text, "tool": text, "arguments_digest": text,
+        "arguments": {"type": "object", "description": "the call's arguments, as shown to "
+                                                      "approvers"},
+        "approvers": {"type": "array", "items": text}, "created_at": when,
+        "expires_at": when, "decided_by": maybe, "decided_at": {"type": ["number", "null"]},
+        "comment": maybe, "url": {"type": "string", "description": "its console page"}}}
+    jwt: list[dict[str, list[str]]] = [{"bearer": []}, {"cookie": []}, {"jwt": []}]
+    ops = {
+        "/api/v1/approvals": {"get": _op(
+            "The pending approvals the caller may see (approvers theirs; administrators and "
+            "auditors all), oldest first", "200", {
+                "type": "object", "required": ["items"], "properties": {
+                    "items": {"type": "array", "items": approval}}}, query=["endpoint"])},
+        "/api/v1/approvals/{approval_id}": {"get": _op(
+            "One approval, with the arguments shown to approvers", "200", approval,
+            params=["approval_id"])},
+        "/api/v1/approvals/{approval_id}/approve": {"post": _op(
+            "Approve a held call (an approver named by the rule only)", "200", approval,
+            DecisionIn, params=["approval_id"], conflict=True)},
+        "/api/v1/approvals/{approval_id}/deny": {"post": _op(
+            "Deny a held call; the comment is shown to the caller", "200", approval,
+            DecisionIn, params=["approval_id"], conflict=True)},
+    }
+    for path in ops.values():
+        for op in path.values():
+            op["security"] = jwt
+    return ops
+
+
 def _console() -> dict[str, Any]:
     """The routes the web console (proxy.console) reads and writes beside the others."""
     counts = {s: {"type": "integer"} for s in ("ok", "denied", "error", "cancelled")}
@@ -477,7 +518,8 @@ def document(*, connections: bool = False) -> dict[str, Any]:
     /api/v1/me/connections (proxy.connect, with a per_user upstream)."""
     schemas = _schemas()
     paths = {**_roles_and_me(), **_servers_and_keys(), **_policies(), **_users(),
-             **_audit_and_usage(), **_pins(), **_console(), **_status(), **_evidence()}
+             **_audit_and_usage(), **_pins(), **_approvals(), **_console(), **_status(),
+             **_evidence()}
     if connections:
         paths.update(_connections())
     return {"openapi": "3.1.0",
@@ -487,7 +529,11 @@ def document(*, connections: bool = False) -> dict[str, Any]:
                 "bearer": {"type": "http", "scheme": "bearer",
                            "description": "a management API key (th_...) of role admin, "
                                           "or auditor to read"},
-                "cookie": {"type": "apiKey", "in": "cookie", "name": "tollhouse_session"}}}}
+                "cookie": {"type": "apiKey", "in": "cookie", "name": "tollhouse_session"},
+                "jwt": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT",
+                        "description": "on /api/v1/approvals only: a JWT the MCP edge "
+                                       "accepts for the approver (a configured issuer's, "
+                                       "or this gateway's authorization server's)"}}}}
 
 
 async def serve() -> Response:

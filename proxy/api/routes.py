@@ -9,6 +9,7 @@ from __future__ import annotations
 from quart import Quart
 
 from proxy.api import (
+    approvals,
     audit,
     caller,
     endpoints,
@@ -72,6 +73,14 @@ ROUTES: tuple[Route, ...] = (
     Route("/audit", "GET", audit.audit, query=True, auditor=True, reads_audit=True),
     Route("/usage", "GET", audit.usage_totals, query=True, auditor=True),
     Route("/pins", "GET", pins.pending),
+    # calls held for a person's yes (issue 40): their approvers, with a browser session or
+    # the bearer JWT the MCP edge accepts for them; administrators and auditors read them
+    Route("/approvals", "GET", approvals.approvals, admin=False, query=True, approver=True),
+    Route("/approvals/<approval_id>", "GET", approvals.approval, admin=False, approver=True),
+    Route("/approvals/<approval_id>/approve", "POST", approvals.approve_approval, admin=False,
+          approver=True),
+    Route("/approvals/<approval_id>/deny", "POST", approvals.deny_approval, admin=False,
+          approver=True),
     Route("/pins/<server>/<tool>/approve", "POST", pins.approve, names_change=True),
     Route("/pins/<server>/<tool>/reject", "POST", pins.reject, names_change=True),
     # -- the web console's (proxy.console), for scripts as much: a person's own keys, the

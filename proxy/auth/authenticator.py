@@ -159,6 +159,31 @@ class BearerAuth:
                                       headers=self.challenge(endpoint, "invalid_token",
                                                              failure.description)) from None
 
+    async def identify(self, authorization: str | None, endpoints: Iterable[str],
+                       peer: str | None = None) -> Principal:
+        """Who presents `authorization`: a JWT this edge accepts for the endpoint its
+        audience names (one of `endpoints`, this gateway's), or for any of them with an
+        issuer's fixed `audience`. The approvers of /api/v1/approvals (proxy.api.approvals)
+        are known so; an API key is not looked up here. Unauthenticated when none holds."""
+        token = _bearer(authorization)
+        if token is None or api_keys.looks_like_key(token):
+            raise Unauthenticated("auth: no bearer JWT", headers={"WWW-Authenticate": "Bearer"})
+        known = list(dict.fromkeys(endpoints))
+        prefix = f"{self._public_url}/mcp/"
+        named = [a[len(prefix):] for a in _audiences(token) if a.startswith(prefix)]
+        tried = [e for e in named if e in known] or known[:1]
+        watch = (f"ip:{peer}",) if peer else ()
+        failure = Failed("the token names no endpoint of this gateway")
+        async with Attempt(self._lockouts, watch, unguessable=True) as attempt:
+            for endpoint in tried:
+                try:
+                    return await self._jwt(token, endpoint)
+                except Failed as failed:
+                    failure = failed
+            attempt.failed = failure.guess
+        raise Unauthenticated(f"auth: {failure.reason}", headers={"WWW-Authenticate": (
+            f'Bearer error="invalid_token", error_description="{_quotable(failure.reason)}"')})
+
     async def _api_key(self, token: str, endpoint: str) -> Principal:
         key = await self._keys.lookup(token) if self._keys is not None else None
         if key is None:
@@ -301,6 +326,23 @@ def _elsewhere(token: str, resource: str) -> str:
     held = audience if isinstance(audience, str) else "another resource"
     return (f"this token is for {held}, not {resource}: one token is for one endpoint; "
             "authorize this one separately")
+
+
+def _audiences(token: str) -> list[str]:
+    """The unverified `aud` of a token (verified after, against the endpoint it names)."""
+    try:
+        aud = jwt.decode(token, options={"verify_signature": False}).get("aud")
+    except jwt.PyJWTError:
+        return []
+    values = aud if isinstance(aud, list) else [aud]
+    return [a for a in values if isinstance(a, str)]
+
+
+def _actor(act: object) -> str:
+    """Who acts for the subject (RFC 8693 `act`, the nearest actor): its `sub`."""
+    if isinstance(act, Mapping) and isinstance(act.get("sub"), str):
+        return str(act["sub"])[:200]
+    return ""
 
 
 def _issuer_of(token: str) -> str | None:

@@ -291,6 +291,7 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
     endpoints = Endpoints(cfg, virtual, registry, mirrors, added_access, database,
                           changed=changed)
     api = _api(s, registry, endpoints, keys, audit, pin_store, seen)
+    api.approvals, api.edge = approvals, gateway.auth  # /api/v1/approvals' deciders
     serving = Serving(s, grace=grace, deps=deps, upstream=upstream, audit=audit, outbox=outbox,
                       health=health, gateway=gateway, registry=registry, endpoints=endpoints,
                       api=api, tracing=tracing)
