@@ -12,7 +12,7 @@ from typing import Any
 
 from quart import Blueprint, Quart, Response, request
 
-from proxy.console import admin, evidence, mine, names, people, policies, records, times
+from proxy.console import admin, approvals, evidence, mine, names, people, policies, records, times
 from proxy.console.guard import Who, page, secure
 from proxy.people.accounts import User
 from proxy.people.signin import Web
@@ -90,6 +90,11 @@ PAGES: tuple[tuple[str, str, Callable[..., Awaitable[Response]], Who], ...] = (
     ("/me/keys/<key_id>/revoke", "POST",
      _named(partial(admin.revoke_at, api_path="/me/keys"), "revoke_my_key"), "anyone"),
     ("/me/connect", "GET", mine.connect_client, "anyone"),
+    # calls held for a person's yes: /api/v1/approvals decides who sees and decides which
+    ("/approvals", "GET", approvals.approvals, "anyone"),
+    ("/approvals/<approval_id>", "GET", approvals.approval, "anyone"),
+    ("/approvals/<approval_id>/approve", "POST", approvals.approve, "anyone"),
+    ("/approvals/<approval_id>/deny", "POST", approvals.deny, "anyone"),
 )
 
 

@@ -15,7 +15,8 @@ from proxy.people.signin import COOKIE, see_other
 
 NOTICES = {
     "created": "Created.", "saved": "Saved.", "deleted": "Deleted.", "revoked": "Revoked.",
-    "disconnected": "Disconnected.",
+    "disconnected": "Disconnected.", "approved": "Approved: the call runs.",
+    "denied": "Denied: the caller is told, with your comment.",
 }
 
 

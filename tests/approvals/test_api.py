@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -259,3 +260,49 @@ async def test_a_decision_through_the_api_releases_the_waiting_call(status: str)
         assert result.structured_content["code"] == "gateway.approval.denied"
         assert "checked" in result.content[0].text and "local:carol" in result.content[0].text
         assert w.bank.calls == []
+
+
+def csrf(page: httpx.Response) -> str:
+    match = re.search(r'name="csrf" value="([0-9a-f]{64})"', page.text)
+    assert match, page.text[:300]
+    return match.group(1)
+
+
+async def test_the_console_pages_list_show_and_decide() -> None:
+    async with world() as w:
+        approval_id = await held(w, amount=31, to="yolanda")
+        other = await held(w, "wipe", endpoint="other")
+        carol, dave = await w.person("carol"), await w.person("dave")
+        listing = await carol.get(f"{w.url}/console/approvals")
+        assert listing.status_code == 200, listing.text
+        assert f"/console/approvals/{approval_id}" in listing.text and "yolanda" in listing.text
+        assert other not in listing.text  # not hers to see
+        page = await carol.get(f"{w.url}/console/approvals/{approval_id}")
+        assert page.status_code == 200 and "transfer" in page.text and "Approve" in page.text
+        assert "bob" in page.text and "yolanda" in page.text
+        for gone in ("apr_madeup", "nope"):
+            missing = await carol.get(f"{w.url}/console/approvals/{gone}")
+            assert missing.status_code == 404 and "not found" in missing.text
+        assert (await carol.get(f"{w.url}/console/approvals/{other}")).status_code == 403
+        assert "No call waits" in (await dave.get(f"{w.url}/console/approvals")).text
+        refused = await dave.post(f"{w.url}/console/approvals/{approval_id}/approve",
+                                  data={"csrf": csrf(await dave.get(
+                                      f"{w.url}/console/me/keys")), "comment": "x"})
+        assert refused.status_code == 403
+        token = csrf(page)
+        no_token = await carol.post(f"{w.url}/console/approvals/{approval_id}/deny",
+                                    data={"comment": "x"})
+        assert no_token.status_code == 403
+        denied = await carol.post(f"{w.url}/console/approvals/{approval_id}/deny",
+                                  data={"csrf": token, "comment": "wrong payee"})
+        assert denied.status_code == 303
+        assert denied.headers["location"] == f"/console/approvals/{approval_id}?done=denied"
+        after = await carol.get(f"{w.url}{denied.headers['location']}")
+        assert "denied by local:carol" in after.text and "wrong payee" in after.text
+        assert "Approve" not in after.text
+        twice = await carol.post(f"{w.url}/console/approvals/{approval_id}/approve",
+                                 data={"csrf": token})
+        assert twice.status_code == 409 and "denied already" in twice.text
+        for client in (carol, dave):
+            await client.aclose()
+    assert w.bank.calls == []
