@@ -14,7 +14,13 @@ if typing.TYPE_CHECKING:
     from proxy.config.tables import Config, RateLimitRule
 
 US = 1_000_000  # the limiter's clock ticks: microseconds
-RATE_LIMIT_KEYS = ("principal", "principal_endpoint", "principal_tool", "endpoint", "api_key")
+# `actor`: the agent acting for a person (a token from token exchange, RFC 8693 `act`); a call
+# with no actor is not counted by such a rule
+RATE_LIMIT_KEYS = ("principal", "principal_endpoint", "principal_tool", "endpoint", "api_key",
+                   "actor", "actor_endpoint")
+# the methods a `principal_tool` bucket has a tool for: a call, and the requests of a task (by
+# the task's tool, proxy.mcp.tasks)
+TOOL_METHODS = ("tools/call", "tasks/get", "tasks/result", "tasks/cancel")
 _PERIODS_S = {"s": 1, "min": 60, "h": 3600}
 _RATE = re.compile(r"^([1-9][0-9]{0,9})/(s|min|h)$")
 
@@ -52,8 +58,9 @@ def validate_rules(rules: list[RateLimitRule],
                              f"{', '.join(RATE_LIMIT_KEYS)}")
         if not rule.methods or not all(rule.methods):
             raise ValueError(f"{where}.methods: must list at least one method, none empty")
-        if rule.key == "principal_tool" and "tools/call" not in rule.methods:
-            raise ValueError(f"{where}.key: 'principal_tool' needs 'tools/call' in methods")
+        if rule.key == "principal_tool" and not set(rule.methods) & set(TOOL_METHODS):
+            raise ValueError(f"{where}.key: 'principal_tool' needs 'tools/call' in methods (or "
+                             "a request of a task: tasks/get, tasks/result, tasks/cancel)")
         try:
             count, period_s = parse_rate(rule.rate)
         except ValueError as exc:

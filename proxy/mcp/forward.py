@@ -33,7 +33,7 @@ from proxy.chain import CallContext, Chain, Rewrite
 from proxy.connect.manager import Connections
 from proxy.errors import GatewayError, InvalidParams, UpstreamFailure, UpstreamProtocolError
 from proxy.jsonrpc import McpMessage, response_outcome
-from proxy.mcp import names
+from proxy.mcp import names, tasks
 from proxy.mcp.bridge import Bridge
 from proxy.mcp.forwarding import Listened, NoStream, Outgoing
 from proxy.mcp.legs import Leg, Legs, person_header
@@ -274,6 +274,8 @@ class Forwarder:
     async def check(self, route: UpstreamRoute, chain: Chain, msg: McpMessage,
                     ctx: CallContext) -> CallContext:
         await chain.run(msg, ctx)
+        if msg.method == "tasks/list" and ctx.task is not None and ctx.task.owned:
+            await tasks.usable(ctx, chain)  # the tasks of tools still the caller's to use
         return ctx
 
     def views(self, route: UpstreamRoute, leg: Leg, session: Session | None,

@@ -16,8 +16,9 @@ tool itself is:
   given to the chain as a request of the task's tool (`McpMessage.task_tool`), so the access
   profile, Cedar and the guardrails decide it by that tool, and the result guardrails read
   `tasks/result` as they read the tool's direct answer (and a status message as a result);
-- `tasks/list` (`rewriter`): only the caller's own tasks are shown, their status messages read
-  by the rules of each task's tool;
+- `tasks/list` (`view`, `usable`, `rewriter`): only the caller's own tasks are shown, and of those only
+  the ones whose tool the caller may still use (`usable`: a plain upstream's check, proxy.mcp.
+  forward), their status messages read by the rules of each task's tool;
 - the end of a task (a terminal status seen in any answer): one audit record, whichever
   replica sees it first (`notifications/tasks/status`, the task's tool, its status and its
   duration since creation);
@@ -62,6 +63,9 @@ ENDED: dict[str, Status] = {"completed": "ok", "failed": "error", "cancelled": "
 COMPLETION = "notifications/tasks/status"  # the method of a task's completion record
 EXTENSION = "io.modelcontextprotocol/tasks"  # the 2026-07-28 tasks extension's identifier
 MEMBER_SEP = "/"  # a virtual endpoint's task id: <member>/<the member's own id>
+# the policies that decide whether a caller may use a tool at all: a task of a tool one of
+# them hides is left out of the caller's tasks/list (`usable`)
+HIDING = ("access", "cedar", "guardrails")
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
@@ -264,6 +268,25 @@ class Tasks:
         record.duration_ms = max(0.0, (time.time() - binding.created_at) * 1000)
         record.accepted = True
         self._audit.emit(record)
+
+
+async def usable(ctx: CallContext, chain: Chain) -> None:
+    """A tasks/list's tasks (`ctx.task.owned`, id -> tool) kept to those whose tool the
+    caller may still use: a tasks/get of one is decided by the policies that hide a tool
+    (`HIDING`), once per tool. A task whose tool was hidden from the caller since it was
+    created (its group left, a Cedar policy added, the tool screened out) is left out of its
+    tasks/list, as its tasks/get is refused."""
+    task = ctx.task
+    owned = task.owned if task is not None else {}
+    kept: dict[str, bool] = {}
+    for tool in set(owned.values()):
+        try:
+            await chain.run(_as_get(tool), ctx, only=HIDING)
+            kept[tool] = True
+        except GatewayError:
+            kept[tool] = False
+    if task is not None:
+        task.owned = {task_id: tool for task_id, tool in owned.items() if kept[tool]}
 
 
 def _as_get(tool: str) -> McpMessage:

@@ -249,6 +249,11 @@ def test_endpoints_are_checked_against_known_upstreams() -> None:
         validate_rules(rules, known_endpoints={"e", "f"})
 
 
+def test_a_task_request_has_a_tool_to_key_on() -> None:
+    """A principal_tool rule may count a task's polls alone: tasks/get names its task's tool."""
+    validate_rules([RateLimitRule("polls", key="principal_tool", methods=["tasks/get"])])
+
+
 def test_the_defaults_validate() -> None:
     validate_rules([RateLimitRule("calls-per-user"), RateLimitRule("b", key="principal_tool")])
     assert (RateLimit.name, RateLimit.order) == ("rate_limit", 200)
