@@ -88,7 +88,7 @@ async def test_guards(tmp_path: Path) -> None:
         mine = await pat.get(f"{e.url}/console/me/keys")
         assert "roots" not in mine.text
         stolen = await pat.post(f"{e.url}/console/me/keys/{key_id}/revoke", headers=origin,
-                                data={"csrf": _csrf(mine)})
+                                data={"csrf": _csrf(mine), "confirm": "yes"})
         assert stolen.status_code == 404
         # a CSRF token is the session's own: pat's is not root's
         other = await root.post(f"{e.url}/console/me/keys/{key_id}/revoke", headers=origin,
