@@ -91,6 +91,8 @@ class Metering:
         request = {"call_id": call_id, "principal": ctx.principal.subject,
                    "endpoint": ctx.endpoint, "tool": call.tool,
                    "arguments_bytes": ctx.arguments_size, "at": time.time()}
+        if ctx.principal.actor:  # an agent acting for the principal: the hook may key on it
+            request["actor"] = ctx.principal.actor
         try:
             # (no timer when the hook answers without waiting: an in-process one mostly does)
             decision = await within(self._backend.authorize(request), self._timeout_s)

@@ -1,4 +1,5 @@
-"""Rate limits: named rules, each a GCRA bucket per key (principal, endpoint, tool, API key).
+"""Rate limits: named rules, each a GCRA bucket per key (principal, endpoint, tool, API key, the
+actor acting for a person).
 
 Every rule that matches a call applies, and they are decided together in one `store.take`:
 the call passes only if every bucket admits it, and a refused call charges none of them, so a
@@ -49,6 +50,12 @@ class _Compiled:
             return f"rl:{self.name}:{len(tool)}:{tool}:{ctx.principal.key}"
         if kind == "endpoint":
             return f"rl:{self.name}:{ctx.endpoint}"
+        if kind in ("actor", "actor_endpoint"):  # an agent acting for someone, whoever it is
+            actor = ctx.principal.actor
+            if not actor:
+                return None
+            where = f"{ctx.endpoint}:" if kind == "actor_endpoint" else ""
+            return f"rl:{self.name}:actor:{where}{actor}"
         return None if ctx.api_key_id is None else f"rl:{self.name}:{ctx.api_key_id}"
 
 

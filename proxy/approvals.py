@@ -22,6 +22,7 @@ reach a waiting call on any replica through the store (proxy.state.approvals).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
@@ -51,6 +52,12 @@ log = logging.getLogger("tollhouse.approvals")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
 SWEEP_S = 15.0  # how often expired approvals are looked for (and audited once)
+# "self": the id of the gateway's own elicitation/create on a held call's stream (2025-11-25),
+# and the prefix of the requestState of its input_required answer (2026-07-28), each followed
+# by the approval's id; INPUT_KEY names the input request in that answer
+ASK_ID = "tollhouse-approval:"
+INPUT_KEY = "tollhouse/approval"
+CLIENT_CAPS = "io.modelcontextprotocol/clientCapabilities"  # proxy.mcp.eras's
 COMMENT_MAX = 500
 
 
@@ -103,8 +110,12 @@ class Held:
     ctx: CallContext
     exchange: Exchange
     headers: Mapping[str, str]
-    proceed: Callable[[int], Awaitable[EdgeResponse]]  # given the wait, in ms
+    # given the wait in ms, and the message to forward when not `msg` (a 2026-07-28 retry
+    # with the gateway's own input response taken out)
+    proceed: Callable[[int, McpMessage | None], Awaitable[EdgeResponse]]
     session_id: str | None = None
+    capabilities: Mapping[str, Any] | None = None  # the client's (its session's, or the
+    # request's envelope in 2026-07-28): whether a "self" approval can be asked of it
 
     @classmethod
     def of(cls, calls: Calls, routed: Routed, headers: Mapping[str, str], msg: McpMessage,
@@ -112,17 +123,22 @@ class Held:
            ) -> Held:
         """The spine's own continuation of `msg` past the chain (`Calls.checked`)."""
 
-        async def proceed(wait_ms: int) -> EdgeResponse:
+        async def proceed(wait_ms: int, sent: McpMessage | None = None) -> EdgeResponse:
             ctx.recheck = True  # the rate limits counted this call once already
-            checked = await routed.forwarding.check(routed.route, chain, msg, ctx)
+            checked = await routed.forwarding.check(routed.route, chain, sent or msg, ctx)
             if checked.approval is not None:  # the grant this call used up
                 checked.approval["wait_ms"] = wait_ms
             exchange.decided(checked)
-            return await calls.run(routed, headers, checked.message or msg, session, checked,
-                                   exchange, chain)
+            return await calls.run(routed, headers, checked.message or sent or msg, session,
+                                   checked, exchange, chain)
 
+        caps = session.capabilities if session is not None else None
+        if ctx.era == "modern":
+            meta = (msg.params or {}).get("_meta")
+            caps = meta.get(CLIENT_CAPS) if isinstance(meta, dict) else None
         return cls(msg, ctx, exchange, headers, proceed,
-                   session.id if session is not None else None)
+                   session.id if session is not None else None,
+                   caps if isinstance(caps, Mapping) else None)
 
 
 def public(approval: Approval, *, arguments: bool = True) -> dict[str, Any]:
@@ -170,16 +186,70 @@ class Approvals:
         approval = held.approval
         if held.new:
             self._spawn(self._announce(approval))
+        asks = "self" in approval.approvers and forms(call.capabilities)
+        if asks and call.ctx.era == "modern":  # input_required, then the retry's answer
+            return await self._ask_modern(held, call)
         accept = call.headers.get("accept", "")
         if "text/event-stream" not in accept:
             return await self.settle(held, call)
         headers = dict(SSE_HEADERS)
         if call.session_id is not None:
             headers["Mcp-Session-Id"] = call.session_id
-        return self._response(200, headers, stream=HeldStream(self, held, call))
+        return self._response(200, headers, stream=HeldStream(self, held, call, ask=asks))
 
-    async def settle(self, held: ApprovalRequired, call: Held) -> EdgeResponse:
-        """Wait for the decision, then the call's answer: run, refused, or still pending."""
+    # -- "self": the caller confirms -----------------------------------------------------------
+
+    async def _ask_modern(self, held: ApprovalRequired, call: Held) -> EdgeResponse:
+        """2026-07-28: an `input_required` answer asking the caller to confirm; its retry
+        (the same call, with `inputResponses` and `requestState`) decides the approval as
+        the caller, then runs or is refused."""
+        approval, params = held.approval, call.msg.params or {}
+        responses = params.get("inputResponses")
+        answer = responses.get(INPUT_KEY) if isinstance(responses, dict) else None
+        if params.get("requestState") == ASK_ID + approval.id and isinstance(answer, dict):
+            await self.confirmed(approval.id, answer, call.ctx.principal)
+            return await self.settle(held, call, sent=without_answer(call.msg))
+        result = {"resultType": "input_required",
+                  "inputRequests": {INPUT_KEY: {"method": "elicitation/create",
+                                                "params": confirm_form(approval)}},
+                  "requestState": ASK_ID + approval.id}
+        call.exchange.noted(f"approval {approval.id} ({approval.rule}): asked the caller "
+                            "(input_required)")
+        body = orjson.dumps({"jsonrpc": "2.0", "id": call.msg.id, "result": result})
+        return await call.exchange.answer(self._response(
+            200, {"Content-Type": "application/json"}, body=body), call.msg.id)
+
+    async def answered(self, msg: McpMessage, principal: Principal) -> bool:
+        """A 2025-11-25 client's answer to the gateway's own elicitation/create (its id
+        `ASK_ID<approval id>`): decided as that caller (a "self" approval, theirs only).
+        False: not such an answer (the spine sends it on)."""
+        if not (isinstance(msg.id, str) and msg.id.startswith(ASK_ID)):
+            return False
+        try:
+            result = orjson.loads(msg.body).get("result")
+        except (orjson.JSONDecodeError, AttributeError):
+            result = None
+        if isinstance(result, dict):
+            await self.confirmed(msg.id[len(ASK_ID):], result, principal)
+        return True  # an error answer decides nothing: the call waits out its wait_s
+
+    async def confirmed(self, approval_id: str, result: Mapping[str, Any],
+                        principal: Principal) -> None:
+        """The caller's answer to the confirmation form: accept approves, anything else
+        (decline, cancel) denies; refused (and logged) unless the approval is theirs."""
+        yes = result.get("action") == "accept"
+        who = Approver(principal.subject, principal.groups, principal.display_name,
+                       issuer=principal.issuer)
+        kind, _ = await self.decide(approval_id, yes, who, "confirmed by the caller" if yes
+                                    else "declined by the caller")
+        if kind != "decided":
+            log.info("approvals: a confirmation of %s was not taken (%s)", approval_id[:64],
+                     kind)
+
+    async def settle(self, held: ApprovalRequired, call: Held, sent: McpMessage | None = None
+                     ) -> EdgeResponse:
+        """Wait for the decision, then the call's answer: run (as `sent` when given),
+        refused, or still pending."""
         approval = held.approval
         started = time.monotonic()
         try:
@@ -189,7 +259,7 @@ class Approvals:
             raise
         wait_ms = round((time.monotonic() - started) * 1000)
         if decided is not None and decided.status == "approved":
-            return await call.proceed(wait_ms)
+            return await call.proceed(wait_ms, sent)
         if decided is not None and decided.status == "denied":
             refusal: ToolResultDenial = ApprovalDenied(decided)
         else:
@@ -282,10 +352,12 @@ class HeldStream:
     """A held call's SSE answer: a progress notice (when asked for), then, once decided, the
     call's answer (a relayed stream's events, or one event with a whole answer)."""
 
-    def __init__(self, approvals: Approvals, held: ApprovalRequired, call: Held) -> None:
+    def __init__(self, approvals: Approvals, held: ApprovalRequired, call: Held, *,
+                 ask: bool = False) -> None:
         self._approvals = approvals
         self._held = held
         self._call = call
+        self._ask = ask  # "self", and a client that takes a form: elicitation/create first
         self._inner: Any = None
         self._events = self._run()
 
@@ -305,6 +377,11 @@ class HeldStream:
                 "params": {"progressToken": token, "progress": 0,
                            "message": f"awaiting approval {approval.id} ({approval.rule}): "
                                       f"{self._approvals.link(approval.id)}"}}))
+        if self._ask:  # its answer comes as a POST (Approvals.answered), on any replica
+            approval = self._held.approval
+            yield sse_event(orjson.dumps({
+                "jsonrpc": "2.0", "id": ASK_ID + approval.id, "method": "elicitation/create",
+                "params": confirm_form(approval)}))
         answer = await self._approvals.settle(self._held, self._call)
         if answer.stream is None:
             yield sse_event(answer.body)
@@ -318,6 +395,35 @@ class HeldStream:
         inner = self._inner
         if inner is not None and hasattr(inner, "aclose"):
             await inner.aclose()
+
+
+def forms(capabilities: Mapping[str, Any] | None) -> bool:
+    """Whether a client declared form-mode elicitation (`{}` is form mode too)."""
+    declared = capabilities.get("elicitation") if capabilities is not None else None
+    return isinstance(declared, dict) and ("form" in declared or not declared)
+
+
+def confirm_form(approval: Approval) -> dict[str, Any]:
+    """The form a "self" approval asks the caller: the tool and the arguments' digest
+    (never their values: the client shows what it sent)."""
+    return {"mode": "form",
+            "message": f"Tollhouse: confirm the call of {approval.tool} on "
+                       f"{approval.endpoint} (rule {approval.rule}; arguments sha256 "
+                       f"{approval.digest}). Accept runs it, decline refuses it.",
+            "requestedSchema": {"type": "object", "properties": {}}}
+
+
+def without_answer(msg: McpMessage) -> McpMessage:
+    """A 2026-07-28 retry as the upstream takes it: the gateway's requestState and its
+    input response out (any other input response kept)."""
+    params = {k: v for k, v in (msg.params or {}).items() if k != "requestState"}
+    responses = params.pop("inputResponses", None)
+    if isinstance(responses, dict) and (kept := {k: v for k, v in responses.items()
+                                                 if k != INPUT_KEY}):
+        params["inputResponses"] = kept
+    body = orjson.dumps({"jsonrpc": "2.0", "id": msg.id, "method": msg.method,
+                         "params": params})
+    return dataclasses.replace(msg, params=params, body=body)
 
 
 def _spawn(coro: Coroutine[Any, Any, None]) -> None:

@@ -58,6 +58,7 @@ class Caller:
     claims: Mapping[str, Any] = field(default_factory=dict)
     attributes: Mapping[str, Any] = field(default_factory=dict)
     client: str = ""
+    actor: str = ""  # who acts for the caller (RFC 8693 `act`: `client:<id>`), else ""
 
     @classmethod
     def person(cls, issuer: str, subject: str, **kw: Any) -> Caller:
@@ -303,7 +304,8 @@ class Policies:
                       if isinstance(v, str) and n in self.catalog.attributes}
         return orjson.dumps({"uid": {"type": _CALLER, "id": caller.id}, "parents": [],
                              "attrs": {"groups": sorted(caller.groups), "claims": claims,
-                                       "attributes": attributes, "client": caller.client}},
+                                       "attributes": attributes, "client": caller.client,
+                                       "actor": caller.actor}},
                             option=orjson.OPT_SORT_KEYS).decode()
 
     def partition(self, call: Call, relaxed: Any = None) -> tuple[Any, Any]:

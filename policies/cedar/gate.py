@@ -366,7 +366,7 @@ class Gate:
             return Caller.key(principal.api_key_id, groups=principal.groups, claims=kept,
                               client=client)
         return Caller.person(principal.issuer, principal.subject, groups=principal.groups,
-                             claims=kept, client=client)
+                             claims=kept, client=client, actor=principal.actor)
 
     def _outcome(self, decision: Decision) -> dict[str, Any]:
         outcome: dict[str, Any] = {"version": self.version,

@@ -185,6 +185,7 @@ class Catalog:
             "attributes": optional_strings(self.attributes),
             "claims": optional_strings(self.claims),
             "client": dict(_STRING),
+            "actor": dict(_STRING),
             "groups": {"type": "Set", "element": dict(_STRING)}}}
         target = {"type": "Record", "attributes": {
             **{a: dict(_BOOL) for a in ANNOTATIONS},

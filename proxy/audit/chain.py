@@ -52,10 +52,13 @@ def canonical(chain_id: str, seq: int, row: tuple[Any, ...] | list[Any]) -> byte
     """A record's canonical form: its chain and place, then every audited column
     (`proxy.audit.commit.COLUMNS`, in that order) as one JSON array. The numbers are
     spelt as the database gives them back (ts and duration_ms as floats, the byte counts
-    as integers), so the writer and a verifier reading the row hash the same bytes."""
+    as integers), so the writer and a verifier reading the row hash the same bytes. The
+    actor (a column added later, migration 28) is in it only when the record has one, so a
+    record written before it hashes as it did."""
+    actor = (row[20],) if len(row) > 20 and row[20] is not None else ()
     return _dumps((chain_id, seq, float(row[0]), row[1], row[2], row[3], row[4], row[5],
                    row[6], row[7], row[8], float(row[9]), int(row[10]), int(row[11]),
-                   *row[12:20]))
+                   *row[12:20], *actor))
 
 
 def link(previous: bytes, chain_id: str, seq: int, row: tuple[Any, ...] | list[Any]) -> bytes:

@@ -35,7 +35,8 @@ log = logging.getLogger("tollhouse.audit")
 
 COLUMNS = ("ts", "request_id", "principal", "endpoint", "method", "tool", "status",
            "denied_reason", "error_message", "duration_ms", "bytes_in", "bytes_out", "era",
-           "session_hash", "client_name", "call_id", "note", "egress", "upstream", "policy")
+           "session_hash", "client_name", "call_id", "note", "egress", "upstream", "policy",
+           "actor")
 
 _OUTBOX_COLUMNS = ("call_id", "event", "created_at", "next_attempt_at", "delivered_at")
 # a call id is the record's idempotency key (a unique index): a retried batch, or a replayed
@@ -391,4 +392,4 @@ def row_of(r: AuditRecord) -> tuple[Any, ...]:
             round(r.duration_ms, 3), r.bytes_in, r.bytes_out, r.era, r.session_hash,
             _text(r.client_name), r.call_id, _text(r.note),
             orjson.dumps(r.egress).decode() if r.egress else None, r.upstream,
-            orjson.dumps(r.policy).decode() if r.policy else None)
+            orjson.dumps(r.policy).decode() if r.policy else None, _text(r.actor))

@@ -42,6 +42,8 @@ class AuditRecord:
     upstream: str | None = None  # a per-caller upstream: the origin this caller resolved to
     policy: dict[str, Any] | None = None  # the Cedar decision (policies.cedar.gate): version,
     # decision, deciding policy ids, the shadow decision and its policies
+    # who acted for the principal (RFC 8693 `act`: an agent client, `client:<id>`), if anyone
+    actor: str | None = None
     ts: float = field(default_factory=time.time)
     # -- for metrics and the request log line only: never written to the audit log ---------
     error_type: str | None = None  # the OpenTelemetry MCP conventions' error.type
@@ -79,14 +81,18 @@ class AuditRecord:
         return dict(zip(PERSISTED, _persisted(self), strict=True))
 
     def usage_event(self) -> dict[str, Any]:
-        """The webhook's fixed `usage` shape; a call run as a task adds `task`, its id."""
-        event = {"type": "usage", "call_id": self.call_id, "principal": self.principal,
-                 "endpoint": self.endpoint, "tool": self.tool, "status": self.status,
-                 "duration_ms": round(self.duration_ms, 3), "bytes_in": self.bytes_in,
-                 "bytes_out": self.bytes_out,
-                 "error": self.error_message or self.denied_reason, "at": self.ts}
+        """The webhook's fixed `usage` shape; a call run as a task adds `task`, its id, and
+        one made by an agent for a person `actor`, the agent."""
+        event: dict[str, Any] = {
+            "type": "usage", "call_id": self.call_id, "principal": self.principal,
+            "endpoint": self.endpoint, "tool": self.tool, "status": self.status,
+            "duration_ms": round(self.duration_ms, 3), "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out, "error": self.error_message or self.denied_reason,
+            "at": self.ts}
         if self.task is not None:
             event["task"] = self.task
+        if self.actor is not None:  # an agent acting for the principal
+            event["actor"] = self.actor
         return event
 
 

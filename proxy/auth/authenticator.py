@@ -24,7 +24,7 @@ from proxy.auth import keys as api_keys
 from proxy.auth.jwks import JwksCache, kty_for
 from proxy.auth.lockout import Attempt
 from proxy.auth.people import People, StoreDown
-from proxy.auth.principal import ANONYMOUS, Principal
+from proxy.auth.principal import ANONYMOUS, CLIENT_ISSUER, Principal
 from proxy.config import Config, IssuerConfig
 from proxy.deadlines import Deadlines
 from proxy.errors import Forbidden, Unauthenticated
@@ -236,6 +236,8 @@ class BearerAuth:
             raise Failed(f"invalid token ({type(exc).__name__})") from None
         subject, issuer = str(claims["sub"]), str(claims.get("tollhouse_iss", ""))
         name, groups = str(claims.get("name", "")), _names(claims.get("groups"))
+        if issuer == CLIENT_ISSUER:  # a registered machine client's own token
+            return self._machine(claims)
         if self._people is not None:
             # the person as they are now: a deleted user's token stops working, and a role
             # given or taken applies to this call, not the next token
@@ -257,7 +259,19 @@ class BearerAuth:
         # `scope` claim, from a token issued before that rule, opens nothing (allow_scopes is
         # for tokens of external issuers; Tollhouse's own users get in by subject or group)
         return Principal(subject=subject, issuer=issuer, display_name=name, groups=groups,
-                         kind="jwt", claims=_kept(claims, self._kept_claims))
+                         kind="jwt", claims=_kept(claims, self._kept_claims),
+                         actor=_actor(claims.get("act")))
+
+    def _machine(self, claims: Mapping[str, Any]) -> Principal:
+        """A machine client as it is registered now: one no longer registered is refused,
+        and the roles it holds are today's, not its token's."""
+        assert self._tollhouse is not None
+        client_id = str(claims.get("client_id", ""))
+        now = self._tollhouse.machine_now(client_id)
+        if now is None or claims["sub"] != f"client:{client_id}":
+            raise Failed("the token's client is no longer registered")
+        return Principal(subject=str(claims["sub"]), issuer=CLIENT_ISSUER, display_name=now[0],
+                         groups=now[1], kind="jwt", claims=_kept(claims, self._kept_claims))
 
     async def _verify(self, token: str, endpoint: str) -> tuple[Principal, float]:
         try:
@@ -308,6 +322,9 @@ class BearerAuth:
 class TokenVerifier(Protocol):
     async def verify_access(self, token: str, resource: str) -> dict[str, Any]: ...
 
+    def machine_now(self, client_id: str) -> tuple[str, frozenset[str]] | None:
+        """A registered machine client's name and roles now; None when not registered."""
+
 
 _UNREAD = object()
 
@@ -336,6 +353,13 @@ def _audiences(token: str) -> list[str]:
         return []
     values = aud if isinstance(aud, list) else [aud]
     return [a for a in values if isinstance(a, str)]
+
+
+def _actor(act: object) -> str:
+    """Who acts for the subject (RFC 8693 `act`, the nearest actor): its `sub`."""
+    if isinstance(act, Mapping) and isinstance(act.get("sub"), str):
+        return str(act["sub"])[:200]
+    return ""
 
 
 def _actor(act: object) -> str:

@@ -1,5 +1,6 @@
-"""A caller as every later step sees it: subject, groups, scopes, the API key (if any), and the
-`key` that sessions, in-flight calls, rate limits and per-user tokens are scoped by."""
+"""A caller as every later step sees it: subject, groups, scopes, the API key (if any), the
+actor acting for the subject (if any), and the `key` that sessions, in-flight calls, rate limits
+and per-user tokens are scoped by."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ class Principal:
     # the token's claims a per-caller upstream URL is filled from (proxy.config.template),
     # as text; only those the config names are kept
     claims: tuple[tuple[str, str], ...] = ()
+    # who acts for the subject (RFC 8693 `act`): an agent client's subject, `client:<id>`,
+    # on a token issued by token exchange; empty when the subject calls for itself
+    actor: str = ""
 
     def claim(self, name: str) -> str | None:
         for key, value in self.claims:
@@ -41,5 +45,9 @@ class Principal:
         """A stable identity across issuers, for binding sessions and in-flight calls."""
         return f"{self.issuer}|{self.subject}"
 
+
+# the issuer of a machine client's own tokens (client credentials): its subject is
+# `client:<client_id>` (proxy.oauth.grants)
+CLIENT_ISSUER = "tollhouse:client"
 
 ANONYMOUS = Principal(subject="anonymous", kind="anonymous")

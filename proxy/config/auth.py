@@ -63,6 +63,55 @@ def _oauth_server(cfg: Config) -> None:
                               "handles itself")
     if oauth.enabled and cfg.auth.mode != "jwt":
         raise ConfigError("config: 'oauth_server.enabled' needs auth.mode = \"jwt\"")
+    _clients(cfg)
+    for i, idp in enumerate(oauth.enterprise_idps):
+        where = f"oauth_server.enterprise_idps[{i}]"
+        url(idp.issuer, f"{where}.issuer")
+        url(idp.jwks_url, f"{where}.jwks_url")
+        if not idp.algorithms or any(a not in _ALGORITHMS or a.startswith("HS")
+                                     for a in idp.algorithms):
+            raise ConfigError(f"config: '{where}.algorithms' must list public-key algorithms "
+                              f"({', '.join(a for a in _ALGORITHMS if not a.startswith('HS'))})")
+        for key in ("max_lifetime_s", "jwks_refresh_s", "jwks_min_refetch_s"):
+            positive(getattr(idp, key), f"{where}.{key}")
+    issuers = [idp.issuer for idp in oauth.enterprise_idps]
+    if len(set(issuers)) != len(issuers):
+        raise ConfigError("config: 'oauth_server.enterprise_idps' names an issuer twice")
+
+
+GRANT_TYPES = ("client_credentials", "urn:ietf:params:oauth:grant-type:jwt-bearer",
+               "urn:ietf:params:oauth:grant-type:token-exchange")
+_CLIENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _clients(cfg: Config) -> None:
+    """Confidential clients: a plain id, one way to authenticate, known grants. Their
+    endpoints are not checked here: one added through /api/v1 may be named."""
+    seen: set[str] = set()
+    for i, client in enumerate(cfg.oauth_server.clients):
+        where = f"oauth_server.clients[{i}]"
+        if not _CLIENT_ID.fullmatch(client.client_id):
+            raise ConfigError(f"config: '{where}.client_id' must be 1-100 letters, digits, "
+                              "'.', '_' or '-' (never a URL: those are metadata documents)")
+        if client.client_id in seen:
+            raise ConfigError(f"config: '{where}.client_id' {client.client_id!r} is repeated")
+        seen.add(client.client_id)
+        if bool(client.secret_sha256) == bool(client.jwks_url):
+            raise ConfigError(f"config: '{where}' needs exactly one of secret_sha256 "
+                              "(client_secret_basic/post) or jwks_url (private_key_jwt)")
+        if client.secret_sha256 and not _SHA256.fullmatch(client.secret_sha256):
+            raise ConfigError(f"config: '{where}.secret_sha256' must be 64 lower-case hex "
+                              "digits: the SHA-256 of the secret, never the secret")
+        if client.jwks_url:
+            url(client.jwks_url, f"{where}.jwks_url")
+        if not client.grant_types or any(g not in GRANT_TYPES for g in client.grant_types):
+            raise ConfigError(f"config: '{where}.grant_types' must list some of "
+                              f"{', '.join(GRANT_TYPES)}")
+        for role in client.roles:
+            if not role.strip() or ":" in role:
+                raise ConfigError(f"config: '{where}.roles' holds {role!r}: a role's name is "
+                                  "not empty and has no ':'")
 
 
 def _issuer(iss: IssuerConfig, where: str, base_dir: Path) -> None:

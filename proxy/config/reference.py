@@ -85,6 +85,8 @@ PAGES: Mapping[str, str] = {
     "auth": "identity.md#",
     "auth.oidc": "identity.md#sign-in-and-the-oauth-server",
     "oauth_server": "identity.md#sign-in-and-the-oauth-server",
+    "oauth_server.clients": "identity.md#machine-clients",
+    "oauth_server.enterprise_idps": "provisioning.md#enterprise-managed-authorization",
     "database": "deployment.md#database",
     "state": "deployment.md#several-replicas",
     "upstreams": "upstreams.md#",

@@ -121,6 +121,48 @@ class OidcConfig:
 
 
 @dataclass(frozen=True)
+class OAuthClientConfig:
+    """One `[[oauth_server.clients]]`: a confidential client an administrator registered (a
+    machine client, an agent), which authenticates with a secret or `private_key_jwt` and gets
+    tokens by the grants it is given (docs/identity.md#machine-clients)."""
+
+    client_id: str  # what it names itself by; never a URL, never one a dynamic client holds
+    name: str = ""  # shown in the audit and to policies as its display name
+    # the SHA-256 (hex) of its secret (client_secret_basic or client_secret_post): the secret
+    # itself is never in the file; `printf %s "$SECRET" | sha256sum`
+    secret_sha256: str = ""
+    # or private_key_jwt (RFC 7523 section 2.2): where the client publishes its public keys
+    jwks_url: str = ""
+    # the roles its own tokens carry: they act as groups (allow_groups, group_tools, Cedar)
+    roles: list[str] = field(default_factory=list)
+    # the endpoints it may get tokens for (RFC 8707 resource); empty: every endpoint
+    endpoints: list[str] = field(default_factory=list)
+    # client_credentials; urn:ietf:params:oauth:grant-type:jwt-bearer (an enterprise IdP's
+    # identity assertion); urn:ietf:params:oauth:grant-type:token-exchange (acting for a person)
+    grant_types: list[str] = field(default_factory=lambda: ["client_credentials"])
+
+
+@dataclass(frozen=True)
+class EnterpriseIdpConfig:
+    """One `[[oauth_server.enterprise_idps]]`: an enterprise identity provider whose Identity
+    Assertion JWT Authorization Grants (ID-JAG, the MCP enterprise-managed-authorization
+    extension) the token endpoint takes through the JWT bearer grant."""
+
+    issuer: str  # must equal the assertion's "iss"
+    jwks_url: str  # where the IdP publishes its keys
+    algorithms: list[str] = field(default_factory=lambda: ["RS256", "ES256"])  # accepted
+    leeway_s: float = 30.0  # clock skew allowed on exp, nbf and iat
+    # an assertion valid for longer than this is refused (each is used once, remembered this
+    # long at most)
+    max_lifetime_s: float = 600.0
+    name_claim: str = "name"  # the person's display name, if the assertion has one
+    # where the assertion lists groups, if it does; none there: the person's groups are kept
+    groups_claim: str = "groups"
+    jwks_refresh_s: float = 3600.0  # the JWKS is refetched this often (keys kept on failure)
+    jwks_min_refetch_s: float = 60.0  # an unknown kid refetches at most this often
+
+
+@dataclass(frozen=True)
 class OAuthServerConfig:
     """`[oauth_server]`: Tollhouse as the OAuth 2.1 authorization server of its endpoints
     (needs auth.mode = "jwt" and TOLLHOUSE_SECRET_KEY)."""
@@ -141,6 +183,11 @@ class OAuthServerConfig:
     # the private-use redirect URI schemes of IDEs' MCP clients
     private_use_schemes: list[str] = field(default_factory=lambda: [
         "cursor", "vscode", "vscode-insiders", "windsurf"])
+    # confidential clients registered by an administrator (client credentials, identity
+    # assertions, token exchange)
+    clients: list[OAuthClientConfig] = field(default_factory=list)
+    # identity providers whose ID-JAGs the token endpoint takes
+    enterprise_idps: list[EnterpriseIdpConfig] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

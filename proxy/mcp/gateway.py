@@ -164,7 +164,7 @@ class Gateway:
             caller = guards.caller(req, self.trusted_proxies)
             principal = await self.auth.authenticate(req.headers.get("authorization"),
                                                      routed.name, caller)
-            record.principal = principal.subject
+            record.principal, record.actor = principal.subject, principal.actor or None
             routed = await self._resolve(routed, principal, record)
             route = routed.route
             session = None if fetched is None else await self._session(fetched, route,
@@ -234,7 +234,10 @@ class Gateway:
             await self.inflight.cancel(call_key(routed.name, ctx.principal.key,
                                                 session.id if session else "", target),
                                        EndReason.CANCELLED)
-        await routed.forwarding.one_way(routed.route, req.headers, msg, session, ctx)
+        approvals = self.calls.approvals  # an answer to its own "self" confirmation
+        if msg.kind != "response" or approvals is None or not await approvals.answered(
+                msg, ctx.principal):
+            await routed.forwarding.one_way(routed.route, req.headers, msg, session, ctx)
         return EdgeResponse(202, {"Mcp-Session-Id": session.id} if session is not None else {})
 
     # -- GET: the server-to-client stream; DELETE: end the session ---------------------------
@@ -279,7 +282,7 @@ class Gateway:
             principal = await self.auth.authenticate(req.headers.get("authorization"),
                                                      routed.name,
                                                      guards.caller(req, self.trusted_proxies))
-            record.principal = principal.subject
+            record.principal, record.actor = principal.subject, principal.actor or None
             routed = await self._resolve(routed, principal, record)
             eras.check_header(version)
             session_id = req.headers.get("mcp-session-id")

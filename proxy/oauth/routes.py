@@ -22,6 +22,7 @@ from proxy.auth.lockout import Attempt
 from proxy.errors import OAuthError
 from proxy.held import held
 from proxy.oauth.cimd import MetadataDocuments
+from proxy.oauth.grants import CLIENT_CREDENTIALS, GRANT_TYPES, JWT_BEARER, TOKEN_EXCHANGE
 from proxy.oauth.redirects import redirect_source
 from proxy.oauth.server import AuthorizationServer, Client
 from proxy.people.accounts import User
@@ -170,8 +171,17 @@ async def token(here: OAuthRoutes) -> Response:
         return _json(await here.server.exchange_code(client, form))
     if grant == "refresh_token":
         return _json(await here.server.refresh(client, form, here.web.accounts.get))
+    grants = here.server.grants
+    if grant == CLIENT_CREDENTIALS:
+        return _json(await grants.client_credentials(client.client_id, form))
+    if grant == JWT_BEARER:
+        return _json(await grants.identity_assertion(client.client_id, form,
+                                                     here.web.accounts))
+    if grant == TOKEN_EXCHANGE:
+        return _json(await grants.exchange(client.client_id, form, here.web.accounts))
     raise OAuthError("unsupported_grant_type",
-                     "grant_type must be authorization_code or refresh_token")
+                     "grant_type must be authorization_code, refresh_token, "
+                     f"{', '.join(GRANT_TYPES)}")
 
 
 async def register_client(here: OAuthRoutes) -> Response:
@@ -207,6 +217,8 @@ async def _client(here: OAuthRoutes, form: dict[str, str]) -> Client:
     """Client authentication; repeated failures lock out the address and the client (the
     lockout first: a locked-out caller makes the gateway fetch nothing)."""
     client_id, secret = form.get("client_id"), form.get("client_secret")
+    if "client_assertion" in form or "client_assertion_type" in form:  # private_key_jwt
+        return await _asserted(here, form)
     basic = request.headers.get("Authorization", "")
     if basic.lower().startswith("basic "):
         try:
@@ -236,6 +248,23 @@ async def _authenticated(here: OAuthRoutes, client_id: str | None,
         except OAuthError:
             attempt.failed = True
             raise
+
+
+async def _asserted(here: OAuthRoutes, form: dict[str, str]) -> Client:
+    """A registered client's private_key_jwt (proxy.oauth.machines), under the same lockout
+    as a secret."""
+    peer = here.web.client_address(request.remote_addr, request.headers)
+    watch = (f"oauth-ip:{peer}", f"oauth-client:{form.get('client_id', '')[:100]}")
+    async with Attempt(here.web.lockouts, watch, "oauth: locked out after repeated failures") \
+            as attempt:
+        try:
+            machine = await here.server.machines.asserted(form)
+        except OAuthError:
+            attempt.failed = True
+            raise
+    client = await asyncio.to_thread(here.server.client, machine.client_id)
+    assert client is not None  # a registered client is always known
+    return client
 
 
 def _binding(cookie: str) -> str:

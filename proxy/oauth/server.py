@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import httpx
 import jwt
 import orjson
 from cachetools import TTLCache
@@ -41,7 +42,9 @@ from proxy.config import Config, OAuthServerConfig
 from proxy.errors import OAuthError as OAuthError  # noqa: PLC0414 - cimd raises it from here
 from proxy.errors import StoreUnavailable
 from proxy.oauth import grace
+from proxy.oauth.grants import GRANT_TYPES, Grants
 from proxy.oauth.keys import KeyRing
+from proxy.oauth.machines import ASSERTION_ALGORITHMS, Assertions, MachineClients, Once
 from proxy.oauth.redirects import RedirectPolicy
 from proxy.oauth.tokens import FamilyRevoked, TokenLedger, Used, elsewhere, hashed
 from proxy.people.accounts import User
@@ -92,6 +95,10 @@ class Grant:
                    data["resource"], data["scope_requested"], data["family"])
 
 
+def _no_http() -> httpx.AsyncClient:
+    raise OAuthError("temporarily_unavailable", "no HTTP client to fetch keys with", 503)
+
+
 def s256(verifier: str) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(
         b"=").decode()
@@ -114,7 +121,8 @@ class AuthorizationServer:
                  clock: Callable[[], float] = time.time,
                  endpoints: Mapping[str, object] | None = None, *, codes: CodeStore,
                  revocations: RevocationStore, consents: FlowStore,
-                 rotations: RotationStore | None = None) -> None:
+                 rotations: RotationStore | None = None,
+                 http: Callable[[], httpx.AsyncClient] | None = None) -> None:
         self.issuer = cfg.server.public_url.rstrip("/")
         # the live endpoints (the edge's routes, which the management API changes), else the
         # config's: a server added through /api/v1 can be authorized for at once
@@ -145,6 +153,16 @@ class AuthorizationServer:
         # clients described by a metadata document at their client_id URL, fetched and
         # cached: a changed document is seen here at most an hour late
         self.cimd: TTLCache[str, Client] = TTLCache(maxsize=10_000, ttl=3600)
+        # the confidential clients an administrator registered, and their grants
+        # (proxy.oauth.grants); their JWKS (private_key_jwt) and the enterprise IdPs' are
+        # fetched with the gateway's shared client
+        once = Once(revocations)
+        fetch = http or _no_http
+        self.machines = MachineClients(cfg.oauth_server.clients, fetch, self.issuer, once)
+        self.grants = Grants(self._ledger, self.machines,
+                             Assertions(cfg.oauth_server.enterprise_idps, fetch, self.issuer,
+                                        once),
+                             self.endpoint_of, self.verify_access)
 
     # -- clients -------------------------------------------------------------------------------
 
@@ -200,6 +218,11 @@ class AuthorizationServer:
     def client(self, client_id: str) -> Client | None:
         if client_id in self.cimd:
             return self.cimd[client_id]
+        machine = self.machines.get(client_id)
+        if machine is not None:  # registered by an administrator: no redirect, a secret or keys
+            return Client(client_id, machine.name, (),
+                          "private_key_jwt" if machine.jwks is not None
+                          else "client_secret_basic", machine.cfg.secret_sha256 or None)
         with self._db.transaction() as conn:
             row = conn.execute(self._sql("SELECT client_id, name, redirect_uris, auth_method, "
                                          "secret_sha256 FROM oauth_clients WHERE client_id = ?"),
@@ -389,6 +412,12 @@ class AuthorizationServer:
             raise jwt.InvalidTokenError("revoked")
         return claims
 
+    def machine_now(self, client_id: str) -> tuple[str, frozenset[str]] | None:
+        """A registered client's name and roles as configured now; None when it is not
+        registered (its tokens are refused)."""
+        machine = self.machines.get(client_id)
+        return None if machine is None else (machine.name, machine.roles)
+
     def metadata(self) -> dict[str, Any]:
         base = self.issuer
         return {
@@ -399,9 +428,11 @@ class AuthorizationServer:
             "revocation_endpoint": f"{base}/oauth/revoke",
             "jwks_uri": f"{base}/oauth/jwks.json",
             "response_types_supported": ["code"],
-            "grant_types_supported": ["authorization_code", "refresh_token"],
+            "grant_types_supported": ["authorization_code", "refresh_token",
+                                      *GRANT_TYPES],
             "code_challenge_methods_supported": ["S256"],
-            "token_endpoint_auth_methods_supported": list(self.AUTH_METHODS),
+            "token_endpoint_auth_methods_supported": [*self.AUTH_METHODS, "private_key_jwt"],
+            "token_endpoint_auth_signing_alg_values_supported": list(ASSERTION_ALGORITHMS),
             "revocation_endpoint_auth_methods_supported": list(self.AUTH_METHODS),
             "scopes_supported": [],
             "authorization_response_iss_parameter_supported": True,

@@ -13,6 +13,7 @@ import hashlib
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import jwt
@@ -22,6 +23,19 @@ from proxy.errors import OAuthError
 from proxy.oauth.keys import KeyRing
 from proxy.people.accounts import User
 from proxy.storage import db
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Whom an access token without a refresh token names: a person (their users row's id
+    in `user_id`) or a machine client (`client:<id>` under proxy.auth.principal's
+    CLIENT_ISSUER, no user)."""
+
+    subject: str
+    issuer: str
+    name: str
+    groups: frozenset[str]
+    user_id: str | None = None
 
 
 class Used(Exception):
@@ -95,6 +109,8 @@ class TokenLedger:
         user = user_lookup(user_id)
         if user is None:
             raise self.family_revoked(family, "the user no longer exists")
+        if not user.active:
+            raise self.family_revoked(family, "the user is deactivated")
         answer, new_row = self._mint(client_id, user, resource, family,
                                      scope_requested=bool(form.get("scope")))
         return family, answer, new_row
@@ -147,6 +163,32 @@ class TokenLedger:
         if scope_requested:
             out["scope"] = ""  # RFC 6749 section 5.1: the issued scope differs from the request
         return out, row
+
+    def access_only(self, client_id: str, who: Holder, resource: str, *,
+                    act: dict[str, Any] | None = None,
+                    not_after: float | None = None) -> dict[str, Any]:
+        """An access token and no refresh token (client credentials, an identity assertion,
+        a token exchange: the client asks again, with what it asked with), for `who`; `act`
+        names who acts for them (RFC 8693 section 4.1); it expires by `not_after` at the
+        latest (a token exchanged from one that expires sooner)."""
+        now = self._clock()
+        self._keys.rotate_if_due(now)
+        key = self._keys.current
+        expires = now + self._cfg.access_token_ttl_s
+        if not_after is not None:
+            expires = min(expires, not_after)
+        claims: dict[str, Any] = {
+            "iss": self._issuer, "sub": who.subject, "aud": resource, "iat": int(now),
+            "exp": int(expires), "jti": secrets.token_urlsafe(12), "client_id": client_id,
+            "tollhouse_iss": who.issuer, "fam": secrets.token_urlsafe(12), "name": who.name,
+            "groups": sorted(who.groups)}
+        if who.user_id is not None:
+            claims["uid"] = who.user_id
+        if act is not None:
+            claims["act"] = act
+        access = jwt.encode(claims, key.private, algorithm="ES256", headers={"kid": key.kid})
+        return {"access_token": access, "token_type": "Bearer",
+                "expires_in": max(0, int(expires) - int(now))}
 
     def revoke_rows(self, family: str) -> None:
         """Revoke the family's refresh rows (those not revoked yet)."""

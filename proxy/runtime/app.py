@@ -184,7 +184,8 @@ class Services:
                                   cfg.oauth_server.access_token_ttl_s)
         return AuthorizationServer(cfg, self.database, ring, endpoints=self.routes,
                                    codes=stores.codes, revocations=stores.revocations,
-                                   consents=stores.consent_flows, rotations=stores.rotations)
+                                   consents=stores.consent_flows, rotations=stores.rotations,
+                                   http=lambda: self.edge_gateway().upstream.http)
 
     def _connections(self) -> Connections | None:
         """Per-user upstream connections, where an upstream has `auth = "per_user"`."""

@@ -503,6 +503,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         )"""),
         *_change_counter("deprovisioned", each="STATEMENT"),
     )),
+    # who acted for the principal of a call (RFC 8693 `act`: an agent client acting for a
+    # person with a token from token exchange, proxy.oauth.grants), beside the principal
+    Migration(28, "audit: the actor beside the principal", (
+        AddColumn("audit", "actor", "TEXT"),
+    )),
 )
 
 LATEST = MIGRATIONS[-1].version

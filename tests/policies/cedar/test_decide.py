@@ -69,6 +69,15 @@ TABLE: list[tuple[str, str, Caller, Call, bool]] = [
      alice(attributes={"team": "payments"}), call("balance"), True),
     ("api key principal", f'permit(principal == Tollhouse::Caller::"key|k1", {CALL}, resource);',
      Caller.key("k1"), call("balance"), True),
+    # an agent acting for a person (RFC 8693 `act`): the person is the principal, the agent
+    # its actor; a policy may let the person in but not an agent acting for them
+    ("person, no actor", (f'permit(principal, {CALL}, resource) when {{ principal.actor == "" }};'),
+     alice(), call("balance"), True),
+    ("agent for a person", (f'permit(principal, {CALL}, resource) when '
+     '{ principal.actor == "" };'), alice(actor="client:agent"), call("balance"), False),
+    ("named agent", (f'permit(principal == Tollhouse::Caller::"https://idp.example|alice", '
+     f'{CALL}, resource) when {{ principal.actor == "client:agent" }};'),
+     alice(actor="client:agent"), call("balance"), True),
     # annotations, endpoint
     ("read-only tools", (f'permit(principal, {CALL}, resource) when {{ resource has readOnlyHint '
      '&& resource.readOnlyHint };'), alice(), call("balance"), True),
