@@ -362,13 +362,6 @@ def _actor(act: object) -> str:
     return ""
 
 
-def _actor(act: object) -> str:
-    """Who acts for the subject (RFC 8693 `act`, the nearest actor): its `sub`."""
-    if isinstance(act, Mapping) and isinstance(act.get("sub"), str):
-        return str(act["sub"])[:200]
-    return ""
-
-
 def _issuer_of(token: str) -> str | None:
     try:
         iss = jwt.decode(token, options={"verify_signature": False}).get("iss")
