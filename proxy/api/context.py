@@ -26,6 +26,7 @@ from proxy.storage import db
 if TYPE_CHECKING:
     from proxy.approvals import Approvals
     from proxy.auth.authenticator import Authenticator
+    from proxy.people.deprovision import Deprovisioner
     from proxy.virtual.registry import Endpoints
 
 AGGREGATES_S = 15.0  # how stale an audit aggregate may be
@@ -53,6 +54,8 @@ class Api:
     seen: LastSeen | None = None
     sessions: SessionStore | None = None
     sessions_scope: str = "process"
+    # what a person deleted loses first, on every replica (proxy.people.deprovision)
+    deprovision: Deprovisioner | None = None
     # approvals (/api/v1/approvals, proxy.api.approvals): the decisions, and the MCP edge's
     # authenticator, by which an approver's bearer JWT is known there as at the edge
     approvals: Approvals | None = None

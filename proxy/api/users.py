@@ -71,6 +71,14 @@ def _known_roles(api: Api) -> Check:
     return check
 
 
+async def _not_last_admin(api: Api, name: str) -> None:
+    """Before a deletion's deprovisioning: the last administrator is not deleted (the delete
+    itself checks again, in its transaction)."""
+    admins = [u for u in await asyncio.to_thread(api.accounts.list) if u.is_admin]
+    if len(admins) <= 1:
+        raise _last_admin(name)
+
+
 def _last_admin(name: str) -> Conflict:
     return Conflict(f"user '{name}' is the last administrator; make another user an "
                     "administrator first")
@@ -136,6 +144,12 @@ async def patch_user(who: Caller, api: Api, name: str) -> Response:
 async def delete_user(who: Caller, api: Api, name: str) -> Response:
     if who.via == "cookie" and who.name == name:
         raise BadRequest("an administrator cannot delete their own account")
+    found = await asyncio.to_thread(api.accounts.by_name, _user_name(name))
+    if found is not None and found.is_admin:
+        await _not_last_admin(api, name)
+    if found is not None and api.deprovision is not None:
+        # every credential of theirs taken, on every replica, before the rows go
+        await api.deprovision.deleted(found.id)
     try:
         gone = await asyncio.to_thread(api.accounts.delete, _user_name(name))
     except LastAdmin:

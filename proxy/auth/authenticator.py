@@ -4,7 +4,9 @@ Failures answer 401 with the reason in the audit only, counted by the lockout he
 the caller's address; except a token whose signature verifies and that is only out of its time
 window (expired, not yet valid) or meant for another endpoint: no guess makes one, so it answers
 401 `invalid_token` and counts for nothing (a hundred people behind one address whose tokens
-expire at once are not an attack)."""
+expire at once are not an attack). A token that names a deprovisioned person (proxy.auth.
+deprovisioned: by its issuer and subject, or by the link rule's claims) is refused on every
+call, the cached ones too: 401 `invalid_token`, not counted either."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from cachetools import LRUCache
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from proxy.auth import keys as api_keys
+from proxy.auth.deprovisioned import Deprovisioned, link_keys, subject_key
 from proxy.auth.jwks import JwksCache, kty_for
 from proxy.auth.lockout import Attempt
 from proxy.auth.people import People, StoreDown
@@ -76,6 +79,15 @@ def _expired(reason: str) -> Failed:
     return Failed(reason, guess=False, description=reason)
 
 
+def _deprovisioned() -> Failed:
+    return Failed("the token's person is deprovisioned", guess=False,
+                  description="the person this token names is deactivated")
+
+
+# what a token of a configured issuer names a provisioned person by (docs/provisioning.md)
+LINK_CLAIMS = ("sub", "preferred_username", "email", "upn")
+
+
 class BearerAuth:
     """Bearer credentials: JWTs from the configured issuers, or Tollhouse API keys.
 
@@ -93,8 +105,10 @@ class BearerAuth:
                  keys: api_keys.KeyIndex | None, lockouts: LockoutStore,
                  clock: Callable[[], float] = time.monotonic,
                  tollhouse: TokenVerifier | None = None,
-                 people: People | None = None) -> None:
+                 people: People | None = None,
+                 deprovisioned: Deprovisioned | None = None) -> None:
         self._tollhouse = tollhouse
+        self._deprovisioned = deprovisioned
         self._people = people  # who the subject of a token this gateway issued is now
         self._store_down_logged = 0.0
         self._issuers: dict[str, _Issuer] = {}
@@ -111,8 +125,10 @@ class BearerAuth:
         self._keys = keys
         self._lockouts = lockouts
         self._clock = clock
-        # verified tokens of external issuers, each until it expires and for at most CACHE_S
-        self._cache: Deadlines[tuple[str, str], Principal] = Deadlines(maxsize=50_000)
+        # verified tokens of external issuers, each until it expires and for at most CACHE_S,
+        # with the deprovisioned keys that would refuse it
+        self._cache: Deadlines[tuple[str, str], tuple[Principal, frozenset[str]]] = \
+            Deadlines(maxsize=50_000)
         self._token_issuers: LRUCache[str, object] = LRUCache(maxsize=50_000)
         self._challenges = {u.name: self._challenge(u.name) for u in cfg.upstreams}
         self._kept_claims = _claims_of(cfg)
@@ -200,15 +216,17 @@ class BearerAuth:
     async def _jwt(self, token: str, endpoint: str) -> Principal:
         now = time.time()
         cached = self._cache.get((token, endpoint), now)  # external issuers' tokens only
-        if cached is not None:
-            return cached
-        if self._tollhouse is not None and self._issuer(token) == self._public_url:
-            # not cached here: the authorization server checks revocation on every call
-            return await self._own(token, endpoint)
-        principal, expires = await self._verify(token, endpoint)
-        now = time.time()
-        self._cache.put((token, endpoint), principal, min(expires, now + self.CACHE_S), now)
-        return principal
+        if cached is None:
+            if self._tollhouse is not None and self._issuer(token) == self._public_url:
+                # not cached here: the authorization server checks revocation on every call
+                return await self._own(token, endpoint)
+            principal, keys, expires = await self._verify(token, endpoint)
+            now = time.time()
+            cached = (principal, keys)
+            self._cache.put((token, endpoint), cached, min(expires, now + self.CACHE_S), now)
+        if self._deprovisioned is not None and await self._deprovisioned.refuses(cached[1]):
+            raise _deprovisioned()
+        return cached[0]
 
     def _issuer(self, token: str) -> str | None:
         """The unverified `iss` of a token, read once per token (a token's claims never
@@ -238,6 +256,10 @@ class BearerAuth:
         name, groups = str(claims.get("name", "")), _names(claims.get("groups"))
         if issuer == CLIENT_ISSUER:  # a registered machine client's own token
             return self._machine(claims)
+        uid = claims.get("uid")
+        if self._deprovisioned is not None and await self._deprovisioned.refuses(
+                (subject_key(issuer, subject),), uid if isinstance(uid, str) else None):
+            raise _deprovisioned()
         if self._people is not None:
             # the person as they are now: a deleted user's token stops working, and a role
             # given or taken applies to this call, not the next token
@@ -250,7 +272,6 @@ class BearerAuth:
                     log.warning("users table out of reach (%s): gateway tokens keep the "
                                 "groups they were issued with", exc)
             else:
-                uid = claims.get("uid")
                 if user is None or (uid is not None and uid != user.id):
                     # deleted, or deleted and a new user of the same name made since
                     raise Failed("the token's user no longer exists")
@@ -273,7 +294,8 @@ class BearerAuth:
         return Principal(subject=str(claims["sub"]), issuer=CLIENT_ISSUER, display_name=now[0],
                          groups=now[1], kind="jwt", claims=_kept(claims, self._kept_claims))
 
-    async def _verify(self, token: str, endpoint: str) -> tuple[Principal, float]:
+    async def _verify(self, token: str, endpoint: str
+                      ) -> tuple[Principal, frozenset[str], float]:
         try:
             header = jwt.get_unverified_header(token)
             unverified = jwt.decode(token, options={"verify_signature": False})
@@ -316,7 +338,9 @@ class BearerAuth:
             groups=_names(claims.get(cfg.groups_claim)),
             scopes=_names(claims.get(cfg.scopes_claim)), kind="jwt",
             claims=_kept(claims, self._kept_claims))
-        return principal, float(claims["exp"]) + cfg.leeway_s
+        named = [v for v in (claims.get(c) for c in LINK_CLAIMS) if isinstance(v, str)]
+        keys = frozenset({subject_key(cfg.issuer, subject), *link_keys(named)})
+        return principal, keys, float(claims["exp"]) + cfg.leeway_s
 
 
 class TokenVerifier(Protocol):

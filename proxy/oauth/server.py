@@ -373,6 +373,16 @@ class AuthorizationServer:
         await self._revocations.revoke_family(family)
         await asyncio.to_thread(self._ledger.revoke_rows, family)
 
+    async def revoke_person(self, user_id: str) -> int:
+        """A person deprovisioned: every grant of theirs revoked (its access tokens refused
+        wherever the live-state store reaches) and their refresh rows deleted; how many grants
+        (families) there were."""
+        families = await asyncio.to_thread(self._ledger.families_of, user_id)
+        for family in families:
+            await self._revocations.revoke_family(family)
+        await asyncio.to_thread(self._ledger.delete_rows_of, user_id)
+        return len(families)
+
     async def revoke(self, client: Client, token: str) -> None:
         """RFC 7009: a refresh token revokes its family; an access token is refused from now
         on. An unknown token is not an error."""

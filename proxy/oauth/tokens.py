@@ -196,6 +196,21 @@ class TokenLedger:
             conn.execute(self._sql("UPDATE oauth_refresh SET revoked_at = ? WHERE family = ? "
                                    "AND revoked_at IS NULL"), (self._clock(), family))
 
+    def families_of(self, user_id: str) -> list[str]:
+        """The families of a person's refresh rows (their grants)."""
+        with self._db.transaction() as conn:
+            rows = conn.execute(self._sql("SELECT DISTINCT family FROM oauth_refresh WHERE "
+                                          "user_id = ?"), (user_id,)).fetchall()
+        return sorted(str(r[0]) for r in rows)
+
+    def delete_rows_of(self, user_id: str) -> int:
+        """Delete a person's refresh rows (deprovisioned: none of them may be used again);
+        how many there were."""
+        with self._db.transaction() as conn:
+            cur = conn.execute(self._sql("DELETE FROM oauth_refresh WHERE user_id = ?"),
+                               (user_id,))
+        return int(cur.rowcount)
+
     def family_revoked(self, family: str, description: str) -> FamilyRevoked:
         """Revoke the family's rows; the caller raises the result, and the server's `refresh`
         revokes it in the live-state store too."""

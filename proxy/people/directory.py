@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from proxy.auth.deprovisioned import link_keys
 from proxy.people.accounts import SCIM_ISSUER, federated_name, name_candidates
 from proxy.storage import db
 
@@ -69,14 +70,6 @@ class PersonFacts:
         if self.external_id:
             found.add(self.external_id.lower())
         return found
-
-
-def link_keys(values: Iterable[str]) -> set[str]:
-    return {f"id:{v.lower()}" for v in values if v}
-
-
-def subject_key(issuer: str, subject: str) -> str:
-    return f"sub:{issuer}|{subject}"
 
 
 class Directory:

@@ -74,7 +74,8 @@ class Web:
         user_id = await self.sessions.user_id(cookie)
         if user_id is None:
             return None
-        return await asyncio.to_thread(self.accounts.get, user_id)
+        user = await asyncio.to_thread(self.accounts.get, user_id)
+        return user if user is not None and user.active else None  # deprovisioned: nobody
 
     async def sign_in(self, user: User, next_url: str) -> Response:
         session_id = await self.sessions.create(user.id)

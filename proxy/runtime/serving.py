@@ -36,6 +36,7 @@ from proxy.audit.exports.service import Exports
 from proxy.audit.outbox import OutboxWorker
 from proxy.audit.retention import Retention
 from proxy.auth.authenticator import Authenticator, BearerAuth, NoAuth
+from proxy.auth.deprovisioned import Deprovisioned
 from proxy.auth.keys import KeyIndex
 from proxy.chain import Chain
 from proxy.compiled import Deps, build_gate, compile
@@ -50,6 +51,7 @@ from proxy.observability import Observer, Observers
 from proxy.observability.health import Health
 from proxy.observability.logs import RequestLog
 from proxy.observability.metrics import Metrics
+from proxy.people.deprovision import Deprovisioner
 from proxy.people.live import LiveUsers
 from proxy.pin_store import DatabasePins
 from proxy.policy_store import PolicyStore
@@ -236,9 +238,7 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
     stack.callback(database.close)
     stack.push_async_callback(s.stores.aclose)
     mirrors = Mirrors(given.registry_poll_s)  # servers, endpoints, pins, keys, policies
-    keys = KeyIndex(database, mirrors) if cfg.auth.mode == "jwt" else None
-    if keys is not None:
-        stack.callback(keys.close)
+    identity = _identity(s, mirrors, stack)  # the API keys, who is deprovisioned
     stack.push_async_callback(mirrors.aclose)  # once the reads in progress gave theirs back
     if s.connections is not None:
         stack.push_async_callback(s.connections.aclose)
@@ -277,7 +277,7 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
     virtual = {e.name: VirtualRoute.from_config(e) for e in cfg.endpoints}
     built: Late[Gateway] = Late()  # the per-caller upstreams close what a reload replaced
     tenants = Tenants(destinations, upstream.pool, lambda c: built().spawn(c), s.people)
-    gateway = built.bind(_gateway(s, live, upstream, audit, keys, virtual, tracing, seen,
+    gateway = built.bind(_gateway(s, live, upstream, audit, identity, virtual, tracing, seen,
                                   tenants))
     stack.push_async_callback(gateway.tenants.aclose)  # per-caller upstreams' pools
     gateway.calls.approvals = approvals = Approvals(s.stores.approvals, audit, public_url=cfg.server.public_url,
@@ -290,7 +290,8 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
                         reserved=virtual.__contains__, changed=changed)
     endpoints = Endpoints(cfg, virtual, registry, mirrors, added_access, database,
                           changed=changed)
-    api = _api(s, registry, endpoints, keys, audit, pin_store, seen)
+    api = _api(s, registry, endpoints, identity.keys, audit, pin_store, seen)
+    _deprovisioning(s, api, audit, approvals, identity)
     api.approvals, api.edge = approvals, gateway.auth  # /api/v1/approvals' deciders
     serving = Serving(s, grace=grace, deps=deps, upstream=upstream, audit=audit, outbox=outbox,
                       health=health, gateway=gateway, registry=registry, endpoints=endpoints,
@@ -368,11 +369,11 @@ def _tracing(s: Services) -> Any:
 
 
 def _gateway(s: Services, live: Live, upstream: UpstreamClient, audit: AuditSink,
-             keys: KeyIndex | None, virtual: dict[str, VirtualRoute], tracing: Any,
+             identity: Identity, virtual: dict[str, VirtualRoute], tracing: Any,
              seen: LastSeen, tenants: Tenants) -> Gateway:
     stores, metrics = s.stores, s.metrics
     return Gateway(
-        routes=s.routes, authenticator=_authenticator(s, upstream, keys), live=live,
+        routes=s.routes, authenticator=_authenticator(s, upstream, identity), live=live,
         sessions=stores.sessions, inflight=stores.inflight, upstream=upstream, audit=audit,
         allowed_origins=s.origins, identity=s.identity, connections=s.connections,
         trusted_proxies=s.trusted, bridged=stores.bridge, later=s.given.later,
@@ -410,13 +411,45 @@ def _api(s: Services, registry: Registry, endpoints: Endpoints, keys: KeyIndex |
                else "process")
 
 
-def _authenticator(s: Services, upstream: UpstreamClient, keys: KeyIndex | None
+def _authenticator(s: Services, upstream: UpstreamClient, identity: Identity
                    ) -> Authenticator:
-    if keys is None:
+    if identity.keys is None:
         return NoAuth()
     people = LiveUsers(s.web.accounts) if s.oauth is not None and s.web is not None else None
-    return BearerAuth(s.cfg, s.base_dir, upstream.http, keys, s.stores.lockouts,
-                      s.given.clock, tollhouse=s.oauth, people=people)
+    return BearerAuth(s.cfg, s.base_dir, upstream.http, identity.keys, s.stores.lockouts,
+                      s.given.clock, tollhouse=s.oauth, people=people,
+                      deprovisioned=identity.deprovisioned)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What callers are known by beside the config, mirrored from the database: the API keys
+    and who is deprovisioned (proxy.auth.deprovisioned); neither without auth.mode = "jwt"."""
+
+    keys: KeyIndex | None
+    deprovisioned: Deprovisioned | None
+
+
+def _identity(s: Services, mirrors: Mirrors, stack: AsyncExitStack) -> Identity:
+    if s.cfg.auth.mode != "jwt":
+        return Identity(None, None)
+    keys, deprovisioned = KeyIndex(s.database, mirrors), Deprovisioned(s.database, mirrors)
+    stack.callback(keys.close)
+    stack.callback(deprovisioned.close)
+    return Identity(keys, deprovisioned)
+
+
+def _deprovisioning(s: Services, api: Api, audit: AuditSink, approvals: Approvals,
+                    identity: Identity) -> None:
+    """What a person deprovisioned loses (proxy.people.deprovision), taken by SCIM's changes
+    and by /api/v1/users' deletes."""
+    taker = Deprovisioner(s.database, s.accounts, s.stores.sessions, audit,
+                          identity.deprovisioned,
+                          browser=s.web.sessions if s.web is not None else None,
+                          grants=s.oauth, connections=s.connections, approvals=approvals)
+    api.deprovision = taker
+    if s.scim is not None:
+        s.scim.store.changes = taker
 
 
 def _observer(request_log: RequestLog, metrics: Metrics | None, tracing: Observer | None,

@@ -79,6 +79,7 @@ class ScimApp(ASGIApplication):
     def __init__(self, store: ScimStore, scim_provider: ScimProvider, token: str,
                  public_url: str, max_body: int) -> None:
         super().__init__(store, scim_provider, ScimService(scim_provider))
+        self.store = store  # its `changes` are set once the gateway serves (deprovisioning)
         self._token = token.encode()
         self._base_url = public_url.rstrip("/") + PREFIX
         self._max_body = max_body

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar, Union
 
 from scim2_models import (
@@ -86,6 +86,15 @@ class ScimStore(AsyncScimStorage):
         except self._directory.errors:
             raise Unavailable() from None
 
+    async def _changed(self, change: Callable[[str], Awaitable[None]], user_id: str) -> None:
+        """What the change means for the person, before the call answers; a step that could
+        not be taken (a store out of reach) answers 503, and the identity provider sends the
+        call again (every step runs again: each is harmless twice)."""
+        try:
+            await change(user_id)
+        except Exception:  # noqa: BLE001 - logged where it failed; SCIM's 503 here
+            raise Unavailable() from None
+
     async def get(self, resource_type: ResourceType, resource_id: str, *,
                   response_parameters: ResponseParameters[Any] | None = None) -> Resource[Any]:
         read = self._directory.person if resource_type.name == USER else self._directory.group
@@ -120,7 +129,7 @@ class ScimStore(AsyncScimStorage):
             facts = facts_of(doc)
             row = await self._run(self._directory.create_person, doc, facts)
             if not facts.active:
-                await self.changes.deactivated(row.id)
+                await self._changed(self.changes.deactivated, row.id)
             return self._resource(USER, await self._run(self._directory.person, row.id))
         members = _members(resource)
         try:
@@ -140,9 +149,9 @@ class ScimStore(AsyncScimStorage):
                 row, was, now = await self._run(self._directory.replace_person, rid, doc,
                                                 facts_of(doc), expected)
                 if was and not now:
-                    await self.changes.deactivated(rid)
+                    await self._changed(self.changes.deactivated, rid)
                 elif now and not was:
-                    await self.changes.reactivated(rid)
+                    await self._changed(self.changes.reactivated, rid)
                 return self._resource(USER, row)
             row = await self._run(self._directory.replace_group, rid, doc,
                                   doc.get("displayName", ""), doc.get("externalId"),
@@ -160,7 +169,7 @@ class ScimStore(AsyncScimStorage):
         try:
             if resource_type.name == USER:
                 await self._run(self._directory.person, resource_id)  # NotFound before anything
-                await self.changes.deleted(resource_id)
+                await self._changed(self.changes.deleted, resource_id)
                 await self._run(self._directory.delete_person, resource_id, expected)
             else:
                 await self._run(self._directory.delete_group, resource_id, expected)

@@ -1,7 +1,11 @@
 """MCP sessions (2025-11-25): the id the client holds, bound to one endpoint and one principal,
 mapped to the upstream's session id, which never reaches the client. A Redis store keeps
 `ms:<id>` as the session's JSON (SET PX idle timeout; `get` is GETEX PX, so each use restarts
-the idle timer; `delete` is DEL). The spine `fetch`es a request's session as the request
+the idle timer; `delete` is DEL), and beside it the set `mp:<principal key>` of that caller's
+session ids (the index a deprovisioned person's sessions are ended by, `end_for`: SMEMBERS,
+DEL each, one Lua script): `create` is one script (SET PX, SADD, PEXPIRE), and each `fetch`
+that finds a session pipelines a PEXPIRE of its caller's set after its GETEX (unawaited), so
+the set outlives every session in it. The spine `fetch`es a request's session as the request
 arrives and reads it once the caller is authenticated: the GETEX is on the wire while the body
 is parsed and the credential checked, so its reply is usually there when it is needed and the
 call does not sleep on it. (A caller with a session id but a wrong credential thus restarts
@@ -80,6 +84,10 @@ class SessionStore(Protocol):
     async def by_endpoint(self) -> dict[str, int]:
         """Live sessions per endpoint (every process's on a shared store)."""
 
+    async def end_for(self, principal_key: str) -> int:
+        """End every session of one caller (a person deprovisioned: their next request with
+        one is 404 "session not found"); how many ended."""
+
 
 class Fetched(Protocol):
     async def session(self) -> Session | None: ...
@@ -101,13 +109,43 @@ class _Found:
         pass
 
 
+class _Live(TTLCache[str, Session]):
+    """The sessions, telling their index by caller whenever one goes by itself (expiry, or the
+    least recently used one when full); `delete` and `end_for` update the index themselves."""
+
+    def __init__(self, maxsize: int, ttl: float, timer: Callable[[], float],
+                 index: dict[str, set[str]]) -> None:
+        super().__init__(maxsize=maxsize, ttl=ttl, timer=timer)
+        self._index = index
+
+    def expire(self, time: Any = None) -> list[tuple[str, Session]]:
+        expired = list(super().expire(time))
+        for session_id, session in expired:
+            _unindex(self._index, session.principal_key, session_id)
+        return expired
+
+    def popitem(self) -> tuple[str, Session]:
+        session_id, session = super().popitem()
+        _unindex(self._index, session.principal_key, session_id)
+        return session_id, session
+
+
+def _unindex(index: dict[str, set[str]], principal_key: str, session_id: str) -> None:
+    ids = index.get(principal_key)
+    if ids is not None:
+        ids.discard(session_id)
+        if not ids:
+            del index[principal_key]
+
+
 class MemorySessionStore:
     """Sessions in one process, expiring after `idle_timeout_s` without use."""
 
     def __init__(self, idle_timeout_s: float, max_sessions: int,
                  clock: Callable[[], float] | None = None) -> None:
-        self._sessions: TTLCache[str, Session] = TTLCache(
-            maxsize=max_sessions, ttl=idle_timeout_s, timer=clock or time.monotonic)
+        self._by_principal: dict[str, set[str]] = {}
+        self._sessions = _Live(max_sessions, idle_timeout_s, clock or time.monotonic,
+                               self._by_principal)
 
     async def create(self, endpoint: str, principal_key: str, upstream_session_id: str | None,
                      protocol_version: str | None,
@@ -115,7 +153,8 @@ class MemorySessionStore:
                      capabilities: dict[str, Any] | None = None) -> Session:
         session = Session.new(endpoint, principal_key, upstream_session_id, protocol_version,
                               bridged_envelope, capabilities)
-        self._sessions[session.id] = session
+        self._sessions[session.id] = session  # may expire or evict others: they unindex
+        self._by_principal.setdefault(principal_key, set()).add(session.id)
         return session
 
     async def get(self, session_id: str) -> Session | None:
@@ -131,7 +170,16 @@ class MemorySessionStore:
         return session
 
     async def delete(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            _unindex(self._by_principal, session.principal_key, session_id)
+
+    async def end_for(self, principal_key: str) -> int:
+        ended = 0
+        for session_id in self._by_principal.pop(principal_key, set()):
+            if self._sessions.pop(session_id, None) is not None:
+                ended += 1
+        return ended
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -147,6 +195,24 @@ class MemorySessionStore:
         return dict(Counter(s.endpoint for s in list(self._sessions.values())))
 
 
+_CREATE = """
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('SADD', KEYS[2], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 0
+"""
+
+_END_FOR = """
+local ids = redis.call('SMEMBERS', KEYS[1])
+local ended = 0
+for _, id in ipairs(ids) do
+  ended = ended + redis.call('DEL', ARGV[1] .. id)
+end
+redis.call('DEL', KEYS[1])
+return ended
+"""
+
+
 class RedisSessionStore:
     """Sessions shared by every gateway process on one Redis: any replica continues a session
     any other opened. No bound on their number but the idle timeout (Redis's memory)."""
@@ -154,7 +220,10 @@ class RedisSessionStore:
     def __init__(self, shared: Shared, idle_timeout_s: float) -> None:
         self._shared = shared
         self._prefix = shared.key("ms:")
+        self._callers = shared.key("mp:")
         self._ttl_ms = max(1, round(idle_timeout_s * 1000))
+        self._create = shared.script(_CREATE, "session")
+        self._end_for = shared.script(_END_FOR, "session")
 
     async def create(self, endpoint: str, principal_key: str, upstream_session_id: str | None,
                      protocol_version: str | None,
@@ -164,8 +233,8 @@ class RedisSessionStore:
                               bridged_envelope, capabilities)
         held = orjson.dumps((endpoint, principal_key, upstream_session_id, protocol_version,
                              session.created_at, bridged_envelope, capabilities))
-        await self._shared.command("session", "SET", self._prefix + session.id, held,
-                                   "PX", self._ttl_ms)
+        await self._create([self._prefix + session.id, self._callers + principal_key],
+                           [held, session.id, self._ttl_ms])
         return session
 
     async def get(self, session_id: str) -> Session | None:
@@ -173,10 +242,19 @@ class RedisSessionStore:
 
     def fetch(self, session_id: str) -> Fetched:
         return _Asked(session_id, self._shared.ask("session", "GETEX", self._prefix + session_id,
-                                                   "PX", self._ttl_ms))
+                                                   "PX", self._ttl_ms), self._kept)
+
+    def _kept(self, principal_key: str) -> None:
+        """A session of this caller was used: their set lives as long as it (unawaited)."""
+        self._shared.ask("session", "PEXPIRE", self._callers + principal_key,
+                         self._ttl_ms).drop()
 
     async def delete(self, session_id: str) -> None:
+        # its id stays in its caller's set until the set expires: deleting it again is harmless
         await self._shared.command("session", "DEL", self._prefix + session_id)
+
+    async def end_for(self, principal_key: str) -> int:
+        return int(await self._end_for([self._callers + principal_key], [self._prefix]))
 
     async def count(self) -> int:
         """Live sessions of every process (for metrics)."""
@@ -194,10 +272,10 @@ class RedisSessionStore:
 
 
 class _Asked:
-    __slots__ = ("_asked", "_id")
+    __slots__ = ("_asked", "_id", "_kept")
 
-    def __init__(self, session_id: str, asked: Asked) -> None:
-        self._id, self._asked = session_id, asked
+    def __init__(self, session_id: str, asked: Asked, kept: Callable[[str], None]) -> None:
+        self._id, self._asked, self._kept = session_id, asked, kept
 
     async def session(self) -> Session | None:
         raw = await self._asked.reply()
@@ -206,6 +284,7 @@ class _Asked:
         # a session kept before the capabilities were (six fields) has none
         endpoint, principal_key, upstream_id, version, created, envelope, *rest = \
             orjson.loads(raw)
+        self._kept(principal_key)
         return Session(self._id, endpoint, principal_key, upstream_id, version, created,
                        bridged_envelope=envelope, capabilities=rest[0] if rest else None)
 

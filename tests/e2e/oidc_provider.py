@@ -9,7 +9,9 @@ forged signature, `alg` none or HS256, a refusal at /authorize, a broken token e
 With `refresh_grant` it is also an upstream's OAuth authorization server: a code's answer
 carries a refresh token, each good once (a reused one is invalid_grant), every access token
 lives `expires_in` seconds, `refreshed` lists every refresh token presented (as it arrives),
-and with `hold_refresh` set each refresh waits for that event before it is answered.
+and with `hold_refresh` set each refresh waits for that event before it is answered. Its
+`/revoke` (RFC 7009) lists each token revoked in `revoked` and makes a refresh token no longer
+good.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class OidcProvider:
     hold_refresh: asyncio.Event | None = None
     refreshed: list[str] = field(default_factory=list)
     refresh_tokens: set[str] = field(default_factory=set)  # the ones still good
+    revoked: list[str] = field(default_factory=list)  # every token /revoke was given
     # what happened
     hits: Counter[str] = field(default_factory=Counter)
     challenges: list[str] = field(default_factory=list)
@@ -168,6 +171,15 @@ class OidcProvider:
                 if self.hold_refresh is not None:
                     await self.hold_refresh.wait()
             status, out, extra = self.token(form, headers.get("authorization", ""))
+        elif path == "/revoke" and method == "POST":
+            self.hits["revoke"] += 1
+            form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
+            if self._client(form, headers.get("authorization", "")) is None:
+                status, out = 401, {"error": "invalid_client"}
+            else:
+                self.revoked.append(form.get("token", ""))
+                self.refresh_tokens.discard(form.get("token", ""))
+                status, out = 200, {}
         else:
             status, out = 404, {"error": "not_found"}
         payload = orjson.dumps(out)

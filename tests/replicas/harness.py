@@ -52,7 +52,7 @@ START_DEADLINE_S = 30.0  # a gateway process imports everything and migrates: ~1
 
 # Redis keys the gateway may leave under its prefix (proxy/state/*.py), by kind. Every one
 # but the bridge's era verdicts expires by itself.
-KEY_KINDS = ("ms:", "bv:", "bh:", "rl:", "lk:l:", "lk:c:", "br:", "oc:", "fl:", "rv:", "ls:",
+KEY_KINDS = ("ms:", "mp:", "bv:", "bh:", "rl:", "lk:l:", "lk:c:", "br:", "oc:", "fl:", "rv:", "ls:",
              "rg:", "ra:", "cx:", "tk:", "ap:")
 KEPT_KINDS = ("bv:",)
 
