@@ -189,6 +189,8 @@ async def test_the_tool_profile_decides_each_request_of_a_task(installed: None) 
                 with pytest.raises(Exception, match="Unknown tool") as caught:
                     await raw(left, method, {"taskId": task_id})
                 assert "Research" not in str(caught.value)
+            # nor listed: its status message would say what it researches
+            assert (await raw(left, "tasks/list", {}))["tasks"] == []
     denied = [r for r in gw.audit.records if r.method in ("tasks/get", "tasks/result")
               and r.status == "denied"]
     assert [(r.method, r.tool) for r in denied] == [("tasks/get", TOOL), ("tasks/result", TOOL)]
