@@ -38,7 +38,9 @@ from proxy.storage.db import Database
 from proxy.strict import ServerIn
 
 PAGES = ("/console/", "/console/servers", "/console/servers/s250", "/console/keys",
-         "/console/users", "/console/audit", "/console/audit?status=denied&endpoint=s7",
+         "/console/users", "/console/users/admin", "/console/audit",
+         "/console/audit?status=denied&endpoint=s7", "/console/audit?range=yesterday&tz=UTC",
+         "/console/audit?principal=user7&range=7d&tz=UTC",
          "/console/usage?period=day", "/console/usage?period=week", "/console/me/keys",
          "/console/me/connect")
 TOOLS = ("search", "read", "write", "list", "delete")

@@ -91,7 +91,9 @@ def period(args: MultiDict[str, str], default: str = "", now: float | None = Non
     zone_name = str(zone.key)
     at = time.time() if now is None else now
     start, end = args.get("from", "").strip(), args.get("to", "").strip()
-    chosen = args.get("range", "")
+    # dates typed win over a range (the form shows a range's dates empty, so dates sent are
+    # ones the person just set; the page's script empties them when a range is chosen)
+    chosen = "" if start or end else args.get("range", "")
     if chosen not in RANGES:
         chosen = "" if start or end else default
     if chosen:

@@ -146,6 +146,7 @@ def _why_denied(v: Flow, key: str) -> None:
         v.driver.refresh()
         denials = v.driver.find_element("css selector", "section[aria-labelledby=denials]")
     assert "cedar: forbidden by no-add" in denials.text, denials.text
+    v.keep("flow-overview")
     row = next(r for r in denials.find_elements("css selector", "tbody tr")
                if "no-add" in r.text)
     v.click(row.find_element("css selector", "td a"))

@@ -25,6 +25,14 @@ document.addEventListener("DOMContentLoaded", function () {
     beside.textContent = "(" + utc + ")";
     el.appendChild(beside);
   });
+  document.querySelectorAll("fieldset.period select").forEach(function (select) {
+    select.addEventListener("change", function () {
+      if (!select.value) return;
+      select.form.querySelectorAll("input[type=datetime-local]").forEach(function (input) {
+        input.value = "";
+      });
+    });
+  });
   document.querySelectorAll("input.tz").forEach(function (input) {
     if (!input.value) input.value = zone;
     var label = input.parentNode.querySelector(".zone");
