@@ -248,8 +248,10 @@ def _servers_and_keys() -> dict[str, Any]:
                           precondition=True)},
         "/api/v1/keys": {
             "get": _paged(_op("List API keys (never their secrets), oldest first; a page of "
-                              "them with limit and offset", "200", _list_of(KeyOut),
-                              query=["limit", "offset"]), "key"),
+                              "them with limit and offset; name_prefix: those whose name "
+                              "starts with it (a person's own: me:<user id>:)", "200",
+                              _list_of(KeyOut), query=["limit", "offset", "name_prefix"]),
+                      "key"),
             "post": _op("Create an API key; the secret is shown once", "201",
                         _ref(KeyCreated), KeyIn)},
         "/api/v1/keys/{key_id}": {
@@ -512,6 +514,24 @@ def _evidence() -> dict[str, Any]:
     }
 
 
+def _principals() -> dict[str, Any]:
+    """The names of the principals audit records hold (proxy.api.principals)."""
+    text = {"type": ["string", "null"]}
+    item = {"type": "object", "required": ["principal", "kind", "name"], "properties": {
+        "principal": {"type": "string", "description": "as asked: as a record holds it"},
+        "kind": {"type": "string", "enum": ["person", "key", "client", "unknown"]},
+        "name": {"type": "string", "description": "for people to read"},
+        "issuer": text, "subject": {"type": "string"}, "key_id": {"type": "string"},
+        "client_id": {"type": "string"},
+        "user": {"type": ["string", "null"], "description": "the person's name (a person, "
+                                                             "or a person's own key)"}}}
+    op = _op("The names of principals as audit records and usage rows hold them (id: once "
+             "per principal, 200 at most): a person's, a key's (and whose), an OAuth "
+             "client's", "200", {"type": "object", "required": ["items"], "properties": {
+                 "items": {"type": "array", "items": item}}}, query=["id"])
+    return {"/api/v1/principals": {"get": op}}
+
+
 @cache
 def document(*, connections: bool = False) -> dict[str, Any]:
     """The document of the routes served: `connections` when the app serves
@@ -519,7 +539,7 @@ def document(*, connections: bool = False) -> dict[str, Any]:
     schemas = _schemas()
     paths = {**_roles_and_me(), **_servers_and_keys(), **_policies(), **_users(),
              **_audit_and_usage(), **_pins(), **_approvals(), **_console(), **_status(),
-             **_evidence()}
+             **_evidence(), **_principals()}
     if connections:
         paths.update(_connections())
     return {"openapi": "3.1.0",
