@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, cast
 
 from proxy.mirror import Mirror, Mirrors
 from proxy.storage import db
+from proxy.storage.own import CounterReader
 
 _COUNTER = "SELECT version FROM deprovisioned_version WHERE id = ?"
 
@@ -53,7 +53,7 @@ class Deprovisioned:
             self._db.connect() if self._db.dialect == "sqlite" and not self._db.memory
             else None)
         self._seen_data = -1  # the data_version the last sync began at
-        self._counter_conn: db.Connection | None = None
+        self._counter = CounterReader(self._db, _COUNTER)
         self._mirror: Mirror[Refused] = mirrors.mirror(
             "deprovisioned people", self._counter, self._read_all, self._apply,
             errors=self._db.errors, polled=False)
@@ -62,27 +62,6 @@ class Deprovisioned:
 
     def _apply(self, refused: Refused) -> None:
         self.refused = refused
-
-    def _counter(self) -> int:
-        """The change counter (on the mirrors' pool). PostgreSQL: one round trip on a
-        connection of our own in autocommit, reopened once if it was lost."""
-        if not self._db.postgresql:
-            with self._db.transaction() as conn:
-                row = conn.execute(self._db.sql(_COUNTER), (1,)).fetchone()
-            return int(row[0]) if row else 0
-        for attempt in (1, 2):
-            if self._counter_conn is None:
-                self._counter_conn = self._db.connect()
-                cast(Any, self._counter_conn).autocommit = True
-            try:
-                row = self._counter_conn.execute(self._db.sql(_COUNTER), (1,)).fetchone()
-                return int(row[0]) if row else 0
-            except self._db.errors:
-                self._counter_conn.close()
-                self._counter_conn = None
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
 
     def _read_all(self) -> tuple[int, Refused]:
         with self._db.transaction() as conn:
@@ -120,7 +99,6 @@ class Deprovisioned:
     def close(self) -> None:
         if self._watch is not None:
             self._watch.close()
-        if self._counter_conn is not None:
-            self._counter_conn.close()
+        self._counter.close()
         if self._owns_db:
             self._db.close()

@@ -17,12 +17,13 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import orjson
 
 from proxy.mirror import Mirrors
 from proxy.storage import db
+from proxy.storage.own import CounterReader
 
 PREFIX = "th_"
 _FORMAT = re.compile(r"^th_([a-z0-9]{10})_([A-Za-z0-9_-]{43})$")
@@ -189,7 +190,7 @@ class KeyIndex:
         self._watch: db.Connection | None = (
             self._db.connect() if self._db.dialect == "sqlite" and not self._db.memory
             else None)
-        self._counter_conn: db.Connection | None = None
+        self._counter = CounterReader(self._db, _COUNTER)
         self._mirror = self._mirrors.mirror(
             "API keys", self._counter, self._read_all, self._apply, errors=self._db.errors,
             polled=False, instant=self._data_version if self._watch is not None else None)
@@ -203,27 +204,6 @@ class KeyIndex:
         # Reads the WAL index in shared memory: no disk I/O, microseconds.
         assert self._watch is not None
         return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
-
-    def _counter(self) -> int:
-        """The change counter (on the mirrors' pool). PostgreSQL: one round trip on a
-        connection of our own in autocommit, reopened once if it was lost."""
-        if not self._db.postgresql:
-            with self._db.transaction() as conn:
-                row = conn.execute(self._db.sql(_COUNTER), (1,)).fetchone()
-            return int(row[0]) if row else 0
-        for attempt in (1, 2):
-            if self._counter_conn is None:
-                self._counter_conn = self._db.connect()
-                cast(Any, self._counter_conn).autocommit = True
-            try:
-                row = self._counter_conn.execute(self._db.sql(_COUNTER), (1,)).fetchone()
-                return int(row[0]) if row else 0
-            except self._db.errors:
-                self._counter_conn.close()
-                self._counter_conn = None
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
 
     def _read_all(self) -> tuple[int, dict[str, ApiKey]]:
         """(the counter, every key): the counter is read first, so a write between it and the
@@ -254,7 +234,6 @@ class KeyIndex:
             self._mirrors.close()
         if self._watch is not None:
             self._watch.close()
-        if self._counter_conn is not None:
-            self._counter_conn.close()
+        self._counter.close()
         if self._owns_db:
             self._db.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from typing import Any, cast
 
 from proxy.storage import db
 
@@ -52,6 +53,42 @@ class OwnConnection:
 
     def close(self) -> None:
         """Close the connection (a lost one, or the worker stopping)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with suppress(Exception):
+                conn.close()
+
+
+class CounterReader:
+    """A change counter's value (a row a table's triggers bump), read for a mirror
+    (proxy.mirror) on its pool: on PostgreSQL one round trip on a connection of our own in
+    autocommit, reopened once if it was lost; on SQLite in a short transaction."""
+
+    def __init__(self, database: db.Database, sql: str) -> None:
+        self._database = database
+        self._sql = database.sql(sql)
+        self._conn: db.Connection | None = None
+
+    def __call__(self) -> int:
+        database = self._database
+        if not database.postgresql:
+            with database.transaction() as conn:
+                row = conn.execute(self._sql, (1,)).fetchone()
+            return int(row[0]) if row else 0
+        for attempt in (1, 2):
+            if self._conn is None:
+                self._conn = database.connect()
+                cast(Any, self._conn).autocommit = True
+            try:
+                row = self._conn.execute(self._sql, (1,)).fetchone()
+                return int(row[0]) if row else 0
+            except database.errors:
+                self.close()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             with suppress(Exception):
