@@ -249,21 +249,6 @@ def _cut(text: str, most: int) -> str:
 # -- the routes ----------------------------------------------------------------------------
 
 
-class Passage:
-    """The ASGI layer in front of the MCP edge that sends `/mcp/<endpoint>/server-card` to
-    the Quart app (the edge would take `<endpoint>/server-card` for an endpoint's name)."""
-
-    def __init__(self, inner: Any, app: Any) -> None:
-        self.inner, self.app = inner, app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path.startswith("/mcp/") and path.endswith(SUFFIX) and path.count("/") == 3:
-            await self.app(scope, receive, send)
-        else:
-            await self.inner(scope, receive, send)
-
-
 def register(app: Quart, public_url: str, auth_required: bool) -> None:
     cards = Cards(public_url, auth_required)
 

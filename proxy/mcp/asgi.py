@@ -32,8 +32,11 @@ HEARTBEAT = b": keepalive\n\n"  # an SSE comment: every client skips it
 class McpEdge:
     def __init__(self, app: ASGIApp, gateway: Callable[[], Gateway], *, max_body: int,
                  body_timeout_s: float, heartbeat_s: float = 0.0,
-                 refused: Callable[[str, str, int], None] | None = None) -> None:
+                 refused: Callable[[str, str, int], None] | None = None,
+                 passed_on: tuple[str, ...] = ()) -> None:
         self.app = app
+        # `/mcp/<endpoint><suffix>` the app serves (a server card, proxy.cards), not the edge
+        self.passed_on = passed_on
         self.gateway = gateway
         self.refused = refused  # the request log's line for a refusal before any endpoint
         self.max_body = max_body
@@ -44,8 +47,10 @@ class McpEdge:
         path = scope.get("path", "")
         if scope["type"] != "http" or not path.startswith(PREFIX):
             return await self.app(scope, receive, send)
-        gateway = self.gateway()
         endpoint = path[len(PREFIX):]
+        if endpoint.endswith(self.passed_on) and endpoint.count("/") == 1:
+            return await self.app(scope, receive, send)
+        gateway = self.gateway()
         method = scope["method"]
         try:
             route = gateway.route(endpoint)

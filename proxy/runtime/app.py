@@ -102,16 +102,15 @@ def create_app(cfg: Config, **overrides: Any) -> Quart:
             yield
 
     _routes(app, services)
-    quart = app.asgi_app
     # the ASGI stack, outermost first: each layer answers what it owns and hands the rest on
     layers: list[Callable[[ASGIApp], ASGIApp]] = [
         lambda inner: BodyCap(inner, "/api/v1/", cfg.server.max_request_bytes, "api"),
-        lambda inner: cards.Passage(inner, quart),  # /mcp/<endpoint>/server-card: Quart's
         lambda inner: McpEdge(inner, services.edge_gateway,
                               max_body=cfg.server.max_request_bytes,
                               body_timeout_s=BODY_TIMEOUT_S,
                               heartbeat_s=cfg.server.sse_heartbeat_s,
-                              refused=services.request_log.refused),
+                              refused=services.request_log.refused,
+                              passed_on=(cards.SUFFIX,)),  # server cards: Quart's
     ]
     if services.scim is not None:
         scim = services.scim
