@@ -14,6 +14,7 @@ from proxy.api import (
     caller,
     endpoints,
     evidence,
+    held,
     keys,
     mine,
     openapi,
@@ -59,6 +60,9 @@ ROUTES: tuple[Route, ...] = (
     Route("/users/<name>", "PUT", users.put_user),
     Route("/users/<name>", "PATCH", users.patch_user),
     Route("/users/<name>", "DELETE", users.delete_user),
+    # what a person holds open, and "end all sessions" (issue 43): the person stays active
+    Route("/users/<name>/sessions", "GET", held.person_sessions),
+    Route("/users/<name>/sessions", "DELETE", held.end_person_sessions, names_change=True),
     Route("/policies", "GET", policies.policies, auditor=True),
     Route("/policies", "POST", policies.create_policy, names_change=True),
     Route("/policies/<policy_id>", "GET", policies.policy, auditor=True),
