@@ -280,7 +280,37 @@ def _users() -> dict[str, Any]:
         "/api/v1/users": {
             "get": _op("List users", "200", _list_of(UserOut)),
             "post": _op("Create a local user", "201", _ref(UserOut), UserIn, conflict=True)},
+        **_held(),
     }
+
+
+def _held() -> dict[str, Any]:
+    """What a person holds open, and ending it all (proxy.api.held)."""
+    count = {"type": "integer", "minimum": 0}
+    session = {"type": "object", "required": ["id_hash", "endpoint", "created_at"],
+               "properties": {"id_hash": {"type": "string", "description": "the session's "
+                                          "hash, as its audit records hold it"},
+                              "endpoint": {"type": "string"}, "created_at": TIME,
+                              "protocol_version": {"type": ["string", "null"]}}}
+    account = {"type": "object", "required": ["upstream", "status"], "properties": {
+        "upstream": {"type": "string"},
+        "status": {"type": "string", "enum": ["connected", "needs_reconnect"]}}}
+    listed = {"type": "object", "required": ["user", "browser_sessions", "mcp_sessions",
+                                             "upstream_accounts"], "properties": {
+        "user": {"type": "string"}, "browser_sessions": count,
+        "mcp_sessions": {"type": "array", "items": session},
+        "upstream_accounts": {"type": "array", "items": account}}}
+    ended = {"type": "object", "required": ["user", "browser_sessions", "oauth_grants",
+                                            "mcp_sessions", "upstream_accounts"],
+             "properties": {"user": {"type": "string"}, "browser_sessions": count,
+                            "oauth_grants": count, "mcp_sessions": count,
+                            "upstream_accounts": count}}
+    return {"/api/v1/users/{name}/sessions": {
+        "get": _op("What a person holds open: browser sessions (how many), MCP sessions, "
+                   "connected upstream accounts", "200", listed, params=["name"]),
+        "delete": _op("End all of a person's sessions: browser (but the caller's own), MCP, "
+                      "OAuth grants, and revoke their upstream accounts; the person stays "
+                      "active and keeps their API keys", "200", ended, params=["name"])}}
 
 
 def _audit_and_usage() -> dict[str, Any]:

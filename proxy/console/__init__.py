@@ -76,6 +76,7 @@ PAGES: tuple[tuple[str, str, Callable[..., Awaitable[Response]], Who], ...] = (
     ("/users/<name>", "POST", people.change_user, "admin"),
     ("/users/<name>/delete", "POST", people.delete_user, "admin"),
     ("/users/<name>/keys/revoke", "POST", people.revoke_keys, "admin"),
+    ("/users/<name>/sessions/end", "POST", people.end_sessions, "admin"),
     ("/roles", "POST", admin.create_role, "admin"),
     ("/roles/<name>/delete", "POST", admin.delete_role, "admin"),
     ("/audit", "GET", records.audit, "auditor"),

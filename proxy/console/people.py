@@ -1,7 +1,8 @@
 """Users and roles (/console/users) and a person's page (/console/users/<name>): roles are
 chosen from the roles that exist, never typed; a person's page lists their API keys and their
-recent calls (at /mcp and at /api/v1) with "revoke all keys"; deleting a person or revoking
-their keys first asks, naming what goes."""
+recent calls (at /mcp and at /api/v1) with "revoke all keys", and what they hold open (browser
+and MCP sessions, connected upstream accounts) with "end all sessions"; deleting a person,
+revoking their keys or ending their sessions first asks, naming what goes."""
 
 from __future__ import annotations
 
@@ -83,11 +84,47 @@ async def person(web: Web, user: User, name: str) -> Response:
         return await render("message.html", user, found.status, title="No such person",
                             message=found.detail, back="/console/users")
     who = found.body
-    recent = await _recent(web, who)
+    recent, held = await asyncio.gather(_recent(web, who), _held(web, name))
     return await render("person.html", user, person=who, keys=await _keys_of(web, who),
-                        recent=recent, roles=await _roles(web),
+                        recent=recent, roles=await _roles(web), held=held,
                         who=await names(web, [r["principal"] for r in recent]),
                         link=Links("/console/audit", {}))
+
+
+async def _held(web: Web, name: str) -> dict[str, Any] | None:
+    """What the person holds open (None when the API does not say: the page says so)."""
+    found = await call(web, "GET", f"/users/{segment(name)}/sessions")
+    return found.body if found.ok else None
+
+
+def _removes(name: str, held: dict[str, Any]) -> list[str]:
+    """What "end all sessions" removes, named for its confirmation."""
+    browser, mcp = held["browser_sessions"], held["mcp_sessions"]
+    return [
+        (f"{browser} browser session{'s' * (browser != 1)}: {name} is signed out of the "
+         "console everywhere (your own session stays, if you end your own)"),
+        *[(f"the MCP session at {s['endpoint']} (hash {s['id_hash']}): its next request is "
+           "refused as unknown") for s in mcp],
+        *[(f"the connected {a['upstream']} account ({a['status']}): revoked at "
+           f"{a['upstream']} where it allows, and deleted here")
+          for a in held["upstream_accounts"]],
+        f"the OAuth grants of {name}'s MCP clients: they sign in again",
+    ]
+
+
+async def end_sessions(web: Web, user: User, name: str) -> Response:
+    """End everything the person holds open (one DELETE, one audit record); they stay
+    active and keep their API keys."""
+    back = f"/console/users/{segment(name)}"
+    found = await call(web, "GET", f"/users/{segment(name)}/sessions")
+    if not found.ok:
+        return await after(found, user, back, "ended")
+    asked = await confirmed(user, f"End every session of {name}?", _removes(name, found.body),
+                            back, "End all sessions")
+    if asked is not None:
+        return asked
+    answer = await call(web, "DELETE", f"/users/{segment(name)}/sessions")
+    return await after(answer, user, back, "ended")
 
 
 async def delete_user(web: Web, user: User, name: str) -> Response:

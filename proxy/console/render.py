@@ -17,6 +17,7 @@ NOTICES = {
     "created": "Created.", "saved": "Saved.", "deleted": "Deleted.", "revoked": "Revoked.",
     "disconnected": "Disconnected.", "approved": "Approved: the call runs.",
     "denied": "Denied: the caller is told, with your comment.",
+    "ended": "Ended: their sessions are over and their upstream accounts revoked.",
 }
 
 

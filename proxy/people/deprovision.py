@@ -35,7 +35,7 @@ from proxy.errors import StoreUnavailable
 from proxy.people.accounts import Accounts, User
 from proxy.people.directory import Directory
 from proxy.state.browser import BrowserSessions
-from proxy.state.sessions import SessionStore
+from proxy.state.sessions import Session, SessionStore
 from proxy.storage import db
 
 log = logging.getLogger("tollhouse.people")
@@ -84,6 +84,16 @@ class Lost:
 
 
 @dataclass
+class Held:
+    """What a person holds open now: browser sessions (how many: their ids are secrets), MCP
+    sessions, and the upstream accounts they connected (upstream to status)."""
+
+    browser_sessions: int
+    mcp_sessions: list[Session]
+    upstreams: dict[str, str]
+
+
+@dataclass
 class Deprovisioner:
     """`proxy.scim.storage.Changes`, and what `/api/v1/users` calls before it deletes."""
 
@@ -116,6 +126,28 @@ class Deprovisioner:
             await self.deprovisioned.changed()
         user = await self._db(self.accounts.get, user_id)
         self._record("people/reactivate", user_id, user, "the account is active again")
+
+    async def held(self, user: User) -> Held:
+        """What the person holds open now (GET /api/v1/users/<name>/sessions)."""
+        principal = user.principal().key
+        browser = await self.browser.count_for(user.id) if self.browser is not None else 0
+        upstreams = await self.connections.statuses(principal) \
+            if self.connections is not None else {}
+        return Held(browser, await self.sessions.of(principal),
+                    {n: s for n, s in upstreams.items() if s != "not_connected"})
+
+    async def end_sessions(self, user: User, keep: str | None = None) -> Lost:
+        """End the person's browser sessions (but `keep`: the caller's own, when they end
+        their own) and MCP sessions, revoke their OAuth grants and upstream accounts; the
+        person stays active, and their API keys stay (DELETE /api/v1/users/<name>/sessions,
+        whose one audit record says what it took)."""
+        lost = Lost()
+        if self.browser is not None:
+            lost.browser_sessions = await self.browser.end_for(user.id, keep=keep)
+        await self._grants(user, lost)
+        await self._sessions(user, lost)
+        await self._upstreams(user, lost)
+        return lost
 
     async def _take(self, user_id: str, action: str) -> None:
         """Every credential of the person taken; StoreUnavailable (503: the identity provider

@@ -52,6 +52,9 @@ class BrowserSessions(Protocol):
     async def end_for(self, user_id: str, keep: str | None = None) -> int:
         """End every session of a person but `keep`; how many ended."""
 
+    async def count_for(self, user_id: str) -> int:
+        """How many live sessions the person has (their ids, secrets, are never shown)."""
+
 
 class _Sessions(TTLCache[str, str]):
     """The TTL cache that tells its index whenever it lets an entry go by itself (expiry, or
@@ -115,6 +118,10 @@ class MemoryBrowserSessions:
         if keep is not None and keep in ids and keep in self._sessions:
             self._by_user[user_id] = {keep}
         return ended
+
+    async def count_for(self, user_id: str) -> int:
+        self._sessions.expire()
+        return len(self._by_user.get(user_id, ()))
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -190,3 +197,12 @@ class RedisBrowserSessions:
         ended = await self._end_for([self._people + user_id],
                                     [self._sessions, keep or "", self._ttl_ms])
         return int(ended)
+
+    async def count_for(self, user_id: str) -> int:
+        """SMEMBERS of the person's set, then one EXISTS of those sessions (an id whose
+        session expired counts nothing)."""
+        ids = await self._shared.command("browser-session", "SMEMBERS", self._people + user_id)
+        if not ids:
+            return 0
+        keys = [self._sessions + (i.decode() if isinstance(i, bytes) else str(i)) for i in ids]
+        return int(await self._shared.command("browser-session", "EXISTS", *keys))

@@ -88,6 +88,10 @@ class SessionStore(Protocol):
         """End every session of one caller (a person deprovisioned: their next request with
         one is 404 "session not found"); how many ended."""
 
+    async def of(self, principal_key: str) -> list[Session]:
+        """The live sessions of one caller, oldest first (a person's page lists them; their
+        idle timers are left as they are)."""
+
 
 class Fetched(Protocol):
     async def session(self) -> Session | None: ...
@@ -181,6 +185,11 @@ class MemorySessionStore:
                 ended += 1
         return ended
 
+    async def of(self, principal_key: str) -> list[Session]:
+        self._sessions.expire()
+        found = [self._sessions.get(i) for i in self._by_principal.get(principal_key, ())]
+        return sorted((s for s in found if s is not None), key=lambda s: s.created_at)
+
     def __len__(self) -> int:
         return len(self._sessions)
 
@@ -256,6 +265,17 @@ class RedisSessionStore:
     async def end_for(self, principal_key: str) -> int:
         return int(await self._end_for([self._callers + principal_key], [self._prefix]))
 
+    async def of(self, principal_key: str) -> list[Session]:
+        """SMEMBERS of the caller's set, then MGET of those sessions (GET, not GETEX: reading
+        them restarts no idle timer); an id whose session expired is left out."""
+        ids = await self._shared.command("session", "SMEMBERS", self._callers + principal_key)
+        if not ids:
+            return []
+        ids = [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+        raws = await self._shared.command("session", "MGET", *[self._prefix + i for i in ids])
+        found = [_session(i, raw) for i, raw in zip(ids, raws, strict=True) if raw is not None]
+        return sorted(found, key=lambda s: s.created_at)
+
     async def count(self) -> int:
         """Live sessions of every process (for metrics)."""
         return await self._shared.count("session", self._prefix)
@@ -271,6 +291,14 @@ class RedisSessionStore:
         return dict(found)
 
 
+def _session(session_id: str, raw: bytes) -> Session:
+    """A session as the Redis store keeps it (`ms:<id>`)."""
+    # a session kept before the capabilities were (six fields) has none
+    endpoint, principal_key, upstream_id, version, created, envelope, *rest = orjson.loads(raw)
+    return Session(session_id, endpoint, principal_key, upstream_id, version, created,
+                   bridged_envelope=envelope, capabilities=rest[0] if rest else None)
+
+
 class _Asked:
     __slots__ = ("_asked", "_id", "_kept")
 
@@ -281,12 +309,9 @@ class _Asked:
         raw = await self._asked.reply()
         if raw is None:
             return None
-        # a session kept before the capabilities were (six fields) has none
-        endpoint, principal_key, upstream_id, version, created, envelope, *rest = \
-            orjson.loads(raw)
-        self._kept(principal_key)
-        return Session(self._id, endpoint, principal_key, upstream_id, version, created,
-                       bridged_envelope=envelope, capabilities=rest[0] if rest else None)
+        session = _session(self._id, raw)
+        self._kept(session.principal_key)
+        return session
 
     def drop(self) -> None:
         self._asked.drop()
