@@ -25,8 +25,9 @@ Verdict = Literal["kept", "changed", "dropped"]
 # a notification on a call's stream (the whole JSON-RPC message), edited in place
 Notice = Callable[[dict[str, Any]], Verdict]
 # the notifications a `Notice` is given: those that carry what an upstream says (a log entry's
-# data, a progress message); the relay passes any other on unread
-NOTICED = frozenset({"notifications/message", "notifications/progress"})
+# data, a progress message, a task's status message); the relay passes any other on unread
+NOTICED = frozenset({"notifications/message", "notifications/progress",
+                     "notifications/tasks/status"})
 
 
 @dataclass(slots=True)

@@ -11,7 +11,9 @@ egress and before metering, so a call it denies is never billed.
 - `noticer`: the notifications an upstream sends on such a call's stream (`notifications/
   message`, whose `data` is any JSON, every key of it read, and its `logger`; and
   `notifications/progress`, whose `message` is free text) are inspected by the same rules,
-  one by one as they arrive: redacted, dropped (deny: the call goes on) or only audited.
+  one by one as they arrive: redacted, dropped (deny: the call goes on) or only audited; a
+  `notifications/tasks/status` has its `statusMessage` read as a tasks/get's is (a denied one
+  replaced by what a person reads of the refusal: the task's status still reaches the client).
 Every decision goes in the call's audit note: the rule and the kinds found, never a value.
 """
 
@@ -44,8 +46,9 @@ _LISTS = {"tools/list": ("tools", "name", "tool"), "prompts/list": ("prompts", "
 _RESULT_KIND = ("resultType",)  # what a denied tool result keeps of the upstream's
 # a notification a call's stream may carry -> the params holding what it says (a progress
 # notification's token is the client's own, and is not rewritten)
-_NOTICES = {"notifications/message": ("data", "logger"), "notifications/progress": ("message",),
-            "notifications/tasks/status": ("statusMessage",)}
+_NOTICES = {"notifications/message": ("data", "logger"), "notifications/progress": ("message",)}
+# a task's status notification: its status message read as a tasks/get's is (`_status_rewriter`)
+_STATUS = "notifications/tasks/status"
 # a call -> (param naming what it uses, kind)
 _USES = {"tools/call": ("name", "tool"), "prompts/get": ("name", "prompt"),
          "resources/read": ("uri", "resource")}
@@ -199,9 +202,13 @@ class Guardrails:
         if not rules:
             return None
 
+        status = _status_rewriter(rules, ctx)
+
         def notice(message: dict[str, Any]) -> Verdict:
             method = message.get("method")
             params = message.get("params")
+            if method == _STATUS and isinstance(params, dict):  # a task's state, kept
+                return "changed" if status(params) else "kept"
             fields = _NOTICES.get(method, ()) if isinstance(method, str) else ()
             if not isinstance(params, dict):
                 return "kept"

@@ -184,7 +184,10 @@ class Calls:
         end = self._end(call, resumable=remember is not None)
         refuse, outgoing = call.routed.forwarding.views(call.routed.route, call.forwarded.leg,
                                                         call.session, ctx)
-        views = Views(rewrite, _heard(call.chain.noticer(msg, ctx), ctx, exchange), refuse,
+        notice = call.chain.noticer(msg, ctx)
+        if self._tasks is not None:  # a task's status notifications: its caller's, its rules
+            notice = self._tasks.noticer(call.routed.route.name, msg, ctx, call.chain, notice)
+        views = Views(rewrite, _heard(notice, ctx, exchange), refuse,
                       outgoing, self._max if held else None, self._max)
         relay = StreamRelay(response.chunks(), response.aclose, call=Carried(
             msg.id, exchange, call.handle, end.answered, remember), views=views,

@@ -247,7 +247,7 @@ class Gateway:
         an upstream failure is 502 with no upstream status, body or headers."""
         chain = self.live.chain  # the rules a call's answer replayed on it is held to
         return await self._bodyless(routed, req, "GET", partial(self.listening.open,
-                                                                chain=chain))
+                                                                chain=chain, tasks=self.tasks))
 
     async def delete(self, routed: Routed, req: EdgeRequest) -> EdgeResponse:
         """End a session here and upstream. Audited once; an upstream failure is 502 and

@@ -6,7 +6,9 @@ the gateway's, `Gateway._bodyless`). The route's forwarding opens it upstream
 (`Forwarding.listen`: a `Listened` stream, or `NoStream`, 405 with `Allow`); it is relayed as
 it comes (`StreamRelay`) or, when the client resumes a call's stream on a session whose
 upstream keeps event ids, by a `ResumedRelay`, which holds an answer replayed on it to its
-call's rules (proxy/mcp/resume.py). On SIGTERM each open stream is ended cleanly (`end_all`),
+call's rules (proxy/mcp/resume.py); a stream relayed as it comes has the status notifications
+of the caller's tasks read by `Tasks.listener` (each by its tool's result rules; another
+task's left out). On SIGTERM each open stream is ended cleanly (`end_all`),
 so its client reconnects to another replica.
 """
 
@@ -21,8 +23,9 @@ from proxy.chain import Chain
 from proxy.mcp.call import SSE_HEADERS
 from proxy.mcp.exchange import EdgeRequest, EdgeResponse, Exchange
 from proxy.mcp.forwarding import NoStream, Routed
-from proxy.mcp.relay import StreamRelay
+from proxy.mcp.relay import StreamRelay, Views
 from proxy.mcp.resume import ResumedRelay, Resumption
+from proxy.mcp.tasks import Tasks
 from proxy.state import Session
 
 
@@ -42,9 +45,11 @@ class Listening:
         self._open: set[StreamRelay] = set()
 
     async def open(self, routed: Routed, req: EdgeRequest, session: Session | None,
-                   exchange: Exchange, principal: Principal, chain: Chain) -> EdgeResponse:
+                   exchange: Exchange, principal: Principal, chain: Chain,
+                   tasks: Tasks | None = None) -> EdgeResponse:
         """The stream, relayed; or why the upstream has none (405). `chain`: the rules a
-        resumed call's answer is held to."""
+        resumed call's answer is held to; `tasks`: what reads the status notifications of
+        the caller's tasks (proxy/mcp/tasks.py)."""
         listened = await routed.forwarding.listen(routed.route, req.headers, session,
                                                   principal, self._draining())
         if isinstance(listened, NoStream):
@@ -64,7 +69,10 @@ class Listening:
                 settle=partial(self._resumption.settle, chain, routed.name, session, principal),
                 hold_notices=chain.notices(routed.name))
         else:
-            relay = StreamRelay(listened.chunks, listened.close, spawn=self._spawn, on_done=done)
+            notice = None if tasks is None else await tasks.listener(routed.name, principal,
+                                                                     chain)
+            relay = StreamRelay(listened.chunks, listened.close, views=Views(notice=notice),
+                                spawn=self._spawn, on_done=done)
         self._open.add(relay)
         if self._draining():  # began to drain while the upstream answered
             relay.end()

@@ -19,9 +19,14 @@ tool itself is:
 - `tasks/list` (`view`, `usable`, `rewriter`): only the caller's own tasks are shown, and of those only
   the ones whose tool the caller may still use (`usable`: a plain upstream's check, proxy.mcp.
   forward), their status messages read by the rules of each task's tool;
-- the end of a task (a terminal status seen in any answer): one audit record, whichever
-  replica sees it first (`notifications/tasks/status`, the task's tool, its status and its
-  duration since creation);
+- `notifications/tasks/status` (`noticer`, on a task's request's stream; `listener`, on the
+  session's GET stream): relayed only for a task of the caller's that the stream concerns (on
+  a GET stream: one it owned when the stream opened, with a tool it may still use, or one it
+  created through this process since), its status message read by the result rules of the
+  task's tool as a tasks/get's is; any other task's is left out;
+- the end of a task (a terminal status seen in any answer or status notification): one audit
+  record, whichever replica sees it first (`notifications/tasks/status`, the task's tool, its
+  status and its duration since creation);
 - a client that did not declare task support (`declares_tasks`: the `tasks` capability of its
   initialize, or of a 2026-07-28 request's envelope) is never handed a task: its task-run call
   has `params.task` taken out and runs directly (`admit`), as the spec has a receiver that
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -43,13 +49,15 @@ import orjson
 
 from proxy.audit import AuditRecord, AuditSink
 from proxy.audit.record import Status
+from proxy.chain import CallContext
 from proxy.errors import GatewayError, InvalidParams
 from proxy.jsonrpc import McpMessage
 from proxy.mcp import eras
 from proxy.state.tasks import TaskBinding, TaskStore, ttl_of
 
 if TYPE_CHECKING:
-    from proxy.chain import CallContext, Chain, Rewrite
+    from proxy.auth.principal import Principal
+    from proxy.chain import Chain, Notice, Rewrite, Verdict
     from proxy.mcp.exchange import Exchange
     from proxy.state import Session
 
@@ -60,13 +68,15 @@ METHODS = NAMED | {"tasks/list"}
 UNKNOWN = "Failed to retrieve task: Task not found"
 # a task's terminal status -> the completion record's status
 ENDED: dict[str, Status] = {"completed": "ok", "failed": "error", "cancelled": "cancelled"}
-COMPLETION = "notifications/tasks/status"  # the method of a task's completion record
+STATUS = "notifications/tasks/status"  # a task's status notification
+COMPLETION = STATUS  # the method of a task's completion record
 EXTENSION = "io.modelcontextprotocol/tasks"  # the 2026-07-28 tasks extension's identifier
 MEMBER_SEP = "/"  # a virtual endpoint's task id: <member>/<the member's own id>
 # the policies that decide whether a caller may use a tool at all: a task of a tool one of
 # them hides is left out of the caller's tasks/list (`usable`)
 HIDING = ("access", "cedar", "guardrails")
 
+RECENT = 10_000  # the tasks created through this process a GET stream's reader knows of
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
@@ -133,6 +143,46 @@ class Tasks:
         self.store = store
         self._audit = audit
         self._spawn = spawn
+        # the tasks created through this process, (endpoint, owner, task id) -> tool: what a
+        # GET stream opened before one was created knows of it (`listener`)
+        self._recent: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+
+    async def listener(self, endpoint: str, principal: Principal, chain: Chain) -> Notice:
+        """What reads a GET stream's notifications on `endpoint` for `principal`: a
+        `notifications/tasks/status` of one of the caller's tasks whose tool it may still use
+        (those it has when the stream opens, and those created through this process since)
+        has its status message read by the result rules of the task's tool, and a terminal
+        status recorded as the task's end; one of any other task is left out. Any other
+        notification passes unread."""
+        ctx = CallContext(principal, endpoint, "")
+        try:
+            ctx.task = TaskCall(owned=await self.store.owned(endpoint, principal.key))
+            await usable(ctx, chain)
+        except GatewayError as exc:  # the store is out of reach: only tasks created since
+            log.warning("%s: a GET stream's tasks could not be read: %s", endpoint, exc)
+            ctx.task = TaskCall()
+        owned = ctx.task.owned
+        readers: dict[str, Rewrite | None] = {}
+        recent = self._recent
+
+        def heard(message: dict[str, Any]) -> Verdict:
+            if message.get("method") != STATUS:
+                return "kept"
+            params = message.get("params")
+            task_id = params.get("taskId") if isinstance(params, dict) else None
+            if not isinstance(params, dict) or not isinstance(task_id, str):
+                return "dropped"
+            tool = owned.get(task_id) or recent.get((endpoint, principal.key, task_id))
+            if tool is None:
+                return "dropped"  # not a task of this caller's (as far as is known here)
+            if tool not in readers:
+                readers[tool] = chain.rewriter(_as_get(tool), ctx)
+            reader = readers[tool]
+            changed = reader is not None and reader(params)
+            self._seen(endpoint, task_id, params)
+            return "changed" if changed else "kept"
+
+        return heard
 
     async def admit(self, endpoint: str, msg: McpMessage, ctx: CallContext,
                     exchange: Exchange, session: Session | None) -> McpMessage:
@@ -182,6 +232,39 @@ class Tasks:
             return self._listing(endpoint, ctx, task, chain)
         return self._reading(endpoint, msg, task)
 
+    def noticer(self, endpoint: str, msg: McpMessage, ctx: CallContext, chain: Chain,
+                notice: Notice | None) -> Notice | None:
+        """What reads the notifications on the stream of a task's request on `endpoint` (a
+        task-run call, once its answer has named the task; a tasks/get, tasks/result or
+        tasks/cancel; a tasks/list): a `notifications/tasks/status` of a task of the caller's
+        that this call concerns has its status message read by the result rules of the
+        task's tool (as a tasks/get's is: redacted, or replaced by what a person reads of the
+        refusal; the status itself always reaches the client), and a terminal status is
+        recorded as the task's end; one of any other task is left out (never relayed); any
+        other notification is `notice`'s. `notice` itself for any other call. On a virtual
+        endpoint `ctx` is the member's, and its notifications name the member's own ids."""
+        if not concerned(msg):
+            return notice
+        member = ctx.endpoint if ctx.endpoint != endpoint else None
+        readers: dict[str, Rewrite | None] = {}
+
+        def heard(message: dict[str, Any]) -> Verdict:
+            if message.get("method") != STATUS:
+                return notice(message) if notice is not None else "kept"
+            params = message.get("params")
+            task_id = params.get("taskId") if isinstance(params, dict) else None
+            tool = _tool_of(ctx.task, task_id)
+            if tool is None or not isinstance(params, dict) or not isinstance(task_id, str):
+                return "dropped"  # not a task of this caller's that this call concerns
+            if tool not in readers:
+                readers[tool] = chain.rewriter(_as_get(tool), ctx)
+            reader = readers[tool]
+            changed = reader is not None and reader(params)
+            self._seen(endpoint, member_task(member, task_id) if member else task_id, params)
+            return "changed" if changed else "kept"
+
+        return heard
+
     def _creating(self, endpoint: str, msg: McpMessage, ctx: CallContext, exchange: Exchange
                   ) -> Rewrite:
         tool = msg.tool or ""
@@ -189,7 +272,7 @@ class Tasks:
         # a virtual endpoint's member (its context's), whose id the client sees prefixed
         member = ctx.endpoint if ctx.endpoint != endpoint else None
         prefix = member_task(member, "") if member is not None else ""
-        store = self.store
+        store, recent = self.store, self._recent
 
         def created(result: dict[str, Any]) -> bool:
             task = result.get("task")
@@ -201,6 +284,10 @@ class Tasks:
                                   member, task_id[len(prefix):] if member else None)
             ttl = ttl_of(task)
             exchange.tasked(task_id, lambda: store.bind(endpoint, task_id, binding, ttl))
+            ctx.task = TaskCall(task_id, binding)  # its status notifications, on this stream
+            recent[(endpoint, principal.key, task_id)] = tool  # and on a GET stream
+            while len(recent) > RECENT:
+                recent.popitem(last=False)
             self._seen(endpoint, task_id, task)
             return False
 
@@ -287,6 +374,18 @@ async def usable(ctx: CallContext, chain: Chain) -> None:
             kept[tool] = False
     if task is not None:
         task.owned = {task_id: tool for task_id, tool in owned.items() if kept[tool]}
+
+
+def _tool_of(task: TaskCall | None, task_id: object) -> str | None:
+    """The tool of the task `task_id` (as its upstream names it: on a virtual endpoint, the
+    member's own id) when it is the task a call names (or created) or one of the caller's
+    own it lists; None for any other."""
+    if task is None or not isinstance(task_id, str):
+        return None
+    binding = task.binding
+    if binding is not None:
+        return binding.tool if task_id == (binding.upstream_id or task.task_id) else None
+    return task.owned.get(task_id)
 
 
 def _as_get(tool: str) -> McpMessage:

@@ -21,6 +21,12 @@ Tools:
 ``tasks/get``, ``tasks/result`` (waits for the end, as the spec asks), ``tasks/cancel`` and
 ``tasks/list`` answer for any task id in the store, whoever asks: the bypass the gateway must
 close. ``calls`` counts every request the upstream served, by method.
+
+Status notifications (``notifications/tasks/status``): with ``notify`` set, a task's end sets
+its status message to ``notify`` with the topic in place of ``{topic}`` and, in SSE mode,
+``tasks/result`` is answered by the layer too: that status notification first, then the
+result, on the request's stream; and a GET is answered with a server-to-client stream that
+carries every notification put in ``pushed`` (a task's end puts its own there).
 """
 
 from __future__ import annotations
@@ -79,7 +85,9 @@ class _TaskServer(Server[Any]):
 class TaskUpstream:
     """The server, its one task store, and what it was asked."""
 
-    def __init__(self, *, held: bool = False) -> None:
+    def __init__(self, *, held: bool = False, notify: str | None = None) -> None:
+        self.notify = notify
+        self.pushed: asyncio.Queue[dict[str, Any]] = asyncio.Queue()  # for the GET stream
         self.runs: dict[str, _Run] = {}
         self.calls: Counter[str] = Counter()
         self.release = asyncio.Event()
@@ -107,6 +115,9 @@ class TaskUpstream:
         the SDK's runner would refuse to send), as JSON or as one SSE event."""
 
         async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http" and scope["method"] == "GET" and self.notify:
+                await self._listen(send)
+                return
             if scope["type"] != "http" or scope["method"] != "POST":
                 await sdk(scope, receive, send)
                 return
@@ -118,6 +129,10 @@ class TaskUpstream:
                     break
             body = b"".join(chunks)
             request = _task_call(body)
+            awaited = None if json or not self.notify else _result_call(body)
+            if awaited is not None:
+                await self._result_stream(awaited, send)
+                return
             if request is None:
                 replayed = False
 
@@ -142,6 +157,35 @@ class TaskUpstream:
             await send({"type": "http.response.body", "body": payload})
 
         return app
+
+    async def _result_stream(self, request: dict[str, Any], send: Send) -> None:
+        """A tasks/result in SSE mode with `notify`: the task's status notification, then
+        its result (or the unknown task's error), on the request's stream."""
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        run = self.runs.get(str((request.get("params") or {}).get("taskId")))
+        self.calls["tasks/result"] += 1
+        if run is None:
+            answer: dict[str, Any] = {"error": {"code": types.INVALID_PARAMS,
+                                                "message": "Failed to retrieve task: Task not found"}}
+        else:
+            await run.ended.wait()
+            await send({"type": "http.response.body", "body": _event(_status(run.task)),
+                        "more_body": True})
+            answer = {"result": run.result.model_dump(by_alias=True, mode="json",
+                                                      exclude_none=True)} if run.result else {
+                "error": {"code": types.INVALID_PARAMS, "message": "cancelled"}}
+        await send({"type": "http.response.body",
+                    "body": _event({"jsonrpc": "2.0", "id": request["id"], **answer})})
+
+    async def _listen(self, send: Send) -> None:
+        """The server-to-client stream: each notification put in `pushed`, until closed."""
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b": open\n\n", "more_body": True})
+        while True:
+            note = await self.pushed.get()
+            await send({"type": "http.response.body", "body": _event(note), "more_body": True})
 
     async def _list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
         self.calls["tools/list"] += 1
@@ -177,8 +221,12 @@ class TaskUpstream:
         await self.release.wait()
         if run.task.status == "working":
             run.result = _text(report)
-            run.task = run.task.model_copy(update={"status": "completed",
-                                                   "last_updated_at": _now()})
+            update: dict[str, Any] = {"status": "completed", "last_updated_at": _now()}
+            if self.notify:
+                update["status_message"] = self.notify.replace("{topic}", report[10:])
+            run.task = run.task.model_copy(update=update)
+            if self.notify:
+                self.pushed.put_nowait(_status(run.task))
         run.ended.set()
 
     def _run(self, task_id: str) -> _Run:
@@ -226,6 +274,27 @@ def _task_call(body: bytes) -> dict[str, Any] | None:
             and params.get("name") == TOOL and isinstance(params.get("task"), dict):
         return dict(message)
     return None
+
+
+def _result_call(body: bytes) -> dict[str, Any] | None:
+    """The request, when `body` is a tasks/result."""
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(message, dict) and message.get("method") == "tasks/result":
+        return dict(message)
+    return None
+
+
+def _status(task: types.Task) -> dict[str, Any]:
+    """The task's status notification."""
+    return {"jsonrpc": "2.0", "method": "notifications/tasks/status",
+            "params": task.model_dump(by_alias=True, mode="json", exclude_none=True)}
+
+
+def _event(message: dict[str, Any]) -> bytes:
+    return b"event: message\r\ndata: " + orjson.dumps(message) + b"\r\n\r\n"
 
 
 def _text(text: str) -> types.CallToolResult:

@@ -12,6 +12,7 @@ its delivered usage event naming the task."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -301,3 +302,113 @@ async def test_a_task_run_call_is_metered_once_and_its_event_names_the_task(
     created = next(r for r in records if r["method"] == "tools/call")
     assert created["call_id"] == task_event["call_id"]
     assert f"task {task_id} created" in (created["note"] or "")
+
+
+EMAIL = "jane.doe@example.com"
+REDACT_EMAIL = [{"name": "no-email", "tools": [TOOL], "on": ["results"], "detect": ["email"],
+                 "action": "redact"}]
+DENY_EMAIL = [{**REDACT_EMAIL[0], "action": "deny"}]
+HTTP_HEADERS = {"Accept": "application/json, text/event-stream",
+                "MCP-Protocol-Version": "2025-11-25"}
+
+
+class Wire:
+    """One caller speaking HTTP to the gateway itself (to see each event of a stream as it
+    comes): its session, its GET stream's messages."""
+
+    def __init__(self, http: httpx.AsyncClient, sub: str) -> None:
+        self.http = http
+        self.headers = {**HTTP_HEADERS, **bearer(sub)}
+        self.heard: list[dict[str, Any]] = []  # the GET stream's messages, in order
+
+    async def start(self, stack: Stack) -> None:
+        answer = await self.http.post(stack.endpoint, headers=self.headers, json={
+            "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "clientInfo": {"name": "wire", "version": "1"},
+                "capabilities": {"tasks": {"list": {}, "cancel": {}}}}})
+        assert answer.status_code == 200, answer.text
+        self.headers["Mcp-Session-Id"] = answer.headers["mcp-session-id"]
+        sent = await self.http.post(stack.endpoint, headers=self.headers, json={
+            "jsonrpc": "2.0", "method": "notifications/initialized"})
+        assert sent.status_code == 202, sent.text
+
+    async def call(self, stack: Stack, method: str, params: dict[str, Any]
+                   ) -> list[dict[str, Any]]:
+        """Every message of the answer, in order (one, for a JSON answer)."""
+        answer = await self.http.post(stack.endpoint, headers=self.headers, json={
+            "jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+        assert answer.status_code == 200, answer.text
+        if not answer.headers["content-type"].startswith("text/event-stream"):
+            return [orjson.loads(answer.content)]
+        return [orjson.loads(line[5:]) for line in answer.text.splitlines()
+                if line.startswith("data:")]
+
+    async def listen(self, stack: Stack, opened: asyncio.Event) -> None:
+        async with self.http.stream("GET", stack.endpoint, headers=self.headers) as stream:
+            assert stream.status_code == 200
+            opened.set()
+            async for line in stream.aiter_lines():
+                if line.startswith("data:"):
+                    self.heard.append(orjson.loads(line[5:]))
+
+
+def ended(audit: MemoryAuditSink) -> list[Any]:
+    """The completion records of tasks."""
+    return [r for r in audit.records if r.method == "notifications/tasks/status"]
+
+
+def statuses(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m["params"] for m in messages if m.get("method") == "notifications/tasks/status"]
+
+
+@pytest.mark.parametrize("action", ["redact", "deny"])
+async def test_task_status_notifications_are_read_by_the_tools_result_rules(
+        tmp_path: Path, action: str) -> None:
+    """A `notifications/tasks/status` carrying an email address in its status message, on a
+    tasks/result's stream and on the session's GET stream: the result rule of the task's tool
+    redacts it (or, a deny rule, replaces the message with what a person reads of the
+    refusal; the status still reaches the client); a status notification of a task that is
+    not the caller's is left out of its GET stream; the end it shows is recorded once."""
+    upstream = TaskUpstream(held=True, notify=f"report on {{topic}} sent to {EMAIL}")
+    rules = REDACT_EMAIL if action == "redact" else DENY_EMAIL
+    async with gateway(tmp_path, upstream, json=False, config={"guardrails": rules}) as (
+            stack, audit), httpx.AsyncClient(timeout=10) as http:
+        alice = Wire(http, "alice")
+        await alice.start(stack)
+        opened = asyncio.Event()
+        listening = asyncio.create_task(alice.listen(stack, opened))
+        try:
+            await asyncio.wait_for(opened.wait(), 10)
+            created = await alice.call(stack, "tools/call", {
+                "name": TOOL, "arguments": {"topic": "tides"}, "task": {"ttl": 60_000}})
+            task_id = created[-1]["result"]["task"]["taskId"]
+            # another caller's task's status (the upstream's one store): not alice's to hear
+            upstream.pushed.put_nowait({"jsonrpc": "2.0", "method": "notifications/tasks/status",
+                                        "params": {"taskId": "someone-elses",
+                                                   "status": "working",
+                                                   "statusMessage": "for someone else",
+                                                   "createdAt": "2026-01-01T00:00:00Z",
+                                                   "lastUpdatedAt": "2026-01-01T00:00:00Z",
+                                                   "ttl": 60_000}})
+            upstream.release.set()
+            await until(lambda: statuses(alice.heard), what="the status on the GET stream")
+            # the end it shows is recorded (nothing else has shown it yet)
+            await until(lambda: ended(audit), what="the task's completion record")
+            answered = await alice.call(stack, "tasks/result", {"taskId": task_id})
+        finally:
+            listening.cancel()
+    on_call = statuses(answered)
+    assert answered[-1]["result"]["content"][0]["text"] == "report on tides"
+    assert [(s["taskId"], s["status"]) for s in on_call] == [(task_id, "completed")]
+    on_get = statuses(alice.heard)
+    assert [(s["taskId"], s["status"]) for s in on_get] == [(task_id, "completed")]
+    for status in on_call + on_get:
+        message = status["statusMessage"]
+        assert EMAIL not in message and "example.com" not in message, message
+        if action == "redact":
+            assert message.startswith("report on tides sent to "), message
+        else:
+            assert message == ("Blocked by guardrail 'no-email': the result carries email."
+                               ), message
+    assert [(r.tool, r.status, r.principal, r.note) for r in ended(audit)] == [
+        (TOOL, "ok", "alice", f"task {task_id} completed")]
