@@ -12,6 +12,7 @@ from cachetools import TTLCache
 
 from policies.guardrails.pinning import Pins
 from proxy.audit import AuditSink
+from proxy.auth.group_roles import GroupRoles
 from proxy.auth.keys import KeyIndex
 from proxy.destinations import IPNetwork
 from proxy.people.accounts import Accounts
@@ -60,6 +61,8 @@ class Api:
     # authenticator, by which an approver's bearer JWT is known there as at the edge
     approvals: Approvals | None = None
     edge: Authenticator | None = None
+    # the groups mapped to roles (/api/v1/group-roles, proxy.auth.group_roles)
+    group_roles: GroupRoles | None = None
     # the audit aggregates (/usage, /usage/series, /usage/summary) by query, for AGGREGATES_S:
     # a chart or the overview reloaded within that time reads no table again
     aggregates: TTLCache[Any, Any] = field(

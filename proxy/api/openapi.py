@@ -12,6 +12,7 @@ from quart import Response, current_app
 
 from proxy import __version__
 from proxy.api.approvals import DecisionIn
+from proxy.api.group_roles import GroupRole, GroupRoleIn
 from proxy.api.models import (
     KeyCreated,
     KeyIn,
@@ -40,7 +41,8 @@ MODELS: tuple[type[BaseModel], ...] = (ServerIn, ServerPatch, ServerOut, KeyIn, 
                                        KeyPut, KeyPatch, KeyOut, KeyCreated, UserIn, UserPut,
                                        UserOut, UserPatch, Me, UsageRow, Role, RoleIn,
                                        RolePatch, EndpointIn, EndpointPatch, EndpointOut,
-                                       PolicyIn, PolicyOut, DecisionIn)
+                                       PolicyIn, PolicyOut, DecisionIn, GroupRoleIn,
+                                       GroupRole)
 ERRORS = {
     "400": "A precondition of the operation does not hold.",
     "401": "No credential, or an invalid or expired one.",
@@ -183,9 +185,21 @@ def _roles_and_me() -> dict[str, Any]:
                          ["name"], conflict=True),
             "delete": _op("Delete a custom role no user holds", "204", None, params=["name"],
                           conflict=True)},
+        "/api/v1/group-roles": _group_roles(),
         "/api/v1/me": {"get": _op("Who is calling, and whether they are an administrator",
                                   "200", _ref(Me))},
     }
+
+
+def _group_roles() -> dict[str, Any]:
+    put = _op("Map a group (SCIM or a token's groups claim) to a built-in or custom role: 201 "
+              "added, 200 already there", "201", _ref(GroupRole), GroupRoleIn)
+    put["responses"]["200"] = put["responses"]["201"]
+    delete = _op("Take one of the API's mappings away (one of the config's is a 409)", "204",
+                 None, query=["group", "role"], conflict=True)
+    delete["responses"]["404"] = _error("404")
+    return {"get": _op("Groups mapped to roles: the config's ([[auth.group_roles]]) and the "
+                       "API's", "200", _list_of(GroupRole)), "put": put, "delete": delete}
 
 
 def _policies() -> dict[str, Any]:

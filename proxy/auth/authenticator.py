@@ -6,14 +6,16 @@ window (expired, not yet valid) or meant for another endpoint: no guess makes on
 401 `invalid_token` and counts for nothing (a hundred people behind one address whose tokens
 expire at once are not an attack). A token that names a deprovisioned person (proxy.auth.
 deprovisioned: by its issuer and subject, or by the link rule's claims) is refused on every
-call, the cached ones too: 401 `invalid_token`, not counted either."""
+call, the cached ones too: 401 `invalid_token`, not counted either. A JWT's groups get the
+custom roles `[[auth.group_roles]]` and /api/v1/group-roles map them to (proxy.auth.
+group_roles, read in memory on each call, so a mapping changed applies to cached tokens too)."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +26,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from proxy.auth import keys as api_keys
 from proxy.auth.deprovisioned import Deprovisioned, link_keys, subject_key
+from proxy.auth.group_roles import GroupRoles
 from proxy.auth.jwks import JwksCache, kty_for
 from proxy.auth.lockout import Attempt
 from proxy.auth.people import People, StoreDown
@@ -106,8 +109,10 @@ class BearerAuth:
                  clock: Callable[[], float] = time.monotonic,
                  tollhouse: TokenVerifier | None = None,
                  people: People | None = None,
-                 deprovisioned: Deprovisioned | None = None) -> None:
+                 deprovisioned: Deprovisioned | None = None,
+                 group_roles: GroupRoles | None = None) -> None:
         self._tollhouse = tollhouse
+        self._group_roles = group_roles
         self._deprovisioned = deprovisioned
         self._people = people  # who the subject of a token this gateway issued is now
         self._store_down_logged = 0.0
@@ -214,6 +219,16 @@ class BearerAuth:
                          key_endpoints=key.endpoints, role=key.role)
 
     async def _jwt(self, token: str, endpoint: str) -> Principal:
+        return self._mapped(await self._verified(token, endpoint))
+
+    def _mapped(self, principal: Principal) -> Principal:
+        """The principal with the custom roles its groups are mapped to, as groups."""
+        if self._group_roles is None:
+            return principal
+        added = self._group_roles.grant(principal.groups).groups - principal.groups
+        return replace(principal, groups=principal.groups | added) if added else principal
+
+    async def _verified(self, token: str, endpoint: str) -> Principal:
         now = time.time()
         cached = self._cache.get((token, endpoint), now)  # external issuers' tokens only
         if cached is None:

@@ -14,7 +14,11 @@ has no ':'), so it needs no column of its own and is never one of the user's gro
 Custom roles (the `roles` table, made through the management API) are held through
 `user_roles` and act as groups: `User.groups` is the identity provider's groups (the `groups`
 column, which each federated sign-in overwrites) together with the user's custom roles (which it
-never touches). Access rules (`allow_groups`) and tool profiles (`group_tools`) see both. A
+never touches). Access rules (`allow_groups`) and tool profiles (`group_tools`) see both.
+Groups mapped to roles (`[[auth.group_roles]]` and /api/v1/group-roles, proxy.auth.group_roles)
+apply wherever a user is read here: a mapped custom role is added to their groups, a mapped
+`admin` or `auditor` makes them one (`is_admin`, `is_auditor`; the `is_admin` column keeps
+what was given directly, so taking the mapping away takes the role away). A
 browser session reads the user afresh on every request; an access token this gateway issues
 carries the groups of its issue, so a role change reaches a token-holding client with its next
 access token (a refresh reads the user again).
@@ -29,10 +33,11 @@ import secrets
 import time
 import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
+from proxy.auth import group_roles
 from proxy.auth.principal import Principal
 from proxy.storage import db
 
@@ -132,6 +137,33 @@ def _user(row: tuple[object, ...], held: frozenset[str] = frozenset(),
                 AUDITOR_ROW in held, row[7] is None or bool(row[7]))
 
 
+def _mapping(conn: db.Connection, database: db.Database,
+             configured: tuple[tuple[str, str], ...]) -> group_roles.Mapping:
+    return group_roles.Mapping.of((*configured, *group_roles.read_rows(conn, database)))
+
+
+def _read_user(conn: db.Connection, database: db.Database, row: tuple[object, ...],
+               configured: tuple[tuple[str, str], ...]) -> User:
+    """The user of `row` with their `user_roles` rows, the displayNames of the SCIM groups they
+    are in, and what their groups are mapped to."""
+    sql, uid = database.sql, str(row[0])
+    held = conn.execute(sql("SELECT role FROM user_roles WHERE user_id = ?"), (uid,)).fetchall()
+    scim = conn.execute(sql("SELECT g.display_name FROM scim_members m JOIN scim_groups g ON "
+                            "g.id = m.group_id WHERE m.user_id = ?"), (uid,)).fetchall()
+    return _granted(_user(row, frozenset(str(r[0]) for r in held),
+                          frozenset(str(r[0]) for r in scim)), _mapping(conn, database, configured))
+
+
+def _granted(user: User, mapping: group_roles.Mapping) -> User:
+    """The user with what their groups are mapped to (proxy.auth.group_roles)."""
+    got = mapping.grant(user.groups)
+    if not (got.groups - user.groups) and user.is_admin >= got.admin and \
+            user.is_auditor >= got.auditor:
+        return user
+    return replace(user, groups=user.groups | got.groups, is_admin=user.is_admin or got.admin,
+                   is_auditor=user.is_auditor or got.auditor)
+
+
 @dataclass(frozen=True, slots=True)
 class Role:
     name: str
@@ -178,10 +210,11 @@ class Accounts:
     in a thread (`asyncio.to_thread`); the CLI calls them directly. `target` is the app's
     Database, a database URL, or a SQLite path."""
 
-    def __init__(self, target: db.Target) -> None:
+    def __init__(self, target: db.Target, group_roles: Iterable[tuple[str, str]] = ()) -> None:
         self._db = db.resolve(target)
         self._owns_db = self._db is not target
         self._db.ensure_schema()
+        self.configured_group_roles = tuple(group_roles)  # [[auth.group_roles]]
         # bumped by every change to a user made through this object: LiveUsers drops what
         # it read before (an int bumped under the GIL: any change makes it differ)
         self.generation = 0
@@ -192,6 +225,15 @@ class Accounts:
 
     def _changed(self) -> None:
         self.generation += 1
+
+    def group_roles_changed(self) -> None:
+        self._changed()  # /api/v1/group-roles: what was read of a user before is stale
+
+    def _full(self, conn: db.Connection, row: tuple[object, ...]) -> User:
+        return _read_user(conn, self._db, row, self.configured_group_roles)
+
+    def _mapping(self, conn: db.Connection) -> group_roles.Mapping:
+        return _mapping(conn, self._db, self.configured_group_roles)
 
     def close(self) -> None:
         """Close the connections of a Database made here (the app closes its own)."""
@@ -231,12 +273,11 @@ class Accounts:
             row = conn.execute(self._db.sql(f"SELECT {_COLUMNS}, password_hash FROM users "
                                             "WHERE name = ? AND issuer = ?"),
                                (name, LOCAL_ISSUER)).fetchone()
-            roles = self._roles_of(conn, str(row[0])) if row is not None else frozenset()
-            scim = self._scim_of(conn, str(row[0])) if row is not None else frozenset()
+            user = self._full(conn, row) if row is not None else None
         if row is None or not row[8]:
             check_password(password, _DUMMY)
             return None
-        return _user(row, roles, scim) if check_password(password, str(row[8])) else None
+        return user if check_password(password, str(row[8])) else None
 
     def upsert_federated(self, issuer: str, subject: str, name: str,
                          groups: frozenset[str] | None, admin: bool) -> User:
@@ -260,15 +301,15 @@ class Accounts:
                 # a person deleted through the API who signs in again is a new person
                 conn.execute(sql("DELETE FROM deprovisioned WHERE key = ?"),
                              (f"sub:{issuer}|{subject}",))
-                user = User(uid, display, issuer, subject, admin, groups or frozenset())
+                user = _granted(User(uid, display, issuer, subject, admin,
+                                     groups or frozenset()), self._mapping(conn))
             else:
                 if groups is not None:
                     conn.execute(sql("UPDATE users SET is_admin = ?, groups = ? WHERE id = ?"),
                                  (int(admin), joined, row[0]))
                 row = conn.execute(sql(f"SELECT {_COLUMNS} FROM users WHERE id = ?"),
                                    (row[0],)).fetchone()
-                user = _user(row, self._roles_of(conn, str(row[0])),
-                             self._scim_of(conn, str(row[0])))
+                user = self._full(conn, row)
         self._changed()
         return user
 
@@ -313,7 +354,7 @@ class Accounts:
                                values).fetchone()
             if row is None:
                 return None
-            return _user(row, self._roles_of(conn, str(row[0])), self._scim_of(conn, str(row[0])))
+            return self._full(conn, row)
 
     def update(self, name: str, *, admin: bool | None = None, password: str | None = None,
                roles: Iterable[str] | None = None,
@@ -396,20 +437,9 @@ class Accounts:
                     "SELECT m.user_id, g.display_name FROM scim_members m JOIN scim_groups g "
                     "ON g.id = m.group_id"), ()).fetchall():
                 scim.setdefault(str(user_id), set()).add(str(group))
-        return [_user(r, frozenset(held.get(str(r[0]), ())), frozenset(scim.get(str(r[0]), ())))
-                for r in rows]
-
-    def _scim_of(self, conn: db.Connection, user_id: str) -> frozenset[str]:
-        """The displayNames of the SCIM groups the user is in."""
-        rows = conn.execute(self._db.sql("SELECT g.display_name FROM scim_members m JOIN "
-                                         "scim_groups g ON g.id = m.group_id WHERE "
-                                         "m.user_id = ?"), (user_id,)).fetchall()
-        return frozenset(str(r[0]) for r in rows)
-
-    def _roles_of(self, conn: db.Connection, user_id: str) -> frozenset[str]:
-        rows = conn.execute(self._db.sql("SELECT role FROM user_roles WHERE user_id = ?"),
-                            (user_id,)).fetchall()
-        return frozenset(str(r[0]) for r in rows)
+            mapping = self._mapping(conn)
+        return [_granted(_user(r, frozenset(held.get(str(r[0]), ())),
+                               frozenset(scim.get(str(r[0]), ()))), mapping) for r in rows]
 
     def _set_roles(self, conn: db.Connection, user_id: str, roles: tuple[str, ...]
                    ) -> None:

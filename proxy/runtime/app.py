@@ -152,6 +152,9 @@ class Services:
             if cfg.observability.metrics else None
         self.web = self._web()
         self.accounts = self.web.accounts if self.web is not None else Accounts(self.database)
+        # [[auth.group_roles]]: what a person's groups give them wherever they are read
+        self.accounts.configured_group_roles = tuple((m.group, m.role)
+                                                     for m in cfg.auth.group_roles)
         # what fills a per-caller upstream's placeholder no claim does: the person's
         # attributes, through the API's own Accounts (a change there applies to the next call)
         self.people = PeopleAttributes(self.accounts) \

@@ -37,6 +37,7 @@ from proxy.audit.outbox import OutboxWorker
 from proxy.audit.retention import Retention
 from proxy.auth.authenticator import Authenticator, BearerAuth, NoAuth
 from proxy.auth.deprovisioned import Deprovisioned
+from proxy.auth.group_roles import GroupRoles
 from proxy.auth.keys import KeyIndex
 from proxy.chain import Chain
 from proxy.compiled import Deps, build_gate, compile
@@ -291,6 +292,7 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
     endpoints = Endpoints(cfg, virtual, registry, mirrors, added_access, database,
                           changed=changed)
     api = _api(s, registry, endpoints, identity.keys, audit, pin_store, seen)
+    api.group_roles = identity.group_roles  # /api/v1/group-roles
     _deprovisioning(s, api, audit, approvals, identity)
     api.approvals, api.edge = approvals, gateway.auth  # /api/v1/approvals' deciders
     serving = Serving(s, grace=grace, deps=deps, upstream=upstream, audit=audit, outbox=outbox,
@@ -418,25 +420,30 @@ def _authenticator(s: Services, upstream: UpstreamClient, identity: Identity
     people = LiveUsers(s.web.accounts) if s.oauth is not None and s.web is not None else None
     return BearerAuth(s.cfg, s.base_dir, upstream.http, identity.keys, s.stores.lockouts,
                       s.given.clock, tollhouse=s.oauth, people=people,
-                      deprovisioned=identity.deprovisioned)
+                      deprovisioned=identity.deprovisioned, group_roles=identity.group_roles)
 
 
 @dataclass(frozen=True)
 class Identity:
     """What callers are known by beside the config, mirrored from the database: the API keys
-    and who is deprovisioned (proxy.auth.deprovisioned); neither without auth.mode = "jwt"."""
+    and who is deprovisioned (proxy.auth.deprovisioned); neither without auth.mode = "jwt".
+    And the groups mapped to roles (proxy.auth.group_roles), /api/v1/group-roles' table."""
 
     keys: KeyIndex | None
     deprovisioned: Deprovisioned | None
+    group_roles: GroupRoles
 
 
 def _identity(s: Services, mirrors: Mirrors, stack: AsyncExitStack) -> Identity:
+    group_roles = GroupRoles(s.database, mirrors,
+                             [(m.group, m.role) for m in s.cfg.auth.group_roles])
+    stack.callback(group_roles.close)
     if s.cfg.auth.mode != "jwt":
-        return Identity(None, None)
+        return Identity(None, None, group_roles)
     keys, deprovisioned = KeyIndex(s.database, mirrors), Deprovisioned(s.database, mirrors)
     stack.callback(keys.close)
     stack.callback(deprovisioned.close)
-    return Identity(keys, deprovisioned)
+    return Identity(keys, deprovisioned, group_roles)
 
 
 def _deprovisioning(s: Services, api: Api, audit: AuditSink, approvals: Approvals,

@@ -508,6 +508,18 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(28, "audit: the actor beside the principal", (
         AddColumn("audit", "actor", "TEXT"),
     )),
+    # groups mapped to roles through /api/v1/group-roles (proxy.auth.group_roles; the config's
+    # [[auth.group_roles]] are not stored): a SCIM group or a token's group -> a role, and the
+    # counter every gateway's mirror of them reads
+    Migration(29, "group roles: a group's members hold a role", (
+        Sql("""CREATE TABLE IF NOT EXISTS group_roles (
+            group_name TEXT NOT NULL,
+            role TEXT NOT NULL,
+            created_at {real} NOT NULL,
+            PRIMARY KEY (group_name, role)
+        )"""),
+        *_change_counter("group_roles", each="STATEMENT"),
+    )),
 )
 
 LATEST = MIGRATIONS[-1].version
