@@ -14,6 +14,7 @@ awaits, so no call sees half of it.
 from __future__ import annotations
 
 import ipaddress
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,8 @@ class Deps:
     policies: PolicyStore | None = None
     # where approvals are kept (proxy.state.approvals): needed when [[approvals]] are set
     approvals: ApprovalStore | None = None
+    # the wall clock approvals are made by (the memory approval store's: tests move both)
+    wall_clock: Callable[[], float] = time.time
 
 
 def build_gate(cfg: Config, base_dir: Path, deps: Deps) -> Gate | None:
@@ -119,7 +122,8 @@ def build_approvals(cfg: Config, deps: Deps, gate: Gate | None) -> Approvals | N
         return Approvals(cfg.approvals, deps.approvals, deps.book,
                          link=lambda approval_id: f"{base}/console/approvals/{approval_id}",
                          claims=cfg.policy.claims,
-                         cedar_version=(lambda: gate.version) if gate is not None else str)
+                         cedar_version=(lambda: gate.version) if gate is not None else str,
+                         clock=deps.wall_clock)
     except PolicyError as exc:
         raise ConfigError(str(exc)) from None
 

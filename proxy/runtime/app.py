@@ -79,6 +79,7 @@ class Overrides:
     base_dir: Path | None = None
     clock: Callable[[], float] = time.monotonic  # the live-state stores' clock
     wall_clock: Callable[[], float] = time.time  # when a connect link expires (every replica's)
+    # and the memory approvals' (an approval's expiry, `expires_s`)
     resolver: Resolver | None = None
     secret_key: str | None = None  # TOLLHOUSE_SECRET_KEY's value (read from os.environ if None)
     vault_keys: dict[str, bytes] | None = None
@@ -145,7 +146,8 @@ class Services:
             parse_networks(cfg.server.trusted_proxies, "server.trusted_proxies"))
         self.identity = IdentityForwarder(cfg, self.base_dir)
         self.request_log = RequestLog(cfg.observability.log_format)
-        self.stores: Stores = open_stores(cfg, given.clock)  # every piece of shared live state
+        # every piece of shared live state
+        self.stores: Stores = open_stores(cfg, given.clock, given.wall_clock)
         self.database = Database(cfg.database.url, busy_timeout_s=cfg.database.busy_timeout_s)
         self.database.ensure_schema()  # start-up migrations (proxy.storage.migrations): idempotent
         self.metrics = Metrics(multiproc_dir=multiprocess_dir()) \

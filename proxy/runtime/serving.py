@@ -272,7 +272,7 @@ async def _open(s: Services, stack: AsyncExitStack) -> Serving:
                 attributes_of=s.people.attributes if s.people is not None else None,
                 database=database,
                 policies=PolicyStore(database, mirrors),  # the API's Cedar policies, polled
-                approvals=s.stores.approvals)
+                approvals=s.stores.approvals, wall_clock=s.given.wall_clock)
     live = compile(cfg, deps, gate=build_gate(cfg, s.base_dir, deps))
     s.routes.update(live.routes)
     virtual = {e.name: VirtualRoute.from_config(e) for e in cfg.endpoints}

@@ -154,12 +154,14 @@ class _Waiters:
 
 async def _wait_for(store: ApprovalStore, waiters: _Waiters, approval_id: str,
                     timeout_s: float, clock: Callable[[], float]) -> Approval | None:
-    deadline = clock() + timeout_s
+    """`clock` is the approvals' own (their expiry); the wait itself is real time (a call
+    waits `wait_s` whatever a test's clock says)."""
+    deadline = time.monotonic() + timeout_s
     while True:
         found = await store.get(approval_id)
         if found is None or found.status != "pending" or found.expires_at <= clock():
             return found
-        left = deadline - clock()
+        left = deadline - time.monotonic()
         if left <= 0:
             return found
         await waiters.wait(approval_id, min(left, POLL_S))

@@ -74,8 +74,10 @@ class Stores:
             await self.shared.aclose()
 
 
-def open_stores(cfg: Config, clock: Callable[[], float] = time.monotonic) -> Stores:
-    """Every store for `cfg.state.url`; `clock` is for the memory stores (tests move it)."""
+def open_stores(cfg: Config, clock: Callable[[], float] = time.monotonic,
+                wall_clock: Callable[[], float] = time.time) -> Stores:
+    """Every store for `cfg.state.url`; `clock` is for the memory stores (tests move it),
+    `wall_clock` for the memory approvals (their times are shown and compared as dates)."""
     url = cfg.state.url
     if url.partition(":")[0] not in SCHEMES:  # the config refuses any other at load time
         raise ValueError(f"state.url is not one of {', '.join(SCHEMES)}")
@@ -101,7 +103,7 @@ def open_stores(cfg: Config, clock: Callable[[], float] = time.monotonic) -> Sto
         rotations=MemoryRotationStore(oauth.refresh_grace_s, clock=clock),
         resumable=MemoryResumable(clock=clock),
         tasks=MemoryTaskStore(clock=clock),
-        approvals=MemoryApprovals(),
+        approvals=MemoryApprovals(wall_clock),
     )
 
 
