@@ -61,6 +61,8 @@ class Routing:
             return await virtual_tasks.check(route, self.members, chain, msg, ctx)
         if msg.kind != "request" or msg.method not in ROUTED:
             await chain.run(msg, ctx, without=("egress",))  # egress: per member, in the list
+            if msg.method == virtual_tasks.LIST:  # the tasks of tools still the caller's
+                await virtual_tasks.usable(route, self.members, chain, ctx)
             return ctx
         target = await self.resolve(route, msg, ctx, chain)
         await self._endpoint_rules(route, chain, msg, ctx, target)

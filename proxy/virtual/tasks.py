@@ -12,7 +12,8 @@ is shown with the endpoint's ids (`shown`): the task's id, the related-task `_me
 result, and the resource URIs of a `tasks/result` as in the tool's direct answer
 (proxy/virtual/uris.py). `tasks/list` asks the members the caller has tasks on (`Listing`),
 merged and paged with one sealed cursor, each task under its endpoint id; the spine keeps the
-caller's own. The endpoint's initialize advertises the `tasks` capability its members offer
+caller's own, and of those only the ones whose tool the caller may still use (`usable`,
+decided as their tasks/get is). The endpoint's initialize advertises the `tasks` capability its members offer
 (proxy/virtual/lists.py, `tasks_offered`).
 """
 
@@ -25,7 +26,7 @@ from typing import Any
 import orjson
 
 from proxy.chain import CallContext, Chain, Rewrite
-from proxy.errors import HiddenTool, InternalError
+from proxy.errors import GatewayError, HiddenTool, InternalError
 from proxy.jsonrpc import McpMessage
 from proxy.mcp import names, tasks
 from proxy.mcp.legs import then
@@ -75,6 +76,52 @@ async def check(route: VirtualRoute, members: Members, chain: Chain, msg: McpMes
     note = f"virtual: member {binding.member}, task {binding.upstream_id[:100]}"
     mctx.audit_note = f"{mctx.audit_note}; {note}" if mctx.audit_note else note
     return mctx
+
+
+async def usable(route: VirtualRoute, members: Members, chain: Chain, ctx: CallContext
+                 ) -> None:
+    """A tasks/list's tasks (`ctx.task.owned`: the endpoint's id -> the member's own tool)
+    kept to those the caller may still use, each decided as a tasks/get of it is (`check`:
+    the endpoint's access rules on the tool's exposed name, then the policies that hide a tool
+    with the member's view), once per member and tool; a task whose member has left the
+    endpoint, or whose tool was hidden from the caller since it was created (its tool profile
+    changed, a Cedar policy added, the tool screened out), is left out of the merged list, as
+    its tasks/get is refused."""
+    task = ctx.task
+    if task is None or not task.owned:
+        return
+    decided: dict[tuple[str, str], bool] = {}
+    kept: dict[str, str] = {}
+    for task_id, tool in task.owned.items():
+        member = owner(route, task_id)
+        if member is None:
+            continue
+        if (member, tool) not in decided:
+            decided[(member, tool)] = await _may_use(route, members, chain, ctx, member, tool)
+        if decided[(member, tool)]:
+            kept[task_id] = tool
+    task.owned = kept
+
+
+def owner(route: VirtualRoute, task_id: str) -> str | None:
+    """The member of the endpoint whose task `task_id` (as the endpoint shows it) is."""
+    found = [m for m in route.members if task_id.startswith(tasks.member_task(m, ""))]
+    return max(found, key=len) if found else None
+
+
+async def _may_use(route: VirtualRoute, members: Members, chain: Chain, ctx: CallContext,
+                   member: str, tool: str) -> bool:
+    if not members.served(member):
+        return False
+    probe = McpMessage("request", None, "tasks/get", {}, b"",
+                       task_tool=exposed_tool(route, member, tool))
+    try:
+        await chain.run(probe, ctx, only=("access",))
+        await chain.run(dataclasses.replace(probe, task_tool=tool),
+                        context(ctx, members.registered(member)), only=tasks.HIDING)
+    except GatewayError:
+        return False
+    return True
 
 
 def member_message(msg: McpMessage, upstream_id: str, tool: str) -> McpMessage:

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from mcp import MCPError
 
+from proxy.auth import keys as api_keys
+from tests import db_backends
 from tests.e2e.sdk_client import connect
 from tests.helpers import jwt_auth, token, until
 from tests.stdio import everything
@@ -140,7 +142,8 @@ async def test_the_tool_rules_of_the_endpoint_decide_a_tasks_requests(installed:
                                                                       ) -> None:
     """A task created while the tool was allowed: once the endpoint's rules refuse the tool
     (here: for a caller outside the group), its tasks/* answer as a hidden tool, by the name
-    the caller knows it by."""
+    the caller knows it by, and the merged tasks/list leaves it out (its status message
+    would say what it researches)."""
     access = {"tools_allow": ["py__*"], "group_tools": {"research": {
         "tools_allow": ["everything__simulate-*"]}}}
     async with _gateway(access=access) as gw:
@@ -149,13 +152,75 @@ async def test_the_tool_rules_of_the_endpoint_decide_a_tasks_requests(installed:
         async with connect(gw.endpoint("team"), headers=claims, tasks=DECLARED) as member:
             task_id = await call_as_task(member, "tides")
             assert (await raw(member, "tasks/get", {"taskId": task_id}))["taskId"] == task_id
+            assert listed(await raw(member, "tasks/list", {})) == [task_id]
         async with connect(gw.endpoint("team"), headers=_headers("alice"),
                            tasks=DECLARED) as left:
             with pytest.raises(Exception, match="Unknown tool") as caught:
                 await raw(left, "tasks/get", {"taskId": task_id})
             assert EXPOSED in str(caught.value)
+            assert listed(await raw(left, "tasks/list", {})) == []
     denied = [r for r in gw.audit.records if r.method == "tasks/get" and r.status == "denied"]
     assert len(denied) == 1 and (denied[0].denied_reason or "").startswith("access: tool")
+
+
+def listed(answer: dict[str, Any]) -> list[str]:
+    return [t["taskId"] for t in answer["tasks"]]
+
+
+OPEN = 'permit(principal, action, resource);'
+NO_RESEARCH = f'''forbid(principal, action == Tollhouse::Action::"tools/call",
+       resource == Tollhouse::Tool::"everything/{TOOL}");'''
+
+
+async def test_a_cedar_policy_added_through_the_api_hides_a_task_from_the_merged_list(
+        installed: None) -> None:
+    """A Cedar policy added through /api/v1/policies after a task was created, forbidding
+    every call of its tool (by the member's own name, as Cedar decides a virtual endpoint's
+    call): the task's tasks/get answers as an unknown tool and the endpoint's merged tasks/list
+    leaves it out; the policy deleted, the task is listed again."""
+    _, secret = api_keys.create(db_backends.url(), "ops", [], role="admin")
+    async with _gateway() as gw, \
+            connect(gw.endpoint("team"), headers=_headers("alice"), tasks=DECLARED) as alice:
+        api = {"Authorization": f"Bearer {secret}"}
+        made = await gw.client.post(f"{gw.url}/api/v1/policies", headers=api,
+                                    json={"id": "open", "text": OPEN})
+        assert made.status_code == 201, made.text
+
+        async def created() -> str | None:
+            try:
+                return await call_as_task(alice, "tides")
+            except MCPError:  # the open policy not yet served
+                return None
+
+        found: list[str] = []
+        await until(lambda: _kept(found, created()), what="a task created under the policy")
+        task_id = found[0]
+        assert listed(await raw(alice, "tasks/list", {})) == [task_id]
+        made = await gw.client.post(f"{gw.url}/api/v1/policies", headers=api,
+                                    json={"id": "no-research", "text": NO_RESEARCH})
+        assert made.status_code == 201, made.text
+
+        async def hidden() -> bool:
+            return listed(await raw(alice, "tasks/list", {})) == []
+
+        await until(hidden, what="the task left out of tasks/list once its tool is forbidden")
+        with pytest.raises(MCPError, match="Unknown tool") as caught:
+            await raw(alice, "tasks/get", {"taskId": task_id})
+        assert EXPOSED in str(caught.value)
+        deleted = await gw.client.delete(f"{gw.url}/api/v1/policies/no-research", headers=api)
+        assert deleted.status_code == 204, deleted.text
+
+        async def shown() -> bool:
+            return listed(await raw(alice, "tasks/list", {})) == [task_id]
+
+        await until(shown, what="the task listed again once the policy is gone")
+
+
+async def _kept(found: list[str], made: Any) -> bool:
+    task_id = await made
+    if task_id is not None:
+        found.append(task_id)
+    return task_id is not None
 
 
 async def test_a_client_that_declared_no_tasks_gets_no_task(installed: None) -> None:
