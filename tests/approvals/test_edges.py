@@ -205,10 +205,11 @@ async def clocked(tmp_path: Path, bank: Bank, now: list[float], **rule: Any
         yield Stack(site.upstream, site.url, UpstreamProbe(), site.services, db)
 
 
-async def test_a_grant_not_used_before_expires_s_is_void(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_a_grant_not_used_before_expires_s_is_void(tmp_path: Path, mode: str) -> None:
     bank, now = Bank(), [1_000_000.0]
     async with clocked(tmp_path, bank, now, wait_s=0.2, expires_s=600) as stack, \
-            Client(f"{stack.gateway_url}/mcp/up") as client:
+            Client(f"{stack.gateway_url}/mcp/up", mode=mode) as client:
         first = await client.call_tool("transfer", ARGS)
         granted = first.structured_content["details"]["approval_id"]  # type: ignore[index]
         kind, _ = await approvals(stack).decide(granted, True, SRE, "")
@@ -230,11 +231,12 @@ async def test_a_grant_not_used_before_expires_s_is_void(tmp_path: Path) -> None
     assert len(expiries) == 1 and expiries[0]["policy"]["approval"]["id"] == granted
 
 
-async def test_a_grant_used_in_time_runs_once_on_the_clock(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_a_grant_used_in_time_runs_once_on_the_clock(tmp_path: Path, mode: str) -> None:
     """The other side of the bound: one second before expires_s the grant still runs."""
     bank, now = Bank(), [1_000_000.0]
     async with clocked(tmp_path, bank, now, wait_s=0.2, expires_s=600) as stack, \
-            Client(f"{stack.gateway_url}/mcp/up") as client:
+            Client(f"{stack.gateway_url}/mcp/up", mode=mode) as client:
         first = await client.call_tool("transfer", ARGS)
         granted = first.structured_content["details"]["approval_id"]  # type: ignore[index]
         await approvals(stack).decide(granted, True, SRE, "")
