@@ -84,7 +84,10 @@ async def keys(who: Caller, api: Api) -> Response:
     prefix = request.args.get("name_prefix") or None
     found = await asyncio.to_thread(lambda: api_keys.list_keys(
         api.database, name_prefix=prefix, limit=size, offset=skip))
-    return json_response({"items": [KeyOut(**k.public()) for k in found]})
+    # beside them the names a new key may name (the console's keys page offers them: the
+    # servers' names alone, not every server's whole definition through /servers)
+    return json_response({"items": [KeyOut(**k.public()) for k in found],
+                          "endpoints": sorted(await api.registry.names())})
 
 
 async def create_key(who: Caller, api: Api) -> Response:

@@ -230,6 +230,13 @@ def _paged(op: dict[str, Any], what: str) -> dict[str, Any]:
     return op
 
 
+def _keys_listed() -> dict[str, Any]:
+    listed = _list_of(KeyOut)
+    listed["properties"]["endpoints"] = {"type": "array", "items": {"type": "string"},
+                                         "description": "the server names a key may name"}
+    return listed
+
+
 def _servers_and_keys() -> dict[str, Any]:
     return {
         "/api/v1/servers": {
@@ -263,8 +270,9 @@ def _servers_and_keys() -> dict[str, Any]:
         "/api/v1/keys": {
             "get": _paged(_op("List API keys (never their secrets), oldest first; a page of "
                               "them with limit and offset; name_prefix: those whose name "
-                              "starts with it (a person's own: me:<user id>:)", "200",
-                              _list_of(KeyOut), query=["limit", "offset", "name_prefix"]),
+                              "starts with it (a person's own: me:<user id>:); endpoints: "
+                              "the server names a key may name", "200",
+                              _keys_listed(), query=["limit", "offset", "name_prefix"]),
                       "key"),
             "post": _op("Create an API key; the secret is shown once", "201",
                         _ref(KeyCreated), KeyIn)},

@@ -158,12 +158,14 @@ async def keys(web: Web, user: User, created: dict[str, Any] | None = None,
     at = _offset()
     found = await call(web, "GET", "/keys", params={"limit": str(KEYS_PAGE + 1),
                                                     "offset": str(at)})
-    servers = await call(web, "GET", "/servers")
     items = found.body.get("items", []) if found.ok else []
+    # only a person's own keys (`me:<user id>:<name>`) need /principals: their owner's name;
+    # the others' names are in the list
+    owned = [f"key:{k['id']}" for k in items[:KEYS_PAGE] if k["name"].startswith("me:")]
     return await render("keys.html", user, status, keys=items[:KEYS_PAGE],
-                        who=await names(web, [f"key:{k['id']}" for k in items[:KEYS_PAGE]]),
-                        endpoints=[s["name"] for s in servers.body.get("items", [])]
-                        if servers.ok else [], created=created, action="/console/keys",
+                        who=await names(web, owned),
+                        endpoints=found.body.get("endpoints", []) if found.ok else [],
+                        created=created, action="/console/keys",
                         newer=str(max(0, at - KEYS_PAGE)) if at else None,
                         older=str(at + KEYS_PAGE) if len(items) > KEYS_PAGE else None)
 

@@ -221,8 +221,10 @@ async def test_servers_and_keys_page_with_limit_and_offset(tmp_path: Path) -> No
             assert answer.json()["items"] == [s for s in every.json()["items"]
                                               if s["name"] in page]
         made = await e.admin.post(e.api("/keys"), json={"name": "bot", "endpoints": []})
-        keys = (await e.admin.get(e.api("/keys"))).json()["items"]
+        listed = (await e.admin.get(e.api("/keys"))).json()
+        keys = listed["items"]
         assert keys[-1]["id"] == made.json()["id"]
+        assert listed["endpoints"] == names  # what a new key may name (the keys page's)
         assert (await e.admin.get(e.api("/keys"), params={
             "limit": "1", "offset": str(len(keys) - 1)})).json()["items"] == keys[-1:]
         for path in ("/servers", "/keys"):
