@@ -298,11 +298,21 @@ async def test_the_console_pages_list_show_and_decide() -> None:
         assert denied.status_code == 303
         assert denied.headers["location"] == f"/console/approvals/{approval_id}?done=denied"
         after = await carol.get(f"{w.url}{denied.headers['location']}")
-        assert "denied by local:carol" in after.text and "wrong payee" in after.text
+        assert 'denied by <span title="">local:carol</span>' in after.text  # as recorded
+        assert "wrong payee" in after.text
         assert "Approve" not in after.text
         twice = await carol.post(f"{w.url}/console/approvals/{approval_id}/approve",
                                  data={"csrf": token})
         assert twice.status_code == 409 and "denied already" in twice.text
-        for client in (carol, dave):
+        # an administrator reads the caller and the decider as every page shows a principal:
+        # a person by name (the issuer and subject in its title), each a link to their calls
+        root = await w.person("root")
+        shown = (await root.get(f"{w.url}/console/approvals/{approval_id}")).text
+        assert '<a href="/console/audit?principal=bob" title="not a known person, key or ' \
+               'client">bob</a>' in shown
+        assert ('denied by <a href="/console/audit?principal=local%3Acarol" '
+                'title="tollhouse:local · local:carol">carol</a>') in shown
+        assert '/console/audit?principal=' not in after.text  # carol reads no audit log
+        for client in (carol, dave, root):
             await client.aclose()
     assert w.bank.calls == []
