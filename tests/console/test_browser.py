@@ -196,6 +196,15 @@ def _administrator(v: Visit, demo: str) -> None:
     v.fill("form[action='/console/users']", {"name": "carol", "password": "carol-pass-1"})
     assert "carol" in v.text()
     v.keep("users")
+    v.open("/console/users/carol")  # a person's page: their keys, calls, what they hold open
+    text = v.text()
+    assert "0 signed in to the console" in text and "No MCP session" in text, text
+    v.keep("person")
+    v.click(v.driver.find_element("css selector", "form[action$='/sessions/end'] button"))
+    assert "End every session of carol?" in v.text() and "0 browser sessions" in v.text()
+    v.keep("person-end-sessions-confirm")
+    confirm(v)
+    assert v.path == "/console/users/carol?done=ended", v.text()
 
     v.open("/console/audit")
     v.fill("form.filters", {"endpoint": "/api/v1"})
