@@ -32,6 +32,7 @@ from proxy.auth.lockout import Attempt
 from proxy.auth.people import People, StoreDown
 from proxy.auth.principal import ANONYMOUS, CLIENT_ISSUER, Principal
 from proxy.config import Config, IssuerConfig
+from proxy.config.presets import claim as claim_at
 from proxy.deadlines import Deadlines
 from proxy.errors import Forbidden, Unauthenticated
 from proxy.state.lockouts import LockoutStore
@@ -350,7 +351,7 @@ class BearerAuth:
             raise Failed("token has no subject")
         principal = Principal(
             subject=subject, issuer=cfg.issuer, display_name=str(claims.get(cfg.name_claim, "")),
-            groups=_names(claims.get(cfg.groups_claim)),
+            groups=_names(claim_at(claims, cfg.groups_claim)),
             scopes=_names(claims.get(cfg.scopes_claim)), kind="jwt",
             claims=_kept(claims, self._kept_claims))
         named = [v for v in (claims.get(c) for c in LINK_CLAIMS) if isinstance(v, str)]

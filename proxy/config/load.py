@@ -26,6 +26,7 @@ from proxy.config import (
     metering,
     observability,
     policy,
+    presets,
     rates,
     server,
     stores,
@@ -53,7 +54,7 @@ def load(path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = No
 
 def from_dict(raw: dict[str, Any], env: typing.Mapping[str, str] | None = None,
               base_dir: Path | None = None) -> Config:
-    cfg: Config = _build(Config, raw, "", os.environ if env is None else env)
+    cfg: Config = presets.apply(_build(Config, raw, "", os.environ if env is None else env))
     validate(cfg, base_dir or Path.cwd())
     return cfg
 

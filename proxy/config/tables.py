@@ -74,7 +74,7 @@ class IssuerConfig:
     """One `[[auth.issuers]]` table: an issuer whose JWTs the gateway accepts, with exactly one
     of `jwks_url`, `public_key_pem` or `hs256_secret`."""
 
-    issuer: str  # must equal the token's "iss"
+    issuer: str = ""  # must equal the token's "iss" (entra and google presets fill it)
     jwks_url: str = ""  # where the issuer publishes its keys
     public_key_pem: str = ""  # or its key: a PEM file (relative to the config) or PEM text
     hs256_secret: str = ""  # or a shared secret for HS* tokens (use ${ENV})
@@ -82,12 +82,23 @@ class IssuerConfig:
     algorithms: list[str] = field(default_factory=lambda: ["RS256"])
     audience: str = ""  # empty: the endpoint's resource URL, public_url + "/mcp/<name>"
     subject_claim: str = "sub"  # the claim that names the caller
-    groups_claim: str = "groups"  # a list, or a space or comma separated string
+    # a list, or a space or comma separated string; dots name a nested claim
+    # ("realm_access.roles"); empty: none
+    groups_claim: str = "groups"
     scopes_claim: str = "scope"  # space separated, as OAuth's "scope"
     name_claim: str = "name"  # the caller's display name
     leeway_s: float = 30.0  # clock skew allowed on exp and nbf
     jwks_refresh_s: float = 3600.0  # the JWKS is refetched this often (keys are kept on failure)
     jwks_min_refetch_s: float = 60.0  # an unknown kid refetches at most this often
+    # "entra", "okta", "keycloak" or "google": fills what that provider's tokens need and the
+    # table leaves unset (issuer, jwks_url, audience, groups_claim); docs/identity.md
+    preset: str = ""
+    tenant: str = ""  # entra: the directory (tenant) id
+    # entra: the API's application (client) id; google: the OAuth client id (the ID token's aud)
+    client_id: str = ""
+    # entra: the access token version the API's app registration asks for: 2 (aud is the
+    # application id) or 1 (aud is api://<application id>, iss https://sts.windows.net/...)
+    token_version: int = 2
 
 
 @dataclass(frozen=True)
@@ -112,8 +123,13 @@ class OidcConfig:
     admin_group: str = ""  # members of this group are Tollhouse administrators
     # asked for at sign-in; must include openid
     scopes: list[str] = field(default_factory=lambda: ["openid", "profile", "email"])
-    groups_claim: str = "groups"  # where the ID token lists the user's groups
+    # where the ID token lists the user's groups; dots name a nested claim; empty: none
+    groups_claim: str = "groups"
     name_claim: str = "preferred_username"  # the user name (else the email, then sub)
+    # "entra", "okta", "keycloak" or "google": fills the provider's issuer (entra, google),
+    # groups claim and scopes where left unset; docs/identity.md
+    preset: str = ""
+    tenant: str = ""  # entra: the directory (tenant) id
 
     @property
     def enabled(self) -> bool:

@@ -36,6 +36,7 @@ from quart import Quart, Response, request
 
 from proxy.auth.jwks import JwksCache, kty_for
 from proxy.config import OidcConfig
+from proxy.config.presets import claim as claim_at
 from proxy.people.accounts import LINK_CLAIMS
 from proxy.people.signin import Web, page, safe_next
 from proxy.state.flows import FlowStore, ForeignFlow
@@ -160,7 +161,7 @@ def map_claims(claims: dict[str, Any], cfg: OidcConfig
             if value:
                 name = value
                 break
-    raw = claims.get(cfg.groups_claim) if cfg.groups_claim else None
+    raw = claim_at(claims, cfg.groups_claim) if cfg.groups_claim else None
     listed: list[Any] = raw.split() if isinstance(raw, str) else (
         list(raw) if isinstance(raw, list) else [])
     groups = frozenset(g for g in listed[:MAX_GROUPS] if isinstance(g, str) and g
@@ -398,7 +399,8 @@ def register(app: Quart, web: Callable[[], Web], cfg: OidcConfig,
                                 [str(claims[c]) for c in LINK_CLAIMS
                                  if isinstance(claims.get(c), str)])
         # no groups claim at all (Google's tokens): what the person holds is kept
-        held = groups if cfg.groups_claim and cfg.groups_claim in claims else None
+        held = groups if cfg.groups_claim and claim_at(claims, cfg.groups_claim) is not None \
+            else None
         user = await asyncio.to_thread(w.accounts.upsert_federated, discovery.issuer, sub,
                                        name, held, admin)
         if not user.active:
