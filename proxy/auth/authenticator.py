@@ -7,8 +7,9 @@ window (expired, not yet valid) or meant for another endpoint: no guess makes on
 expire at once are not an attack). A token that names a deprovisioned person (proxy.auth.
 deprovisioned: by its issuer and subject, or by the link rule's claims) is refused on every
 call, the cached ones too: 401 `invalid_token`, not counted either. A JWT's groups get the
-custom roles `[[auth.group_roles]]` and /api/v1/group-roles map them to (proxy.auth.
-group_roles, read in memory on each call, so a mapping changed applies to cached tokens too)."""
+SCIM groups of the provisioned person an external issuer's token names, and the custom roles
+`[[auth.group_roles]]` and /api/v1/group-roles map them to (proxy.auth.group_roles, read in
+memory on each call, so a change applies to cached tokens too)."""
 
 from __future__ import annotations
 
@@ -220,29 +221,32 @@ class BearerAuth:
                          key_endpoints=key.endpoints, role=key.role)
 
     async def _jwt(self, token: str, endpoint: str) -> Principal:
-        return self._mapped(await self._verified(token, endpoint))
+        return self._mapped(*await self._verified(token, endpoint))
 
-    def _mapped(self, principal: Principal) -> Principal:
-        """The principal with the custom roles its groups are mapped to, as groups."""
+    def _mapped(self, principal: Principal, keys: frozenset[str]) -> Principal:
+        """The principal with the SCIM groups of the provisioned person its token's `keys`
+        name (an external issuer's), and the custom roles its groups are mapped to."""
         if self._group_roles is None:
             return principal
-        added = self._group_roles.grant(principal.groups).groups - principal.groups
-        return replace(principal, groups=principal.groups | added) if added else principal
+        groups = principal.groups | self._group_roles.scim_groups(keys)
+        groups |= self._group_roles.grant(groups).groups
+        return replace(principal, groups=groups) if groups != principal.groups else principal
 
-    async def _verified(self, token: str, endpoint: str) -> Principal:
+    async def _verified(self, token: str, endpoint: str
+                        ) -> tuple[Principal, frozenset[str]]:
         now = time.time()
         cached = self._cache.get((token, endpoint), now)  # external issuers' tokens only
         if cached is None:
             if self._tollhouse is not None and self._issuer(token) == self._public_url:
                 # not cached here: the authorization server checks revocation on every call
-                return await self._own(token, endpoint)
+                return await self._own(token, endpoint), frozenset()
             principal, keys, expires = await self._verify(token, endpoint)
             now = time.time()
             cached = (principal, keys)
             self._cache.put((token, endpoint), cached, min(expires, now + self.CACHE_S), now)
         if self._deprovisioned is not None and await self._deprovisioned.refuses(cached[1]):
             raise _deprovisioned()
-        return cached[0]
+        return cached
 
     def _issuer(self, token: str) -> str | None:
         """The unverified `iss` of a token, read once per token (a token's claims never

@@ -6,6 +6,7 @@ administrator of the management API and the console."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -178,3 +179,35 @@ async def test_a_scim_group_gives_its_role_to_a_signed_in_person_and_admin_by_gr
         assert (await w.site.client.delete("/api/v1/group-roles", headers=admin, params={
             "group": "ops", "role": "admin"})).status_code == 204
         assert (await http.get(f"{w.url}/api/v1/users")).status_code == 403
+
+
+async def eventually(check: Any, deadline_s: float = 10.0) -> None:
+    """Poll `check()` (async, a bool) until it holds; the edge's copy of the SCIM groups is
+    looked at every second."""
+    start = time.monotonic()
+    while not await check():
+        assert time.monotonic() - start < deadline_s, "not seen in time"
+
+
+async def test_a_token_naming_a_provisioned_person_carries_their_scim_groups(
+        world: World) -> None:
+    w = world
+
+    def naming(endpoint: str, **claims: Any) -> str:  # a token of the configured issuer
+        return token(aud=f"{w.url}/mcp/{endpoint}", **{"sub": "idp-7", **claims})
+
+    ada = await provision(w, "ada@example.com")
+    await provision(w, "bob@example.com")
+    by_email = {"email": "ADA@example.com"}  # the link rule: emails, without regard to case
+    assert not await allowed(w, naming("up", **by_email), "up")
+    await scim_group(w, "sre", ada)  # mapped to `deployers` by the config
+
+    async def both_allowed() -> bool:
+        return await allowed(w, naming("up", **by_email), "up") and \
+            await allowed(w, naming("ce", **by_email), "ce")
+
+    await eventually(both_allowed)
+    # a token naming nobody provisioned, or two people at once, gets no SCIM group
+    assert not await allowed(w, naming("up", email="eve@example.com"), "up")
+    assert not await allowed(w, naming("up", email="ada@example.com",
+                                       preferred_username="bob@example.com"), "up")
