@@ -34,9 +34,10 @@ import orjson
 
 from proxy.audit import AuditRecord, AuditSink
 from proxy.auth.principal import Principal
-from proxy.errors import ApprovalRequired, ToolResultDenial, sse_event
+from proxy.errors import ApprovalRequired, Cancelled, ToolResultDenial, sse_event
 from proxy.metering_backends import Webhook
 from proxy.state.approvals import Approval, ApprovalStore
+from proxy.state.inflight import CallHandle, InFlightRegistry, call_key
 
 if TYPE_CHECKING:
     from proxy.chain import CallContext, Chain
@@ -116,6 +117,10 @@ class Held:
     session_id: str | None = None
     capabilities: Mapping[str, Any] | None = None  # the client's (its session's, or the
     # request's envelope in 2026-07-28): whether a "self" approval can be asked of it
+    # where the wait is registered under the call's key, so the client's
+    # notifications/cancelled ends it (as it ends a call in flight)
+    inflight: InFlightRegistry | None = None
+    key: str = ""
 
     @classmethod
     def of(cls, calls: Calls, routed: Routed, headers: Mapping[str, str], msg: McpMessage,
@@ -138,7 +143,9 @@ class Held:
             caps = meta.get(CLIENT_CAPS) if isinstance(meta, dict) else None
         return cls(msg, ctx, exchange, headers, proceed,
                    session.id if session is not None else None,
-                   caps if isinstance(caps, Mapping) else None)
+                   caps if isinstance(caps, Mapping) else None, calls.inflight,
+                   call_key(routed.route.name, ctx.principal.key,
+                            session.id if session is not None else "", msg.id))
 
 
 def public(approval: Approval, *, arguments: bool = True) -> dict[str, Any]:
@@ -252,11 +259,19 @@ class Approvals:
         refused, or still pending."""
         approval = held.approval
         started = time.monotonic()
+        handle = CallHandle()  # the client's cancel ends the wait (the approval stays)
+        if call.inflight is not None:
+            call.inflight.add(call.key, handle)
         try:
             decided = await self.store.wait(approval.id, approval.wait_s)
-        except asyncio.CancelledError:  # the client went away while it waited
-            call.exchange.disconnected()
+        except asyncio.CancelledError:
+            if handle.absorb() and handle.reason is not None:  # cancelled: -32800
+                return await call.exchange.refuse(Cancelled(handle.reason), call.msg.id)
+            call.exchange.disconnected()  # the client went away while it waited
             raise
+        finally:
+            if call.inflight is not None:
+                call.inflight.discard(call.key, handle)
         wait_ms = round((time.monotonic() - started) * 1000)
         if decided is not None and decided.status == "approved":
             return await call.proceed(wait_ms, sent)

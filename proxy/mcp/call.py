@@ -78,6 +78,11 @@ class Calls:
         self._tasks = tasks  # a task's binding, its list kept to its caller, its end
         self.approvals: Approvals | None = None  # calls held for a person's yes (Serving)
 
+    @property
+    def inflight(self) -> InFlightRegistry:
+        """Where calls are registered to be cancelled (a held call's wait too)."""
+        return self._inflight
+
     async def checked(self, routed: Routed, headers: Mapping[str, str], msg: McpMessage,
                       session: Session | None, ctx: CallContext, exchange: Exchange,
                       chain: Chain) -> EdgeResponse:

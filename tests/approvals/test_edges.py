@@ -190,6 +190,32 @@ async def test_a_client_gone_while_waiting_leaves_the_approval_for_its_retry(
     assert calls[1]["policy"]["approval"]["id"] == approval.id
 
 
+@pytest.mark.parametrize("accept", ["application/json, text/event-stream", None])
+async def test_a_cancelled_held_call_never_runs_and_leaves_the_approval(
+        tmp_path: Path, accept: str | None) -> None:
+    """The client's notifications/cancelled ends the wait (-32800), as it ends a call in
+    flight: an approval given afterwards runs nothing until the same call is sent again."""
+    bank = Bank()
+    async with gateway(tmp_path, bank) as stack, httpx.AsyncClient(timeout=30) as http:
+        raw = Raw(http, stack.endpoint, accept)
+        assert (await raw.initialize()).status_code == 200
+        waiting = asyncio.create_task(raw.call(1))
+        (approval,) = await pending(stack)
+        notice = await raw.post({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                 "params": {"requestId": 1, "reason": "changed my mind"}})
+        assert notice.status_code == 202
+        cancelled = await asyncio.wait_for(waiting, 10)  # long before wait_s (30 s)
+        assert (await approvals(stack).store.get(approval.id)).status == "pending"  # type: ignore[union-attr]
+        kind, _ = await approvals(stack).decide(approval.id, True, SRE, "")
+        assert kind == "decided" and bank.calls == []  # the cancelled call did not go on
+        retried = await raw.call(2)
+    assert message(cancelled)["error"]["code"] == -32800
+    assert message(retried)["result"]["content"][0]["text"] == "sent 3 to dan"
+    assert bank.calls == [("transfer", ARGS)]
+    calls = [r for r in records(stack) if r["method"] == "tools/call"]
+    assert [r["status"] for r in calls] == ["cancelled", "ok"]
+
+
 # -- expires_s, on an injected clock ---------------------------------------------------------
 
 

@@ -85,6 +85,7 @@ async def test_a_held_call_runs_once_approved_in_time(tmp_path: Path, mode: str,
         deciding = asyncio.create_task(decide_when_asked(stack, True, "ok"))
         sent = await client.call_tool("transfer", {"amount": 100, "to": "bob"})
         approval = await deciding
+        spent = await approvals(stack).store.get(approval.id)  # (Redis: before it closes)
     assert not sent.is_error and sent.content[0].text == "sent 100 to bob"
     assert bank.calls == [("balance", {}), ("transfer", {"amount": 100, "to": "bob"})]
     rows = records(stack)
@@ -97,7 +98,7 @@ async def test_a_held_call_runs_once_approved_in_time(tmp_path: Path, mode: str,
     used = call["policy"]["approval"]
     assert used["id"] == approval.id and used["decision"] == "approved"
     assert used["approver"] == "alice" and used["wait_ms"] >= 0
-    assert (await approvals(stack).store.get(approval.id)).status == "used"
+    assert spent is not None and spent.status == "used"
 
 
 @pytest.mark.parametrize("answers", ["sse", "json"])
