@@ -278,6 +278,10 @@ class Forwarder:
             await tasks.usable(ctx, chain)  # the tasks of tools still the caller's to use
         return ctx
 
+    async def usable_tasks(self, route: UpstreamRoute, chain: Chain, ctx: CallContext
+                           ) -> None:
+        await tasks.usable(ctx, chain)
+
     def views(self, route: UpstreamRoute, leg: Leg, session: Session | None,
               ctx: CallContext) -> tuple[bool, Outgoing | None]:
         """A legacy upstream's request to a 2026-07-28 caller ends the call: nothing can

@@ -90,6 +90,10 @@ class Forwarding(Protocol):
     async def check(self, route: Any, chain: Chain, msg: McpMessage, ctx: CallContext
                     ) -> CallContext: ...
 
+    async def usable_tasks(self, route: Any, chain: Chain, ctx: CallContext) -> None:
+        """`ctx.task.owned` kept to the tasks whose tool the caller may still use (as its
+        tasks/list keeps them): what a GET stream relays the status notifications of."""
+
     async def call(self, route: Any, headers: Mapping[str, str], msg: McpMessage,
                    session: Session | None, ctx: CallContext, into: Forwarded,
                    chain: Chain) -> None: ...

@@ -69,8 +69,9 @@ class Listening:
                 settle=partial(self._resumption.settle, chain, routed.name, session, principal),
                 hold_notices=chain.notices(routed.name))
         else:
-            notice = None if tasks is None else await tasks.listener(routed.name, principal,
-                                                                     chain)
+            notice = None if tasks is None else await tasks.listener(
+                routed.name, principal, chain,
+                partial(routed.forwarding.usable_tasks, routed.route, chain))
             relay = StreamRelay(listened.chunks, listened.close, views=Views(notice=notice),
                                 spawn=self._spawn, on_done=done)
         self._open.add(relay)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -147,7 +147,8 @@ class Tasks:
         # GET stream opened before one was created knows of it (`listener`)
         self._recent: OrderedDict[tuple[str, str, str], str] = OrderedDict()
 
-    async def listener(self, endpoint: str, principal: Principal, chain: Chain) -> Notice:
+    async def listener(self, endpoint: str, principal: Principal, chain: Chain,
+                       usable: Callable[[CallContext], Awaitable[None]]) -> Notice:
         """What reads a GET stream's notifications on `endpoint` for `principal`: a
         `notifications/tasks/status` of one of the caller's tasks whose tool it may still use
         (those it has when the stream opens, and those created through this process since)
@@ -157,7 +158,7 @@ class Tasks:
         ctx = CallContext(principal, endpoint, "")
         try:
             ctx.task = TaskCall(owned=await self.store.owned(endpoint, principal.key))
-            await usable(ctx, chain)
+            await usable(ctx)  # the route's: by its own names (a virtual endpoint's)
         except GatewayError as exc:  # the store is out of reach: only tasks created since
             log.warning("%s: a GET stream's tasks could not be read: %s", endpoint, exc)
             ctx.task = TaskCall()
@@ -241,10 +242,13 @@ class Tasks:
         task's tool (as a tasks/get's is: redacted, or replaced by what a person reads of the
         refusal; the status itself always reaches the client), and a terminal status is
         recorded as the task's end; one of any other task is left out (never relayed); any
-        other notification is `notice`'s. `notice` itself for any other call. On a virtual
-        endpoint `ctx` is the member's, and its notifications name the member's own ids."""
-        if not concerned(msg):
-            return notice
+        other notification is `notice`'s. On any other call's stream a task's status
+        notification is left out (a stdio upstream sends one, tied to no request, on whichever
+        session has a call in flight: it may be another caller's task), and the rest is
+        `notice`'s. On a virtual endpoint `ctx` is the member's, and its notifications name
+        the member's own ids."""
+        if not concerned(msg):  # no task of the caller's is this call's to hear of
+            return _no_status if notice is None else _without_status(notice)
         member = ctx.endpoint if ctx.endpoint != endpoint else None
         readers: dict[str, Rewrite | None] = {}
 
@@ -374,6 +378,20 @@ async def usable(ctx: CallContext, chain: Chain) -> None:
             kept[tool] = False
     if task is not None:
         task.owned = {task_id: tool for task_id, tool in owned.items() if kept[tool]}
+
+
+def _no_status(message: dict[str, Any]) -> Verdict:
+    """A non-task call's notifications, when no policy reads them: a task's status left out."""
+    return "dropped" if message.get("method") == STATUS else "kept"
+
+
+def _without_status(notice: Notice) -> Notice:
+    """A non-task call's notifications, as `notice` reads them, a task's status left out."""
+
+    def heard(message: dict[str, Any]) -> Verdict:
+        return "dropped" if message.get("method") == STATUS else notice(message)
+
+    return heard
 
 
 def _tool_of(task: TaskCall | None, task_id: object) -> str | None:

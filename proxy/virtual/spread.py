@@ -80,6 +80,10 @@ class VirtualForwarder:
             return await self.search.check(route, chain, msg, ctx)
         return await self._routing.check(route, chain, msg, ctx)
 
+    async def usable_tasks(self, route: VirtualRoute, chain: Chain, ctx: CallContext
+                           ) -> None:
+        await virtual_tasks.usable(route, self._members, chain, ctx)
+
     async def resolve(self, route: VirtualRoute, msg: McpMessage, ctx: CallContext,
                       chain: Chain) -> Target:
         """The member and member's name a routed message names (`Routing.resolve`)."""

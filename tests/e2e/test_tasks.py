@@ -316,26 +316,26 @@ class Wire:
     """One caller speaking HTTP to the gateway itself (to see each event of a stream as it
     comes): its session, its GET stream's messages."""
 
-    def __init__(self, http: httpx.AsyncClient, sub: str) -> None:
+    def __init__(self, http: httpx.AsyncClient, endpoint: str, auth: dict[str, str]) -> None:
         self.http = http
-        self.headers = {**HTTP_HEADERS, **bearer(sub)}
+        self.endpoint = endpoint
+        self.headers = {**HTTP_HEADERS, **auth}
         self.heard: list[dict[str, Any]] = []  # the GET stream's messages, in order
 
-    async def start(self, stack: Stack) -> None:
-        answer = await self.http.post(stack.endpoint, headers=self.headers, json={
+    async def start(self) -> None:
+        answer = await self.http.post(self.endpoint, headers=self.headers, json={
             "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
                 "protocolVersion": "2025-11-25", "clientInfo": {"name": "wire", "version": "1"},
                 "capabilities": {"tasks": {"list": {}, "cancel": {}}}}})
         assert answer.status_code == 200, answer.text
         self.headers["Mcp-Session-Id"] = answer.headers["mcp-session-id"]
-        sent = await self.http.post(stack.endpoint, headers=self.headers, json={
+        sent = await self.http.post(self.endpoint, headers=self.headers, json={
             "jsonrpc": "2.0", "method": "notifications/initialized"})
         assert sent.status_code == 202, sent.text
 
-    async def call(self, stack: Stack, method: str, params: dict[str, Any]
-                   ) -> list[dict[str, Any]]:
+    async def call(self, method: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """Every message of the answer, in order (one, for a JSON answer)."""
-        answer = await self.http.post(stack.endpoint, headers=self.headers, json={
+        answer = await self.http.post(self.endpoint, headers=self.headers, json={
             "jsonrpc": "2.0", "id": 1, "method": method, "params": params})
         assert answer.status_code == 200, answer.text
         if not answer.headers["content-type"].startswith("text/event-stream"):
@@ -343,8 +343,8 @@ class Wire:
         return [orjson.loads(line[5:]) for line in answer.text.splitlines()
                 if line.startswith("data:")]
 
-    async def listen(self, stack: Stack, opened: asyncio.Event) -> None:
-        async with self.http.stream("GET", stack.endpoint, headers=self.headers) as stream:
+    async def listen(self, opened: asyncio.Event) -> None:
+        async with self.http.stream("GET", self.endpoint, headers=self.headers) as stream:
             assert stream.status_code == 200
             opened.set()
             async for line in stream.aiter_lines():
@@ -373,13 +373,13 @@ async def test_task_status_notifications_are_read_by_the_tools_result_rules(
     rules = REDACT_EMAIL if action == "redact" else DENY_EMAIL
     async with gateway(tmp_path, upstream, json=False, config={"guardrails": rules}) as (
             stack, audit), httpx.AsyncClient(timeout=10) as http:
-        alice = Wire(http, "alice")
-        await alice.start(stack)
+        alice = Wire(http, stack.endpoint, bearer("alice"))
+        await alice.start()
         opened = asyncio.Event()
-        listening = asyncio.create_task(alice.listen(stack, opened))
+        listening = asyncio.create_task(alice.listen(opened))
         try:
             await asyncio.wait_for(opened.wait(), 10)
-            created = await alice.call(stack, "tools/call", {
+            created = await alice.call("tools/call", {
                 "name": TOOL, "arguments": {"topic": "tides"}, "task": {"ttl": 60_000}})
             task_id = created[-1]["result"]["task"]["taskId"]
             # another caller's task's status (the upstream's one store): not alice's to hear
@@ -394,7 +394,7 @@ async def test_task_status_notifications_are_read_by_the_tools_result_rules(
             await until(lambda: statuses(alice.heard), what="the status on the GET stream")
             # the end it shows is recorded (nothing else has shown it yet)
             await until(lambda: ended(audit), what="the task's completion record")
-            answered = await alice.call(stack, "tasks/result", {"taskId": task_id})
+            answered = await alice.call("tasks/result", {"taskId": task_id})
         finally:
             listening.cancel()
     on_call = statuses(answered)

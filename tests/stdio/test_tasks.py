@@ -11,10 +11,12 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
+import httpx
 import pytest
 from mcp import MCPError, types
 
 from tests.e2e.sdk_client import SdkClient, connect
+from tests.e2e.test_tasks import Wire, statuses
 from tests.helpers import jwt_auth, token, until
 from tests.stdio import everything
 from tests.stdio.conftest import stdio_gateway
@@ -214,3 +216,49 @@ async def test_a_client_that_declared_no_tasks_is_handed_none(installed: None) -
     called = next(r for r in gw.audit.records if r.method == "tools/call")
     assert "task support not declared by the client: run directly" in (called.note or "")
     assert called.task is None
+
+
+async def test_a_tasks_status_notifications_are_its_creators_read_by_its_rules(
+        installed: None) -> None:
+    """The reference server sends `notifications/tasks/status` as a task changes, tied to no
+    request: on stdio it goes to the session with a call in flight, here alice's tasks/result
+    (waiting for the end). She hears her task's end, its status message read by the tool's
+    result rule (the topic, an email address, redacted), and its end is recorded once."""
+    async with _gateway({"guardrails": REDACT}) as gw, httpx.AsyncClient(timeout=30) as http:
+        alice = Wire(http, gw.endpoint("local"), _headers("alice"))
+        await alice.start()
+        created = await alice.call("tools/call", {
+            "name": TOOL, "arguments": {"topic": f"mail {EMAIL}"}, "task": {"ttl": 60000}})
+        task_id = created[-1]["result"]["task"]["taskId"]
+        answered = await alice.call("tasks/result", {"taskId": task_id})
+    heard = statuses(answered)
+    assert heard and {s["taskId"] for s in heard} == {task_id}
+    assert EMAIL not in str(answered)
+    completion = [r for r in gw.audit.records if r.method == "notifications/tasks/status"]
+    assert [(r.principal, r.status) for r in completion] == [("alice", "ok")]
+
+
+async def test_another_callers_task_status_never_reaches_a_call_in_flight(installed: None
+                                                                          ) -> None:
+    """While alice's task runs, mallory's long call is the one in flight on the process, so
+    the stdio upstream routes the task's status notifications (tied to no request) to her
+    call's stream: they are left out there (a task's status is relayed only on its own
+    creator's task requests), and alice's task still ends, its end recorded once when she
+    asks."""
+    async with _gateway({}) as gw, httpx.AsyncClient(timeout=30) as http:
+        alice = Wire(http, gw.endpoint("local"), _headers("alice"))
+        mallory = Wire(http, gw.endpoint("local"), _headers("mallory"))
+        await alice.start()
+        await mallory.start()
+        created = await alice.call("tools/call", {
+            "name": TOOL, "arguments": {"topic": "alice's merger"}, "task": {"ttl": 60000}})
+        task_id = created[-1]["result"]["task"]["taskId"]
+        answered = await mallory.call("tools/call", {
+            "name": "trigger-long-running-operation", "arguments": {"duration": 6, "steps": 3}})
+        assert "result" in answered[-1], answered[-1]
+        assert statuses(answered) == [], "alice's task's status reached mallory's call"
+        assert "merger" not in str(answered)
+        got = await alice.call("tasks/get", {"taskId": task_id})
+        assert got[-1]["result"]["status"] == "completed"  # it ran while mallory's call did
+    completion = [r for r in gw.audit.records if r.method == "notifications/tasks/status"]
+    assert [(r.principal, r.status) for r in completion] == [("alice", "ok")]

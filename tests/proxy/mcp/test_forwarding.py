@@ -56,6 +56,9 @@ class MemoryForwarding:
         await chain.run(msg, ctx, without=("egress",))  # it dials nothing: no destination
         return ctx
 
+    async def usable_tasks(self, route: MemoryRoute, chain: Chain, ctx: CallContext) -> None:
+        return None  # it runs no task
+
     async def call(self, route: MemoryRoute, headers: Mapping[str, str], msg: McpMessage,
                    session: Session | None, ctx: CallContext, into: Forwarded,
                    chain: Chain) -> None:
