@@ -11,6 +11,7 @@ and one database (`tests/replicas/harness.py`), JWT auth, an official-SDK upstre
   figure tells them apart (the poll's would read hundreds of ms).
 * r0 killed (SIGKILL) while a call waits there: the approval stays, visible through r1; once
   approved there, the client's retry of the same call through r1 runs once.
+* the client's notifications/cancelled, taken by r1, ends the wait on r0.
 """
 
 from __future__ import annotations
@@ -178,3 +179,30 @@ async def test_a_replica_killed_while_a_call_waits_leaves_the_approval_for_the_r
         "sent 9 to zed"
     assert w.bank.calls == [("transfer", {"amount": 9, "to": "zed"})]  # once
     assert used.json()["status"] == "used"
+
+
+async def test_a_cancel_sent_to_the_other_replica_ends_the_wait(world: World) -> None:
+    """The held call's wait is in flight under its key: the client's notifications/cancelled,
+    taken by r1, ends it on r0 (-32800); approved afterwards, nothing runs until a retry."""
+    w = world
+    async with httpx.AsyncClient(timeout=WAIT_S + 30) as http, w.approver() as erin:
+        bob = Caller(w, http, w.r0.endpoint)
+        await bob.open()
+        waiting = asyncio.create_task(bob.post({
+            "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "transfer", "arguments": {"amount": 4, "to": "zed"}}}))
+        approval = await asked(w, w.r1, erin, set())
+        at_r1 = Caller(w, http, w.r1.endpoint)
+        at_r1.headers = dict(bob.headers)  # the same session, through the other replica
+        notice = await at_r1.post({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                   "params": {"requestId": 1}})
+        assert notice.status_code == 202, notice.text
+        cancelled = await asyncio.wait_for(waiting, DEADLINE_S)
+        decided = await erin.post(f"{w.r1.url}/api/v1/approvals/{approval['id']}/approve",
+                                  json={})
+        assert decided.status_code == 200, decided.text
+        assert w.bank.calls == []
+        ran = await bob.transfer(2, 4)
+    assert '"code":-32800' in cancelled.text.replace(" ", "")
+    assert ran["result"]["content"][0]["text"] == "sent 4 to zed"
+    assert w.bank.calls == [("transfer", {"amount": 4, "to": "zed"})]
