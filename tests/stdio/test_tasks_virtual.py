@@ -13,12 +13,14 @@ import shutil
 import sys
 from typing import Any
 
+import httpx
 import pytest
 from mcp import MCPError
 
 from proxy.auth import keys as api_keys
 from tests import db_backends
 from tests.e2e.sdk_client import connect
+from tests.e2e.test_tasks import Wire, statuses
 from tests.helpers import jwt_auth, token, until
 from tests.stdio import everything
 from tests.stdio.conftest import SERVER, stdio_gateway, stdio_upstream
@@ -246,3 +248,37 @@ async def test_discover_advertises_no_2025_tasks(installed: None) -> None:
         discovered = await client.session.discover()
         assert discovered.capabilities.tasks is None
         assert (await client.list_tools()).tools  # the members answered
+
+
+async def test_a_members_task_status_notifications_reach_its_creator_under_the_endpoints_id(
+        installed: None) -> None:
+    """The member's `notifications/tasks/status` on alice's tasks/result stream (the member
+    session's call in flight): relayed under the endpoint's task id, its end recorded once;
+    mallory's long call on the same member process hears none of them."""
+    async with _gateway({"guardrails": REDACT}) as gw, httpx.AsyncClient(timeout=30) as http:
+        alice = Wire(http, gw.endpoint("team"), _headers("alice"))
+        mallory = Wire(http, gw.endpoint("team"), _headers("mallory"))
+        await alice.start()
+        await mallory.start()
+        created = await alice.call("tools/call", {
+            "name": EXPOSED, "arguments": {"topic": f"mail {EMAIL}"}, "task": {"ttl": 60000}})
+        task_id = created[-1]["result"]["task"]["taskId"]
+        assert task_id.startswith("everything/")
+        answered = await alice.call("tasks/result", {"taskId": task_id})
+        heard = statuses(answered)
+        assert heard and {s["taskId"] for s in heard} == {task_id}
+        assert heard[-1]["status"] == "completed"
+        assert EMAIL not in str(answered)
+        created = await alice.call("tools/call", {
+            "name": EXPOSED, "arguments": {"topic": "merger"}, "task": {"ttl": 60000}})
+        second = created[-1]["result"]["task"]["taskId"]
+        answered = await mallory.call("tools/call", {
+            "name": "everything__trigger-long-running-operation",
+            "arguments": {"duration": 6, "steps": 3}})
+        assert "result" in answered[-1], answered[-1]
+        assert statuses(answered) == [] and "merger" not in str(answered)
+        got = await alice.call("tasks/get", {"taskId": second})
+        assert got[-1]["result"]["status"] == "completed"
+    completion = [r for r in gw.audit.records if r.method == "notifications/tasks/status"]
+    assert sorted((r.principal, r.note) for r in completion) == sorted([
+        ("alice", f"task {task_id} completed"), ("alice", f"task {second} completed")])
