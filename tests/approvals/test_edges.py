@@ -190,6 +190,31 @@ async def test_a_client_gone_while_waiting_leaves_the_approval_for_its_retry(
     assert calls[1]["policy"]["approval"]["id"] == approval.id
 
 
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_an_sdk_client_that_gives_up_leaves_the_approval(tmp_path: Path,
+                                                               mode: str) -> None:
+    """The official SDK client's call cancelled while it waits (its request closed, or
+    cancelled by notice): the call's record is `cancelled`, nothing runs, the retry after
+    the approval runs once."""
+    bank = Bank()
+    async with gateway(tmp_path, bank, config=rules(wait_s=3.0)) as stack, \
+            Client(f"{stack.gateway_url}/mcp/up", mode=mode) as client:
+        waiting = asyncio.create_task(client.call_tool("transfer", ARGS))
+        (approval,) = await pending(stack)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        await records_until(stack, lambda r: r["method"] == "tools/call"
+                            and r["status"] == "cancelled", "the abandoned call")
+        assert (await approvals(stack).store.get(approval.id)).status == "pending"  # type: ignore[union-attr]
+        kind, _ = await approvals(stack).decide(approval.id, True, SRE, "")
+        assert kind == "decided" and bank.calls == []
+        ran = await client.call_tool("transfer", ARGS)
+    assert not ran.is_error and ran.content[0].text == "sent 3 to dan"
+    assert bank.calls == [("transfer", ARGS)]
+    calls = [r for r in records(stack) if r["method"] == "tools/call"]
+    assert [r["status"] for r in calls] == ["cancelled", "ok"]
+
+
 @pytest.mark.parametrize("accept", ["application/json, text/event-stream", None])
 async def test_a_cancelled_held_call_never_runs_and_leaves_the_approval(
         tmp_path: Path, accept: str | None) -> None:
