@@ -102,3 +102,19 @@ def test_every_redis_store_keeps_its_own_kinds_of_key() -> None:
     with pytest.raises(ValueError, match="overlaps"):
         stores.shared.key("br:")
     assert stores.shared.key("br:s:") == "kinds:br:s:"  # the same kind again: another replica's
+
+
+async def test_count_for_counts_a_persons_live_sessions(backend: Backend) -> None:
+    """How many browser sessions a person's console page says they have: live ones only."""
+    store = backend.browser_sessions(ttl_s=10)
+    alice = [await store.create("alice") for _ in range(2)]
+    await backend.advance(6)
+    await store.create("alice")
+    await store.create("bob")
+    assert await store.count_for("alice") == 3 and await store.count_for("nobody") == 0
+    await store.delete(alice[1])
+    assert await store.count_for("alice") == 2
+    await backend.advance(5)  # the first two's time is up
+    assert await store.count_for("alice") == 1
+    await store.end_for("alice")
+    assert await store.count_for("alice") == 0
