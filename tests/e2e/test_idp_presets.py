@@ -2,7 +2,8 @@
 a real gateway that trusts a fake provider of that shape (its keys at the path the preset names,
 tokens carrying its issuer, audience and groups claim): Entra ID's v1 and v2 access tokens, Okta's
 authorization server, Keycloak's realm (groups, or realm roles), and Google's ID tokens, which
-carry no groups."""
+carry no groups; and a person's sign-in through each sign-in preset but Entra's (whose issuer is
+the fixed v2.0 endpoint: only loaded here)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from jwt.algorithms import RSAAlgorithm
 from proxy.config import ConfigError
 from proxy.config.load import from_dict
 from proxy.config.tables import OidcConfig
+from proxy.people.accounts import Accounts
 from proxy.people.oidc import map_claims
-from tests.e2e.oidc_provider import rsa_key
+from tests.e2e.oidc_provider import OidcProvider, rsa_key, running_provider
 from tests.e2e.upstreams import stateless_json_app
 from tests.servers import serve
 from tests.stack import gateway_stack
@@ -223,3 +225,38 @@ async def test_keycloak_realm_roles_as_groups(provider: Provider) -> None:
                           realm_access={"roles": list(roles)}, groups=["deployers"])
         assert await call(url, kc("deployers")) == 200
         assert await call(url, kc("viewer")) == 403  # its groups claim is not read
+
+
+@pytest.mark.parametrize(("preset", "claims", "groups"), [
+    # Keycloak's realm roles through a dotted groups_claim; its groups claim is not read
+    ("keycloak", {"realm_access": {"roles": ["sre", "dev"]}, "groups": ["/other"]},
+     {"sre", "dev"}),
+    # Okta: the groups claim, asked for by the groups scope
+    ("okta", {"groups": ["sre", "Everyone"]}, {"sre", "Everyone"}),
+    # Google: no groups claim is read (its ID tokens have none): groups are kept, not cleared
+    ("google", {"groups": ["sre"]}, set()),
+])
+async def test_sign_in_with_a_preset(preset: str, claims: dict[str, Any], groups: set[str]
+                                     ) -> None:
+    idp = OidcProvider()
+    async with running_provider(idp) as idp_url:
+        oidc: dict[str, Any] = {"preset": preset, "issuer": idp_url,
+                                "client_id": idp.client_id, "client_secret": idp.client_secret}
+        if preset == "keycloak":
+            oidc["groups_claim"] = "realm_access.roles"
+
+        def config(urls: Any) -> dict[str, Any]:
+            return {"server": {"public_url": urls.gateway},
+                    "auth": {"mode": "jwt", "oidc": oidc}, "console": {"enabled": True}}
+
+        async with gateway_stack(config) as site, \
+                httpx.AsyncClient(follow_redirects=False, timeout=10) as browser:
+            idp.sign_in_as(f"{preset}-1", name=f"{preset}-person", **claims)
+            start = await browser.get(f"{site.url}/signin/oidc", params={"next": "/signin/done"})
+            assert start.status_code == 303, start.text
+            back = (await browser.get(start.headers["location"])).headers["location"]
+            assert (await browser.get(back)).status_code == 303
+            asked = idp.authorize_params[-1]["scope"].split()
+            user = Accounts(site.services.database).by_subject(idp_url, f"{preset}-1")
+    assert user is not None and user.groups == groups
+    assert ("groups" in asked) == (preset == "okta")
