@@ -93,3 +93,30 @@ async def test_a_reload_keeps_api_endpoints_and_their_rules(tmp_path: Path) -> N
         after = names(await tools(e, "team"))
         assert "cfgd__echo" in after and "cfgd__add" not in after  # its rules, as stored
         assert "cfgd.add" in names(await tools(e, "filed"))
+
+
+async def test_tool_search_is_set_through_the_api_as_in_the_config(tmp_path: Path) -> None:
+    """`search` in an endpoint's body is the config's `[endpoints.search]`: checked as the
+    config file is (422 naming the field), answered back, and live on the next request."""
+    async with env(tmp_path) as e:
+        spec: dict[str, Any] = {"name": "found", "members": ["cfgd"],
+                                "search": {"mode": "search", "max_results": 3,
+                                           "always": ["cfgd__echo"]}}
+        for bad, field in (({"mode": "bm25"}, "mode"), ({"max_results": 0}, "max_results"),
+                           ({"max_results": 51}, "max_results"),
+                           ({"always": ["call_tool"]}, "always"),
+                           ({"always": ["a b"]}, "always"), ({"ranker": "x"}, "ranker")):
+            refused = await e.admin.post(e.api("/endpoints"), json={**spec, "search": bad})
+            assert refused.status_code == 422, (bad, refused.text)
+            assert field in str(refused.json()["detail"]), refused.text
+        alias = await e.admin.post(e.api("/endpoints"), json={
+            **spec, "aliases": {"search_tools": "cfgd:echo"}})
+        assert alias.status_code == 422 and "meta-tool" in alias.text
+        created = await e.admin.post(e.api("/endpoints"), json=spec)
+        assert created.status_code == 201, created.text
+        assert created.json()["search"] == {"mode": "search", "max_results": 3,
+                                            "always": ["cfgd__echo"]}
+        assert names(await tools(e, "found")) == {"search_tools", "call_tool", "cfgd__echo"}
+        off = await e.admin.patch(e.api("/endpoints/found"), json={"search": {"mode": "off"}})
+        assert off.status_code == 200 and off.json()["search"]["mode"] == "off"
+        assert "cfgd__count" in names(await tools(e, "found"))
