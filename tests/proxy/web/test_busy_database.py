@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from proxy.people.accounts import Accounts
 from tests import db_backends
+from tests.helpers import until
 from tests.stack import gateway_stack
 
 CLIENT = {"redirect_uris": ["http://127.0.0.1/cb"], "token_endpoint_auth_method": "none"}
@@ -21,6 +22,11 @@ async def test_a_held_database_is_a_503_then_served_again() -> None:
             secret_key="k", client={"follow_redirects": False}) as site:
         url, client = site.url, site.client
         client.headers["Origin"] = url
+
+        async def ready() -> bool:  # start-up reads users (its mirrors): done before the hold
+            return (await client.get(f"{url}/readyz")).status_code == 200
+
+        await until(ready, what="the gateway's start-up")
         with db_backends.tables_held(database.url, "users", "oauth_clients"):
             busy = [await client.post(f"{url}/oauth/register", json=CLIENT)]
             if database.postgresql:  # (SQLite in WAL mode lets readers through)
