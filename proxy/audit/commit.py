@@ -217,7 +217,10 @@ class Committer:
                     cur.executemany(self._sql_insert_new, rows)
                 if usage:
                     cur.executemany(self._sql_outbox, usage)
-                self._rollups.add(cur, rows)
+                # a cursor of its own: the rollups read back what their key upsert returns, and
+                # in pipeline mode a cursor that ran executemany before may answer a fetch with
+                # one of those INSERTs' results ("the last operation didn't produce records")
+                self._rollups.add(raw.cursor(), rows)
                 if self.exports is not None:
                     self.exports.add(cur, rows, self._columns)
                 raw.commit()
