@@ -19,9 +19,9 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from cachetools import TTLCache
+from proxy.state.indexed import Indexed, unindex
 
 if TYPE_CHECKING:
     from proxy.state.shared import Shared
@@ -56,42 +56,13 @@ class BrowserSessions(Protocol):
         """How many live sessions the person has (their ids, secrets, are never shown)."""
 
 
-class _Sessions(TTLCache[str, str]):
-    """The TTL cache that tells its index whenever it lets an entry go by itself (expiry, or
-    the least recently used one when full); explicit removals update the index themselves."""
-
-    def __init__(self, maxsize: int, ttl: float, timer: Callable[[], float],
-                 index: dict[str, set[str]]) -> None:
-        super().__init__(maxsize=maxsize, ttl=ttl, timer=timer)
-        self._index = index
-
-    def expire(self, time: Any = None) -> list[tuple[str, str]]:
-        expired = list(super().expire(time))
-        for session_id, user_id in expired:
-            _unindex(self._index, user_id, session_id)
-        return expired
-
-    def popitem(self) -> tuple[str, str]:
-        session_id, user_id = super().popitem()
-        _unindex(self._index, user_id, session_id)
-        return session_id, user_id
-
-
-def _unindex(index: dict[str, set[str]], user_id: str, session_id: str) -> None:
-    ids = index.get(user_id)
-    if ids is not None:
-        ids.discard(session_id)
-        if not ids:
-            del index[user_id]
-
-
 class MemoryBrowserSessions:
     """Browser sessions in one process, `ttl_s` from sign-in (not sliding)."""
 
     def __init__(self, ttl_s: float = 8 * 3600, clock: Callable[[], float] = time.monotonic,
                  max_sessions: int = 100_000) -> None:
         self._by_user: dict[str, set[str]] = {}
-        self._sessions = _Sessions(max_sessions, ttl_s, clock, self._by_user)
+        self._sessions: Indexed[str] = Indexed(max_sessions, ttl_s, clock, self._by_user, str)
 
     async def create(self, user_id: str) -> str:
         session_id = _new_id()
@@ -105,7 +76,7 @@ class MemoryBrowserSessions:
     async def delete(self, session_id: str) -> None:
         user_id = self._sessions.pop(session_id, None) if issued(session_id) else None
         if user_id is not None:
-            _unindex(self._by_user, user_id, session_id)
+            unindex(self._by_user, user_id, session_id)
 
     async def end_for(self, user_id: str, keep: str | None = None) -> int:
         ids = self._by_user.pop(user_id, set())

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
-from cachetools import TTLCache
+
+from proxy.state.indexed import Indexed, unindex
 
 if TYPE_CHECKING:
     from proxy.state.shared import Asked, Shared
@@ -113,43 +114,15 @@ class _Found:
         pass
 
 
-class _Live(TTLCache[str, Session]):
-    """The sessions, telling their index by caller whenever one goes by itself (expiry, or the
-    least recently used one when full); `delete` and `end_for` update the index themselves."""
-
-    def __init__(self, maxsize: int, ttl: float, timer: Callable[[], float],
-                 index: dict[str, set[str]]) -> None:
-        super().__init__(maxsize=maxsize, ttl=ttl, timer=timer)
-        self._index = index
-
-    def expire(self, time: Any = None) -> list[tuple[str, Session]]:
-        expired = list(super().expire(time))
-        for session_id, session in expired:
-            _unindex(self._index, session.principal_key, session_id)
-        return expired
-
-    def popitem(self) -> tuple[str, Session]:
-        session_id, session = super().popitem()
-        _unindex(self._index, session.principal_key, session_id)
-        return session_id, session
-
-
-def _unindex(index: dict[str, set[str]], principal_key: str, session_id: str) -> None:
-    ids = index.get(principal_key)
-    if ids is not None:
-        ids.discard(session_id)
-        if not ids:
-            del index[principal_key]
-
-
 class MemorySessionStore:
     """Sessions in one process, expiring after `idle_timeout_s` without use."""
 
     def __init__(self, idle_timeout_s: float, max_sessions: int,
                  clock: Callable[[], float] | None = None) -> None:
         self._by_principal: dict[str, set[str]] = {}
-        self._sessions = _Live(max_sessions, idle_timeout_s, clock or time.monotonic,
-                               self._by_principal)
+        self._sessions: Indexed[Session] = Indexed(
+            max_sessions, idle_timeout_s, clock or time.monotonic, self._by_principal,
+            lambda session: session.principal_key)
 
     async def create(self, endpoint: str, principal_key: str, upstream_session_id: str | None,
                      protocol_version: str | None,
@@ -176,7 +149,7 @@ class MemorySessionStore:
     async def delete(self, session_id: str) -> None:
         session = self._sessions.pop(session_id, None)
         if session is not None:
-            _unindex(self._by_principal, session.principal_key, session_id)
+            unindex(self._by_principal, session.principal_key, session_id)
 
     async def end_for(self, principal_key: str) -> int:
         ended = 0
